@@ -1,0 +1,34 @@
+// Shared argument checks for backselect_update (CPU and CUDA).
+#pragma once
+#include <ATen/ATen.h>
+
+namespace overinterp_fast {
+
+inline void check_backselect_update(const at::Tensor& scores, const at::Tensor& rows, const at::Tensor& counts,
+                                    const at::Tensor& steps, const at::Tensor& remaining,
+                                    const at::Tensor& present, const at::Tensor& order,
+                                    const at::Tensor& values) {
+  TORCH_CHECK(scores.scalar_type() == at::kDouble && scores.dim() == 2 && scores.is_contiguous(),
+              "backselect_update: scores must be a contiguous float64 [N, P] tensor");
+  TORCH_CHECK(remaining.scalar_type() == at::kLong && remaining.sizes() == scores.sizes() &&
+                  remaining.is_contiguous(),
+              "backselect_update: remaining must be a contiguous int64 tensor shaped like scores");
+  TORCH_CHECK(present.scalar_type() == at::kBool && present.dim() == 2 && present.size(0) == scores.size(0) &&
+                  present.is_contiguous(),
+              "backselect_update: present must be a contiguous bool [N, p] tensor");
+  TORCH_CHECK(order.scalar_type() == at::kLong && order.dim() == 2 && order.size(0) == scores.size(0) &&
+                  order.is_contiguous(),
+              "backselect_update: order must be a contiguous int64 [N, m] tensor");
+  TORCH_CHECK(values.scalar_type() == at::kDouble && values.sizes() == order.sizes() && values.is_contiguous(),
+              "backselect_update: values must be a contiguous float64 tensor shaped like order");
+  TORCH_CHECK(present.size(1) <= scores.size(1), "backselect_update: scores needs at least p columns");
+  for (const auto* t : {&rows, &counts, &steps}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->size(0) == rows.size(0),
+                "backselect_update: rows, counts and steps must be int64 [K]");
+  }
+  for (const auto* t : {&rows, &counts, &steps, &remaining, &present, &order, &values}) {
+    TORCH_CHECK(t->device() == scores.device(), "backselect_update: all tensors must be on ", scores.device());
+  }
+}
+
+}  // namespace overinterp_fast

@@ -1,0 +1,62 @@
+// CUDA kernel of overinterp_fast::mask_apply: writes a batch of masked candidates.
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../mask_apply.h"
+
+namespace overinterp_fast {
+namespace {
+
+template <typename scalar_t>
+__global__ void mask_apply_kernel(const scalar_t* __restrict__ base, const scalar_t* __restrict__ baseline,
+                                  bool per_image_baseline, const int64_t* __restrict__ fm,
+                                  const bool* __restrict__ present, const int64_t* __restrict__ cand_image,
+                                  const int64_t* __restrict__ cand_row, const int64_t* __restrict__ cand_feature,
+                                  scalar_t* __restrict__ out, int64_t total, int64_t E, int64_t P,
+                                  int64_t n_images, int64_t n_rows) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t b = idx / E, e = idx - b * E;
+    const int64_t img = cand_image[b], row = cand_row[b], removed = cand_feature[b];
+    CUDA_KERNEL_ASSERT(img >= 0 && img < n_images);
+    CUDA_KERNEL_ASSERT(row >= 0 && row < n_rows);
+    CUDA_KERNEL_ASSERT(removed >= -1 && removed < P);
+    const int64_t f = fm[e];
+    CUDA_KERNEL_ASSERT(f >= 0 && f < P);
+    out[idx] = (present[row * P + f] && f != removed) ? base[img * E + e]
+                                                      : baseline[(per_image_baseline ? img * E : 0) + e];
+  }
+}
+
+at::Tensor mask_apply_cuda(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
+                           const at::Tensor& present, const at::Tensor& cand_image, const at::Tensor& cand_row,
+                           const at::Tensor& cand_feature) {
+  const c10::cuda::CUDAGuard guard(base.device());
+  MaskApplyPlan plan =
+      plan_mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature);
+  const int64_t total = plan.batch * plan.elems;
+  if (total == 0) return plan.out;
+  auto present_c = present.contiguous();
+  auto img = cand_image.contiguous(), row = cand_row.contiguous(), feat = cand_feature.contiguous();
+  const int threads = 256;
+  const int64_t max_blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * 32;
+  const int blocks = static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, max_blocks));
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, base.scalar_type(), "mask_apply_cuda", [&] {
+    mask_apply_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
+        plan.base.data_ptr<scalar_t>(), plan.baseline.data_ptr<scalar_t>(), plan.baseline.size(0) > 1,
+        plan.fm.data_ptr<int64_t>(), present_c.data_ptr<bool>(), img.data_ptr<int64_t>(),
+        row.data_ptr<int64_t>(), feat.data_ptr<int64_t>(), static_cast<scalar_t*>(plan.out_flat.data_ptr()),
+        total, plan.elems, plan.num_features, base.size(0), present.size(0));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return plan.out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(overinterp_fast, CUDA, m) { m.impl("mask_apply", &mask_apply_cuda); }
+
+}  // namespace overinterp_fast

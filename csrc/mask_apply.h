@@ -1,0 +1,74 @@
+// Shared argument checks and memory-layout planning for mask_apply (CPU and CUDA).
+#pragma once
+#include <ATen/ATen.h>
+
+namespace overinterp_fast {
+
+// The kernels see every per-sample tensor as a flat array of E elements in one
+// physical order. For channels_last inputs that order is NHWC: base and out are
+// viewed through a permutation (no copy) and the small per-sample tensors
+// (feature map, baseline) are permuted to match.
+struct MaskApplyPlan {
+  at::Tensor out;       // [B, *D], logical shape, in base's memory format
+  at::Tensor out_flat;  // contiguous view of out in physical order
+  at::Tensor base;      // contiguous, physical order
+  at::Tensor baseline;  // contiguous, physical order, [1 or N, ...]
+  at::Tensor fm;        // contiguous int64, physical order
+  int64_t batch = 0;    // B
+  int64_t elems = 0;    // E = elements per sample
+  int64_t num_features = 0;  // p
+};
+
+inline MaskApplyPlan plan_mask_apply(
+    const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
+    const at::Tensor& present, const at::Tensor& cand_image, const at::Tensor& cand_row,
+    const at::Tensor& cand_feature) {
+  TORCH_CHECK(base.dim() >= 2, "mask_apply: base must be [N, *D], got ", base.sizes());
+  TORCH_CHECK(at::isFloatingType(base.scalar_type()), "mask_apply: base must be floating point, got ",
+              base.scalar_type());
+  TORCH_CHECK(baseline.scalar_type() == base.scalar_type(), "mask_apply: baseline dtype ",
+              baseline.scalar_type(), " differs from base dtype ", base.scalar_type());
+  TORCH_CHECK(baseline.dim() == base.dim() && baseline.sizes().slice(1) == base.sizes().slice(1) &&
+                  (baseline.size(0) == 1 || baseline.size(0) == base.size(0)),
+              "mask_apply: baseline must be [1, *D] or [N, *D] with base [N, *D]; got ", baseline.sizes(),
+              " and ", base.sizes());
+  TORCH_CHECK(feature_map.scalar_type() == at::kLong, "mask_apply: feature_map must be int64");
+  TORCH_CHECK(feature_map.sizes() == base.sizes().slice(1), "mask_apply: feature_map must be [*D] = ",
+              base.sizes().slice(1), ", got ", feature_map.sizes());
+  TORCH_CHECK(present.scalar_type() == at::kBool && present.dim() == 2,
+              "mask_apply: present must be a bool [R, p] tensor");
+  for (const auto* t : {&cand_image, &cand_row, &cand_feature}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1, "mask_apply: candidate lists must be int64 [B]");
+    TORCH_CHECK(t->size(0) == cand_image.size(0), "mask_apply: candidate lists differ in length");
+  }
+  for (const auto* t : {&baseline, &feature_map, &present, &cand_image, &cand_row, &cand_feature}) {
+    TORCH_CHECK(t->device() == base.device(), "mask_apply: all tensors must be on ", base.device(),
+                ", found one on ", t->device());
+  }
+
+  MaskApplyPlan plan;
+  plan.batch = cand_image.size(0);
+  plan.elems = base[0].numel();
+  plan.num_features = present.size(1);
+  std::vector<int64_t> out_shape{plan.batch};
+  for (auto s : base.sizes().slice(1)) out_shape.push_back(s);
+
+  const bool channels_last = base.dim() == 4 && !base.is_contiguous() &&
+                             base.is_contiguous(at::MemoryFormat::ChannelsLast);
+  if (channels_last) {
+    plan.out = at::empty(out_shape, base.options().memory_format(at::MemoryFormat::ChannelsLast));
+    plan.out_flat = plan.out.permute({0, 2, 3, 1});
+    plan.base = base.permute({0, 2, 3, 1}).contiguous();  // a view: already NHWC in memory
+    plan.baseline = baseline.permute({0, 2, 3, 1}).contiguous();
+    plan.fm = feature_map.permute({1, 2, 0}).contiguous();
+  } else {
+    plan.out = at::empty(out_shape, base.options());
+    plan.out_flat = plan.out;
+    plan.base = base.contiguous();
+    plan.baseline = baseline.contiguous();
+    plan.fm = feature_map.contiguous();
+  }
+  return plan;
+}
+
+}  // namespace overinterp_fast

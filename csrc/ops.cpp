@@ -1,0 +1,30 @@
+// Operator schemas of the overinterp_fast extension. Kernels are registered per
+// dispatch key in csrc/cpu/*_kernel.cpp and csrc/cuda/*_kernel.cu; the fake
+// (meta) implementations live in overinterp_fast/_ops.py.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Importing overinterp_fast._C loads this library, which runs the static
+// registrations below. The module itself exposes nothing.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_C", "overinterp_fast C++/CUDA operators", -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(overinterp_fast, m) {
+  // out[b, e] = base[cand_image[b], e]      if present[cand_row[b], fm[e]] and fm[e] != cand_feature[b]
+  //           = baseline[cand_image[b], e]  otherwise (baseline row 0 when baseline has one row)
+  m.def(
+      "mask_apply(Tensor base, Tensor baseline, Tensor feature_map, Tensor present, "
+      "Tensor cand_image, Tensor cand_row, Tensor cand_feature) -> Tensor");
+  // One backward-selection step for each row in `rows`: segmented argmax of
+  // scores[row, :count] (ties to the lowest feature id), then in place: the
+  // chosen feature is appended to order/values at `steps`, cleared in
+  // `present` and removed from the compact `remaining` list.
+  m.def(
+      "backselect_update(Tensor scores, Tensor rows, Tensor counts, Tensor steps, "
+      "Tensor(a!) remaining, Tensor(b!) present, Tensor(c!) order, Tensor(d!) values) -> ()");
+}

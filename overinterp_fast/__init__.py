@@ -1,0 +1,17 @@
+"""overinterp_fast: fast Sufficient Input Subsets (SIS) for catching classifiers that overinterpret.
+
+    import overinterp_fast as of
+    res = of.fast_sis(model, images, threshold=0.9)
+    res[0].sis, res[0].order, res[0].values, res[0].mask
+
+See README.md and SPEC.md for the algorithms and their exact semantics.
+"""
+from . import _ops as ops
+from . import reference
+from .api import fast_sis
+from .findsis import find_sis
+from .model import Ensemble
+from .results import SISResult
+
+__all__ = ["fast_sis", "find_sis", "Ensemble", "SISResult", "ops", "reference"]
+__version__ = "0.1.0"

@@ -1,0 +1,88 @@
+"""The public entry point: fast_sis."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .batching import ChunkRunner, auto_batch_size, check_batch_size
+from .exact import exact_sis
+from .inputs import check_threshold, prepare
+from .model import ModelFn, initial_predictions
+from .results import SISResult
+
+METHODS = ("exact",)
+
+
+def fast_sis(
+    model: torch.nn.Module | Callable[[torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    threshold: float = 0.9,
+    *,
+    method: str = "exact",
+    target: int | torch.Tensor | None = None,
+    mask_value: float | torch.Tensor = 0.0,
+    features: torch.Tensor | None = None,
+    collection: bool = False,
+    batch_size: int | None = None,
+    outputs: str = "logits",
+    progress: bool | None = None,
+) -> list[SISResult]:
+    """Sufficient Input Subsets of every image, computed exactly (SPEC.md section 1).
+
+    Args:
+        model: ``torch.nn.Module`` (in eval mode) or callable mapping [B, *D] to
+            logits [B, K]; a list of models is an ensemble (mean of logits).
+        images: [N, *D] floating tensor ([N, C, H, W] for images), already
+            normalized as the model expects. Computation runs in its dtype and on
+            its device; channels_last is kept for the candidate batches.
+        threshold: tau in [0, 1]: the SIS keeps f >= tau.
+        method: "exact" (backward selection over every feature).
+        target: class whose probability is f; None = the class predicted on the
+            unmasked image. An int, or one per image (int64 [N]).
+        mask_value: what masked elements become: a number (default 0, the
+            dataset mean after normalization), one value per channel ([C]), or
+            a baseline tensor ([*D], [1, *D] or [N, *D]).
+        features: None = one feature per pixel across channels ([C, H, W]
+            inputs; id = row * W + col) or per element (other shapes); or an
+            integer feature map broadcastable to [*D] with ids 0..p-1 (patches,
+            superpixels, tokens), as Captum's ``feature_mask``.
+        collection: also find every further disjoint SIS (SPEC.md section 1).
+        batch_size: candidates per forward call (None: chosen from the input
+            size and, on CUDA, free memory; out-of-memory errors shrink it).
+        outputs: "logits" (f = softmax probability) or "probabilities".
+        progress: show a progress bar (None: only on a terminal).
+
+    Returns:
+        A list with one :class:`SISResult` per image (tensors on the CPU).
+        Images with f(x) < threshold get ``sis=None`` (their backward-selection
+        ``order``/``values`` are still computed); the others are unaffected.
+
+    Cost: p(p+1)/2 model evaluations per image and round for p features,
+    packed across images into full batches.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    threshold = check_threshold(threshold)
+    batch_size = check_batch_size(batch_size)
+    fn = ModelFn(model, outputs=outputs)
+    prep = prepare(images, features=features, mask_value=mask_value)
+    fn.check_compatible(prep.images)
+    p = prep.num_features
+    n = prep.images.shape[0]
+    if batch_size is None:
+        batch_size = auto_batch_size(prep.images, total_candidates=n * p)
+    runner = ChunkRunner(batch_size, prep.images.device)
+    with torch.inference_mode():
+        targets, scores0 = initial_predictions(fn, prep.images, target, runner)
+        return exact_sis(
+            fn,
+            prep,
+            targets,
+            scores0,
+            threshold=threshold,
+            collection=collection,
+            batch_size=batch_size,
+            runner=runner,
+            progress=progress,
+        )

@@ -1,0 +1,162 @@
+"""Exact SIS: backward selection, FindSIS and disjoint SIS collections, batched on the device.
+
+State lives on the images' device: per image the present features (bool [N, p]),
+a compact list of them (int64 [N, p + 1]), the scores of the step in flight
+(float64 [N, p + 1]) and the order/values of the round. Column p of ``remaining``
+is a permanent -1, so slot p is "mask nothing": the score of the current input.
+The host only schedules (see schedule.py) and synchronises at the end of a round,
+where FindSIS and the collection logic need the values.
+"""
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from . import _ops
+from .batching import CandidateEvaluator, ChunkRunner
+from .findsis import find_sis
+from .inputs import Prepared
+from .model import ModelFn, check_finite_scores
+from .results import SISResult
+from .schedule import CandidateQueue
+
+_STEP, _SCORE = 0, 1
+
+
+class _Image:
+    """Host bookkeeping of one image."""
+
+    __slots__ = ("count", "step", "score", "rounds")
+
+    def __init__(self, count: int, score: float):
+        self.count = count  # features present (candidates of the next step)
+        self.step = 0  # steps done this round
+        self.score = score  # f of the input this round starts from
+        self.rounds: list[SISResult] = []
+
+
+def exact_sis(
+    fn: ModelFn,
+    prep: Prepared,
+    targets: torch.Tensor,
+    scores0: torch.Tensor,
+    threshold: float,
+    collection: bool,
+    batch_size: int,
+    runner: ChunkRunner,
+    progress: bool | None,
+) -> list[SISResult]:
+    """Run exact SIS on every image; see :func:`overinterp_fast.fast_sis`."""
+    images = prep.images
+    dev = images.device
+    n, p = images.shape[0], prep.num_features
+    cols = p + 1
+    remaining = torch.full((n, cols), -1, dtype=torch.int64, device=dev)
+    remaining[:, :p] = torch.arange(p, device=dev)
+    present = torch.ones((n, p), dtype=torch.bool, device=dev)
+    order = torch.full((n, p), -1, dtype=torch.int64, device=dev)
+    values = torch.zeros((n, p), dtype=torch.float64, device=dev)
+    scores = torch.zeros((n, cols), dtype=torch.float64, device=dev)
+    finite = torch.ones((), dtype=torch.bool, device=dev)
+
+    host_scores = scores0.tolist()
+    targets_host = targets.tolist()
+    state = [_Image(p, host_scores[i]) for i in range(n)]
+    queue = CandidateQueue()
+    for i in range(n):
+        queue.push(i, 0, p, _STEP)
+    evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    # progress=None: a bar only on a terminal (tqdm's own rule).
+    bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS", disable=None if progress is None else not progress)
+
+    def finish_rounds(ids: list[int]) -> None:
+        check_finite_scores(finite)
+        rows = torch.tensor(ids, device=dev)
+        ords, vals = order[rows].cpu(), values[rows].cpu()
+        for k, i in enumerate(ids):
+            st = state[i]
+            m = st.step
+            o, v = ords[k, :m].clone(), vals[k, :m].clone()
+            sis = find_sis(o, v, threshold) if st.score >= threshold else None
+            st.rounds.append(
+                SISResult(
+                    order=o,
+                    values=v,
+                    sis=sis,
+                    mask=None if sis is None else prep.feature_mask(sis),
+                    target=targets_host[i],
+                    score=st.score,
+                    threshold=threshold,
+                )
+            )
+            if not collection or sis is None or sis.numel() == 0 or sis.numel() == m:
+                continue
+            # Next round: what this round started with, less its SIS.
+            keep = torch.zeros(p, dtype=torch.bool)
+            keep[o] = True
+            keep[sis] = False
+            rest = torch.nonzero(keep).flatten()
+            present[i] = keep.to(dev)
+            remaining[i, :p] = -1
+            remaining[i, : rest.numel()] = rest.to(dev)
+            st.count, st.step = rest.numel(), 0
+            bar.total += 1 + st.count * (st.count + 1) // 2
+            queue.push(i, p, p + 1, _SCORE)
+
+    def start_rounds(ids: list[int]) -> None:
+        check_finite_scores(finite)
+        new_scores = scores[torch.tensor(ids, device=dev), p].tolist()
+        for i, s in zip(ids, new_scores):
+            st = state[i]
+            st.score = s
+            if s >= threshold:
+                queue.push(i, 0, st.count, _STEP)
+            else:
+                bar.total -= st.count * (st.count + 1) // 2
+
+    while queue:
+        batch = queue.take(batch_size)
+        img = torch.from_numpy(batch.image).to(dev, non_blocking=True)
+        slot = torch.from_numpy(batch.slot).to(dev, non_blocking=True)
+        feature = remaining[img, slot]
+        f = evaluator(present, img, img, feature)
+        scores[img, slot] = f
+        finite &= torch.isfinite(f).all()
+        stepped = [i for i, tag in batch.completed if tag == _STEP]
+        scored = [i for i, tag in batch.completed if tag == _SCORE]
+        ended = []
+        if stepped:
+            _ops.backselect_update(
+                scores,
+                torch.tensor(stepped, device=dev),
+                torch.tensor([state[i].count for i in stepped], device=dev),
+                torch.tensor([state[i].step for i in stepped], device=dev),
+                remaining,
+                present,
+                order,
+                values,
+            )
+            for i in stepped:
+                st = state[i]
+                st.count -= 1
+                st.step += 1
+                if st.count > 0:
+                    queue.push(i, 0, st.count, _STEP)
+                else:
+                    ended.append(i)
+        if ended:
+            finish_rounds(ended)
+        if scored:
+            start_rounds(scored)
+        bar.update(len(batch))
+    bar.close()
+    check_finite_scores(finite)
+
+    results = []
+    for st in state:
+        first = st.rounds[0]
+        if collection:
+            first.collection = [r for r in st.rounds if r.sis is not None]
+        results.append(first)
+    return results
+

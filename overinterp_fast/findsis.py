@@ -1,0 +1,27 @@
+"""FindSIS over a backward-selection result."""
+from __future__ import annotations
+
+import torch
+
+
+def find_sis(order: torch.Tensor, values: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The SIS of a backward selection, last-masked first.
+
+    Args:
+        order: int64 [m], features in masking order.
+        values: [m], ``values[t]`` = f with only ``order[t+1:]`` present.
+        threshold: tau.
+
+    Returns:
+        int64 [k]: ``order[t+1:]`` reversed for the largest t with
+        ``values[t] >= threshold``; all of ``order`` reversed when no value
+        reaches it; empty when the fully masked input (``values[-1]``) passes.
+        (The reference sis.py skips the last-masked feature in that case; we
+        return the empty SIS, as SPEC.md section 1 says.) The caller checks the
+        precondition f(x) >= threshold.
+    """
+    if order.shape != values.shape or order.dim() != 1:
+        raise ValueError("order and values must be 1-D and of the same length")
+    passing = torch.nonzero(values >= threshold).flatten()
+    start = 0 if passing.numel() == 0 else int(passing[-1]) + 1
+    return order[start:].flip(0).clone()

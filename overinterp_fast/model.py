@@ -1,0 +1,127 @@
+"""The score under test, f: a model's probability for a target class, with checks."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+OUTPUT_KINDS = ("logits", "probabilities")
+
+
+class Ensemble(nn.Module):
+    """Mean of the members' logits (paper 000's ensembles). Members share input and classes."""
+
+    def __init__(self, members: Sequence[Callable[[torch.Tensor], torch.Tensor]]):
+        super().__init__()
+        if len(members) == 0:
+            raise ValueError("an ensemble needs at least one member")
+        self.members = nn.ModuleList([m for m in members if isinstance(m, nn.Module)])
+        self._callables = list(members)
+        # Mirror the members' mode without changing it (train() would propagate).
+        mode = any(m.training for m in self.members)
+        self.training = self.members.training = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self._callables]).mean(0)
+
+
+class ModelFn:
+    """Wraps a model (nn.Module or callable [B, *D] -> [B, K]) as the SIS score f.
+
+    ``outputs="logits"`` (default): f = softmax(output)[target], computed in the
+    output's dtype. ``outputs="probabilities"``: the output is already a
+    probability per class. A list or tuple of models is an :class:`Ensemble`.
+    """
+
+    def __init__(self, model, outputs: str = "logits"):
+        if isinstance(model, (list, tuple)):
+            model = Ensemble(model)
+        if not callable(model):
+            raise TypeError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
+        if outputs not in OUTPUT_KINDS:
+            raise ValueError(f"outputs must be one of {OUTPUT_KINDS}, got {outputs!r}")
+        self.model = model
+        self.outputs = outputs
+
+    def check_compatible(self, images: torch.Tensor) -> None:
+        """Clear errors for a model in training mode or on another device/dtype than the images."""
+        model = self.model
+        if not isinstance(model, nn.Module):
+            return
+        if any(m.training for m in model.modules()):
+            raise ValueError(
+                "model is in training mode; call model.eval() first (dropout and batch norm in training "
+                "mode make f depend on which candidates share a batch)"
+            )
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if t.device != images.device:
+                raise ValueError(
+                    f"model and images are on different devices: model parameter {name!r} is on "
+                    f"{t.device}, images are on {images.device}"
+                )
+            if t.is_floating_point() and t.dtype != images.dtype:
+                raise TypeError(
+                    f"model parameter {name!r} is {t.dtype} but images are {images.dtype}; computation runs "
+                    f"in the images' dtype, so convert one of them (e.g. model.to({images.dtype}))"
+                )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Model output [B, K], checked for shape, dtype and device."""
+        out = self.model(x)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"model must return a tensor of logits [B, K], got {type(out).__name__}")
+        if out.dim() != 2 or out.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"model must map a batch [B, *D] to [B, K]; for B = {x.shape[0]} it returned shape "
+                f"{tuple(out.shape)}"
+            )
+        if out.shape[1] < 1:
+            raise ValueError("model returned zero classes")
+        if not out.is_floating_point():
+            raise TypeError(f"model must return floating-point scores, got {out.dtype}")
+        if out.device != x.device:
+            raise ValueError(f"model returned its output on {out.device} for input on {x.device}")
+        return out
+
+    def probabilities(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(out, dim=-1) if self.outputs == "logits" else out
+
+    def score(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """f for each row of x: float64 [B]. Non-finite values are left for the caller to report."""
+        probs = self.probabilities(self.forward(x))
+        return probs.gather(1, target.view(-1, 1)).view(-1).double()
+
+
+def check_finite_scores(all_finite: torch.Tensor | bool) -> None:
+    """Raise when a model score was NaN or inf (``all_finite``: a bool, or a 0-d bool tensor)."""
+    if not bool(all_finite):
+        raise FloatingPointError(
+            "the model produced NaN or inf scores on masked inputs; check the model and the mask value"
+        )
+
+
+def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target class per image (given, or the argmax of the output) and f(x): (int64 [N], float64 [N]).
+
+    ``runner`` is a :class:`overinterp_fast.batching.ChunkRunner` (chunking with out-of-memory back-off).
+    """
+    n = images.shape[0]
+    outs = runner.run(n, lambda sl: fn.forward(images[sl]))
+    if not bool(torch.isfinite(outs).all()):
+        raise FloatingPointError("the model's output on the unmasked images contains NaN or inf")
+    k = outs.shape[1]
+    if target is None:
+        targets = outs.argmax(dim=1)
+    else:
+        targets = torch.as_tensor(target, device=images.device)
+        if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+            raise TypeError(f"target must be an int or integer tensor, got {targets.dtype}")
+        targets = targets.to(torch.int64).expand(n) if targets.dim() == 0 else targets.to(torch.int64)
+        if targets.shape != (n,):
+            raise ValueError(f"target must be an int or have one entry per image ({n}), got {tuple(targets.shape)}")
+        if bool(((targets < 0) | (targets >= k)).any()):
+            raise ValueError(f"target classes must lie in [0, {k}) for a model with {k} outputs")
+    probs = fn.probabilities(outs)
+    scores = probs.gather(1, targets.view(-1, 1)).view(-1).double()
+    return targets.contiguous(), scores

@@ -1,0 +1,125 @@
+"""Reference SIS: a plain transcription of google-research's sufficient_input_subsets/sis.py.
+
+One image at a time; at every backward-selection step all candidate inputs of
+that step are built on the host (CPU tensors) as one batch, moved to the model's
+device and scored. It exists so tests and benchmarks can compare the fast engine
+with the reference semantics of SPEC.md section 1. It is not slowed on purpose: it
+simply has no packing across images and steps and no fused kernels.
+
+Differences from sis.py, both in SPEC.md: ties and the FindSIS edge case. When
+the fully masked input already reaches the threshold, sis.py skips the last
+masked feature and keeps scanning; here (as in fast_sis) the SIS is empty.
+"""
+from __future__ import annotations
+
+import torch
+
+from .batching import ChunkRunner
+from .inputs import check_threshold, prepare
+from .model import ModelFn, check_finite_scores, initial_predictions
+from .results import SISResult
+
+
+def _score_batches(fn: ModelFn, inputs: torch.Tensor, target: int, device, batch_size: int | None) -> torch.Tensor:
+    chunk = inputs.shape[0] if batch_size is None else batch_size
+    out = []
+    for s in range(0, inputs.shape[0], chunk):
+        x = inputs[s : s + chunk].to(device)
+        t = torch.full((x.shape[0],), target, dtype=torch.int64, device=device)
+        out.append(fn.score(x, t).cpu())
+    values = torch.cat(out)
+    check_finite_scores(torch.isfinite(values).all())
+    return values
+
+
+def backselect(fn, x, baseline, feature_map, present, target, device, batch_size=None):
+    """BackSelect: list of (feature, value) in masking order.
+
+    x, baseline: [*D] on the CPU; feature_map: int64 [*D]; present: bool [p]
+    (the features still present). value = f after masking that feature.
+    """
+    stack = []
+    current = present.clone()
+    while bool(current.any()):
+        idxs = torch.nonzero(current).flatten()  # ascending feature ids
+        masks = current.repeat(idxs.numel(), 1)
+        masks[torch.arange(idxs.numel()), idxs] = False
+        element_present = masks[:, feature_map]  # [r, *D]
+        inputs = torch.where(element_present, x, baseline)
+        values = _score_batches(fn, inputs, target, device, batch_size)
+        best = int(torch.argmax(values))  # first maximum: the lowest feature id
+        stack.append((int(idxs[best]), float(values[best])))
+        current = masks[best]
+    return stack
+
+
+def find_sis_from_backselect(stack, threshold):
+    """FindSIS: scan from the last masked feature until a value reaches the threshold."""
+    sis = []
+    for idx, value in reversed(stack):
+        if value >= threshold:
+            break
+        sis.append(idx)
+    return sis
+
+
+def sis(
+    model,
+    images: torch.Tensor,
+    threshold: float = 0.9,
+    *,
+    target=None,
+    mask_value=0.0,
+    features=None,
+    collection: bool = False,
+    batch_size: int | None = None,
+    outputs: str = "logits",
+) -> list[SISResult]:
+    """Reference SIS with the same arguments and result type as :func:`overinterp_fast.fast_sis`."""
+    threshold = check_threshold(threshold)
+    fn = ModelFn(model, outputs=outputs)
+    prep = prepare(images, features=features, mask_value=mask_value)
+    fn.check_compatible(prep.images)
+    device = prep.images.device
+    fm = prep.feature_map.cpu()
+    p = prep.num_features
+    results = []
+    with torch.inference_mode():
+        for i in range(prep.images.shape[0]):
+            x = prep.images[i].cpu()
+            baseline = prep.baseline[i if prep.baseline.shape[0] > 1 else 0].cpu()
+            t = None if target is None else torch.as_tensor(target).expand(prep.images.shape[0])[i]
+            targets, _ = initial_predictions(fn, prep.images[i : i + 1], t, ChunkRunner(1, device))
+            cls = int(targets[0])
+            present = torch.ones(p, dtype=torch.bool)
+            rounds = []
+            while bool(present.any()):
+                current = torch.where(present[fm], x, baseline)
+                score = float(_score_batches(fn, current.unsqueeze(0), cls, device, None)[0])
+                if rounds and score < threshold:
+                    break
+                stack = backselect(fn, x, baseline, fm, present, cls, device, batch_size)
+                order = torch.tensor([s[0] for s in stack], dtype=torch.int64)
+                values = torch.tensor([s[1] for s in stack], dtype=torch.float64)
+                found = None
+                if score >= threshold:
+                    found = torch.tensor(find_sis_from_backselect(stack, threshold), dtype=torch.int64)
+                rounds.append(
+                    SISResult(
+                        order=order,
+                        values=values,
+                        sis=found,
+                        mask=None if found is None else prep.feature_mask(found),
+                        target=cls,
+                        score=score,
+                        threshold=threshold,
+                    )
+                )
+                if not collection or found is None or found.numel() == 0:
+                    break
+                present[found] = False  # mask the SIS; the next round runs on the rest
+            first = rounds[0]
+            if collection:
+                first.collection = [r for r in rounds if r.sis is not None]
+            results.append(first)
+    return results

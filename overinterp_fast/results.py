@@ -1,0 +1,56 @@
+"""Result types."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(repr=False)
+class SISResult:
+    """One image's SIS (one round of backward selection and FindSIS).
+
+    Attributes:
+        order: int64 [m], feature ids in the order backward selection masked them
+            (m = features present at the start of the round; a pixel's id is row * W + col).
+        values: float64 [m], ``values[t]`` = f with only ``order[t+1:]`` present
+            (the last entry: everything masked).
+        sis: int64 [k], the SIS, last-masked first; empty when the fully masked
+            input already reaches the threshold; None when f(x) < threshold.
+        mask: bool over the feature grid ([H, W] for the default pixel features,
+            the input's element shape for other default maps, [p] for a custom
+            feature map), True on the SIS; None when ``sis`` is None.
+        target: the class whose probability is f.
+        score: f of the input this round started from (for round 1: the unmasked image).
+        threshold: the threshold used.
+        collection: with ``collection=True``, every disjoint SIS of the image in the
+            order found (this result is the first); otherwise None.
+    """
+
+    order: torch.Tensor
+    values: torch.Tensor
+    sis: torch.Tensor | None
+    mask: torch.Tensor | None
+    target: int
+    score: float
+    threshold: float
+    collection: list["SISResult"] | None = field(default=None)
+
+    @property
+    def size(self) -> int | None:
+        """Number of features in the SIS (None when there is none)."""
+        return None if self.sis is None else int(self.sis.numel())
+
+    @property
+    def fraction(self) -> float | None:
+        """SIS size as a fraction of the features this round started with."""
+        if self.sis is None:
+            return None
+        return self.sis.numel() / max(1, self.order.numel())
+
+    def __repr__(self) -> str:
+        extra = "" if self.collection is None else f", collection={len(self.collection)} SIS"
+        return (
+            f"SISResult(target={self.target}, score={self.score:.4g}, threshold={self.threshold}, "
+            f"features={self.order.numel()}, sis_size={self.size}{extra})"
+        )

@@ -1,0 +1,54 @@
+import numpy as np
+import pytest
+
+from overinterp_fast.findsis import find_sis
+from overinterp_fast.schedule import CandidateQueue
+from overinterp_fast import reference
+
+import torch
+
+
+def test_queue_fills_batches_and_reports_completions():
+    q = CandidateQueue()
+    q.push(0, 0, 5, tag=0)
+    q.push(1, 0, 3, tag=0)
+    b = q.take(4)
+    assert b.image.tolist() == [0, 0, 0, 0] and b.slot.tolist() == [0, 1, 2, 3] and b.completed == []
+    b = q.take(4)
+    assert b.image.tolist() == [0, 1, 1, 1] and b.slot.tolist() == [4, 0, 1, 2]
+    assert b.completed == [(0, 0), (1, 0)]
+    assert not q
+    with pytest.raises(ValueError):
+        q.push(0, 3, 3, 0)
+
+
+def test_queue_is_fifo_across_images():
+    q = CandidateQueue()
+    for i in range(3):
+        q.push(i, 0, 2, 0)
+    q.push(0, 9, 10, 1)
+    b = q.take(100)
+    assert b.image.tolist() == [0, 0, 1, 1, 2, 2, 0] and b.slot[-1] == 9
+    assert b.completed == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    assert q.pending() == 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_find_sis_matches_reference_loop(seed):
+    g = np.random.default_rng(seed)
+    m = int(g.integers(1, 12))
+    order = torch.from_numpy(g.permutation(m))
+    values = torch.from_numpy(g.random(m))
+    tau = float(g.random())
+    want = reference.find_sis_from_backselect(list(zip(order.tolist(), values.tolist())), tau)
+    assert find_sis(order, values, tau).tolist() == want
+
+
+def test_find_sis_edge_cases():
+    order = torch.tensor([4, 2, 0, 1, 3])
+    # fully masked input passes: empty SIS (sis.py would skip feature 3 and go on)
+    assert find_sis(order, torch.tensor([0.1, 0.2, 0.1, 0.3, 0.95]), 0.9).tolist() == []
+    # nothing passes: every feature, last-masked first
+    assert find_sis(order, torch.tensor([0.5, 0.4, 0.3, 0.2, 0.1]), 0.9).tolist() == [3, 1, 0, 2, 4]
+    # stop at the first value (from the end) reaching tau; that feature is not taken
+    assert find_sis(order, torch.tensor([0.99, 0.95, 0.91, 0.5, 0.1]), 0.9).tolist() == [3, 1]
