@@ -1,0 +1,44 @@
+"""Command line: `overinterp-fast` (or `python -m overinterp_fast`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _unit_interval(text: str) -> float:
+    v = float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {v}")
+    return v
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="exact SIS of a digits CNN trained on the fly (the embedded default)")
+    demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    demo.add_argument("--images", type=_positive, default=12, help="test digits to explain (default: 12)")
+    demo.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
+    demo.add_argument("--no-reference", action="store_true", help="skip the timing against the reference")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            from .demo import run_demo
+
+            run_demo(args.out, n_images=args.images, threshold=args.threshold,
+                     compare_reference=not args.no_reference)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"overinterp-fast: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,42 @@
+"""Figures a person can look at (matplotlib, headless)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def sis_figure(images, masks, titles, path, cmap="gray", dpi=120):
+    """One row per image: the original, the SIS over it (red), and the SIS alone.
+
+    images: list of [H, W] or [H, W, 3] arrays in display range; masks: list of
+    bool [H, W] arrays (None: no SIS); titles: one string per row.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(images)
+    fig, axes = plt.subplots(n, 3, figsize=(6.6, 2.2 * n), squeeze=False)
+    for row, (img, mask, title) in enumerate(zip(images, masks, titles)):
+        img = np.asarray(img, dtype=float)
+        lo, hi = float(img.min()), float(img.max())
+        norm = (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
+        gray = norm if norm.ndim == 2 else norm.mean(-1)
+        overlay = np.stack([gray] * 3, -1) * 0.6
+        alone = np.full(gray.shape + (3,), 0.5) if norm.ndim == 2 else np.full(norm.shape, 0.5)
+        if mask is not None:
+            mask = np.asarray(mask, dtype=bool)
+            overlay[mask] = [1.0, 0.1, 0.1]
+            alone[mask] = (np.stack([norm] * 3, -1) if norm.ndim == 2 else norm)[mask]
+        panels = [(norm, "image"), (overlay, "SIS (red)"), (alone, "SIS alone")]
+        for col, (panel, name) in enumerate(panels):
+            ax = axes[row, col]
+            ax.imshow(panel, cmap=cmap if panel.ndim == 2 else None, interpolation="nearest", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(name, fontsize=9)
+        axes[row, 0].set_ylabel(title, fontsize=8, rotation=0, ha="right", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up .venv in the repository root and builds overinterp_fast into it.
+# Sourced by scripts/demo and scripts/test; safe to run again (it only rebuilds
+# the extension when csrc/, setup.py or torch changed).
+#
+# torch 2.14.1 / torchvision 0.29.1 come from this machine's local wheels (pip's
+# configured find-links); the package is installed without build isolation so the
+# extension links against that torch. Where nvcc is found (/usr/local/cuda), the
+# CUDA kernels are compiled too (FORCE_CUDA=1), even without a GPU: that proves
+# they build. Set FORCE_CUDA=0 for a CPU-only build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+pipq() { "$VPY" -m pip "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+
+if ! "$VPY" -c "import torch, torchvision, pytest, sklearn, matplotlib, tqdm" 2>/dev/null; then
+  log "installing torch 2.14.1, torchvision 0.29.1 and the test/demo dependencies (a few minutes)"
+  pipq install -q -U "pip>=25"   # PEP 660 editable installs of setup.py projects
+  pipq install -q "torch==2.14.1" "torchvision==0.29.1" numpy tqdm scikit-learn matplotlib pillow \
+    pytest pytest-benchmark ninja "setuptools>=64" wheel
+fi
+
+if [ -z "${FORCE_CUDA:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export FORCE_CUDA=1 CUDA_HOME=/usr/local/cuda
+fi
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+
+stamp_now="$( (cat setup.py; find csrc -type f | sort | xargs cat; echo "FORCE_CUDA=${FORCE_CUDA:-}"; \
+  "$VPY" -c "import torch; print(torch.__version__)") | sha256sum | cut -d' ' -f1)"
+if [ "$(cat .build-stamp 2>/dev/null || true)" != "$stamp_now" ] || ! "$VPY" -c "import overinterp_fast" 2>/dev/null; then
+  log "building overinterp_fast (FORCE_CUDA=${FORCE_CUDA:-auto}; the CUDA build takes about 2 minutes on 2 cores)"
+  pipq install -q --no-build-isolation --no-deps -e .
+  echo "$stamp_now" > .build-stamp
+fi
+"$VPY" -c "import overinterp_fast as of; print('[setup] overinterp_fast', of.__version__, '| torch', __import__('torch').__version__, '| CUDA kernels built:', of.ops.has_cuda_kernels())" >&2
