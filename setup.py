@@ -73,7 +73,9 @@ setup(
     install_requires=["torch>=2.4", "numpy", "tqdm"],
     extras_require={
         "demo": ["scikit-learn", "matplotlib", "pillow"],
-        "test": ["pytest", "pytest-benchmark", "scikit-learn", "matplotlib", "pillow"],
+        # onnxruntime-gpu >= 1.27 instead of onnxruntime where CUDA is present (it matches torch's CUDA 13)
+        "onnx": ["onnx", "onnxruntime", "onnxscript"],
+        "test": ["pytest", "pytest-benchmark", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript"],
     },
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -11,7 +11,8 @@ from . import reference
 from .api import fast_sis
 from .findsis import find_sis
 from .model import Ensemble
+from .onnx_backend import OnnxModel, export_onnx
 from .results import SISResult
 
-__all__ = ["fast_sis", "find_sis", "Ensemble", "SISResult", "ops", "reference"]
+__all__ = ["fast_sis", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "reference"]
 __version__ = "0.1.0"

@@ -65,8 +65,8 @@ def fast_sis(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     threshold = check_threshold(threshold)
     batch_size = check_batch_size(batch_size)
-    fn = ModelFn(model, outputs=outputs)
     prep = prepare(images, features=features, mask_value=mask_value)
+    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     fn.check_compatible(prep.images)
     p = prep.num_features
     n = prep.images.shape[0]

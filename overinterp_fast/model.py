@@ -1,12 +1,20 @@
 """The score under test, f: a model's probability for a target class, with checks."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 OUTPUT_KINDS = ("logits", "probabilities")
+
+
+def _is_onnx(model) -> bool:
+    """A path to an .onnx file or an onnxruntime.InferenceSession."""
+    if isinstance(model, (str, os.PathLike)):
+        return True  # only ONNX files are accepted as paths; OnnxModel says so if it is not one
+    return type(model).__name__ == "InferenceSession" and type(model).__module__.startswith("onnxruntime")
 
 
 class Ensemble(nn.Module):
@@ -27,16 +35,25 @@ class Ensemble(nn.Module):
 
 
 class ModelFn:
-    """Wraps a model (nn.Module or callable [B, *D] -> [B, K]) as the SIS score f.
+    """Wraps a model as the SIS score f.
+
+    ``model``: an nn.Module or callable [B, *D] -> [B, K]; a list/tuple of them
+    (an :class:`Ensemble`); a path to an ``.onnx`` file or an
+    ``onnxruntime.InferenceSession`` (run by :class:`~overinterp_fast.onnx_backend.OnnxModel`
+    with the default provider for ``device``).
 
     ``outputs="logits"`` (default): f = softmax(output)[target], computed in the
     output's dtype. ``outputs="probabilities"``: the output is already a
     probability per class. A list or tuple of models is an :class:`Ensemble`.
     """
 
-    def __init__(self, model, outputs: str = "logits"):
+    def __init__(self, model, outputs: str = "logits", device: torch.device | str = "cpu"):
         if isinstance(model, (list, tuple)):
             model = Ensemble(model)
+        elif _is_onnx(model):
+            from .onnx_backend import OnnxModel
+
+            model = OnnxModel(model, device=device)
         if not callable(model):
             raise TypeError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
         if outputs not in OUTPUT_KINDS:
@@ -47,6 +64,9 @@ class ModelFn:
     def check_compatible(self, images: torch.Tensor) -> None:
         """Clear errors for a model in training mode or on another device/dtype than the images."""
         model = self.model
+        if hasattr(model, "check_compatible"):  # OnnxModel
+            model.check_compatible(images)
+            return
         if not isinstance(model, nn.Module):
             return
         if any(m.training for m in model.modules()):

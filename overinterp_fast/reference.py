@@ -77,8 +77,8 @@ def sis(
 ) -> list[SISResult]:
     """Reference SIS with the same arguments and result type as :func:`overinterp_fast.fast_sis`."""
     threshold = check_threshold(threshold)
-    fn = ModelFn(model, outputs=outputs)
     prep = prepare(images, features=features, mask_value=mask_value)
+    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     fn.check_compatible(prep.images)
     device = prep.images.device
     fm = prep.feature_map.cpu()

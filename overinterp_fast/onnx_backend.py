@@ -1,0 +1,254 @@
+"""ONNX Runtime backend: any black-box method runs on an ONNX model as on a torch model.
+
+``OnnxModel`` is a callable [B, *D] -> [B, K] over torch tensors, so the engines
+use it exactly like a torch model. On the CPU, inputs reach ONNX Runtime as
+zero-copy NumPy views of the torch tensors and outputs come back zero-copy. On
+CUDA, inputs and outputs are bound by IOBinding to torch CUDA tensors (the
+candidate batches never leave the GPU) and ONNX Runtime runs on torch's current
+stream (``user_compute_stream``), so no extra synchronisation is needed.
+Models whose batch dimension is fixed are fed in chunks of that size, the last
+chunk padded with copies of its last row, and the padding's outputs dropped.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Sequence
+
+import numpy as np
+import torch
+
+# ONNX element types <-> torch dtypes for the tensors we bind.
+_ORT_TO_TORCH = {
+    "tensor(float)": torch.float32,
+    "tensor(double)": torch.float64,
+    "tensor(float16)": torch.float16,
+    "tensor(bfloat16)": torch.bfloat16,
+}
+_TORCH_TO_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def _import_ort():
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ImportError(
+            "the ONNX backend needs onnxruntime (pip install onnxruntime; onnxruntime-gpu >= 1.27 for CUDA)"
+        ) from exc
+    return ort
+
+
+class OnnxModel:
+    """An ONNX model run by ONNX Runtime, called like a torch model on torch tensors.
+
+    Args:
+        model: path to a ``.onnx`` file, or an ``onnxruntime.InferenceSession``.
+        providers: ONNX Runtime execution providers for a path (default: CUDA
+            when the images will be on a GPU and the provider is available, else CPU).
+            Ignored for a session.
+        input_name, output_name: which input and output to use when the model has
+            several (a model with several inputs is refused: the others would need values).
+        device: where inputs will live ("cpu" or "cuda[:i]"); chooses the default provider.
+        session_options: ``onnxruntime.SessionOptions`` for a path.
+
+    Calling it with a [B, *D] tensor returns the output [B, K] as a torch tensor
+    on the input's device. The session is created once and reused.
+    """
+
+    def __init__(
+        self,
+        model,
+        providers: Sequence | None = None,
+        *,
+        input_name: str | None = None,
+        output_name: str | None = None,
+        device: str | torch.device = "cpu",
+        session_options=None,
+    ):
+        ort = _import_ort()
+        self.device = torch.device(device)
+        if isinstance(model, ort.InferenceSession):
+            self.session = model
+            self.path = None
+        else:
+            path = os.fspath(model)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"no ONNX model at {path!r}")
+            if providers is None:
+                providers = self._default_providers(ort)
+            try:
+                self.session = ort.InferenceSession(path, sess_options=session_options, providers=list(providers))
+            except Exception as exc:  # onnxruntime raises its own exception types
+                raise ValueError(f"{path!r} could not be loaded as an ONNX model: {exc}") from exc
+            self.path = path
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        self.input = self._pick(inputs, input_name, "input", refuse_several=True)
+        self.output = self._pick(outputs, output_name, "output", refuse_several=False)
+        if self.input.type not in _ORT_TO_TORCH:
+            raise TypeError(f"the ONNX model's input {self.input.name!r} is {self.input.type}; a float tensor is needed")
+        self.dtype = _ORT_TO_TORCH[self.input.type]
+        self.input_shape = list(self.input.shape)  # ints for fixed dims, str/None for dynamic ones
+        batch_dim = self.input_shape[0] if self.input_shape else None
+        self.fixed_batch = batch_dim if isinstance(batch_dim, int) and batch_dim > 0 else None
+        self.providers = self.session.get_providers()
+        self._known_classes: int | None = None  # learned on the first CUDA run when the output shape is dynamic
+
+    def _default_providers(self, ort) -> list:
+        available = ort.get_available_providers()
+        if self.device.type == "cuda" and "CUDAExecutionProvider" in available:
+            return [self._cuda_provider(), "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def _cuda_provider(self):
+        stream = torch.cuda.current_stream(self.device)
+        return (
+            "CUDAExecutionProvider",
+            {"device_id": self.device.index or 0, "user_compute_stream": str(stream.cuda_stream)},
+        )
+
+    @staticmethod
+    def _pick(args, name, kind, refuse_several):
+        names = [a.name for a in args]
+        if name is not None:
+            if name not in names:
+                raise ValueError(f"the ONNX model has no {kind} named {name!r}; its {kind}s are {names}")
+            return args[names.index(name)]
+        if len(args) == 1:
+            return args[0]
+        if refuse_several:
+            raise ValueError(f"the ONNX model has {len(args)} {kind}s {names}; SIS needs a model with one image {kind}")
+        raise ValueError(f"the ONNX model has {len(args)} {kind}s {names}; say which holds the logits with {kind}_name=")
+
+    def describe(self) -> str:
+        return (f"ONNX model {self.path or '(session)'}: input {self.input.name!r} {self.input.type} "
+                f"{self.input_shape}, output {self.output.name!r}, providers {self.providers}")
+
+    def check_compatible(self, images: torch.Tensor) -> None:
+        """Clear errors when the images do not fit the model's declared input."""
+        if images.dtype != self.dtype:
+            raise TypeError(
+                f"the ONNX model's input {self.input.name!r} is {self.input.type} ({self.dtype}) but the images are "
+                f"{images.dtype}; convert the images (e.g. images.to({self.dtype}))"
+            )
+        if len(self.input_shape) != images.dim():
+            raise ValueError(
+                f"the ONNX model's input {self.input.name!r} has rank {len(self.input_shape)} {self.input_shape}, "
+                f"the images have rank {images.dim()} {tuple(images.shape)}"
+            )
+        for axis, (want, got) in enumerate(zip(self.input_shape[1:], images.shape[1:]), start=1):
+            if isinstance(want, int) and want > 0 and want != got:
+                raise ValueError(
+                    f"the ONNX model's input {self.input.name!r} expects size {want} on axis {axis} "
+                    f"({self.input_shape}); the images have shape {tuple(images.shape)}"
+                )
+        if images.device.type == "cuda" and "CUDAExecutionProvider" not in self.providers:
+            warnings.warn(
+                "images are on CUDA but the ONNX session runs on "
+                f"{self.providers}; every batch is copied to the host (install onnxruntime-gpu >= 1.27)"
+            )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:
+            raise TypeError(f"the ONNX model takes {self.dtype}, got {x.dtype}")
+        if self.fixed_batch is None:
+            return self._run(x)
+        b = self.fixed_batch
+        outs = []
+        for s in range(0, x.shape[0], b):
+            chunk = x[s : s + b]
+            n = chunk.shape[0]
+            if n < b:  # pad with copies of the last row; their outputs are dropped
+                chunk = torch.cat([chunk, chunk[-1:].expand(b - n, *chunk.shape[1:])])
+            outs.append(self._run(chunk)[:n])
+        return torch.cat(outs)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        if x.device.type == "cuda" and "CUDAExecutionProvider" in self.providers:
+            return self._run_cuda(x)
+        arr = x.detach().cpu().numpy() if x.dtype != torch.bfloat16 else None
+        if arr is None:
+            raise TypeError("bfloat16 ONNX models are supported on CUDA only")
+        (out,) = self.session.run([self.output.name], {self.input.name: arr})
+        return torch.from_numpy(np.ascontiguousarray(out)).to(x.device)
+
+    def _run_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        elem = _TORCH_TO_NUMPY.get(x.dtype)
+        if elem is None:
+            raise TypeError(f"{x.dtype} inputs cannot be bound on CUDA")
+        dev_id = x.device.index or 0
+        binding = self.session.io_binding()
+        binding.bind_input(self.input.name, "cuda", dev_id, elem, list(x.shape), x.data_ptr())
+        classes = self._classes()
+        if classes is None:
+            # Unknown number of classes (dynamic output shape): let ORT allocate once and learn it.
+            binding.bind_output(self.output.name, "cuda", dev_id)
+            self.session.run_with_iobinding(binding)
+            out = torch.from_numpy(binding.copy_outputs_to_cpu()[0]).to(x.device)
+            self._known_classes = out.shape[1]
+            return out
+        out = torch.empty((x.shape[0], classes), dtype=x.dtype, device=x.device)
+        binding.bind_output(self.output.name, "cuda", dev_id, elem, list(out.shape), out.data_ptr())
+        # ORT runs on torch's current stream (user_compute_stream): the inputs written
+        # there are ready, and later torch work on that stream sees the outputs.
+        self.session.run_with_iobinding(binding)
+        return out
+
+    def _classes(self) -> int | None:
+        shape = list(self.output.shape)
+        if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0:
+            return shape[1]
+        return self._known_classes
+
+
+def export_onnx(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    example: torch.Tensor,
+    *,
+    opset_version: int | None = None,
+    check: bool = True,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+) -> str:
+    """Export a torch classifier to ONNX with a dynamic batch dimension and check it.
+
+    Args:
+        model: module in eval mode mapping [B, *D] to logits [B, K].
+        path: where to write the ``.onnx`` file (weights inline).
+        example: an input batch [B, *D] used to trace the model.
+        check: run the exported model with ONNX Runtime (CPU) at batch size
+            B + 1 and compare with the torch model (``rtol``, ``atol``).
+
+    Returns:
+        The path written. Raises ValueError when the check fails.
+    """
+    import onnx
+
+    path = os.fspath(path)
+    if model.training:
+        raise ValueError("export the model in eval mode (model.eval())")
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    onnx_program = torch.onnx.export(
+        model,
+        (example,),
+        dynamic_shapes=({0: batch},),
+        input_names=["input"],
+        output_names=["logits"],
+        opset_version=opset_version,
+        dynamo=True,
+        external_data=False,
+        verbose=False,
+    )
+    onnx_program.save(path, external_data=False)
+    onnx.checker.check_model(path)
+    if check:
+        n = example.shape[0] + 1
+        probe = torch.cat([example, example[:1].flip(-1)])[:n]
+        with torch.inference_mode():
+            want = model(probe)
+        got = OnnxModel(path, providers=["CPUExecutionProvider"])(probe.cpu()).to(want.device)
+        if got.shape != want.shape or not torch.allclose(got, want.to(got.dtype), rtol=rtol, atol=atol):
+            err = (got - want).abs().max().item() if got.shape == want.shape else f"shape {tuple(got.shape)}"
+            raise ValueError(f"the exported model differs from the torch model at batch size {n}: max error {err}")
+    return path

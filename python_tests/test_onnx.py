@@ -1,0 +1,176 @@
+"""The ONNX Runtime backend: same SIS as the torch model, fixed batch dimensions, clear errors."""
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import overinterp_fast as of
+from overinterp_fast.onnx_backend import OnnxModel, export_onnx
+
+from conftest import cuda, make_cnn, make_images
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+
+@pytest.fixture(scope="module")
+def cnn32():
+    return make_cnn(5, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def onnx_path(cnn32, tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx") / "cnn.onnx"
+    return export_onnx(cnn32, path, make_images(2, dtype=torch.float32))
+
+
+def test_export_has_dynamic_batch_and_matches(cnn32, onnx_path):
+    m = OnnxModel(onnx_path)
+    assert m.fixed_batch is None and m.dtype == torch.float32
+    x = make_images(7, seed=3, dtype=torch.float32)
+    torch.testing.assert_close(m(x), cnn32(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def assert_same_up_to_near_ties(a_res, b_res, model, images, tol=1e-5):
+    for i, (a, b) in enumerate(zip(a_res, b_res)):
+        assert a.target == b.target
+        assert (a.sis is None) == (b.sis is None)
+        if a.sis is not None:
+            assert torch.equal(a.sis, b.sis), f"image {i}"
+        diff = (a.order != b.order).nonzero()
+        if diff.numel():
+            t = int(diff[0])
+            present = torch.ones(a.order.numel(), dtype=torch.bool)
+            present[b.order[:t]] = False
+            vals = []
+            for feat in (int(a.order[t]), int(b.order[t])):
+                keep = present.clone()
+                keep[feat] = False
+                x = torch.where(keep.view(images.shape[-2:]), images[i], torch.zeros(()))
+                vals.append(float(torch.softmax(model(x[None]), 1)[0, a.target]))
+            assert abs(vals[0] - vals[1]) <= tol, f"image {i}: divergence at step {t} is no near-tie: {vals}"
+
+
+def test_onnx_and_torch_give_the_same_sis(cnn32, onnx_path):
+    images = make_images(6, seed=7, dtype=torch.float32)
+    tau = 0.3
+    with torch.no_grad():
+        via_torch = of.fast_sis(cnn32, images, tau, collection=True)
+        via_path = of.fast_sis(onnx_path, images, tau, collection=True)
+        via_model = of.fast_sis(OnnxModel(onnx_path, providers=["CPUExecutionProvider"]), images, tau)
+        assert_same_up_to_near_ties(via_torch, via_path, cnn32, images)
+        assert_same_up_to_near_ties(via_torch, via_model, cnn32, images)
+    assert any(r.sis is not None and r.sis.numel() > 0 for r in via_path)
+    for a, b in zip(via_torch, via_path):
+        assert len(a.collection) == len(b.collection)
+
+
+def test_session_and_reference_accept_onnx(onnx_path):
+    sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    images = make_images(2, seed=8, dtype=torch.float32)
+    fast = of.fast_sis(sess, images, 0.3)
+    ref = of.reference.sis(onnx_path, images, 0.3)
+    for a, b in zip(fast, ref):
+        assert (a.sis is None) == (b.sis is None)
+        if a.sis is not None:
+            assert torch.equal(a.sis, b.sis)
+
+
+def fixed_batch_model(path, batch, model):
+    torch.onnx.export(model, (make_images(batch, dtype=torch.float32),), path, dynamo=True, external_data=False,
+                      input_names=["input"], output_names=["logits"]).save(path, external_data=False)
+    return path
+
+
+def test_fixed_batch_dimension_is_chunked_and_padded(cnn32, tmp_path):
+    path = fixed_batch_model(str(tmp_path / "fixed.onnx"), 4, cnn32)
+    m = OnnxModel(path)
+    assert m.fixed_batch == 4
+    x = make_images(7, seed=2, dtype=torch.float32)  # 4 + 3 (padded)
+    torch.testing.assert_close(m(x), cnn32(x).detach(), rtol=1e-4, atol=1e-5)
+    images = make_images(3, seed=4, dtype=torch.float32)
+    a = of.fast_sis(cnn32, images, 0.3, batch_size=10)
+    b = of.fast_sis(path, images, 0.3, batch_size=10)
+    with torch.no_grad():
+        assert_same_up_to_near_ties(a, b, cnn32, images)
+
+
+def test_bad_onnx_inputs(onnx_path, tmp_path):
+    images = make_images(2, dtype=torch.float32)
+    not_onnx = tmp_path / "model.onnx"
+    not_onnx.write_text("this is not a model")
+    with pytest.raises(ValueError, match="could not be loaded as an ONNX model"):
+        of.fast_sis(str(not_onnx), images, 0.5)
+    with pytest.raises(FileNotFoundError, match="no ONNX model"):
+        of.fast_sis(str(tmp_path / "missing.onnx"), images, 0.5)
+    with pytest.raises(TypeError, match="tensor\\(float\\)"):
+        of.fast_sis(onnx_path, images.double(), 0.5)
+    with pytest.raises(ValueError, match="rank"):
+        of.fast_sis(onnx_path, images.flatten(1), 0.5)
+    with pytest.raises(ValueError, match="expects size 5 on axis 2"):
+        of.fast_sis(onnx_path, make_images(2, h=6, dtype=torch.float32), 0.5)
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y, 2 * y
+
+
+class TwoInputs(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, z):
+        return self.inner(x + z)
+
+
+def test_several_outputs_need_a_name_and_several_inputs_are_refused(cnn32, tmp_path):
+    x = make_images(2, dtype=torch.float32)
+    p2 = str(tmp_path / "two_out.onnx")
+    torch.onnx.export(TwoOutputs(cnn32).eval(), (x,), dynamo=True, external_data=False,
+                      input_names=["input"], output_names=["a", "b"]).save(p2, external_data=False)
+    with pytest.raises(ValueError, match="2 outputs .*output_name="):
+        OnnxModel(p2)
+    a = of.fast_sis(OnnxModel(p2, output_name="a"), x, 0.3)
+    assert a[0].order.numel() == 25
+    pi = str(tmp_path / "two_in.onnx")
+    torch.onnx.export(TwoInputs(cnn32).eval(), (x, x), dynamo=True, external_data=False,
+                      input_names=["x", "z"]).save(pi, external_data=False)
+    with pytest.raises(ValueError, match="2 inputs"):
+        OnnxModel(pi)
+
+
+def test_non_finite_onnx_outputs(tmp_path):
+    class Log(nn.Module):
+        def forward(self, x):
+            s = x.flatten(1).sum(1, keepdim=True)
+            return torch.cat([torch.log(s - 3.0), torch.zeros_like(s)], 1)  # NaN once most is masked
+
+    x = torch.rand(2, 1, 3, 3) + 0.5
+    path = export_onnx(Log().eval(), tmp_path / "log.onnx", x)
+    with pytest.raises(FloatingPointError, match="NaN or inf"):
+        of.fast_sis(path, x, 0.1)
+
+
+@cuda
+def test_cuda_provider_binds_gpu_tensors(cnn32, onnx_path):
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is not installed")
+    m = OnnxModel(onnx_path, device="cuda")
+    assert "CUDAExecutionProvider" in m.providers
+    x = make_images(5, dtype=torch.float32).cuda()
+    out = m(x)
+    assert out.is_cuda
+    torch.testing.assert_close(out, cnn32.cuda()(x).detach(), rtol=1e-4, atol=1e-5)
+    images = make_images(3, seed=4, dtype=torch.float32)
+    a = of.fast_sis(cnn32.cpu(), images, 0.3)
+    b = of.fast_sis(m, images.cuda(), 0.3)
+    with torch.no_grad():
+        assert_same_up_to_near_ties(a, b, cnn32.cpu(), images)
