@@ -50,7 +50,8 @@ class ChunkRunner:
         self.chunk = chunk
         self.device = device
 
-    def run(self, total: int, work: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+    def run(self, total: int, work: Callable[[slice], torch.Tensor | tuple]) -> torch.Tensor | tuple:
+        """Concatenate ``work(slice)`` over [0, total); work may return a tuple of tensors."""
         parts = []
         start = 0
         while start < total:
@@ -69,7 +70,11 @@ class ChunkRunner:
                 warnings.warn(f"out of memory at {n} candidates per forward call; retrying with {self.chunk}")
                 continue
             start += n
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(parts) == 1:
+            return parts[0]
+        if isinstance(parts[0], tuple):
+            return tuple(torch.cat(col) for col in zip(*parts))
+        return torch.cat(parts)
 
 
 class CandidateEvaluator:

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from . import _ops
 from .batching import CandidateEvaluator, ChunkRunner
-from .findsis import find_sis
+from .findsis import find_sis, sis_score
 from .inputs import Prepared
 from .model import ModelFn, check_finite_scores
 from .results import SISResult
@@ -87,6 +87,7 @@ def exact_sis(
                     target=targets_host[i],
                     score=st.score,
                     threshold=threshold,
+                    sis_score=None if sis is None else sis_score(v, st.score, sis.numel()),
                 )
             )
             if not collection or sis is None or sis.numel() == 0 or sis.numel() == m:

@@ -25,3 +25,11 @@ def find_sis(order: torch.Tensor, values: torch.Tensor, threshold: float) -> tor
     passing = torch.nonzero(values >= threshold).flatten()
     start = 0 if passing.numel() == 0 else int(passing[-1]) + 1
     return order[start:].flip(0).clone()
+
+
+def sis_score(values: torch.Tensor, score: float, sis_size: int) -> float:
+    """f with only the SIS present, read off a backward selection: the value just
+    before the SIS's first feature was masked (``score``, f of the whole input,
+    when the SIS is every feature)."""
+    start = values.numel() - sis_size
+    return float(values[start - 1]) if start > 0 else float(score)

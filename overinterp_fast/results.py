@@ -14,13 +14,19 @@ class SISResult:
         order: int64 [m], feature ids in the order backward selection masked them
             (m = features present at the start of the round; a pixel's id is row * W + col).
         values: float64 [m], ``values[t]`` = f with only ``order[t+1:]`` present
-            (the last entry: everything masked).
+            (the last entry: everything masked). For method="gradient": one per
+            block, see ``blocks``.
         sis: int64 [k], the SIS, last-masked first; empty when the fully masked
             input already reaches the threshold; None when f(x) < threshold.
         mask: bool over the feature grid ([H, W] for the default pixel features,
             the input's element shape for other default maps, [p] for a custom
             feature map), True on the SIS; None when ``sis`` is None.
         target: the class whose probability is f.
+        blocks: for method="gradient", int64 [nb + 1] offsets into ``order``: block b
+            is ``order[blocks[b]:blocks[b+1]]`` and ``values[b]`` is f after masking
+            blocks 0..b. None for exact SIS (every feature is its own step).
+        sis_score: f with only the SIS present (for "gradient", evaluated in the
+            images' dtype even when the selection ran under autocast); None without SIS.
         score: f of the input this round started from (for round 1: the unmasked image).
         threshold: the threshold used.
         collection: with ``collection=True``, every disjoint SIS of the image in the
@@ -35,6 +41,8 @@ class SISResult:
     score: float
     threshold: float
     collection: list["SISResult"] | None = field(default=None)
+    blocks: torch.Tensor | None = field(default=None)
+    sis_score: float | None = field(default=None)
 
     @property
     def size(self) -> int | None:

@@ -174,3 +174,8 @@ def test_cuda_provider_binds_gpu_tensors(cnn32, onnx_path):
     b = of.fast_sis(m, images.cuda(), 0.3)
     with torch.no_grad():
         assert_same_up_to_near_ties(a, b, cnn32.cpu(), images)
+
+
+def test_gradient_method_on_onnx_names_the_black_box_methods(onnx_path):
+    with pytest.raises(ValueError, match="no autograd.*'exact'"):
+        of.fast_sis(onnx_path, make_images(2, dtype=torch.float32), 0.5, method="gradient")

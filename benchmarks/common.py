@@ -1,0 +1,85 @@
+"""Shared pieces of the benchmark scripts: configurations, timing, environment, results files."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+CONFIGS = {
+    # name: (model factory, image size, patch size, default number of images)
+    "cnn16-px": (lambda: SmallCNN(16), 16, 1, 2),
+    "cnn32-2x2": (lambda: SmallCNN(32), 32, 2, 1),
+    "resnet20-4x4": (ResNet20, 32, 4, 4),
+    "cnn32-px": (lambda: SmallCNN(32), 32, 1, 1),
+    "resnet20-px": (ResNet20, 32, 1, 1),
+}
+
+
+def patch_map(size: int, patch: int) -> torch.Tensor | None:
+    """Feature map of square patches (None for pixels)."""
+    if patch == 1:
+        return None
+    r = torch.arange(size) // patch
+    return r.view(-1, 1) * (size // patch) + r.view(1, -1)
+
+
+def make_case(name: str, n_images: int | None, device, dtype=torch.float32):
+    """(model, images, features, p) for a configuration, seeded."""
+    factory, size, patch, default_n = CONFIGS[name]
+    n = n_images or default_n
+    torch.manual_seed(0)
+    model = factory().to(device=device, dtype=dtype).eval()
+    images = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
+    return model, images, patch_map(size, patch), (size // patch) ** 2
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    """(seconds, result) of fn(), synchronising the device around it."""
+    sync(device)
+    t = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t, out
+
+
+def environment(device) -> dict:
+    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": platform.processor()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            env["cpu"] = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if torch.device(device).type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    try:
+        import onnxruntime
+
+        env["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def write_results(name: str, device, rows: list[dict], out: str | None = None) -> str:
+    path = out or os.path.join(RESULTS, f"{name}_{torch.device(device).type}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump({"benchmark": name, "environment": environment(device),
+                   "command": " ".join(["python"] + sys.argv), "date": time.strftime("%Y-%m-%d"),
+                   "rows": rows}, fh, indent=1)
+    return path

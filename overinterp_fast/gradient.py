@@ -1,0 +1,255 @@
+"""Batched-gradient SIS (paper 000, section S5; SPEC.md section 2) for large images.
+
+BackSelect: the mask M over features (1 = masked) enters the model as
+x * (1 - M) + baseline * M. Each step takes one backward pass for all images of
+a round together (the gradient of the sum of their target probabilities with
+respect to M), and masks, per image, the k present features with the largest
+gradient (ties: lowest feature id, by a stable sort). About p / k steps per round.
+
+FindSIS: the candidate sets are "only the last j blocks present", j = 0, 1, ...;
+the SIS is the first that reaches the threshold. Instead of one forward pass per
+pop, prefixes are evaluated in growing chunks (8, 16, 32, ... per image), packed
+across images into batches built by the fused mask_apply kernel; the first
+success in ascending j is the answer popping one block at a time would give.
+These evaluations run in the images' dtype without autocast, so every SIS is
+verified in full precision: ``sis_score`` = f(x_S) >= threshold.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from tqdm.auto import tqdm
+
+from .batching import CandidateEvaluator, ChunkRunner
+from .inputs import Prepared
+from .model import ModelFn, check_finite_scores
+from .results import SISResult
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+_FIRST_CHUNK = 8  # prefixes per image in FindSIS's first round; doubled each round
+
+
+def check_autocast(autocast) -> torch.dtype | None:
+    if autocast is None or autocast is False:
+        return None
+    if isinstance(autocast, torch.dtype) and autocast in (torch.bfloat16, torch.float16):
+        return autocast
+    if isinstance(autocast, str) and autocast in AUTOCAST_DTYPES:
+        return AUTOCAST_DTYPES[autocast]
+    raise ValueError(f"autocast must be None, 'bf16' or 'fp16', got {autocast!r}")
+
+
+def check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (features masked per gradient step) must be a positive int, got {k!r}")
+    return k
+
+
+def score_and_gradient(
+    fn: ModelFn, prep: Prepared, targets: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+    autocast: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """f and df/dM for images ``rows`` under feature masks ``mask`` ([n, p], 1 = masked).
+
+    Returns (float64 [n], [n, p] in the images' dtype).
+    """
+    x = prep.images[rows]
+    base = prep.baseline[rows] if prep.baseline.shape[0] > 1 else prep.baseline
+    m = mask.detach().clone().requires_grad_(True)
+    ctx = torch.autocast(x.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    with torch.enable_grad():
+        me = m[:, prep.feature_map]  # [n, *D]
+        xm = x * (1 - me) + base * me
+        with ctx:
+            out = fn.forward(xm)
+        probs = fn.probabilities(out.float() if autocast is not None else out)
+        f = probs.gather(1, targets[rows].view(-1, 1)).view(-1)
+        (g,) = torch.autograd.grad(f.sum(), m)
+    return f.detach().double(), g.detach()
+
+
+class _Round:
+    """One round (BackSelect + FindSIS) of one image, host side."""
+
+    __slots__ = ("image", "order", "blocks", "values", "score", "rank")
+
+    def __init__(self, image: int, score: float):
+        self.image = image
+        self.order: list[torch.Tensor] = []
+        self.blocks = [0]
+        self.values: list[float] = []
+        self.score = score
+        self.rank: torch.Tensor | None = None  # block index of each feature (-1: not in this round)
+
+
+def gradient_sis(
+    fn: ModelFn,
+    prep: Prepared,
+    targets: torch.Tensor,
+    scores0: torch.Tensor,
+    threshold: float,
+    collection: bool,
+    k: int,
+    runner: ChunkRunner,
+    autocast: torch.dtype | None,
+    progress: bool | None,
+) -> list[SISResult]:
+    """Batched-gradient SIS of every image; see :func:`overinterp_fast.fast_sis`."""
+    images = prep.images
+    dev = images.device
+    n, p = images.shape[0], prep.num_features
+    targets_host = targets.tolist()
+    grad_runner = ChunkRunner(n, dev)  # images per backward pass; halves on out-of-memory
+    evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    present = torch.ones((n, p), dtype=torch.bool, device=dev)  # each image's R for its current round
+    rounds: list[list[SISResult]] = [[] for _ in range(n)]
+    scores = scores0.tolist()
+    active = list(range(n))
+    bar = tqdm(total=0, unit="step", desc="gradient SIS", disable=None if progress is None else not progress)
+    while active:
+        state = [_Round(i, scores[i]) for i in active]
+        _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar)
+        verified = _find_sis(evaluator, present, state, threshold)
+        next_active, candidates = [], []
+        for st in state:
+            i = st.image
+            m = st.blocks[-1]
+            order = torch.cat(st.order) if st.order else torch.zeros(0, dtype=torch.int64)
+            sis, sis_score = None, None
+            if st.score >= threshold and st.image in verified:
+                start, sis_score = verified[st.image]
+                sis = order[start:].flip(0).clone()
+            rounds[i].append(
+                SISResult(
+                    order=order, values=torch.tensor(st.values, dtype=torch.float64), sis=sis,
+                    mask=None if sis is None else prep.feature_mask(sis), target=targets_host[i], score=st.score,
+                    threshold=threshold, blocks=torch.tensor(st.blocks, dtype=torch.int64), sis_score=sis_score,
+                )
+            )
+            if collection and sis is not None and 0 < sis.numel() < m:
+                present[i, sis.to(dev)] = False
+                candidates.append(i)
+        if candidates:  # f of each input with its SIS masked decides whether another round runs
+            rows = torch.tensor(candidates, device=dev)
+            f = evaluator(present, rows, rows, torch.full_like(rows, -1))
+            check_finite_scores(torch.isfinite(f).all())
+            for i, s in zip(candidates, f.tolist()):
+                if s >= threshold:
+                    scores[i] = s
+                    next_active.append(i)
+        active = next_active
+    bar.close()
+    results = []
+    for i in range(n):
+        first = rounds[i][0]
+        if collection:
+            first.collection = [r for r in rounds[i] if r.sis is not None]
+        results.append(first)
+    return results
+
+
+def _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar) -> None:
+    """Mask the round's features block by block, all images of the round in one backward pass per step."""
+    dev = prep.images.device
+    rows = torch.tensor([st.image for st in state], device=dev)
+    pres = present[rows].clone()  # [A, p]
+    mask = (~pres).to(prep.images.dtype)
+    counts = pres.sum(1).tolist()
+    nb_max = max((c + k - 1) // k for c in counts)
+    bar.total += nb_max
+    bar.refresh()
+    rank = torch.full(pres.shape, -1, dtype=torch.int64, device=dev)
+    step = 0
+    first_values = True
+    while True:
+        live = [a for a, c in enumerate(counts) if c > 0]
+        if not live:
+            break
+        live_t = torch.tensor(live, device=dev)
+        f, g = grad_runner.run(
+            len(live),
+            lambda sl: score_and_gradient(fn, prep, targets, mask[live_t[sl]], rows[live_t[sl]], autocast),
+        )
+        if not bool(torch.isfinite(g).all() & torch.isfinite(f).all()):
+            raise FloatingPointError("the model's score or its gradient with respect to the mask is NaN or inf")
+        # f before this step = f after the previous block (the round's own score before the first)
+        if not first_values:
+            for a, v in zip(live, f.tolist()):
+                state[a].values.append(v)
+        first_values = False
+        g = torch.where(pres[live_t], g, torch.full_like(g, -torch.inf))
+        # Largest gradient first; a stable sort keeps equal gradients in ascending feature id.
+        idx = torch.sort(g, dim=1, descending=True, stable=True).indices[:, :k]
+        take = [min(k, counts[a]) for a in live]
+        valid = torch.arange(idx.shape[1], device=dev).view(1, -1) < torch.tensor(take, device=dev).view(-1, 1)
+        r = live_t.view(-1, 1).expand_as(idx)[valid]
+        feats = idx[valid]
+        mask[r, feats] = 1
+        pres[r, feats] = False
+        rank[r, feats] = step
+        chosen = idx.cpu()
+        for j, a in enumerate(live):
+            st = state[a]
+            st.order.append(chosen[j, : take[j]])
+            st.blocks.append(st.blocks[-1] + take[j])
+            counts[a] -= take[j]
+        step += 1
+        bar.update(1)
+    # f with every feature masked: the value after each image's last block
+    with torch.no_grad():
+        f_all = grad_runner.run(len(state), lambda sl: _score_masked(fn, prep, targets, rows[sl]))
+    for a, v in enumerate(f_all.tolist()):
+        state[a].values.append(v)
+    rank_cpu = rank.cpu()
+    for a, st in enumerate(state):
+        st.rank = rank_cpu[a]
+
+
+def _score_masked(fn, prep, targets, rows) -> torch.Tensor:
+    """f of the fully masked input (the baseline) of each image in ``rows``."""
+    base = prep.baseline[rows] if prep.baseline.shape[0] > 1 else prep.baseline.expand(rows.numel(), *prep.baseline.shape[1:])
+    return fn.score(base.contiguous(), targets[rows])
+
+
+def _find_sis(evaluator, present, state, threshold) -> dict[int, tuple[int, float]]:
+    """Per image (that has f >= threshold): (start in order, f(x_S)) of the smallest passing suffix of blocks.
+
+    Prefix j = the last j blocks present, j = 0 .. nb. Evaluated in rounds of
+    growing chunks per image; the first j that passes, in ascending order, wins.
+    """
+    dev = present.device
+    todo = {a: 0 for a, st in enumerate(state) if st.score >= threshold}  # next j to evaluate
+    found: dict[int, tuple[int, float]] = {}
+    chunk = _FIRST_CHUNK
+    rank = torch.stack([st.rank for st in state]).to(dev)
+    while todo:
+        img, rws, js = [], [], []
+        for a, lo in todo.items():
+            nb = len(state[a].blocks) - 1
+            hi = min(lo + chunk, nb + 1)
+            img += [state[a].image] * (hi - lo)
+            rws += [a] * (hi - lo)
+            js += list(range(lo, hi))
+        rws_t = torch.tensor(rws, device=dev)
+        nbs = torch.tensor([len(state[a].blocks) - 1 for a in rws], device=dev)
+        js_t = torch.tensor(js, device=dev)
+        rows_present = rank[rws_t] >= (nbs - js_t).view(-1, 1)  # [C, p]: the last j blocks
+        img_t = torch.tensor(img, device=dev)
+        f = evaluator(rows_present, img_t, torch.arange(len(img), device=dev), torch.full_like(img_t, -1))
+        check_finite_scores(torch.isfinite(f).all())
+        f = f.tolist()
+        nxt = {}
+        pos = 0
+        for a, lo in todo.items():
+            nb = len(state[a].blocks) - 1
+            hi = min(lo + chunk, nb + 1)
+            hit = next((j for j in range(lo, hi) if f[pos + j - lo] >= threshold), None)
+            if hit is not None:
+                found[state[a].image] = (state[a].blocks[nb - hit], f[pos + hit - lo])
+            elif hi <= nb:
+                nxt[a] = hi
+            pos += hi - lo
+        todo = nxt
+        chunk *= 2
+    return found

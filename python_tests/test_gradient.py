@@ -1,0 +1,125 @@
+"""Batched-gradient SIS (method="gradient") against the plain transcription of the paper's loop."""
+import pytest
+import torch
+from torch import nn
+
+import overinterp_fast as of
+from overinterp_fast import reference
+
+from conftest import make_cnn, make_images
+from test_exact import OOMAbove
+
+
+def assert_same_gradient_result(a, b):
+    assert a.target == b.target
+    assert torch.equal(a.order, b.order)
+    assert torch.equal(a.blocks, b.blocks)
+    torch.testing.assert_close(a.values, b.values, rtol=1e-10, atol=1e-12)
+    assert (a.sis is None) == (b.sis is None)
+    if a.sis is not None:
+        assert torch.equal(a.sis, b.sis)
+        assert torch.equal(a.mask, b.mask)
+        assert a.sis_score == pytest.approx(b.sis_score, rel=1e-10)
+    assert a.score == pytest.approx(b.score, rel=1e-10)
+
+
+def assert_same(res_a, res_b, collection=False):
+    assert len(res_a) == len(res_b)
+    for a, b in zip(res_a, res_b):
+        assert_same_gradient_result(a, b)
+        if collection:
+            assert len(a.collection) == len(b.collection)
+            for ca, cb in zip(a.collection, b.collection):
+                assert_same_gradient_result(ca, cb)
+
+
+@pytest.mark.parametrize("seed,k", [(0, 3), (1, 4), (2, 7)])
+def test_float64_equals_transcription(seed, k):
+    model = make_cnn(seed)
+    images = make_images(5, seed=seed + 30)
+    with torch.no_grad():
+        top = torch.softmax(model(images), 1).max(1).values.sort().values
+    tau = float(top[1] + top[2]) / 2
+    fast = of.fast_sis(model, images, tau, method="gradient", k=k, batch_size=7)
+    ref = reference.gradient_sis(model, images, tau, k=k)
+    assert_same(fast, ref)
+    assert any(r.sis is None for r in fast) and any(r.sis is not None and r.sis.numel() > 0 for r in fast)
+    for r in fast:
+        assert sorted(r.order.tolist()) == list(range(25))
+        assert r.blocks[0] == 0 and r.blocks[-1] == 25 and r.values.numel() == r.blocks.numel() - 1
+        assert (r.blocks.diff()[:-1] == k).all() and 1 <= r.blocks.diff()[-1] <= k
+
+
+def test_float64_collection_equals_transcription():
+    model = make_cnn(3)
+    images = make_images(4, seed=41)
+    fast = of.fast_sis(model, images, 0.25, method="gradient", k=2, collection=True)
+    ref = reference.gradient_sis(model, images, 0.25, k=2, collection=True)
+    assert_same(fast, ref, collection=True)
+    assert max(len(r.collection) for r in fast) >= 2
+
+
+def sufficient(model, image, result, baseline=0.0):
+    kept = torch.where(result.mask.view(image.shape[-2:]), image, torch.full((), baseline, dtype=image.dtype))
+    with torch.no_grad():
+        return float(torch.softmax(model(kept[None]), 1)[0, result.target])
+
+
+def test_every_sis_is_verified_on_many_images():
+    from overinterp_fast.zoo.digits import load_digits, train_digits_cnn
+
+    data = load_digits()
+    model = train_digits_cnn(data, epochs=3)
+    images = data.x_test[:60]
+    res = of.fast_sis(model, images, 0.9, method="gradient", k=4, collection=True)
+    checked = 0
+    for img, r in zip(images, res):
+        for c in r.collection:
+            f = sufficient(model, img, c) if c is r else None
+            assert c.sis_score >= 0.9
+            if f is not None:
+                assert f >= 0.9 and f == pytest.approx(c.sis_score, rel=1e-5)
+                checked += 1
+    assert checked >= 50
+
+
+def test_autocast_sis_still_verified_in_full_precision():
+    model = make_cnn(1, torch.float32, h=6, w=6)
+    images = make_images(6, h=6, w=6, seed=5, dtype=torch.float32)
+    res = of.fast_sis(model, images, 0.3, method="gradient", k=3, autocast="bf16")
+    assert any(r.sis is not None for r in res)
+    for img, r in zip(images, res):
+        if r.sis is not None:
+            assert r.sis_score >= 0.3 and sufficient(model, img, r) >= 0.3
+
+
+def test_patch_features_and_packing_invariance():
+    model = make_cnn(4, h=6, w=6)
+    images = make_images(3, h=6, w=6, seed=3)
+    patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2
+    together = of.fast_sis(model, images, 0.3, method="gradient", k=2, features=patches, collection=True)
+    assert_same(together, reference.gradient_sis(model, images, 0.3, k=2, features=patches, collection=True), True)
+    for i in range(3):
+        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", k=2, features=patches, collection=True)
+        assert_same([together[i]], alone, collection=True)
+
+
+def test_out_of_memory_in_backward_backs_off(cnn64, images64):
+    want = of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
+    flaky = OOMAbove(cnn64, limit=2).eval()
+    with pytest.warns(UserWarning, match="out of memory"):
+        got = of.fast_sis(flaky, images64, 0.3, method="gradient", k=5, batch_size=8)
+    assert_same(got, want)
+
+
+def test_gradient_options_are_checked(cnn64, images64):
+    with pytest.raises(ValueError, match="k \\(features masked"):
+        of.fast_sis(cnn64, images64, 0.3, method="gradient", k=0)
+    with pytest.raises(ValueError, match="autocast"):
+        of.fast_sis(cnn64, images64, 0.3, method="gradient", autocast="int8")
+
+
+def test_user_model_gradients_untouched(cnn64, images64):
+    of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
+    reference.gradient_sis(cnn64, images64[:1], 0.3, k=5)
+    assert all(p.grad is None for p in cnn64.parameters())
