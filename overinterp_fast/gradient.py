@@ -46,6 +46,33 @@ def check_k(k) -> int:
     return k
 
 
+def top_k_present(g: torch.Tensor, present: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest ``g`` among ``present`` features per row, ties to the lowest id.
+
+    Args:
+        g: [n, p] finite gradients; present: bool [n, p]; k <= p.
+
+    Returns:
+        int64 [n, k], in descending order of g (then ascending id); entries past a
+        row's number of present features are arbitrary absent features.
+
+    For float16/bfloat16/float32 gradients each (gradient, id) pair becomes one
+    unique int64 key (the gradient's bits mapped to an order-preserving unsigned
+    integer, then the inverted id), so a plain ``topk`` is deterministic and
+    avoids sorting all p entries. float64 gradients use a stable sort.
+    """
+    n, p = g.shape
+    if g.dtype == torch.float64 or p >= 1 << 31:
+        key = torch.where(present, g, torch.full_like(g, -torch.inf))
+        return torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k]
+    bits = (g.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0 turns -0.0 into +0.0
+    ordered = torch.where(bits < 0, (~bits) & 0xFFFFFFFF, bits | 0x80000000)  # monotone in g, in [0, 2^32)
+    ids = torch.arange(p, device=g.device)
+    key = (ordered << 31) | (p - 1 - ids)
+    key = torch.where(present, key, torch.full_like(key, -1))
+    return torch.topk(key, k, dim=1, largest=True, sorted=True).indices
+
+
 def score_and_gradient(
     fn: ModelFn, prep: Prepared, targets: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
     autocast: torch.dtype | None,
@@ -178,9 +205,7 @@ def _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar
             for a, v in zip(live, f.tolist()):
                 state[a].values.append(v)
         first_values = False
-        g = torch.where(pres[live_t], g, torch.full_like(g, -torch.inf))
-        # Largest gradient first; a stable sort keeps equal gradients in ascending feature id.
-        idx = torch.sort(g, dim=1, descending=True, stable=True).indices[:, :k]
+        idx = top_k_present(g, pres[live_t], min(k, pres.shape[1]))
         take = [min(k, counts[a]) for a in live]
         valid = torch.arange(idx.shape[1], device=dev).view(1, -1) < torch.tensor(take, device=dev).view(-1, 1)
         r = live_t.view(-1, 1).expand_as(idx)[valid]

@@ -123,3 +123,23 @@ def test_user_model_gradients_untouched(cnn64, images64):
     of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
     reference.gradient_sis(cnn64, images64[:1], 0.3, k=5)
     assert all(p.grad is None for p in cnn64.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_top_k_present_matches_stable_sort(dtype):
+    from overinterp_fast.gradient import top_k_present
+
+    g_ = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        n, p, k = 4, 97, int(torch.randint(1, 30, (1,), generator=g_))
+        g = (torch.randint(-4, 5, (n, p), generator=g_).float() / 4).to(dtype)  # many exact ties
+        g[0, :10] = -0.0  # signed zeros tie with +0.0
+        g[1, 5:9] = torch.tensor([1e-30, -1e-30, 3.0e38, -3.0e38]).to(dtype)
+        present = torch.rand(n, p, generator=g_) > 0.3
+        got = top_k_present(g, present, k)
+        key = torch.where(present, g.double(), torch.full((n, p), -torch.inf, dtype=torch.float64))
+        want = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k]
+        counts = present.sum(1)
+        for row in range(n):
+            m = min(k, int(counts[row]))
+            assert got[row, :m].tolist() == want[row, :m].tolist(), (trial, row)
