@@ -19,6 +19,7 @@ import math
 import torch
 
 import overinterp_fast as of
+from overinterp_fast.results import same_sis
 
 from common import timed, write_results
 
@@ -87,8 +88,7 @@ def main():
                 t, out[c] = timed(contenders[c], device)
                 times[c].append(t)
         best = {c: min(v) for c, v in times.items()}
-        same = all((a.sis is None) == (b.sis is None) and (a.sis is None or torch.equal(a.sis, b.sis))
-                   for a, b in zip(out["fast"], out["transcription"]))
+        same = same_sis(out["fast"], out["transcription"])
         fracs = [r.fraction for r in out["fast"] if r.sis is not None]
         row = {"model": name, "device": str(device), "images": images.shape[0], "size": size, "k": k,
                "threshold": tau, "times_s": times, "fast_s": best["fast"], "transcription_s": best["transcription"],

@@ -16,6 +16,7 @@ import tempfile
 import torch
 
 import overinterp_fast as of
+from overinterp_fast.results import same_sis
 from overinterp_fast.batching import auto_batch_size
 
 from common import make_case, timed, write_results
@@ -68,8 +69,7 @@ def main():
             run = lambda m: of.fast_sis(m, images, 0.5, features=features, batch_size=batch, progress=False)
             t_torch, res_t = timed(lambda: run(model), device)
             t_onnx, res_o = timed(lambda: run(onnx_model), device)
-            same = all((a.sis is None) == (b.sis is None) and (a.sis is None or torch.equal(a.sis, b.sis))
-                       for a, b in zip(res_t, res_o))
+            same = same_sis(res_t, res_o)
             row = {"config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
                    "batch_size": batch, "torch_s": t_torch, "onnx_s": t_onnx, "onnx_over_torch": t_onnx / t_torch,
                    "torch_floor_s": floor(model, images, candidates, batch, device),

@@ -10,6 +10,7 @@ import torch
 from .api import fast_sis
 from .plotting import sis_figure
 from .reference import sis as reference_sis
+from .results import same_sis
 from .zoo.digits import accuracy, load_digits, train_digits_cnn
 
 
@@ -45,10 +46,7 @@ def run_demo(out_dir: str = "out/demo", n_images: int = 12, threshold: float = 0
         t0 = time.perf_counter()
         ref = reference_sis(model, x, threshold, collection=True)
         ref_s = time.perf_counter() - t0
-        same = all(
-            (a.sis is None and b.sis is None) or (a.sis is not None and b.sis is not None and torch.equal(a.sis, b.sis))
-            for a, b in zip(res, ref)
-        )
+        same = same_sis(res, ref)
         summary.update(reference_seconds=ref_s, speedup_vs_reference=ref_s / fast_s, same_sis_as_reference=same)
         print(f"reference (sis.py transcription): {ref_s:.2f} s -> {ref_s / fast_s:.1f}x faster, same SIS: {same}")
 

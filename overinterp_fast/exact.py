@@ -17,7 +17,7 @@ from .batching import CandidateEvaluator, ChunkRunner
 from .findsis import find_sis, sis_score
 from .inputs import Prepared
 from .model import ModelFn, check_finite_scores
-from .results import SISResult
+from .results import SISResult, first_with_collection
 from .schedule import CandidateQueue
 
 _STEP, _SCORE = 0, 1
@@ -153,11 +153,5 @@ def exact_sis(
     bar.close()
     check_finite_scores(finite)
 
-    results = []
-    for st in state:
-        first = st.rounds[0]
-        if collection:
-            first.collection = [r for r in st.rounds if r.sis is not None]
-        results.append(first)
-    return results
+    return [first_with_collection(st.rounds, collection) for st in state]
 

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from .batching import CandidateEvaluator, ChunkRunner
 from .inputs import Prepared
 from .model import ModelFn, check_finite_scores
-from .results import SISResult
+from .results import SISResult, first_with_collection
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 _FIRST_CHUNK = 8  # prefixes per image in FindSIS's first round; doubled each round
@@ -167,13 +167,7 @@ def gradient_sis(
                     next_active.append(i)
         active = next_active
     bar.close()
-    results = []
-    for i in range(n):
-        first = rounds[i][0]
-        if collection:
-            first.collection = [r for r in rounds[i] if r.sis is not None]
-        results.append(first)
-    return results
+    return [first_with_collection(r, collection) for r in rounds]
 
 
 def _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar) -> None:

@@ -18,7 +18,7 @@ from .batching import ChunkRunner
 from .findsis import sis_score
 from .inputs import check_threshold, prepare
 from .model import ModelFn, check_finite_scores, initial_predictions
-from .results import SISResult
+from .results import SISResult, first_with_collection
 
 
 def _score_batches(fn: ModelFn, inputs: torch.Tensor, target: int, device, batch_size: int | None) -> torch.Tensor:
@@ -120,10 +120,7 @@ def sis(
                 if not collection or found is None or found.numel() == 0:
                     break
                 present[found] = False  # mask the SIS; the next round runs on the rest
-            first = rounds[0]
-            if collection:
-                first.collection = [r for r in rounds if r.sis is not None]
-            results.append(first)
+            results.append(first_with_collection(rounds, collection))
     return results
 
 
@@ -223,8 +220,5 @@ def gradient_sis(
             if not collection or found is None or found.numel() == 0 or found.numel() == len(order):
                 break
             present[found] = False
-        first = rounds[0]
-        if collection:
-            first.collection = [r for r in rounds if r.sis is not None]
-        results.append(first)
+        results.append(first_with_collection(rounds, collection))
     return results

@@ -62,3 +62,18 @@ class SISResult:
             f"SISResult(target={self.target}, score={self.score:.4g}, threshold={self.threshold}, "
             f"features={self.order.numel()}, sis_size={self.size}{extra})"
         )
+
+
+def first_with_collection(rounds: list[SISResult], collection: bool) -> SISResult:
+    """An image's result: its first round, carrying (with ``collection``) every round that found a SIS."""
+    first = rounds[0]
+    if collection:
+        first.collection = [r for r in rounds if r.sis is not None]
+    return first
+
+
+def same_sis(a: list[SISResult], b: list[SISResult]) -> bool:
+    """True when two result lists have the same SIS (or both none) for every image."""
+    return len(a) == len(b) and all(
+        (x.sis is None) == (y.sis is None) and (x.sis is None or torch.equal(x.sis, y.sis)) for x, y in zip(a, b)
+    )

@@ -44,3 +44,14 @@ def images64():
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def assert_same_lists(res_a, res_b, compare, collection=False):
+    """compare(a, b) on every image's result and, with collection, on every round of it."""
+    assert len(res_a) == len(res_b)
+    for a, b in zip(res_a, res_b):
+        compare(a, b)
+        if collection:
+            assert len(a.collection) == len(b.collection)
+            for ca, cb in zip(a.collection, b.collection):
+                compare(ca, cb)

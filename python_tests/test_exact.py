@@ -6,7 +6,7 @@ from torch import nn
 import overinterp_fast as of
 from overinterp_fast import reference
 
-from conftest import cuda, make_cnn, make_images
+from conftest import assert_same_lists, cuda, make_cnn, make_images
 
 
 def assert_same_result(a, b, exact_values=True):
@@ -22,13 +22,7 @@ def assert_same_result(a, b, exact_values=True):
 
 
 def assert_same(res_a, res_b, collection=False):
-    assert len(res_a) == len(res_b)
-    for a, b in zip(res_a, res_b):
-        assert_same_result(a, b)
-        if collection:
-            assert len(a.collection) == len(b.collection)
-            for ca, cb in zip(a.collection, b.collection):
-                assert_same_result(ca, cb)
+    assert_same_lists(res_a, res_b, assert_same_result, collection)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -6,7 +6,7 @@ from torch import nn
 import overinterp_fast as of
 from overinterp_fast import reference
 
-from conftest import make_cnn, make_images
+from conftest import assert_same_lists, make_cnn, make_images
 from test_exact import OOMAbove
 
 
@@ -24,13 +24,7 @@ def assert_same_gradient_result(a, b):
 
 
 def assert_same(res_a, res_b, collection=False):
-    assert len(res_a) == len(res_b)
-    for a, b in zip(res_a, res_b):
-        assert_same_gradient_result(a, b)
-        if collection:
-            assert len(a.collection) == len(b.collection)
-            for ca, cb in zip(a.collection, b.collection):
-                assert_same_gradient_result(ca, cb)
+    assert_same_lists(res_a, res_b, assert_same_gradient_result, collection)
 
 
 @pytest.mark.parametrize("seed,k", [(0, 3), (1, 4), (2, 7)])

