@@ -20,7 +20,7 @@ BLACK_BOX_METHODS = ("exact",)  # forward passes only: these run on ONNX models 
 def fast_sis(
     model: torch.nn.Module | Callable[[torch.Tensor], torch.Tensor],
     images: torch.Tensor,
-    threshold: float = 0.9,
+    threshold: float | list[float] | torch.Tensor = 0.9,
     *,
     method: str = "exact",
     target: int | torch.Tensor | None = None,
@@ -41,7 +41,8 @@ def fast_sis(
         images: [N, *D] floating tensor ([N, C, H, W] for images), already
             normalized as the model expects. Computation runs in its dtype and on
             its device; channels_last is kept for the candidate batches.
-        threshold: tau in [0, 1]: the SIS keeps f >= tau.
+        threshold: tau in [0, 1]: the SIS keeps f >= tau. A number, or one per
+            image (a sequence or tensor [N]; e.g. 0.9 * f(x) for relative thresholds).
         method: "exact" (backward selection over every feature, p(p+1)/2
             forward passes per image) or "gradient" (batched-gradient SIS for
             large images, paper 000 section S5: about p / k backward passes per
@@ -75,12 +76,12 @@ def fast_sis(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    threshold = check_threshold(threshold)
     batch_size = check_batch_size(batch_size)
     if method == "gradient":
         k = check_k(k)
         autocast_dtype = check_autocast(autocast)
     prep = prepare(images, features=features, mask_value=mask_value)
+    thresholds = check_threshold(threshold, prep.images.shape[0])
     fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     if method not in BLACK_BOX_METHODS and isinstance(fn.model, OnnxModel):
         raise ValueError(
@@ -96,7 +97,7 @@ def fast_sis(
     if method == "gradient":
         with torch.no_grad():
             targets, scores0 = initial_predictions(fn, prep.images, target, runner)
-        return gradient_sis(fn, prep, targets, scores0, threshold=threshold, collection=collection, k=k,
+        return gradient_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection, k=k,
                             runner=runner, autocast=autocast_dtype, progress=progress)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
@@ -105,7 +106,7 @@ def fast_sis(
             prep,
             targets,
             scores0,
-            threshold=threshold,
+            thresholds=thresholds,
             collection=collection,
             batch_size=batch_size,
             runner=runner,

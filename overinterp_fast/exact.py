@@ -40,7 +40,7 @@ def exact_sis(
     prep: Prepared,
     targets: torch.Tensor,
     scores0: torch.Tensor,
-    threshold: float,
+    thresholds: list[float],
     collection: bool,
     batch_size: int,
     runner: ChunkRunner,
@@ -77,7 +77,8 @@ def exact_sis(
             st = state[i]
             m = st.step
             o, v = ords[k, :m].clone(), vals[k, :m].clone()
-            sis = find_sis(o, v, threshold) if st.score >= threshold else None
+            tau = thresholds[i]
+            sis = find_sis(o, v, tau) if st.score >= tau else None
             st.rounds.append(
                 SISResult(
                     order=o,
@@ -86,7 +87,7 @@ def exact_sis(
                     mask=None if sis is None else prep.feature_mask(sis),
                     target=targets_host[i],
                     score=st.score,
-                    threshold=threshold,
+                    threshold=tau,
                     sis_score=None if sis is None else sis_score(v, st.score, sis.numel()),
                 )
             )
@@ -110,7 +111,7 @@ def exact_sis(
         for i, s in zip(ids, new_scores):
             st = state[i]
             st.score = s
-            if s >= threshold:
+            if s >= thresholds[i]:
                 queue.push(i, 0, st.count, _STEP)
             else:
                 bar.total -= st.count * (st.count + 1) // 2

@@ -115,7 +115,7 @@ def gradient_sis(
     prep: Prepared,
     targets: torch.Tensor,
     scores0: torch.Tensor,
-    threshold: float,
+    thresholds: list[float],
     collection: bool,
     k: int,
     runner: ChunkRunner,
@@ -137,21 +137,22 @@ def gradient_sis(
     while active:
         state = [_Round(i, scores[i]) for i in active]
         _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar)
-        verified = _find_sis(evaluator, present, state, threshold)
+        verified = _find_sis(evaluator, present, state, thresholds)
         next_active, candidates = [], []
         for st in state:
             i = st.image
             m = st.blocks[-1]
             order = torch.cat(st.order) if st.order else torch.zeros(0, dtype=torch.int64)
             sis, sis_score = None, None
-            if st.score >= threshold and st.image in verified:
+            tau = thresholds[i]
+            if st.score >= tau and st.image in verified:
                 start, sis_score = verified[st.image]
                 sis = order[start:].flip(0).clone()
             rounds[i].append(
                 SISResult(
                     order=order, values=torch.tensor(st.values, dtype=torch.float64), sis=sis,
                     mask=None if sis is None else prep.feature_mask(sis), target=targets_host[i], score=st.score,
-                    threshold=threshold, blocks=torch.tensor(st.blocks, dtype=torch.int64), sis_score=sis_score,
+                    threshold=tau, blocks=torch.tensor(st.blocks, dtype=torch.int64), sis_score=sis_score,
                 )
             )
             if collection and sis is not None and 0 < sis.numel() < m:
@@ -162,7 +163,7 @@ def gradient_sis(
             f = evaluator(present, rows, rows, torch.full_like(rows, -1))
             check_finite_scores(torch.isfinite(f).all())
             for i, s in zip(candidates, f.tolist()):
-                if s >= threshold:
+                if s >= thresholds[i]:
                     scores[i] = s
                     next_active.append(i)
         active = next_active
@@ -231,14 +232,14 @@ def _score_masked(fn, prep, targets, rows) -> torch.Tensor:
     return fn.score(base.contiguous(), targets[rows])
 
 
-def _find_sis(evaluator, present, state, threshold) -> dict[int, tuple[int, float]]:
+def _find_sis(evaluator, present, state, thresholds) -> dict[int, tuple[int, float]]:
     """Per image (that has f >= threshold): (start in order, f(x_S)) of the smallest passing suffix of blocks.
 
     Prefix j = the last j blocks present, j = 0 .. nb. Evaluated in rounds of
     growing chunks per image; the first j that passes, in ascending order, wins.
     """
     dev = present.device
-    todo = {a: 0 for a, st in enumerate(state) if st.score >= threshold}  # next j to evaluate
+    todo = {a: 0 for a, st in enumerate(state) if st.score >= thresholds[st.image]}  # next j to evaluate
     found: dict[int, tuple[int, float]] = {}
     chunk = _FIRST_CHUNK
     rank = torch.stack([st.rank for st in state]).to(dev)
@@ -263,7 +264,8 @@ def _find_sis(evaluator, present, state, threshold) -> dict[int, tuple[int, floa
         for a, lo in todo.items():
             nb = len(state[a].blocks) - 1
             hi = min(lo + chunk, nb + 1)
-            hit = next((j for j in range(lo, hi) if f[pos + j - lo] >= threshold), None)
+            tau = thresholds[state[a].image]
+            hit = next((j for j in range(lo, hi) if f[pos + j - lo] >= tau), None)
             if hit is not None:
                 found[state[a].image] = (state[a].blocks[nb - hit], f[pos + hit - lo])
             elif hi <= nb:

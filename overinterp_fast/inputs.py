@@ -59,17 +59,29 @@ def check_images(images) -> torch.Tensor:
     return images
 
 
-def check_threshold(threshold) -> float:
+def _unit_interval(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"threshold must be a number in [0, 1], got {value!r}")
+    value = float(value)
+    if not (0.0 <= value <= 1.0) or math.isnan(value):
+        raise ValueError(f"threshold must lie in [0, 1], got {value}")
+    return value
+
+
+def check_threshold(threshold, n: int) -> list[float]:
+    """One threshold per image: a number for all, or a sequence / 1-D tensor of n numbers, each in [0, 1]."""
     if isinstance(threshold, torch.Tensor):
-        if threshold.numel() != 1:
-            raise ValueError("threshold must be a single number")
-        threshold = threshold.item()
-    if isinstance(threshold, bool) or not isinstance(threshold, Real):
-        raise TypeError(f"threshold must be a number in [0, 1], got {threshold!r}")
-    threshold = float(threshold)
-    if not (0.0 <= threshold <= 1.0) or math.isnan(threshold):
-        raise ValueError(f"threshold must lie in [0, 1], got {threshold}")
-    return threshold
+        if threshold.dim() == 0:
+            threshold = threshold.item()
+        elif threshold.dim() == 1:
+            threshold = threshold.tolist()
+        else:
+            raise ValueError(f"threshold must be a number or one per image [N], got shape {tuple(threshold.shape)}")
+    if isinstance(threshold, (list, tuple)):
+        if len(threshold) != n:
+            raise ValueError(f"threshold must be a number or have one entry per image ({n}), got {len(threshold)}")
+        return [_unit_interval(t) for t in threshold]
+    return [_unit_interval(threshold)] * n
 
 
 def default_feature_map(element_shape: tuple[int, ...]) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -77,8 +77,8 @@ def sis(
     outputs: str = "logits",
 ) -> list[SISResult]:
     """Reference SIS with the same arguments and result type as :func:`overinterp_fast.fast_sis`."""
-    threshold = check_threshold(threshold)
     prep = prepare(images, features=features, mask_value=mask_value)
+    thresholds = check_threshold(threshold, prep.images.shape[0])
     fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     fn.check_compatible(prep.images)
     device = prep.images.device
@@ -87,6 +87,7 @@ def sis(
     results = []
     with torch.inference_mode():
         for i in range(prep.images.shape[0]):
+            tau = thresholds[i]
             x = prep.images[i].cpu()
             baseline = prep.baseline[i if prep.baseline.shape[0] > 1 else 0].cpu()
             t = None if target is None else torch.as_tensor(target).expand(prep.images.shape[0])[i]
@@ -97,14 +98,14 @@ def sis(
             while bool(present.any()):
                 current = torch.where(present[fm], x, baseline)
                 score = float(_score_batches(fn, current.unsqueeze(0), cls, device, None)[0])
-                if rounds and score < threshold:
+                if rounds and score < tau:
                     break
                 stack = backselect(fn, x, baseline, fm, present, cls, device, batch_size)
                 order = torch.tensor([s[0] for s in stack], dtype=torch.int64)
                 values = torch.tensor([s[1] for s in stack], dtype=torch.float64)
                 found = None
-                if score >= threshold:
-                    found = torch.tensor(find_sis_from_backselect(stack, threshold), dtype=torch.int64)
+                if score >= tau:
+                    found = torch.tensor(find_sis_from_backselect(stack, tau), dtype=torch.int64)
                 rounds.append(
                     SISResult(
                         order=order,
@@ -113,7 +114,7 @@ def sis(
                         mask=None if found is None else prep.feature_mask(found),
                         target=cls,
                         score=score,
-                        threshold=threshold,
+                        threshold=tau,
                         sis_score=None if found is None else sis_score(values, score, found.numel()),
                     )
                 )
@@ -156,8 +157,8 @@ def gradient_sis(
     """
     import numpy as np
 
-    threshold = check_threshold(threshold)
     prep = prepare(images, features=features, mask_value=mask_value)
+    thresholds = check_threshold(threshold, prep.images.shape[0])
     fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     fn.check_compatible(prep.images)
     device = prep.images.device
@@ -165,6 +166,7 @@ def gradient_sis(
     p = prep.num_features
     results = []
     for i in range(prep.images.shape[0]):
+        tau = thresholds[i]
         x = prep.images[i]
         base = prep.baseline[i if prep.baseline.shape[0] > 1 else 0]
         with torch.no_grad():
@@ -181,7 +183,7 @@ def gradient_sis(
         rounds = []
         while bool(present.any()):
             score = f_of(present)
-            if rounds and score < threshold:
+            if rounds and score < tau:
                 break
             # BackSelect with blocks of k
             mask = (~present).to(x.dtype).to(device)
@@ -200,21 +202,21 @@ def gradient_sis(
             values.append(f_of(torch.zeros(p, dtype=torch.bool)))
             # FindSIS: from everything masked, unmask blocks last-masked first
             found, found_score = None, None
-            if score >= threshold:
+            if score >= tau:
                 nb = len(blocks) - 1
                 for j in range(nb + 1):
                     suffix = order[blocks[nb - j]:]
                     keep = torch.zeros(p, dtype=torch.bool)
                     keep[suffix] = True
                     v = f_of(keep)
-                    if v >= threshold:
+                    if v >= tau:
                         found, found_score = torch.tensor(suffix[::-1], dtype=torch.int64), v
                         break
             rounds.append(
                 SISResult(
                     order=torch.tensor(order, dtype=torch.int64), values=torch.tensor(values, dtype=torch.float64),
                     sis=found, mask=None if found is None else prep.feature_mask(found), target=cls, score=score,
-                    threshold=threshold, blocks=torch.tensor(blocks, dtype=torch.int64), sis_score=found_score,
+                    threshold=tau, blocks=torch.tensor(blocks, dtype=torch.int64), sis_score=found_score,
                 )
             )
             if not collection or found is None or found.numel() == 0 or found.numel() == len(order):

@@ -48,6 +48,10 @@ def test_threshold_outside_unit_interval(model, x, tau):
 def test_threshold_type(model, x):
     with pytest.raises(TypeError, match="threshold"):
         of.fast_sis(model, x, "0.9")
+    with pytest.raises(ValueError, match="one entry per image"):
+        of.fast_sis(model, x, [0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match=r"lie in \[0, 1\]"):
+        of.fast_sis(model, x, torch.tensor([0.5, 1.5]))
 
 
 def test_feature_map_that_does_not_fit(model, x):

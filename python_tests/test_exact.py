@@ -226,3 +226,15 @@ def test_cuda_equals_cpu():
     cpu = of.fast_sis(model, images, 0.3, collection=True)
     gpu = of.fast_sis(model.cuda(), images.cuda(), 0.3, collection=True)
     assert_same(gpu, cpu, collection=True)
+
+
+def test_per_image_thresholds(cnn64, images64):
+    with torch.no_grad():
+        f = torch.softmax(cnn64(images64), 1).max(1).values
+    rel = (0.8 * f).tolist()  # relative thresholds: every image has an SIS
+    fast = of.fast_sis(cnn64, images64, rel, collection=True)
+    assert_same(fast, reference.sis(cnn64, images64, rel, collection=True), collection=True)
+    assert all(r.sis is not None for r in fast)
+    assert [r.threshold for r in fast] == pytest.approx(rel)
+    for i in range(images64.shape[0]):  # same as each image alone with its scalar threshold
+        assert_same([fast[i]], of.fast_sis(cnn64, images64[i : i + 1], rel[i], collection=True), collection=True)

@@ -137,3 +137,12 @@ def test_top_k_present_matches_stable_sort(dtype):
         for row in range(n):
             m = min(k, int(counts[row]))
             assert got[row, :m].tolist() == want[row, :m].tolist(), (trial, row)
+
+
+def test_per_image_thresholds_gradient(cnn64, images64):
+    with torch.no_grad():
+        f = torch.softmax(cnn64(images64), 1).max(1).values
+    rel = 0.8 * f
+    fast = of.fast_sis(cnn64, images64, rel, method="gradient", k=4, collection=True)
+    assert_same(fast, reference.gradient_sis(cnn64, images64, rel, k=4, collection=True), collection=True)
+    assert all(r.sis is not None and r.sis_score >= r.threshold for r in fast)
