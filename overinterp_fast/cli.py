@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--images", type=_positive, default=12, help="test digits to explain (default: 12)")
     demo.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
     demo.add_argument("--no-reference", action="store_true", help="skip the timing against the reference")
+    demo.add_argument("--no-imagenet", action="store_true", help="skip the EfficientNet-Lite0 part")
+    demo.add_argument("--k", type=_positive, default=None,
+                      help="features per gradient step for the ImageNet part (default: 500 on CPU, 100 on CUDA)")
+    demo.add_argument("--device", default="cpu", help="device for the ImageNet part (default: cpu)")
     return parser
 
 
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run_demo
 
             run_demo(args.out, n_images=args.images, threshold=args.threshold,
-                     compare_reference=not args.no_reference)
+                     compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k,
+                     device=args.device)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"overinterp-fast: error: {exc}", file=sys.stderr)
         return 2
