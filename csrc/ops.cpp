@@ -27,4 +27,8 @@ TORCH_LIBRARY(overinterp_fast, m) {
   m.def(
       "backselect_update(Tensor scores, Tensor rows, Tensor counts, Tensor steps, "
       "Tensor(a!) remaining, Tensor(b!) present, Tensor(c!) order, Tensor(d!) values) -> ()");
+  // out[o, y, x] = sum of weights[r] over rectangles r with owner[r] == o that
+  // cover (y, x); rects[r] = (y0, x0, y1, x1), half-open, clipped to the image.
+  // int64 weights keep the sums exact (2D difference arrays and prefix sums).
+  m.def("rect_fill(Tensor rects, Tensor owner, Tensor weights, int n, int height, int width) -> Tensor");
 }

@@ -8,11 +8,11 @@ See README.md and SPEC.md for the algorithms and their exact semantics.
 """
 from . import _ops as ops
 from . import reference
-from .api import fast_sis
+from .api import fast_sis, responsibility, sufficient_subset
 from .findsis import find_sis
 from .model import Ensemble
 from .onnx_backend import OnnxModel, export_onnx
 from .results import SISResult
 
-__all__ = ["fast_sis", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "reference"]
+__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "reference"]
 __version__ = "0.1.0"

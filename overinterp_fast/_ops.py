@@ -46,6 +46,29 @@ def _backselect_update_fake(scores, rows, counts, steps, remaining, present, ord
     return None
 
 
+@torch.library.register_fake("overinterp_fast::rect_fill")
+def _rect_fill_fake(rects, owner, weights, n, height, width):
+    torch._check(rects.dim() == 2 and rects.shape[1] == 4)
+    return rects.new_empty((n, height, width))
+
+
+def rect_fill(
+    rects: torch.Tensor, owner: torch.Tensor, weights: torch.Tensor, n: int, height: int, width: int
+) -> torch.Tensor:
+    """Weighted coverage of unions of rectangles, exactly (2D difference arrays and prefix sums).
+
+    Args:
+        rects: int64 [R, 4], (y0, x0, y1, x1) half-open, clipped to [0, height] x [0, width].
+        owner: int64 [R] in [0, n): the map each rectangle is painted into.
+        weights: int64 [R].
+
+    Returns:
+        int64 [n, height, width]: ``out[o, y, x]`` = sum of the weights of owner o's
+        rectangles that cover (y, x).
+    """
+    return _lib.rect_fill(rects, owner, weights, n, height, width)
+
+
 def mask_apply(
     base: torch.Tensor,
     baseline: torch.Tensor,

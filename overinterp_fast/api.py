@@ -1,20 +1,154 @@
-"""The public entry point: fast_sis."""
+"""The public entry points: fast_sis, responsibility, sufficient_subset."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
 
-from .batching import ChunkRunner, auto_batch_size, check_batch_size
+from dataclasses import dataclass
+
+from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
 from .exact import exact_sis
+from .extraction import extract_sets
 from .gradient import check_autocast, check_k, gradient_sis
-from .inputs import check_threshold, prepare
+from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, initial_predictions
 from .onnx_backend import OnnxModel
+from .responsibility import ResponsibilityMap, check_responsibility_options, compute_responsibility
 from .results import SISResult
 
-METHODS = ("exact", "gradient")
-BLACK_BOX_METHODS = ("exact",)  # forward passes only: these run on ONNX models too
+METHODS = ("exact", "gradient", "responsibility")
+BLACK_BOX_METHODS = ("exact", "responsibility")  # forward passes only: these run on ONNX models too
+CRITERIA = ("top1", "threshold")
+
+
+@dataclass
+class _Setup:
+    fn: ModelFn
+    prep: Prepared
+    thresholds: list[float]
+    runner: ChunkRunner
+    batch_size: int
+
+
+def _setup(model, images, threshold, features, mask_value, outputs, batch_size, method) -> _Setup:
+    """Validate the common arguments; build the model wrapper and prepared inputs."""
+    batch_size = check_batch_size(batch_size)
+    prep = prepare(images, features=features, mask_value=mask_value)
+    thresholds = check_threshold(threshold, prep.images.shape[0])
+    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
+    if method not in BLACK_BOX_METHODS and isinstance(fn.model, OnnxModel):
+        raise ValueError(
+            f"method={method!r} needs gradients, and ONNX Runtime has no autograd; on ONNX models use a "
+            f"black-box method: {', '.join(repr(m) for m in BLACK_BOX_METHODS)}"
+        )
+    fn.check_compatible(prep.images)
+    if batch_size is None:
+        batch_size = auto_batch_size(prep.images, total_candidates=prep.images.shape[0] * prep.num_features)
+    return _Setup(fn, prep, thresholds, ChunkRunner(batch_size, prep.images.device), batch_size)
+
+
+def _passes(criterion: str, thresholds: list[float]):
+    """passes(image, f, top1): the ReX criterion (top-1 is the target) or the SIS one (f >= tau)."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    if criterion == "top1":
+        return lambda i, f, top1: bool(top1)
+    return lambda i, f, top1: f >= thresholds[i]
+
+
+def _check_pixels(s: _Setup, what: str) -> None:
+    if s.prep.images.dim() != 4 or s.prep.grid_shape != tuple(s.prep.images.shape[-2:]):
+        raise ValueError(f"{what} works on images [N, C, H, W] with the default pixel features (features=None)")
+
+
+def responsibility(
+    model,
+    images: torch.Tensor,
+    *,
+    iterations: int = 20,
+    seed: int = 0,
+    depth: int = 10,
+    min_box: int = 10,
+    target: int | torch.Tensor | None = None,
+    mask_value: float | torch.Tensor = 0.0,
+    criterion: str = "top1",
+    threshold: float | list[float] | torch.Tensor = 0.9,
+    outputs: str = "logits",
+    batch_size: int | None = None,
+    progress: bool | None = None,
+) -> list[ResponsibilityMap]:
+    """Causal responsibility maps (paper 002, ReX 0.4.1's algorithm; SPEC.md section 3a). Black box.
+
+    Args:
+        model: torch model, callable, ``.onnx`` path, ``onnxruntime.InferenceSession`` or :class:`OnnxModel`.
+        images: [N, C, H, W], normalized as the model expects.
+        iterations: independent random descents per image (seeded by seed + i), run together.
+        depth: levels per descent at most. min_box: boxes with a smaller area (pixels) are not split.
+        criterion: a mutant passes when its top-1 class is the target ("top1", ReX's)
+            or when f >= threshold ("threshold").
+
+    Returns:
+        One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over
+        iterations of log(per-iteration map); rank pixels by it) and the ``queries`` used.
+    """
+    check_responsibility_options(iterations, depth, min_box, seed)
+    s = _setup(model, images, threshold, None, mask_value, outputs, batch_size, "responsibility")
+    _check_pixels(s, "responsibility")
+    passes = _passes(criterion, s.thresholds)
+    with torch.inference_mode():
+        targets, _ = initial_predictions(s.fn, s.prep.images, target, s.runner)
+        evaluator = CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1)
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        present = torch.ones((n, p), dtype=torch.bool, device=s.prep.images.device)
+        maps, queries = compute_responsibility(evaluator, s.prep, present, passes, iterations, depth, min_box,
+                                               seed, progress)
+    return [ResponsibilityMap(maps[i].cpu(), queries[i], int(targets[i]), iterations) for i in range(n)]
+
+
+def sufficient_subset(
+    model,
+    images: torch.Tensor,
+    ranking: torch.Tensor,
+    threshold: float | list[float] | torch.Tensor = 0.9,
+    *,
+    criterion: str = "threshold",
+    step: int = 1,
+    target: int | torch.Tensor | None = None,
+    mask_value: float | torch.Tensor = 0.0,
+    features: torch.Tensor | None = None,
+    outputs: str = "logits",
+    batch_size: int | None = None,
+) -> list[SISResult]:
+    """Turn any ranking (saliency map, gradients, responsibility) into a sufficient set: batched FindSIS.
+
+    Args:
+        ranking: scores per feature, [N, *grid] or [N, p]; higher = kept first
+            (ties: the higher feature id first, as ReX).
+        criterion: "threshold" (f >= threshold, the SIS criterion) or "top1"
+            (the top-1 class is the target, ReX's).
+        step: prefix sizes step, step*2, ..., p (ReX uses 10).
+
+    Returns:
+        One :class:`SISResult` per image: ``order`` the features by descending
+        score, ``values`` their scores, ``sis`` the first passing prefix (None if
+        even all features fail), ``sis_score`` = f on it.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be a positive int, got {step!r}")
+    s = _setup(model, images, threshold, features, mask_value, outputs, batch_size, "exact")
+    n, p = s.prep.images.shape[0], s.prep.num_features
+    if not isinstance(ranking, torch.Tensor) or ranking.shape[0] != n or ranking[0].numel() != p:
+        raise ValueError(f"ranking must be a tensor [N, *grid] with {p} scores per image")
+    scores = ranking.detach().reshape(n, p).to(s.prep.images.device, torch.float64)
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("ranking contains NaN or inf")
+    passes = _passes(criterion, s.thresholds)
+    with torch.inference_mode():
+        targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
+        evaluator = CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1)
+        return extract_sets(evaluator, s.prep, targets, scores0, lambda present: (scores, None), passes, step,
+                            False, s.thresholds)
 
 
 def fast_sis(
@@ -32,6 +166,9 @@ def fast_sis(
     progress: bool | None = None,
     k: int = 100,
     autocast: str | torch.dtype | None = None,
+    criterion: str | None = None,
+    iterations: int = 20,
+    seed: int = 0,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -64,6 +201,10 @@ def fast_sis(
         k: method="gradient": features masked per gradient step (default 100).
         autocast: method="gradient": None, "bf16" or "fp16" for the gradient
             steps; FindSIS and every SIS's verification run in the images' dtype.
+        criterion: method="responsibility": "top1" (default, ReX's: the minimal
+            pixel set restores the top-1 class; ``threshold`` is then unused) or
+            "threshold" (f >= threshold).
+        iterations, seed: method="responsibility": descents per image and their seed.
 
     Returns:
         A list with one :class:`SISResult` per image (tensors on the CPU).
@@ -72,33 +213,38 @@ def fast_sis(
 
     For method="gradient", ``values`` has one entry per block and ``blocks``
     gives the block offsets into ``order``; every SIS is verified by a forward
-    pass in full precision (``sis_score`` >= threshold).
+    pass in full precision (``sis_score`` >= threshold). For
+    method="responsibility", ``order`` ranks the pixels by responsibility,
+    ``values`` holds it, ``sis``/``mask`` is the minimal pixel set (prefixes in
+    steps of 10 pixels) and ``queries`` the forward passes of the maps.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    batch_size = check_batch_size(batch_size)
     if method == "gradient":
         k = check_k(k)
         autocast_dtype = check_autocast(autocast)
-    prep = prepare(images, features=features, mask_value=mask_value)
-    thresholds = check_threshold(threshold, prep.images.shape[0])
-    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
-    if method not in BLACK_BOX_METHODS and isinstance(fn.model, OnnxModel):
-        raise ValueError(
-            f"method={method!r} needs gradients, and ONNX Runtime has no autograd; on ONNX models use a "
-            f"black-box method: {', '.join(repr(m) for m in BLACK_BOX_METHODS)}"
-        )
-    fn.check_compatible(prep.images)
-    p = prep.num_features
-    n = prep.images.shape[0]
-    if batch_size is None:
-        batch_size = auto_batch_size(prep.images, total_candidates=n * p)
-    runner = ChunkRunner(batch_size, prep.images.device)
+    if method == "responsibility":
+        check_responsibility_options(iterations, 10, 10, seed)
+    s = _setup(model, images, threshold, features, mask_value, outputs, batch_size, method)
+    fn, prep, thresholds, runner, batch_size = s.fn, s.prep, s.thresholds, s.runner, s.batch_size
     if method == "gradient":
         with torch.no_grad():
             targets, scores0 = initial_predictions(fn, prep.images, target, runner)
         return gradient_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection, k=k,
                             runner=runner, autocast=autocast_dtype, progress=progress)
+    if method == "responsibility":
+        _check_pixels(s, 'method="responsibility"')
+        passes = _passes(criterion or "top1", thresholds)
+        with torch.inference_mode():
+            targets, scores0 = initial_predictions(fn, prep.images, target, runner)
+            evaluator = CandidateEvaluator(fn, prep, targets, runner, measure=fn.score_and_top1)
+
+            def rank(present):
+                maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10, seed,
+                                                       progress)
+                return maps.view(maps.shape[0], -1), queries
+
+            return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
         return exact_sis(

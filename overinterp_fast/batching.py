@@ -78,22 +78,28 @@ class ChunkRunner:
 
 
 class CandidateEvaluator:
-    """Builds candidates with the fused mask-apply kernel and scores them, chunked by a ChunkRunner."""
+    """Builds candidates with the fused mask-apply kernel and scores them, chunked by a ChunkRunner.
 
-    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner):
+    ``measure(x, targets)`` says what is computed per candidate (default: f,
+    float64 [B]; e.g. ``fn.score_and_top1`` for (f, top-1 correct)).
+    """
+
+    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner,
+                 measure: Callable | None = None):
         self.fn = fn
         self.prep = prep
         self.targets = targets
         self.runner = runner
+        self.measure = measure or fn.score
 
     def __call__(
         self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor
     ) -> torch.Tensor:
-        """f for each candidate: float64 [B] on the images' device (see ``_ops.mask_apply``)."""
+        """``measure`` of each candidate (default f, float64 [B]) on the images' device (see ``_ops.mask_apply``)."""
         p = self.prep
 
         def work(sl: slice) -> torch.Tensor:
             x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl])
-            return self.fn.score(x, self.targets[image[sl]])
+            return self.measure(x, self.targets[image[sl]])
 
         return self.runner.run(image.shape[0], work)

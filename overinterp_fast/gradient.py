@@ -24,10 +24,10 @@ from tqdm.auto import tqdm
 from .batching import CandidateEvaluator, ChunkRunner
 from .inputs import Prepared
 from .model import ModelFn, check_finite_scores
+from .prefix import first_passing_prefix
 from .results import SISResult, first_with_collection
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-_FIRST_CHUNK = 8  # prefixes per image in FindSIS's first round; doubled each round
 
 
 def check_autocast(autocast) -> torch.dtype | None:
@@ -128,7 +128,7 @@ def gradient_sis(
     n, p = images.shape[0], prep.num_features
     targets_host = targets.tolist()
     grad_runner = ChunkRunner(n, dev)  # images per backward pass; halves on out-of-memory
-    evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    evaluator = CandidateEvaluator(fn, prep, targets, runner, measure=fn.score_and_top1)
     present = torch.ones((n, p), dtype=torch.bool, device=dev)  # each image's R for its current round
     rounds: list[list[SISResult]] = [[] for _ in range(n)]
     scores = scores0.tolist()
@@ -137,7 +137,7 @@ def gradient_sis(
     while active:
         state = [_Round(i, scores[i]) for i in active]
         _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar)
-        verified = _find_sis(evaluator, present, state, thresholds)
+        verified = _find_sis(evaluator, state, thresholds, p)
         next_active, candidates = [], []
         for st in state:
             i = st.image
@@ -160,7 +160,7 @@ def gradient_sis(
                 candidates.append(i)
         if candidates:  # f of each input with its SIS masked decides whether another round runs
             rows = torch.tensor(candidates, device=dev)
-            f = evaluator(present, rows, rows, torch.full_like(rows, -1))
+            f, _ = evaluator(present, rows, rows, torch.full_like(rows, -1))
             check_finite_scores(torch.isfinite(f).all())
             for i, s in zip(candidates, f.tolist()):
                 if s >= thresholds[i]:
@@ -232,45 +232,30 @@ def _score_masked(fn, prep, targets, rows) -> torch.Tensor:
     return fn.score(base.contiguous(), targets[rows])
 
 
-def _find_sis(evaluator, present, state, thresholds) -> dict[int, tuple[int, float]]:
-    """Per image (that has f >= threshold): (start in order, f(x_S)) of the smallest passing suffix of blocks.
+def _find_sis(evaluator, state, thresholds, p) -> dict[int, tuple[int, float]]:
+    """Per image with f >= threshold: (start in order, f(x_S)) of the smallest passing suffix of blocks.
 
-    Prefix j = the last j blocks present, j = 0 .. nb. Evaluated in rounds of
-    growing chunks per image; the first j that passes, in ascending order, wins.
+    Prefix j = the last j blocks present, j = 0 .. nb (see prefix.first_passing_prefix).
     """
-    dev = present.device
-    todo = {a: 0 for a, st in enumerate(state) if st.score >= thresholds[st.image]}  # next j to evaluate
-    found: dict[int, tuple[int, float]] = {}
-    chunk = _FIRST_CHUNK
-    rank = torch.stack([st.rank for st in state]).to(dev)
-    while todo:
-        img, rws, js = [], [], []
-        for a, lo in todo.items():
-            nb = len(state[a].blocks) - 1
-            hi = min(lo + chunk, nb + 1)
-            img += [state[a].image] * (hi - lo)
-            rws += [a] * (hi - lo)
-            js += list(range(lo, hi))
-        rws_t = torch.tensor(rws, device=dev)
-        nbs = torch.tensor([len(state[a].blocks) - 1 for a in rws], device=dev)
-        js_t = torch.tensor(js, device=dev)
-        rows_present = rank[rws_t] >= (nbs - js_t).view(-1, 1)  # [C, p]: the last j blocks
-        img_t = torch.tensor(img, device=dev)
-        f = evaluator(rows_present, img_t, torch.arange(len(img), device=dev), torch.full_like(img_t, -1))
-        check_finite_scores(torch.isfinite(f).all())
-        f = f.tolist()
-        nxt = {}
-        pos = 0
-        for a, lo in todo.items():
-            nb = len(state[a].blocks) - 1
-            hi = min(lo + chunk, nb + 1)
-            tau = thresholds[state[a].image]
-            hit = next((j for j in range(lo, hi) if f[pos + j - lo] >= tau), None)
-            if hit is not None:
-                found[state[a].image] = (state[a].blocks[nb - hit], f[pos + hit - lo])
-            elif hi <= nb:
-                nxt[a] = hi
-            pos += hi - lo
-        todo = nxt
-        chunk *= 2
+    rows = [a for a, st in enumerate(state) if st.score >= thresholds[st.image]]
+    if not rows:
+        return {}
+    dev = evaluator.prep.images.device
+    pos = torch.full((len(rows), p), p, dtype=torch.int64)
+    sizes = []
+    for r, a in enumerate(rows):
+        st = state[a]
+        order = torch.cat(st.order)
+        m, nb = st.blocks[-1], len(st.blocks) - 1
+        pos[r, order] = torch.arange(m - 1, -1, -1)  # last masked first
+        sizes.append([m - st.blocks[nb - j] for j in range(nb + 1)])
+    images = [state[a].image for a in rows]
+    hits = first_passing_prefix(evaluator, pos.to(dev), images, sizes,
+                                lambda r, f, top1: f >= thresholds[images[r]])
+    found = {}
+    for r, a in enumerate(rows):
+        if hits[r] is not None:
+            j, f = hits[r]
+            st = state[a]
+            found[st.image] = (st.blocks[len(st.blocks) - 1 - j], f)
     return found

@@ -107,6 +107,12 @@ class ModelFn:
     def probabilities(self, out: torch.Tensor) -> torch.Tensor:
         return torch.softmax(out, dim=-1) if self.outputs == "logits" else out
 
+    def score_and_top1(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f float64 [B], bool [B]: the top-1 class is the target)."""
+        out = self.forward(x)
+        probs = self.probabilities(out)
+        return probs.gather(1, target.view(-1, 1)).view(-1).double(), out.argmax(1) == target
+
     def score(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """f for each row of x: float64 [B]. Non-finite values are left for the caller to report."""
         probs = self.probabilities(self.forward(x))

@@ -27,6 +27,7 @@ class SISResult:
             blocks 0..b. None for exact SIS (every feature is its own step).
         sis_score: f with only the SIS present (for "gradient", evaluated in the
             images' dtype even when the selection ran under autocast); None without SIS.
+        queries: for method="responsibility", the forward passes its maps took.
         score: f of the input this round started from (for round 1: the unmasked image).
         threshold: the threshold used.
         collection: with ``collection=True``, every disjoint SIS of the image in the
@@ -43,6 +44,7 @@ class SISResult:
     collection: list["SISResult"] | None = field(default=None)
     blocks: torch.Tensor | None = field(default=None)
     sis_score: float | None = field(default=None)
+    queries: int | None = field(default=None)
 
     @property
     def size(self) -> int | None:

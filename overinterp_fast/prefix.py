@@ -1,0 +1,68 @@
+"""The first sufficient prefix of a ranking, evaluated in batches (FindSIS over any ordering).
+
+Candidate k of row r keeps the features whose position ``pos[r, f]`` in the row's
+ranking is below ``sizes[r][k]`` (sizes ascending) and masks the rest. The answer
+for a row is the first k that passes, exactly what trying the sizes one forward
+pass at a time would give; instead, each round evaluates the next chunk of sizes
+of every unresolved row together (chunks doubling per round: 8, 16, 32, ... on a
+GPU; 2, 4, 8, ... on a CPU, where a batch saves little and an evaluation past
+the answer costs a full forward pass), in batches built by the fused mask_apply kernel.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .batching import CandidateEvaluator
+from .model import check_finite_scores
+
+FIRST_CHUNK = {"cuda": 8}  # per device type; others: 2
+
+
+def first_passing_prefix(
+    evaluator: CandidateEvaluator,
+    pos: torch.Tensor,
+    images: list[int],
+    sizes: list[list[int]],
+    passes: Callable[[int, float, bool], bool],
+) -> list[tuple[int, float] | None]:
+    """For each row: (index into its sizes, f) of the first passing prefix, or None.
+
+    Args:
+        evaluator: scores candidates; called with a measure returning (f, top-1 correct).
+        pos: int64 [R, p] on the images' device: each feature's position in the row's ranking
+            (a value >= every size keeps a feature masked in all prefixes).
+        images: the image of each row.
+        sizes: ascending prefix sizes to try, per row.
+        passes: passes(row, f, top1) -> bool.
+    """
+    dev = pos.device
+    found: list[tuple[int, float] | None] = [None] * len(images)
+    todo = {r: 0 for r in range(len(images)) if sizes[r]}
+    chunk = FIRST_CHUNK.get(dev.type, 2)
+    while todo:
+        rows, ks = [], []
+        for r, lo in todo.items():
+            hi = min(lo + chunk, len(sizes[r]))
+            rows += [r] * (hi - lo)
+            ks += list(range(lo, hi))
+        rows_t = torch.tensor(rows, device=dev)
+        size_t = torch.tensor([sizes[r][k] for r, k in zip(rows, ks)], device=dev)
+        present = pos[rows_t] < size_t.view(-1, 1)  # [C, p]
+        img_t = torch.tensor([images[r] for r in rows], device=dev)
+        f, top1 = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
+        check_finite_scores(torch.isfinite(f).all())
+        f, top1 = f.tolist(), top1.tolist()
+        nxt, at = {}, 0
+        for r, lo in todo.items():
+            hi = min(lo + chunk, len(sizes[r]))
+            hit = next((k for k in range(lo, hi) if passes(r, f[at + k - lo], top1[at + k - lo])), None)
+            if hit is not None:
+                found[r] = (hit, f[at + hit - lo])
+            elif hi < len(sizes[r]):
+                nxt[r] = hi
+            at += hi - lo
+        todo = nxt
+        chunk *= 2
+    return found
