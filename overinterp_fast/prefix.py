@@ -4,9 +4,10 @@ Candidate k of row r keeps the features whose position ``pos[r, f]`` in the row'
 ranking is below ``sizes[r][k]`` (sizes ascending) and masks the rest. The answer
 for a row is the first k that passes, exactly what trying the sizes one forward
 pass at a time would give; instead, each round evaluates the next chunk of sizes
-of every unresolved row together (chunks doubling per round: 8, 16, 32, ... on a
-GPU; 2, 4, 8, ... on a CPU, where a batch saves little and an evaluation past
-the answer costs a full forward pass), in batches built by the fused mask_apply kernel.
+of every unresolved row together, in batches built by the fused mask_apply
+kernel. Chunks double per round: 8, 16, 32, ... on a GPU; on a CPU, where a
+large batch saves little and every evaluation past the answer costs a full
+forward pass, 2, 4, 8, 16, 32 and then 32 per round.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .batching import CandidateEvaluator
 from .model import check_finite_scores
 
 FIRST_CHUNK = {"cuda": 8}  # per device type; others: 2
+MAX_CHUNK = {"cuda": 1 << 30}  # per device type; others: 32
 
 
 def first_passing_prefix(
@@ -64,5 +66,5 @@ def first_passing_prefix(
                 nxt[r] = hi
             at += hi - lo
         todo = nxt
-        chunk *= 2
+        chunk = min(2 * chunk, MAX_CHUNK.get(dev.type, 32))
     return found

@@ -179,3 +179,14 @@ def test_cuda_provider_binds_gpu_tensors(cnn32, onnx_path):
 def test_gradient_method_on_onnx_names_the_black_box_methods(onnx_path):
     with pytest.raises(ValueError, match="no autograd.*'exact'"):
         of.fast_sis(onnx_path, make_images(2, dtype=torch.float32), 0.5, method="gradient")
+
+
+def test_responsibility_runs_on_onnx(cnn32, onnx_path):
+    images = make_images(2, seed=6, dtype=torch.float32)
+    res = of.fast_sis(onnx_path, images, method="responsibility", iterations=4)
+    for img, r in zip(images, res):
+        kept = torch.where(r.mask, img, torch.zeros(()))
+        with torch.no_grad():
+            assert int(cnn32(kept[None]).argmax()) == r.target  # the MPS restores the top-1 class
+    maps = of.responsibility(OnnxModel(onnx_path), images, iterations=4)
+    assert all(m.queries > 0 for m in maps)
