@@ -1,0 +1,27 @@
+"""The audit toolkit: pixel-subset datasets and the statistics of papers 000, 002 and 004.
+
+    from overinterp_fast import audit
+    subset_images, masks = audit.pixel_subsets(images, results, fraction=0.05)
+    audit.heatmap([r.mask for r in results]); audit.dice(a, b); audit.rfs(a_fg, a_bg)
+"""
+from .stats import (
+    bonferroni,
+    dice,
+    fraction_inside,
+    friedman,
+    hausdorff,
+    heatmap,
+    iou,
+    irfs,
+    kruskal_wallis,
+    mean_ci,
+    noise_sensitivity,
+    rfs,
+    sis_size_curve,
+)
+from .subsets import keep_last, pixel_subsets, random_subsets
+
+__all__ = [
+    "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
+    "mean_ci", "noise_sensitivity", "rfs", "sis_size_curve", "keep_last", "pixel_subsets", "random_subsets",
+]

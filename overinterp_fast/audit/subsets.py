@@ -1,0 +1,72 @@
+"""Pixel-subset datasets (paper 000, Table 1): the last 5% of backward selection, or 5% at random."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .. import _ops
+from ..inputs import prepare
+from ..results import SISResult
+
+
+def keep_last(order: torch.Tensor, fraction: float = 0.05) -> torch.Tensor:
+    """The last ceil(fraction * m) features of a backward-selection order [m] (52 of 1024 at 5%)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+    m = order.numel()
+    return order[m - math.ceil(fraction * m - 1e-9):]
+
+
+def _apply(images, keep: torch.Tensor, mask_value, features) -> torch.Tensor:
+    """images with only the features in ``keep`` (bool [N, p]) present, by the fused mask_apply kernel."""
+    prep = prepare(images, features=features, mask_value=mask_value)
+    n = prep.images.shape[0]
+    idx = torch.arange(n, device=prep.images.device)
+    return _ops.mask_apply(prep.images, prep.baseline, prep.feature_map, keep.to(prep.images.device), idx, idx,
+                           torch.full_like(idx, -1))
+
+
+def pixel_subsets(
+    images: torch.Tensor,
+    results: Sequence[SISResult],
+    fraction: float = 0.05,
+    mask_value: float | torch.Tensor = 0.0,
+    features: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the last ``fraction`` of each image's backward-selection order, mask the rest.
+
+    Args:
+        images: [N, *D]; results: exact-SIS results of those images (their ``order``);
+        mask_value, features: as for :func:`overinterp_fast.fast_sis` (same as the run).
+
+    Returns:
+        (masked images [N, *D], kept features bool [N, p]).
+    """
+    if len(results) != images.shape[0]:
+        raise ValueError(f"{len(results)} results for {images.shape[0]} images")
+    p = results[0].order.numel()
+    keep = torch.zeros(len(results), p, dtype=torch.bool)
+    for i, r in enumerate(results):
+        if r.order.numel() != p:
+            raise ValueError("every result must cover all features (use the first round of backward selection)")
+        keep[i, keep_last(r.order, fraction)] = True
+    return _apply(images, keep, mask_value, features), keep
+
+
+def random_subsets(
+    images: torch.Tensor,
+    fraction: float = 0.05,
+    seed: int = 0,
+    mask_value: float | torch.Tensor = 0.0,
+    features: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The baseline: per image, the same number of features as :func:`keep_last`, uniformly at random (seeded)."""
+    p = prepare(images[:1], features=features).num_features
+    k = keep_last(torch.arange(p), fraction).numel()
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.zeros(images.shape[0], p, dtype=torch.bool)
+    for i in range(images.shape[0]):
+        keep[i, torch.randperm(p, generator=g)[:k]] = True
+    return _apply(images, keep, mask_value, features), keep

@@ -1,0 +1,100 @@
+"""Audit statistics against hand-checked small cases; pixel subsets."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import overinterp_fast as of
+from overinterp_fast import audit
+from overinterp_fast.results import SISResult
+
+from conftest import make_cnn, make_images
+
+
+def test_keep_last_counts():
+    assert audit.keep_last(torch.arange(1024)).tolist() == list(range(972, 1024))  # 52 of 1024 at 5%
+    assert audit.keep_last(torch.arange(100)).numel() == 5
+    assert audit.keep_last(torch.tensor([4, 2, 0]), 0.5).tolist() == [2, 0]
+    with pytest.raises(ValueError):
+        audit.keep_last(torch.arange(10), 0.0)
+
+
+def test_pixel_and_random_subsets():
+    model = make_cnn(0)
+    images = make_images(3)
+    res = of.fast_sis(model, images, 0.5)
+    sub, keep = audit.pixel_subsets(images, res, fraction=0.1)
+    assert keep.sum(1).tolist() == [3, 3, 3]  # ceil(0.1 * 25)
+    for i, r in enumerate(res):
+        kept = r.order[-3:]
+        assert set(keep[i].nonzero().flatten().tolist()) == set(kept.tolist())
+        want = torch.where(keep[i].view(5, 5), images[i], torch.zeros((), dtype=images.dtype))
+        assert torch.equal(sub[i], want)
+    rnd, rkeep = audit.random_subsets(images, fraction=0.1, seed=1)
+    assert rkeep.sum(1).tolist() == [3, 3, 3]
+    assert torch.equal(audit.random_subsets(images, 0.1, seed=1)[1], rkeep)
+    assert not torch.equal(audit.random_subsets(images, 0.1, seed=2)[1], rkeep)
+
+
+def test_sis_size_curve_from_order_and_values():
+    r = SISResult(order=torch.tensor([3, 1, 0, 2]), values=torch.tensor([0.95, 0.6, 0.5, 0.1], dtype=torch.float64),
+                  sis=None, mask=None, target=0, score=0.99, threshold=0.9)
+    curve = audit.sis_size_curve([r], [0.9, 0.55, 0.05, 0.999])
+    assert curve[0, :3].tolist() == [0.75, 0.5, 0.0] and math.isnan(curve[0, 3])
+
+
+def test_mean_ci_t_interval():
+    m, lo, hi = audit.mean_ci([1.0, 2.0, 3.0, float("nan")])
+    half = 4.302652729911275 * (1.0 / math.sqrt(3))  # t(0.975, 2) * sem
+    assert m == 2.0 and lo == pytest.approx(2 - half) and hi == pytest.approx(2 + half)
+
+
+def test_heatmap_dice_iou_hausdorff_inside():
+    a = torch.tensor([[1, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    b = torch.tensor([[0, 1, 0], [0, 1, 0]], dtype=torch.bool)
+    assert audit.heatmap([a, b, None]).tolist() == [[0.5, 1.0, 0.0], [0.0, 0.5, 0.0]]
+    assert audit.dice(a, b) == 0.5 and audit.iou(a, b) == pytest.approx(1 / 3)
+    p = np.zeros((5, 5), bool)
+    q = np.zeros((5, 5), bool)
+    p[0, 0] = True
+    q[0, 3] = q[4, 0] = True
+    assert audit.hausdorff(p, q) == 4.0  # directed: 3 one way, 4 the other
+    assert audit.fraction_inside(a, b) == 0.5
+    with pytest.raises(ValueError):
+        audit.hausdorff(p, np.zeros((5, 5), bool))
+
+
+def test_kruskal_friedman_bonferroni():
+    h, pv = audit.kruskal_wallis([[1, 2, 3], [4, 5, 6]])
+    assert h == pytest.approx(12 / 42 * (36 / 3 + 225 / 3) - 21) and pv == pytest.approx(0.0495, abs=1e-3)
+    chi2, _ = audit.friedman([[1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]])
+    assert chi2 == pytest.approx(12 / (4 * 3 * 4) * (16 + 64 + 144) - 3 * 4 * 4)  # = 8
+    assert audit.bonferroni([0.01, 0.2, 0.5]) == pytest.approx([0.03, 0.6, 1.0])
+
+
+def test_rfs():
+    assert audit.rfs(0.2, 0.8) == pytest.approx(0.6)
+    assert audit.rfs(0.9, 0.9) == 0.0
+    assert audit.rfs(0.8, 0.2) == pytest.approx(-0.6)
+    assert math.isnan(audit.rfs(1.0, 1.0))
+
+
+class ForegroundOnly(nn.Module):
+    """Predicts class 0 when the mean of the centre 4x4 is positive: only the foreground matters."""
+
+    def forward(self, x):
+        s = x[:, :, 2:6, 2:6].mean((1, 2, 3))
+        return torch.stack([8 * s, torch.zeros_like(s)], 1)
+
+
+def test_noise_sensitivity_of_a_foreground_model():
+    images = torch.full((64, 1, 8, 8), 0.3)
+    masks = torch.zeros(64, 8, 8, dtype=torch.bool)
+    masks[:, 2:6, 2:6] = True
+    labels = torch.zeros(64, dtype=torch.int64)
+    out = audit.noise_sensitivity(ForegroundOnly().eval(), images, masks, labels, sigma=2.0, seed=0)
+    assert out["a_bg"] == 1.0 and out["a_fg"] < 0.8
+    assert out["rfs"] > 0.2 and out["irfs"] > 0
+    assert out["p_fg"].shape == (64,)
