@@ -98,3 +98,16 @@ def test_noise_sensitivity_of_a_foreground_model():
     assert out["a_bg"] == 1.0 and out["a_fg"] < 0.8
     assert out["rfs"] > 0.2 and out["irfs"] > 0
     assert out["p_fg"].shape == (64,)
+
+
+def test_digits_pipeline_end_to_end_on_a_tiny_budget():
+    from overinterp_fast.audit.pipeline import digits_pipeline, format_table
+
+    r = digits_pipeline(n_train=200, n_test=100, epochs=10, progress=False)
+    acc = {(row["trained_on"], row["evaluated_on"]): row["accuracy"] for row in r["rows"]}
+    full = acc[("full images", "full images")]
+    bs = acc[("5% backward-selection subsets", "the same kind")]
+    rnd = acc[("5% random subsets", "the same kind")]
+    assert r["pixels_kept"] == 4 and full > 0.85
+    assert bs > rnd + 0.3, f"backward-selection subsets {bs:.2f} vs random {rnd:.2f}"
+    assert "accuracy" in format_table(r)

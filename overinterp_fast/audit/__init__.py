@@ -19,9 +19,10 @@ from .stats import (
     rfs,
     sis_size_curve,
 )
+from .pipeline import digits_pipeline, format_table
 from .subsets import keep_last, pixel_subsets, random_subsets
 
 __all__ = [
     "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
-    "mean_ci", "noise_sensitivity", "rfs", "sis_size_curve", "keep_last", "pixel_subsets", "random_subsets",
+    "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last", "pixel_subsets", "random_subsets",
 ]
