@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--k", type=_positive, default=None,
                       help="features per gradient step for the ImageNet part (default: 500 on CPU, 100 on CUDA)")
     demo.add_argument("--device", default="cpu", help="device for the ImageNet part (default: cpu)")
+    pipe = sub.add_parser("digits-pipeline",
+                          help="paper 000's pixel-subset experiment on real digits (train on 5%% subsets)")
+    pipe.add_argument("--fraction", type=_unit_interval, default=0.05, help="pixels kept (default 0.05)")
+    pipe.add_argument("--train", type=_positive, default=None, help="training images to use (default: all)")
+    pipe.add_argument("--test", type=_positive, default=None, help="test images to use (default: all)")
+    pipe.add_argument("--epochs", type=_positive, default=15)
+    pipe.add_argument("--out", default=None, help="write the result as JSON here")
     return parser
 
 
@@ -43,6 +50,19 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(args.out, n_images=args.images, threshold=args.threshold,
                      compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k,
                      device=args.device)
+        elif args.command == "digits-pipeline":
+            import json
+
+            from .audit.pipeline import digits_pipeline, format_table
+
+            if args.fraction == 0:
+                raise ValueError("--fraction must be above 0")
+            result = digits_pipeline(args.fraction, args.train, args.test, args.epochs)
+            print(format_table(result))
+            print(f"{result['pixels_kept']} of {result['pixels']} pixels kept; {result['seconds']['total']:.1f} s")
+            if args.out:
+                with open(args.out, "w") as fh:
+                    json.dump(result, fh, indent=1)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"overinterp-fast: error: {exc}", file=sys.stderr)
         return 2

@@ -30,3 +30,10 @@ def test_cli_bad_arguments_are_one_line(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "must lie in [0, 1]" in err and "Traceback" not in err
+
+
+def test_cli_digits_pipeline(tmp_path, capsys):
+    out = tmp_path / "pipe.json"
+    assert main(["digits-pipeline", "--train", "60", "--test", "30", "--epochs", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "backward-selection" in printed and out.stat().st_size > 100
