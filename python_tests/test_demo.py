@@ -11,7 +11,7 @@ def test_demo_writes_figures_and_summary(tmp_path):
     pytest.importorskip("timm")
     out = str(tmp_path / "demo")
     assert main(["demo", "--out", out, "--images", "3", "--no-reference", "--k", "20000"]) == 0
-    for name in ("digits_sis.png", "imagenet_sis.png", "summary.json"):
+    for name in ("digits_sis.png", "report.html", "summary.json", "imagenet/results.json"):
         assert os.path.getsize(os.path.join(out, name)) > 1000
     with open(os.path.join(out, "summary.json")) as fh:
         summary = json.load(fh)
@@ -20,6 +20,9 @@ def test_demo_writes_figures_and_summary(tmp_path):
         assert sorted(row["order"]) == list(range(64))
     photos = summary["imagenet"]["photos"]
     assert len(photos) == 7
+    with open(os.path.join(out, "report.html")) as fh:
+        html = fh.read()
+    assert all(row["photo"] in html for row in photos)
     for row in photos:  # every SIS verified by a forward pass
         assert row["sis_score"] >= row["threshold"] and 0 < row["sis_fraction"] <= 1
 

@@ -3,6 +3,8 @@
     from overinterp_fast import audit
     subset_images, masks = audit.pixel_subsets(images, results, fraction=0.05)
     audit.heatmap([r.mask for r in results]); audit.dice(a, b); audit.rfs(a_fg, a_bg)
+    record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays, method="gradient")
+    audit.save_audit(record, "out/audit"); audit.build_report(record, "out/audit/report.html")
 """
 from .stats import (
     bonferroni,
@@ -20,9 +22,14 @@ from .stats import (
     sis_size_curve,
 )
 from .pipeline import digits_pipeline, format_table
+from .records import AuditRecord, ModelRecord, load_audit, save_audit
+from .report import build_report, rebuild_report
+from .runner import run_audit, thresholds_for, transfer_table
 from .subsets import keep_last, pixel_subsets, random_subsets
 
 __all__ = [
     "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
-    "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last", "pixel_subsets", "random_subsets",
+    "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last",
+    "pixel_subsets", "random_subsets", "AuditRecord", "ModelRecord", "load_audit", "save_audit", "build_report",
+    "rebuild_report", "run_audit", "thresholds_for", "transfer_table",
 ]

@@ -113,13 +113,13 @@ def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu")
 def center_crop(photo_uint8_hwc: np.ndarray, size: int) -> np.ndarray:
     """Resize the shorter side to `size` (PIL bicubic), then crop the central size x size square.
 
-    photo_uint8_hwc: uint8 [H, W, 3] RGB. Returns uint8 [size, size, 3].
+    photo_uint8_hwc: uint8 [H, W, 3] RGB (or [H, W] grey). Returns uint8 [size, size, 3] (or [size, size]).
     """
     from PIL import Image
 
     photo = np.asarray(photo_uint8_hwc)
-    if photo.dtype != np.uint8 or photo.ndim != 3 or photo.shape[2] != 3:
-        raise ValueError(f"expected a uint8 [H, W, 3] RGB photo, got {photo.dtype} {photo.shape}")
+    if photo.dtype != np.uint8 or not (photo.ndim == 2 or (photo.ndim == 3 and photo.shape[2] == 3)):
+        raise ValueError(f"expected a uint8 [H, W, 3] RGB or [H, W] grey photo, got {photo.dtype} {photo.shape}")
     h, w = photo.shape[:2]
     scale = size / min(h, w)
     nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
@@ -128,10 +128,21 @@ def center_crop(photo_uint8_hwc: np.ndarray, size: int) -> np.ndarray:
     return np.array(img.crop((left, top, left + size, top + size)))  # a writable copy
 
 
-def normalize(photo_uint8_hwc: np.ndarray) -> torch.Tensor:
-    """uint8 [H, W, 3] RGB -> float32 [3, H, W]: pixel / 255, then (x - 0.5) / 0.5 (values in [-1, 1])."""
-    x = torch.from_numpy(np.array(photo_uint8_hwc, dtype=np.uint8)).permute(2, 0, 1).float() / 255.0
-    return (x - MEAN) / STD
+def normalize(photo_uint8_hwc: np.ndarray, mean=MEAN, std=STD) -> torch.Tensor:
+    """uint8 [H, W, C] (or [H, W]: C = 1) -> float32 [C, H, W]: pixel / 255, then (x - mean) / std.
+
+    mean, std: numbers or one per channel; the default (0.5, 0.5) is TF-Lite's (values in [-1, 1]).
+    """
+    photo = np.array(photo_uint8_hwc, dtype=np.uint8)
+    photo = photo[..., None] if photo.ndim == 2 else photo
+    x = torch.from_numpy(photo).permute(2, 0, 1).float() / 255.0
+    mean = torch.as_tensor(mean, dtype=torch.float32).reshape(-1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float32).reshape(-1, 1, 1)
+    if mean.shape[0] not in (1, x.shape[0]) or std.shape[0] not in (1, x.shape[0]):
+        raise ValueError(f"mean and std need 1 or {x.shape[0]} values, got {mean.numel()} and {std.numel()}")
+    if bool((std == 0).any()):
+        raise ValueError("std must not be 0")
+    return (x - mean) / std
 
 
 def preprocess(photo_uint8_hwc: np.ndarray, size: int) -> torch.Tensor:

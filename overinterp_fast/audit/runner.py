@@ -1,0 +1,190 @@
+"""The audit job: SIS of one or more models (and their ensemble) on a set of images, plus transfer.
+
+    record = run_audit({"lite0": m0, "lite1": m1}, x, names, displays, method="gradient", ensemble=True)
+    save_audit(record, "out/audit"); build_report(record, "out/audit/report.html")
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+import time
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..api import fast_sis
+from ..model import Ensemble, ModelFn
+from .records import AuditRecord, ModelRecord
+from .stats import noise_sensitivity
+from .subsets import pixel_subsets
+
+THRESHOLD_MODES = ("absolute", "relative", "auto")
+# methods whose `order` is a backward-selection order (most important feature last)
+BACKWARD_METHODS = ("exact", "gradient")
+EXACT_FEATURE_LIMIT = 4096
+
+
+@torch.no_grad()
+def predict(model, x: torch.Tensor, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 class int64 [N], its probability float64 [N]) of ``model`` on ``x`` [N, *D], in batches."""
+    fn = ModelFn(model, device=x.device)
+    probs = torch.cat([fn.probabilities(fn.forward(x[i:i + batch_size])) for i in range(0, x.shape[0], batch_size)])
+    if not bool(torch.isfinite(probs).all()):
+        raise FloatingPointError("the model's output contains NaN or inf")
+    top = probs.max(1)
+    return top.indices.cpu(), top.values.double().cpu()
+
+
+def _plain(v) -> float | list[float]:
+    """A number or tensor as JSON: a float when it holds one value (or one repeated), else a flat list."""
+    flat = torch.as_tensor(v, dtype=torch.float64).flatten().unique().tolist()
+    return flat[0] if len(flat) == 1 else torch.as_tensor(v, dtype=torch.float64).flatten().tolist()
+
+
+def thresholds_for(scores: torch.Tensor, threshold: float, mode: str) -> list[float]:
+    """Per-image tau from f(x) [N]: "absolute" tau; "relative" tau * f(x); "auto" tau where f(x) >= tau,
+    else tau * f(x) (so every image gets a SIS while confident images keep the absolute threshold)."""
+    if mode not in THRESHOLD_MODES:
+        raise ValueError(f"threshold mode must be one of {THRESHOLD_MODES}, got {mode!r}")
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must lie in [0, 1], got {threshold}")
+    f = [float(v) for v in scores]
+    if mode == "absolute":
+        return [threshold] * len(f)
+    if mode == "relative":
+        return [threshold * v for v in f]
+    return [threshold if v >= threshold else threshold * v for v in f]
+
+
+def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord], images: torch.Tensor,
+                   reference: dict[str, torch.Tensor], fraction: float, mask_value,
+                   reference_name: str = "labels") -> dict:
+    """Accuracy of every model B on the pixel subsets (last ``fraction`` of backward selection) of every model A.
+
+    ``reference[B]``: int64 [N] the classes B is scored against (true labels, or B's own full-image
+    predictions; ``reference_name`` says which). Returns the ``AuditRecord.transfer`` dict (rows: A, cols: B).
+    """
+    rows = []
+    for rec in records:
+        subsets, _ = pixel_subsets(images, rec.results, fraction, mask_value)
+        rows.append([float((predict(models[b], subsets)[0] == reference[b]).double().mean()) for b in models])
+    return {"fraction": fraction, "rows": [r.name for r in records], "cols": list(models), "accuracy": rows,
+            "reference": reference_name}
+
+
+def run_audit(
+    models: Mapping[str, object],
+    images: torch.Tensor,
+    image_names: Sequence[str],
+    displays: Sequence[np.ndarray] | np.ndarray,
+    *,
+    labels: Sequence[int | None] | None = None,
+    class_name: Callable[[int], str] = str,
+    threshold: float = 0.9,
+    threshold_mode: str = "auto",
+    method: str = "exact",
+    k: int = 100,
+    collection: bool = False,
+    ensemble: bool = False,
+    transfer: bool = True,
+    fraction: float = 0.05,
+    mask_value: float = 0.0,
+    autocast: str | None = None,
+    batch_size: int | None = None,
+    progress: bool | None = None,
+    title: str = "Overinterpretation audit",
+    meta: dict | None = None,
+    object_masks: torch.Tensor | np.ndarray | None = None,
+    noise_sigma: float | torch.Tensor = 0.25,
+    value_range: tuple | None = None,
+) -> AuditRecord:
+    """SIS of every model on ``images``, gathered into an :class:`AuditRecord` for the report.
+
+    Args:
+        models: name -> model (torch module or callable [B, *D] -> logits [B, K], or an OnnxModel).
+        images: [N, C, H, W], normalized for the models; displays: N uint8 [H, W(, 3)] arrays as a
+            person sees them; image_names: N names; labels: N true classes (None where unknown).
+        class_name: index -> class name, for the report.
+        threshold, threshold_mode: tau and how it applies per image (see :func:`thresholds_for`),
+            decided per model from its own f(x).
+        method, k, collection, autocast, batch_size, mask_value: passed to :func:`fast_sis`.
+        ensemble: with two or more models, add their mean-of-logits ensemble as one more model.
+        transfer: with two or more models and a backward-selection method, measure every model's
+            accuracy on every model's ``fraction`` pixel subsets (against the labels when all are
+            known, else against each evaluated model's full-image prediction).
+        progress: progress bars (None: on a terminal only).
+        object_masks: bool [N, H, W], True on each image's object (optional). With them, every
+            model gets foreground/background noise sensitivity (SPEC.md section 5): Gaussian noise
+            of standard deviation ``noise_sigma`` (in the images' units; a number or [C, 1, 1])
+            on only the object or only the background, clipped to ``value_range`` (low, high) when
+            given; accuracy against the labels when all are known, else against the model's own
+            full-image prediction. The report adds the fraction of SIS pixels inside the object.
+    """
+    n = images.shape[0]
+    if len(image_names) != n or len(displays) != n:
+        raise ValueError(f"{n} images, {len(image_names)} names and {len(displays)} displays")
+    labels = [None] * n if labels is None else list(labels)
+    if len(labels) != n:
+        raise ValueError(f"{n} images and {len(labels)} labels")
+    if not models:
+        raise ValueError("no models to audit")
+    p = images.shape[-1] * images.shape[-2]
+    if method == "exact" and p > EXACT_FEATURE_LIMIT:
+        raise ValueError(
+            f"exact SIS over {p} pixels needs about {p * (p + 1) // 2:.2e} forward passes per image; use "
+            f"method 'gradient' (torch models) or 'responsibility', or smaller images"
+        )
+    models = dict(models)
+    if ensemble and len(models) >= 2:
+        models["ensemble (mean logits)"] = Ensemble(list(models.values()))
+    if object_masks is not None:
+        object_masks = torch.as_tensor(np.asarray(object_masks)).bool()
+        if tuple(object_masks.shape) != (n, *images.shape[-2:]):
+            raise ValueError(f"object masks must be [N, H, W] = {[n, *images.shape[-2:]]}, "
+                             f"got {list(object_masks.shape)}")
+    known = all(lab is not None for lab in labels)
+    records, predictions = [], {}
+    bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
+    for name, model in bar:
+        bar.set_postfix_str(name)
+        predictions[name], f0 = predict(model, images)
+        taus = thresholds_for(f0, threshold, threshold_mode)
+        t0 = time.perf_counter()
+        results = fast_sis(model, images, taus, method=method, k=k, collection=collection, mask_value=mask_value,
+                           autocast=autocast, batch_size=batch_size, progress=progress)
+        options = {"threshold": threshold, "threshold_mode": threshold_mode, "mask_value": mask_value}
+        if method == "gradient":
+            options.update(k=k, autocast=autocast)
+        record = ModelRecord(name, method, results, time.perf_counter() - t0, options)
+        if object_masks is not None:
+            truth = torch.tensor(labels) if known else predictions[name]
+            low, high = value_range if value_range is not None else (None, None)
+            ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), noise_sigma, low, high)
+            record.sensitivity = {
+                "sigma": _plain(noise_sigma),
+                "a_fg": ns["a_fg"], "a_bg": ns["a_bg"], "rfs": ns["rfs"], "irfs": ns["irfs"],
+                "reference": "labels" if known else "full-image predictions",
+            }
+        records.append(record)
+    table = None
+    if transfer and len(models) >= 2 and method in BACKWARD_METHODS:
+        reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
+        table = transfer_table(models, records, images, reference, fraction, mask_value,
+                               "labels" if known else "full-image predictions")
+    classes = {int(c) for r in records for c in r.predictions} | {int(c) for c in labels if c is not None}
+    info = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "device": str(images.device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "images": f"{n} x {list(images.shape[1:])} {images.dtype}",
+    }
+    info.update(meta or {})
+    return AuditRecord(title, list(image_names), [np.asarray(d) for d in displays], labels,
+                       {c: class_name(c) for c in sorted(classes)}, records, table, info,
+                       None if object_masks is None else [m.numpy() for m in object_masks])
