@@ -1,7 +1,8 @@
 """Exact SIS: fast_sis against the in-package reference and against the floor, in one run.
 
 floor = the bare forward passes (and softmax) of the same number of candidates,
-in batches of the size fast_sis used, on inputs built once (no masking, no
+in batches of the size fast_sis used, on candidate-like inputs built once
+(masked copies of the images, common.candidate_like_batch; no masking work, no
 bookkeeping, no scheduling).
 
     .venv/bin/python benchmarks/bench_exact.py            # CPU table, writes benchmarks/results/exact_cpu.json
@@ -28,14 +29,14 @@ import torch
 import overinterp_fast as of
 from overinterp_fast.batching import auto_batch_size
 
-from common import CONFIGS, make_case, patch_map, timed, write_results
+from common import CONFIGS, candidate_like_batch, make_case, patch_map, timed, write_results
 
 DEFAULT = ["cnn16-px", "cnn32-2x2", "resnet20-4x4"]
 
 
-def floor_run(model, images, candidates: int, batch: int) -> None:
-    """The forward passes fast_sis cannot avoid: ``candidates`` inputs in batches of ``batch``."""
-    x = images[:1].expand(batch, *images.shape[1:]).contiguous()
+def floor_run(model, x: torch.Tensor, candidates: int) -> None:
+    """The forward passes fast_sis cannot avoid: ``candidates`` inputs in batches of ``batch = len(x)``."""
+    batch = x.shape[0]
     with torch.inference_mode():
         for _ in range(candidates // batch):
             torch.softmax(model(x), 1)
@@ -48,11 +49,12 @@ def run_config(name, n_images, device, rounds, skip_reference=False):
     n, size = images.shape[0], images.shape[-1]
     candidates = n * p * (p + 1) // 2
     batch = auto_batch_size(images, candidates)
+    floor_batch = candidate_like_batch(images, features, batch)
     with torch.inference_mode():  # warm-up: kernels, allocator
         of.fast_sis(model, images[:1], 0.5, features=patch_map(size, 8), progress=False)
     contenders = {
         "fast": lambda: of.fast_sis(model, images, 0.5, features=features, progress=False),
-        "floor": lambda: floor_run(model, images, candidates, batch),
+        "floor": lambda: floor_run(model, floor_batch, candidates),
     }
     if not skip_reference:
         contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, features=features)

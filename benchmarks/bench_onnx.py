@@ -19,7 +19,7 @@ import overinterp_fast as of
 from overinterp_fast.results import same_sis
 from overinterp_fast.batching import auto_batch_size
 
-from common import make_case, timed, write_results
+from common import candidate_like_batch, make_case, timed, write_results
 
 
 class HostCopies:
@@ -32,8 +32,9 @@ class HostCopies:
         return self.model(x.cpu()).to(x.device)
 
 
-def floor(fn, images, candidates, batch, device):
-    x = images[:1].expand(batch, *images.shape[1:]).contiguous()
+def floor(fn, x, candidates, device):
+    """``candidates`` forward passes of ``fn`` in batches of len(x) (x: common.candidate_like_batch)."""
+    batch = x.shape[0]
     with torch.inference_mode():
         fn(x)
 
@@ -63,6 +64,7 @@ def main():
             n = images.shape[0]
             candidates = n * p * (p + 1) // 2
             batch = auto_batch_size(images, candidates)
+            floor_batch = candidate_like_batch(images, features, batch)
             path = of.export_onnx(model.cpu(), os.path.join(tmp, f"{name}.onnx"), images[:2].cpu())
             model.to(device)
             onnx_model = of.OnnxModel(path, device=device)
@@ -72,8 +74,8 @@ def main():
             same = same_sis(res_t, res_o)
             row = {"config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
                    "batch_size": batch, "torch_s": t_torch, "onnx_s": t_onnx, "onnx_over_torch": t_onnx / t_torch,
-                   "torch_floor_s": floor(model, images, candidates, batch, device),
-                   "onnx_floor_s": floor(onnx_model, images, candidates, batch, device), "same_sis": same,
+                   "torch_floor_s": floor(model, floor_batch, candidates, device),
+                   "onnx_floor_s": floor(onnx_model, floor_batch, candidates, device), "same_sis": same,
                    "providers": onnx_model.providers}
             if device.type == "cuda" and "CUDAExecutionProvider" in onnx_model.providers:
                 row["onnx_host_copies_s"] = timed(lambda: run(HostCopies(onnx_model)), device)[0]
