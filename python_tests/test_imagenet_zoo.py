@@ -93,8 +93,14 @@ def test_preprocess_resizes_the_short_side_and_center_crops():
     out = zoo.preprocess(photo, 20)
     assert out.shape == (3, 20, 20) and out.dtype == torch.float32
     assert torch.allclose(out, torch.ones(()))  # the crop is the white centre, which maps to 1
-    with pytest.raises(ValueError):
-        zoo.preprocess(photo[..., 0], 20)
+    grey = zoo.preprocess(photo[..., 0], 20)  # [H, W] grey photos give one channel
+    assert grey.shape == (1, 20, 20) and torch.allclose(grey, torch.ones(()))
+    with pytest.raises(ValueError, match="uint8"):
+        zoo.preprocess(photo.astype(np.float32), 20)
+    with pytest.raises(ValueError, match="uint8"):
+        zoo.preprocess(photo[..., :2], 20)
+    with pytest.raises(ValueError, match="1 or 3 values"):
+        zoo.normalize(photo, mean=[0.5, 0.5])
 
 
 def test_imagenet_label():
