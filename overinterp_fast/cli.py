@@ -106,6 +106,7 @@ def _run_models(args, several: bool):
     from .loading import class_namer, load_images, load_model
     from .model import ModelFn
 
+    _check_device(args.device)
     specs = args.model if several else [args.model]
     loaded = [load_model(s, args.device) for s in specs]
     names = [m.name for m in loaded]
@@ -124,7 +125,12 @@ def _run_models(args, several: bool):
     imgs = load_images(args.images, size, mean, std, grey=args.grey, labels=args.labels, limit=args.limit)
     x = imgs.x.to(args.device)
     with torch.no_grad():
-        num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x[:1]).shape[1])
+        try:
+            num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x[:1]).shape[1])
+        except (RuntimeError, AssertionError) as exc:  # a channel or size mismatch (exported graphs assert)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x[:1].shape)} "
+                             f"(check --size, --grey): {first}") from None
     k = args.k or (100 if x.device.type == "cuda" else 500)
     objects, sigma, value_range = None, None, None
     if getattr(args, "object_masks", None):
@@ -145,6 +151,17 @@ def _run_models(args, several: bool):
         meta={"models": specs, "image source": args.images}, object_masks=objects,
         **({} if sigma is None else {"noise_sigma": sigma, "value_range": value_range}),
     )
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device: {device!r} is not a device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA GPU is available here")
 
 
 def _print_table(record) -> None:
@@ -189,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from .demo import run_demo
 
+            _check_device(args.device)
             run_demo(args.out, n_images=args.images, threshold=args.threshold,
                      compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k,
                      device=args.device)

@@ -181,6 +181,8 @@ def test_cli_sis_writes_results_and_figure(image_folder, model_files, tmp_path):
         (["sis", "--model", "MODEL_A", "--size", "8", "--images", "/no/such/folder"], "not a folder"),
         (["report", "/no/such/folder"], "not an audit folder"),
         (["audit", "--model", "MODEL_A", "--model", "MODEL_A", "--size", "8"], "share a name"),
+        (["sis", "--model", "MODEL_A", "--size", "8", "--grey"], "fails on an input of shape [1, 1, 8, 8]"),
+        (["sis", "--model", "MODEL_A", "--size", "8", "--device", "gpu7"], "is not a device"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, model_files, image_folder, tmp_path, capsys):
@@ -252,3 +254,9 @@ def test_cli_audit_object_masks(image_folder, model_files, tmp_path):
     (masks / "img2.png").unlink()
     assert main(["audit", "--model", model_files["a"], "--images", str(image_folder), "--size", str(SIDE),
                  "--method", "exact", "--object-masks", str(masks), "--quiet", "--out", str(out)]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cli_cuda_without_gpu_is_one_line(capsys):
+    assert main(["sis", "--model", "efficientnet-lite0", "--device", "cuda", "--out", "unused"]) == 2
+    assert capsys.readouterr().err.strip() == "overinterp-fast: error: --device cuda: no CUDA GPU is available here"

@@ -462,7 +462,7 @@ def heatmap_figure(model: ModelRecord, shape: tuple[int, int]) -> str | None:
 def heatmaps_section(record: AuditRecord) -> str:
     body = [_p("How often each pixel belongs to a model's SIS and, for backward selection (exact, gradient), to its "
                f"last {SUBSET_FRACTION:.0%}, the pixel subsets that suffice for a confident, often correct "
-               "prediction. Bright edges and corners: the model decides from the border.")]
+               "prediction. Bright edges and corners would mean the model decides from the border.")]
     for m in record.models:
         shape = common_grid(record, m)
         uri = heatmap_figure(m, shape) if shape else None
