@@ -12,7 +12,7 @@ from .exact import exact_sis
 from .extraction import extract_sets
 from .gradient import check_autocast, check_k, gradient_sis
 from .inputs import Prepared, check_threshold, prepare
-from .model import ModelFn, initial_predictions
+from .model import ModelFn, initial_predictions, model_memory_format
 from .onnx_backend import OnnxModel
 from .responsibility import ResponsibilityMap, check_responsibility_options, compute_responsibility
 from .results import SISResult
@@ -34,9 +34,13 @@ class _Setup:
 def _setup(model, images, threshold, features, mask_value, outputs, batch_size, method) -> _Setup:
     """Validate the common arguments; build the model wrapper and prepared inputs."""
     batch_size = check_batch_size(batch_size)
+    fn = ModelFn(model, outputs=outputs, device=images.device if isinstance(images, torch.Tensor) else "cpu")
+    if (isinstance(images, torch.Tensor) and images.dim() == 4
+            and model_memory_format(fn.model) == torch.channels_last):
+        # candidate batches follow the model's memory format (mask_apply writes channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
     prep = prepare(images, features=features, mask_value=mask_value)
     thresholds = check_threshold(threshold, prep.images.shape[0])
-    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     if method not in BLACK_BOX_METHODS and isinstance(fn.model, OnnxModel):
         raise ValueError(
             f"method={method!r} needs gradients, and ONNX Runtime has no autograd; on ONNX models use a "

@@ -119,6 +119,18 @@ class ModelFn:
         return probs.gather(1, target.view(-1, 1)).view(-1).double()
 
 
+def model_memory_format(model) -> torch.memory_format:
+    """torch.channels_last when an nn.Module's first 4-D parameter (a conv weight) is stored channels_last,
+    else torch.contiguous_format (also for callables and ONNX models)."""
+    if isinstance(model, nn.Module):
+        for t in model.parameters():
+            if t.dim() == 4:
+                if t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+                    return torch.channels_last
+                break
+    return torch.contiguous_format
+
+
 def check_finite_scores(all_finite: torch.Tensor | bool) -> None:
     """Raise when a model score was NaN or inf (``all_finite``: a bool, or a 0-d bool tensor)."""
     if not bool(all_finite):

@@ -161,6 +161,29 @@ def test_channels_last_images(cnn64, images64):
     assert_same(of.fast_sis(cnn64, cl, 0.3), of.fast_sis(cnn64, images64, 0.3))
 
 
+class FormatRecorder(nn.Module):
+    """Wraps a model and records whether each batch it is given is channels_last."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.formats = []
+
+    def forward(self, x):
+        self.formats.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return self.model(x)
+
+
+def test_candidate_batches_follow_a_channels_last_model(cnn64, images64):
+    rec = FormatRecorder(make_cnn(0).to(memory_format=torch.channels_last)).eval()
+    fast = of.fast_sis(rec, images64, 0.3)  # NCHW images, channels_last model
+    assert rec.formats and all(rec.formats)
+    assert_same(fast, reference.sis(cnn64, images64, 0.3))
+    plain = FormatRecorder(cnn64).eval()
+    of.fast_sis(plain, images64, 0.3)
+    assert plain.formats and not any(plain.formats)
+
+
 def test_vector_inputs():
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)).double().eval()

@@ -95,11 +95,15 @@ def rename_lite_state_dict(src: dict[str, torch.Tensor], model: nn.Module) -> di
     return out
 
 
-def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu") -> nn.Module:
+def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu",
+                           channels_last: bool = True) -> nn.Module:
     """ImageNet EfficientNet-Lite`variant` (0, 1 or 2) with its pretrained weights, in eval mode.
 
     Input: float32 [N, 3, S, S], RGB normalized as by preprocess() (S = input_size(variant)
     for the published accuracy; other sizes work too). Output: [N, 1000] ImageNet logits.
+    ``channels_last`` (default): weights stored channels_last, so fast_sis writes its
+    candidate batches channels_last too; on 2 CPU cores that made batched-gradient SIS
+    1.35x faster (forward passes 1.4-1.6x).
     """
     import timm
 
@@ -107,7 +111,8 @@ def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu")
     model = timm.create_model(f"tf_efficientnet_lite{variant}", pretrained=False)
     src = torch.load(weights_path(variant), map_location="cpu", weights_only=True)
     model.load_state_dict(rename_lite_state_dict(src, model), strict=True)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
 def center_crop(photo_uint8_hwc: np.ndarray, size: int) -> np.ndarray:
