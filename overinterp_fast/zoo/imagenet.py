@@ -103,7 +103,7 @@ def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu",
     for the published accuracy; other sizes work too). Output: [N, 1000] ImageNet logits.
     ``channels_last`` (default): weights stored channels_last, so fast_sis writes its
     candidate batches channels_last too; on 2 CPU cores that made batched-gradient SIS
-    1.35x faster (forward passes 1.4-1.6x).
+    about 1.35x faster (forward passes 1.4-1.6x).
     """
     import timm
 
