@@ -176,11 +176,11 @@ def _print_table(record) -> None:
 
 def _sis_png(record, path: str) -> str:
     """One row per image (original, SIS over it, SIS alone) for the record's single model."""
+    from .audit.report import on_grid
     from .plotting import sis_figure
 
     (m,) = record.models
-    masks = [None if r.mask is None or tuple(r.mask.shape) != d.shape[:2] else r.mask.numpy()
-             for r, d in zip(m.results, record.displays)]
+    masks = [r.mask.numpy() if on_grid(r, d) else None for r, d in zip(m.results, record.displays)]
     titles = [f"{n}\n{record.class_name(r.target)[:18]}\nf={r.score:.2f} tau={r.threshold:.2f}"
               + ("" if r.sis is None else f"\nSIS {r.fraction:.1%}") for n, r in zip(record.image_names, m.results)]
     sis_figure(list(record.displays), masks, titles, path)

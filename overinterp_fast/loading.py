@@ -74,17 +74,11 @@ def load_model(spec: str, device: str | torch.device = "cpu") -> LoadedModel:
         for sub in module.modules():
             sub.training = False
     elif ext in (".pt", ".pth", ".ts"):
-        module = _load_torch_file(spec)
+        module = _load_torch_file(spec).eval()
     else:
         raise ValueError(f"model file {spec!r}: expected .onnx, .pt2 (torch.export), or .pt/.pth (TorchScript or "
                          f"a pickled nn.Module)")
-    module = module.to(device)
-    if hasattr(module, "eval"):
-        try:
-            module.eval()
-        except (NotImplementedError, RuntimeError):  # exported programs refuse train()/eval() on some versions
-            pass
-    return LoadedModel(module, name)
+    return LoadedModel(module.to(device), name)
 
 
 def _load_torch_file(path: str) -> torch.nn.Module:

@@ -6,6 +6,16 @@ import numpy as np
 PANEL_TITLES = ("image", "SIS (red)", "SIS alone")
 
 
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def sis_panels(image, mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The three views of one image's SIS, each scaled to [0, 1].
 
@@ -47,11 +57,7 @@ def sis_figure(images, masks, titles, path, cmap="gray", dpi=120):
     images: list of [H, W] or [H, W, 3] arrays in display range; masks: list of
     bool [H, W] arrays (None: no SIS); titles: one string per row.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     n = len(images)
     fig, axes = plt.subplots(n, 3, figsize=(6.6, 2.2 * n), squeeze=False)
     for row, (img, mask, title) in enumerate(zip(images, masks, titles)):

@@ -1,7 +1,6 @@
 """Batched-gradient SIS (method="gradient") against the plain transcription of the paper's loop."""
 import pytest
 import torch
-from torch import nn
 
 import overinterp_fast as of
 from overinterp_fast import reference

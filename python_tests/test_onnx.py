@@ -1,5 +1,4 @@
 """The ONNX Runtime backend: same SIS as the torch model, fixed batch dimensions, clear errors."""
-import os
 
 import pytest
 import torch

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..plotting import PANEL_TITLES, show_panel, sis_panels
+from ..plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..results import SISResult
 from .records import AuditRecord, ModelRecord, load_audit
 from .stats import (
@@ -40,12 +40,11 @@ from .stats import (
     mean_ci,
     sis_size_curve,
 )
-from .subsets import keep_last
+from .subsets import BACKWARD_METHODS, keep_last_mask
 
 REPORT_FILE = "report.html"
 BORDER = 0.10  # width of the border band, as a fraction of each side of the image
 SUBSET_FRACTION = 0.05  # the pixel subsets of paper 000: the last 5% of backward selection
-BACKWARD_METHODS = ("exact", "gradient")  # methods whose ``order`` is a backward selection (most important last)
 CURVE_POINTS = 20
 DPI = 80
 NUMBER = re.compile(r"^-?[\d.]+(e[-+]?\d+)?%?$|^n/a$|^\[.*%\]$")  # table cells right-aligned as numbers
@@ -123,18 +122,9 @@ def _section(sid: str, title: str, body: str) -> str:
     return f'<section id="{_esc(sid)}">\n<h2>{_esc(title)}</h2>\n{body}\n</section>'
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _png_uri(fig) -> str:
     """Render a matplotlib figure to a ``data:image/png;base64,...`` URI and close it."""
-    plt = _pyplot()
+    plt = pyplot()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -192,9 +182,7 @@ def subset_mask(order: torch.Tensor, shape: tuple[int, int], fraction: float = S
     """bool [H, W]: the last ``fraction`` of a backward-selection order over the grid (None: order not on it)."""
     if order.numel() != shape[0] * shape[1]:
         return None
-    mask = torch.zeros(shape[0] * shape[1], dtype=torch.bool)
-    mask[keep_last(order, fraction)] = True
-    return mask.view(shape)
+    return keep_last_mask(order, fraction).view(shape)
 
 
 def sis_fractions(model: ModelRecord) -> np.ndarray:
@@ -307,7 +295,7 @@ def summary_section(record: AuditRecord) -> str:
 
 def image_figure(display: np.ndarray, mask: torch.Tensor | np.ndarray | None, panels: bool) -> str:
     """PNG data URI: the three panels of :func:`sis_panels` (``panels``) or only the image."""
-    plt = _pyplot()
+    plt = pyplot()
     views = sis_panels(display, None if mask is None else np.asarray(mask, dtype=bool))
     views = views if panels else views[:1]
     fig, axes = plt.subplots(1, len(views), figsize=(2.3 * len(views), 2.5), squeeze=False)
@@ -372,7 +360,7 @@ def size_box_figure(models: Sequence[ModelRecord]) -> str | None:
     data = [100 * sis_fractions(m) for m in models]
     if not any(d.size for d in data):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(models) + 2), 3.6))
     pos = [i for i, d in enumerate(data) if d.size]
     ax.boxplot([data[i] for i in pos], positions=pos, widths=0.5, showfliers=False)
@@ -392,7 +380,7 @@ def size_curve_figure(models: Sequence[ModelRecord]) -> str | None:
     if not models:
         return None
     thresholds = curve_thresholds(models)
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     drawn = False
     for m in models:
@@ -451,7 +439,7 @@ def heatmap_figure(model: ModelRecord, shape: tuple[int, int]) -> str | None:
                            f"in the last {SUBSET_FRACTION:.0%} of backward selection ({len(subsets)} images)"))
     if not panels:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.3), squeeze=False)
     for ax, (values, title) in zip(axes[0], panels):
         _heat_axes(fig, ax, values, title)
@@ -479,7 +467,7 @@ def location_figure(record: AuditRecord) -> str | None:
     stats_ = [fraction_ci(border_fractions(record, m)) for m in record.models]
     if not any(_finite(s[0]) for s in stats_):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(record.models) + 2), 3.6))
     means = np.array([100 * s[0] for s in stats_])
     err = np.array([[100 * (s[0] - s[1]), 100 * (s[2] - s[0])] if _finite(s[1]) else [0, 0] for s in stats_]).T

@@ -16,14 +16,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import fast_sis
+from ..inputs import check_threshold
 from ..model import Ensemble, ModelFn
 from .records import AuditRecord, ModelRecord
 from .stats import noise_sensitivity
-from .subsets import pixel_subsets
+from .subsets import BACKWARD_METHODS, pixel_subsets
 
 THRESHOLD_MODES = ("absolute", "relative", "auto")
-# methods whose `order` is a backward-selection order (most important feature last)
-BACKWARD_METHODS = ("exact", "gradient")
 EXACT_FEATURE_LIMIT = 4096
 
 
@@ -40,8 +39,9 @@ def predict(model, x: torch.Tensor, batch_size: int = 64) -> tuple[torch.Tensor,
 
 def _plain(v) -> float | list[float]:
     """A number or tensor as JSON: a float when it holds one value (or one repeated), else a flat list."""
-    flat = torch.as_tensor(v, dtype=torch.float64).flatten().unique().tolist()
-    return flat[0] if len(flat) == 1 else torch.as_tensor(v, dtype=torch.float64).flatten().tolist()
+    flat = torch.as_tensor(v, dtype=torch.float64).flatten()
+    distinct = flat.unique()
+    return float(distinct[0]) if distinct.numel() == 1 else flat.tolist()
 
 
 def thresholds_for(scores: torch.Tensor, threshold: float, mode: str) -> list[float]:
@@ -49,8 +49,7 @@ def thresholds_for(scores: torch.Tensor, threshold: float, mode: str) -> list[fl
     else tau * f(x) (so every image gets a SIS while confident images keep the absolute threshold)."""
     if mode not in THRESHOLD_MODES:
         raise ValueError(f"threshold mode must be one of {THRESHOLD_MODES}, got {mode!r}")
-    if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold must lie in [0, 1], got {threshold}")
+    (threshold,) = check_threshold(threshold, 1)
     f = [float(v) for v in scores]
     if mode == "absolute":
         return [threshold] * len(f)
@@ -145,7 +144,9 @@ def run_audit(
         if tuple(object_masks.shape) != (n, *images.shape[-2:]):
             raise ValueError(f"object masks must be [N, H, W] = {[n, *images.shape[-2:]]}, "
                              f"got {list(object_masks.shape)}")
+    # what accuracies are measured against: the labels when all are known, else each model's own prediction
     known = all(lab is not None for lab in labels)
+    reference_name = "labels" if known else "full-image predictions"
     records, predictions = [], {}
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
     for name, model in bar:
@@ -166,14 +167,13 @@ def run_audit(
             record.sensitivity = {
                 "sigma": _plain(noise_sigma),
                 "a_fg": ns["a_fg"], "a_bg": ns["a_bg"], "rfs": ns["rfs"], "irfs": ns["irfs"],
-                "reference": "labels" if known else "full-image predictions",
+                "reference": reference_name,
             }
         records.append(record)
     table = None
     if transfer and len(models) >= 2 and method in BACKWARD_METHODS:
         reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
-        table = transfer_table(models, records, images, reference, fraction, mask_value,
-                               "labels" if known else "full-image predictions")
+        table = transfer_table(models, records, images, reference, fraction, mask_value, reference_name)
     classes = {int(c) for r in records for c in r.predictions} | {int(c) for c in labels if c is not None}
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -11,12 +11,23 @@ from ..inputs import prepare
 from ..results import SISResult
 
 
+# methods whose ``order`` is a backward-selection order (most important feature last)
+BACKWARD_METHODS = ("exact", "gradient")
+
+
 def keep_last(order: torch.Tensor, fraction: float = 0.05) -> torch.Tensor:
     """The last ceil(fraction * m) features of a backward-selection order [m] (52 of 1024 at 5%)."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
     m = order.numel()
     return order[m - math.ceil(fraction * m - 1e-9):]
+
+
+def keep_last_mask(order: torch.Tensor, fraction: float = 0.05) -> torch.Tensor:
+    """bool [m] over the feature ids 0..m-1 of an order [m]: True on :func:`keep_last`'s features."""
+    mask = torch.zeros(order.numel(), dtype=torch.bool)
+    mask[keep_last(order, fraction)] = True
+    return mask
 
 
 def _apply(images, keep: torch.Tensor, mask_value, features) -> torch.Tensor:
@@ -47,11 +58,9 @@ def pixel_subsets(
     if len(results) != images.shape[0]:
         raise ValueError(f"{len(results)} results for {images.shape[0]} images")
     p = results[0].order.numel()
-    keep = torch.zeros(len(results), p, dtype=torch.bool)
-    for i, r in enumerate(results):
-        if r.order.numel() != p:
-            raise ValueError("every result must cover all features (use the first round of backward selection)")
-        keep[i, keep_last(r.order, fraction)] = True
+    if any(r.order.numel() != p for r in results):
+        raise ValueError("every result must cover all features (use the first round of backward selection)")
+    keep = torch.stack([keep_last_mask(r.order, fraction) for r in results])
     return _apply(images, keep, mask_value, features), keep
 
 
