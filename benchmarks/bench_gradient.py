@@ -19,6 +19,7 @@ import math
 import torch
 
 import overinterp_fast as of
+from overinterp_fast.model import model_memory_format
 from overinterp_fast.results import same_sis
 
 from common import timed, write_results
@@ -54,13 +55,15 @@ def main():
     ap.add_argument("--models", nargs="*", default=["inception_v3", "efficientnet_lite0"])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--autocast", default=None, help="also time fast_sis with autocast bf16/fp16")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="convert the model (for every contender) to channels_last memory format")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
     k = args.k or (100 if device.type == "cuda" else 2000)
     rows = []
     print(f"{'model':<20}{'N':>4}{'size':>6}{'k':>6}{'fast s':>9}{'transcr s':>11}{'speedup':>9}{'same SIS':>9}"
-          f"{'SIS frac':>9}")
+          f"{'SIS frac':>9}{'amp s':>8}{'amp x':>7}{'amp SIS frac':>13}")
     for name in args.models:
         if name == "inception_v3":
             model, size = inception_v3(device), 299
@@ -71,6 +74,8 @@ def main():
 
             model, size = load_efficientnet_lite(0, device), 224
             images, names = photos(size, args.images, device)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         with torch.no_grad():
             f0 = torch.softmax(model(images), 1).max(1).values
         tau = 0.9 * float(f0.min()) if name == "inception_v3" else 0.9
@@ -95,11 +100,20 @@ def main():
                "speedup": best["transcription"] / best["fast"], "same_sis": same,
                "sis_fraction_median": float(torch.tensor(fracs).median()) if fracs else None,
                "photos": names, "verified": all(r.sis_score >= tau for r in out["fast"] if r.sis is not None)}
+        amp = ""
         if "fast_autocast" in best:
-            row["fast_autocast_s"] = best["fast_autocast"]
+            amp_fracs = [r.fraction for r in out["fast_autocast"] if r.sis is not None]
+            row.update(autocast=args.autocast, fast_autocast_s=best["fast_autocast"],
+                       speedup_autocast=best["transcription"] / best["fast_autocast"],
+                       sis_fraction_median_autocast=float(torch.tensor(amp_fracs).median()) if amp_fracs else None,
+                       verified_autocast=all(r.sis_score >= tau for r in out["fast_autocast"] if r.sis is not None))
+            amp = (f"{best['fast_autocast']:>8.2f}{row['speedup_autocast']:>7.2f}"
+                   f"{row['sis_fraction_median_autocast'] or float('nan'):>13.3f}")
+        row["channels_last"] = model_memory_format(model) == torch.channels_last
         rows.append(row)
         print(f"{name:<20}{row['images']:>4}{size:>6}{k:>6}{best['fast']:>9.2f}{best['transcription']:>11.2f}"
-              f"{row['speedup']:>9.2f}{str(same):>9}{row['sis_fraction_median'] or float('nan'):>9.3f}", flush=True)
+              f"{row['speedup']:>9.2f}{str(same):>9}{row['sis_fraction_median'] or float('nan'):>9.3f}{amp}",
+              flush=True)
     print(f"wrote {write_results('gradient', device, rows, args.out)}")
 
 

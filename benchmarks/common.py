@@ -75,10 +75,14 @@ def timed(fn, device):
 
 def environment(device) -> dict:
     env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": platform.processor()}
+           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": platform.processor(),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     try:
         with open("/proc/cpuinfo") as fh:
-            env["cpu"] = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
+            info = fh.read().splitlines()
+        env["cpu"] = next(l.split(":", 1)[1].strip() for l in info if l.startswith("model name"))
+        flags = next(l.split(":", 1)[1].split() for l in info if l.startswith("flags"))
+        env["cpu_bf16"] = sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile", "amx_fp16"))
     except (OSError, StopIteration):
         pass
     if torch.device(device).type == "cuda":
