@@ -17,7 +17,10 @@ box can be split, or after ``depth`` levels. The maps of the iterations
 multiply; we rank by the sum of their logarithms, which orders pixels the same.
 
 Speed comes from the structure: all iterations of all images descend together,
-so each level is one large batch of mutants; mutants are unions of rectangles,
+so each level is one large batch of mutants (mutants of one image that show the
+same rectangles, as empty quadrants make them, share one forward pass; the
+sequential loop, ``overinterp_fast.reference.responsibility``, gives the same
+map); mutants are unions of rectangles,
 painted by the ``rect_fill`` kernel (2D difference arrays, exact integer sums)
 and written by ``mask_apply``; responsibility is accumulated by ``rect_fill`` as
 well (weights 6/k, so the sums are exact integers); the minimal pixel set is the
@@ -46,7 +49,7 @@ class ResponsibilityMap:
     Attributes:
         map: float64 [H, W], the sum over iterations of log(per-iteration map);
             higher = more responsible. (ReX's product of maps is exp(map).)
-        queries: forward passes (mutants) the descent used for this image.
+        queries: forward passes the descent used for this image (distinct mutants).
         target: the class explained.
         iterations: iterations run.
     """
@@ -113,8 +116,11 @@ def compute_responsibility(
     bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
     while any(d.alive for d in descents):
         # mutants of this level: (descent, kept quadrants) with their rectangles
-        mutants: list[tuple[int, list[tuple[int, int, int, int]]]] = []
-        rects, owner = [], []
+        # mutants of this level: (descent, kept quadrants, index of its forward pass). Mutants of
+        # one image with the same non-empty rectangles (empty quadrants make these) share one pass.
+        mutants: list[tuple[int, list[tuple[int, int, int, int]], int]] = []
+        rects, owner, evals = [], [], []
+        seen: dict[tuple, int] = {}
         for di, d in enumerate(descents):
             if not d.alive:
                 continue
@@ -126,30 +132,36 @@ def compute_responsibility(
                 static = d.active[:b] + d.active[b + 1 :]
                 for subset in SUBSETS:
                     kept = [quads[c] for c in subset]
-                    for r in kept + static:
-                        rects.append(r)
-                        owner.append(len(mutants))
-                    mutants.append((di, kept))
+                    shown = sorted({r for r in kept + static if _area(r) > 0})
+                    e = seen.setdefault((d.image, *shown), len(evals))
+                    if e == len(evals):
+                        evals.append(d.image)
+                        queries[d.image] += 1
+                        rects.extend(shown)
+                        owner.extend([e] * len(shown))
+                    mutants.append((di, kept, e))
                 made = True
             if not made:
                 d.alive = False
         if not mutants:
             break
-        m = len(mutants)
+        m = len(evals)
         cover = _ops.rect_fill(
             torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4),
             torch.tensor(owner, dtype=torch.int64, device=dev),
             torch.ones(len(rects), dtype=torch.int64, device=dev), m, h, w,
         )
-        img = torch.tensor([descents[di].image for di, _ in mutants], device=dev)
+        img = torch.tensor(evals, device=dev)
         keep = (cover.view(m, h * w) > 0) & present[img]
-        f, top1 = evaluator(keep, img, torch.arange(m, device=dev), torch.full_like(img, -1))
-        area = keep.sum(1).tolist()
-        f, top1 = f.tolist(), top1.tolist()
+        f_e, top1_e = evaluator(keep, img, torch.arange(m, device=dev), torch.full_like(img, -1))
+        area_e = keep.sum(1).tolist()
+        f_e, top1_e = f_e.tolist(), top1_e.tolist()
+        f = [f_e[e] for _, _, e in mutants]
+        top1 = [top1_e[e] for _, _, e in mutants]
+        area = [area_e[e] for _, _, e in mutants]
         by_descent: dict[int, list[int]] = {}
-        for mi, (di, _) in enumerate(mutants):
+        for mi, (di, _, _) in enumerate(mutants):
             by_descent.setdefault(di, []).append(mi)
-            queries[descents[di].image] += 1
         for di, mis in by_descent.items():
             d = descents[di]
             ok = [mi for mi in mis if passes(d.image, f[mi], top1[mi])]
