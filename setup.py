@@ -70,7 +70,7 @@ setup(
     description="Fast Sufficient Input Subsets (SIS) and overinterpretation audits for PyTorch and ONNX classifiers",
     packages=find_packages(include=["overinterp_fast", "overinterp_fast.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy", "tqdm", "scipy"],
+    install_requires=["torch>=2.4", "numpy", "tqdm", "scipy", "pyarrow"],
     extras_require={
         "demo": ["scikit-learn", "matplotlib", "pillow"],
         # onnxruntime-gpu >= 1.27 instead of onnxruntime where CUDA is present (it matches torch's CUDA 13)

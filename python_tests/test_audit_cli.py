@@ -228,6 +228,10 @@ def test_run_audit_object_masks_sensitivity_and_report(tmp_path):
     save_audit(rec, str(tmp_path))
     back = load_audit(str(tmp_path))
     assert back.models[0].sensitivity == s and np.array_equal(back.object_masks[2], objects[2].numpy())
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "sis.parquet").to_pylist()
+    assert [r["object_fraction"] for r in rows] == [1.0] * 4 and all(r["correct"] for r in rows)
     html = open(build_report(back, str(tmp_path / "r.html"))).read()
     assert 'id="object"' in html and "100.0%" in html  # every SIS pixel inside the object
     with pytest.raises(ValueError, match="object masks"):

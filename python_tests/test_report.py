@@ -14,6 +14,7 @@ import torch
 import overinterp_fast as of
 from overinterp_fast.audit import kruskal_wallis, friedman, fraction_inside, pixel_subsets
 from overinterp_fast.audit.records import RESULTS_FILE, AuditRecord, ModelRecord, load_audit, save_audit
+from overinterp_fast.audit.table import TABLE_FILE
 from overinterp_fast.audit.report import (
     border_fractions,
     border_mask,
@@ -214,6 +215,36 @@ def test_save_load_round_trip_keeps_everything(three, tmp_path):
         for ra, rb in zip(ma.results, mb.results):
             _assert_same_result(ra, rb)
     assert math.isnan(back.models[0].results[3].score) and math.isnan(float(back.models[0].results[3].values[2]))
+
+
+def test_parquet_table_has_a_row_per_model_and_image(three, tmp_path):
+    import pyarrow.parquet as pq
+
+    save_audit(three, str(tmp_path))
+    table = pq.read_table(tmp_path / TABLE_FILE).to_pylist()
+    assert len(table) == len(three.models) * N
+    rows = iter(table)
+    for m in three.models:
+        border = border_fractions(three, m)
+        for i, r in enumerate(m.results):
+            row = next(rows)
+            assert (row["model"], row["method"], row["image"], row["image_index"]) == (
+                m.name, m.method, three.image_names[i], i)
+            assert row["target"] == r.target and row["target_name"] == CLASS_NAMES[r.target]
+            assert row["label"] == three.labels[i]
+            assert row["correct"] == (None if three.labels[i] is None else r.target == three.labels[i])
+            assert row["score"] == r.score and row["threshold"] == r.threshold
+            if r.sis is None:
+                assert row["sis_size"] is None and row["sis_fraction"] is None and row["collection_size"] == 0
+            else:
+                assert row["sis_size"] == r.sis.numel() and row["sis_fraction"] == r.sis.numel() / H / W
+                assert row["sis_score"] == r.sis_score and row["collection_size"] == len(r.collection or [r])
+            assert row["border_fraction"] == (None if math.isnan(border[i]) else border[i])
+            assert row["object_fraction"] is None  # no object masks in this record
+    a = [row for row in table if row["model"] == "cnn A"]
+    assert [row["correct"] for row in a] == [True, False, None, None]
+    assert a[3]["sis_size"] is None, "model A has no SIS on image 3"
+    assert any(row["collection_size"] > 1 for row in a), "no collection counted"
 
 
 def test_load_audit_rejects_other_versions_and_missing_folders(three, tmp_path):

@@ -25,11 +25,12 @@ from .pipeline import digits_pipeline, format_table
 from .records import AuditRecord, ModelRecord, load_audit, save_audit
 from .report import build_report, rebuild_report
 from .runner import run_audit, thresholds_for, transfer_table
+from .table import audit_table, write_table
 from .subsets import keep_last, pixel_subsets, random_subsets
 
 __all__ = [
     "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
     "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last",
     "pixel_subsets", "random_subsets", "AuditRecord", "ModelRecord", "load_audit", "save_audit", "build_report",
-    "rebuild_report", "run_audit", "thresholds_for", "transfer_table",
+    "rebuild_report", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
 ]

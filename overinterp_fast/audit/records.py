@@ -6,7 +6,11 @@ An audit folder holds
   its per-image results (target, score, threshold, SIS, order, values, blocks, SIS
   score, collection) and the transfer table;
 - ``images.npz``: the images as shown to a person (uint8, [H, W] or [H, W, 3]),
-  one array per image, keyed ``image<i>``.
+  one array per image, keyed ``image<i>``;
+- ``sis.parquet``: one row per (model, image) with the per-image facts (class,
+  correctness, SIS size and fraction, border and object shares), for data-frame
+  tools; :mod:`overinterp_fast.audit.table` documents its columns. It is derived:
+  ``load_audit`` reads only the JSON and the images.
 
 The format is plain JSON (lists of ints and floats), readable from any language;
 ``format_version`` guards against reading a future layout silently.
@@ -155,7 +159,9 @@ def result_from_dict(d: dict) -> SISResult:
 
 
 def save_audit(record: AuditRecord, folder: str) -> str:
-    """Write ``results.json`` and ``images.npz`` into ``folder`` (created); returns the JSON's path."""
+    """Write ``results.json``, ``images.npz`` and ``sis.parquet`` into ``folder`` (created); returns the JSON's path."""
+    from .table import write_table  # table builds on the report's helpers, which import this module
+
     os.makedirs(folder, exist_ok=True)
     doc = {
         "format_version": FORMAT_VERSION,
@@ -179,6 +185,7 @@ def save_audit(record: AuditRecord, folder: str) -> str:
     for i, m in enumerate(record.object_masks or []):
         arrays[f"object{i}"] = np.asarray(m, dtype=bool)
     np.savez_compressed(os.path.join(folder, IMAGES_FILE), **arrays)
+    write_table(record, folder)
     return path
 
 

@@ -1,0 +1,92 @@
+"""An audit as one table: a row per (model, image), for pandas, polars, DuckDB or Spark.
+
+    table = audit_table(record)                   # pyarrow.Table
+    write_table(record, "out/audit/sis.parquet")  # save_audit writes it as well
+    pandas.read_parquet("out/audit/sis.parquet")
+
+Columns (null where a value does not exist: no label, no SIS, no object masks):
+
+=================  ========  ==============================================================
+model, method      string    the model's name; "exact", "gradient" or "responsibility"
+image              string    the image's name
+image_index        int32     its position in the audit
+label, label_name  int64     the true class where known, and its name
+target, ...name    int64     the model's class on the full image, and its name
+correct            bool      target == label (null without a label)
+score              float64   f(x) for the target on the full image
+threshold          float64   tau
+sis_size           int64     features in the (first) SIS
+sis_fraction       float64   sis_size / features
+sis_score          float64   f on the SIS alone (the verification pass)
+collection_size    int32     disjoint SIS found (1 without collection=True; 0 without SIS)
+queries            int64     forward passes (responsibility), else null
+border_fraction    float64   share of the SIS pixels in the outer 10% border (pixel SIS only)
+object_fraction    float64   share of the SIS pixels on the object (with object masks)
+=================  ========  ==============================================================
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .records import AuditRecord
+from .report import border_fractions, correctness, inside_fractions
+
+TABLE_FILE = "sis.parquet"
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    return [None if np.isnan(v) else float(v) for v in values]
+
+
+def audit_table(record: AuditRecord):
+    """The audit as a ``pyarrow.Table``, one row per (model, image), models in order, then images."""
+    import pyarrow as pa
+
+    cols: dict[str, list] = {k: [] for k in (
+        "model", "method", "image", "image_index", "label", "label_name", "target", "target_name", "correct",
+        "score", "threshold", "sis_size", "sis_fraction", "sis_score", "collection_size", "queries",
+        "border_fraction", "object_fraction")}
+    n = len(record.image_names)
+    for m in record.models:
+        border = _nullable(border_fractions(record, m))
+        objects = ([None] * n if record.object_masks is None
+                   else _nullable(inside_fractions(record, m, record.object_masks)))
+        for i, (r, right) in enumerate(zip(m.results, correctness(record, m))):
+            label = record.labels[i]
+            cols["model"].append(m.name)
+            cols["method"].append(m.method)
+            cols["image"].append(record.image_names[i])
+            cols["image_index"].append(i)
+            cols["label"].append(label)
+            cols["label_name"].append(None if label is None else record.class_name(label))
+            cols["target"].append(int(r.target))
+            cols["target_name"].append(record.class_name(r.target))
+            cols["correct"].append(right)
+            cols["score"].append(float(r.score))
+            cols["threshold"].append(float(r.threshold))
+            cols["sis_size"].append(r.size)
+            cols["sis_fraction"].append(r.fraction)
+            cols["sis_score"].append(r.sis_score)
+            cols["collection_size"].append(0 if r.sis is None else len(r.collection or [r]))
+            cols["queries"].append(r.queries)
+            cols["border_fraction"].append(border[i])
+            cols["object_fraction"].append(objects[i])
+    types = {"image_index": pa.int32(), "label": pa.int64(), "target": pa.int64(), "correct": pa.bool_(),
+             "sis_size": pa.int64(), "collection_size": pa.int32(), "queries": pa.int64()}
+    return pa.table({k: pa.array(v, type=types.get(k, pa.float64() if k in _FLOATS else pa.string()))
+                     for k, v in cols.items()})
+
+
+_FLOATS = {"score", "threshold", "sis_fraction", "sis_score", "border_fraction", "object_fraction"}
+
+
+def write_table(record: AuditRecord, path: str) -> str:
+    """Write :func:`audit_table` as Parquet to ``path`` (a file, or a folder to hold ``sis.parquet``)."""
+    import pyarrow.parquet as pq
+
+    if os.path.isdir(path):
+        path = os.path.join(path, TABLE_FILE)
+    pq.write_table(audit_table(record), path)
+    return path
