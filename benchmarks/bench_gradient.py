@@ -47,6 +47,17 @@ def imagenet_normalized(x):
     return ((x + 1) / 2 - mean) / std
 
 
+def fraction_median(results) -> float | None:
+    """Median SIS size as a fraction of the image, over the images that have a SIS."""
+    fracs = [r.fraction for r in results if r.sis is not None]
+    return float(torch.tensor(fracs).median()) if fracs else None
+
+
+def verified(results, tau: float) -> bool:
+    """Every SIS passed its full-precision check f(x_S) >= tau."""
+    return all(r.sis_score >= tau for r in results if r.sis is not None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -94,19 +105,17 @@ def main():
                 times[c].append(t)
         best = {c: min(v) for c, v in times.items()}
         same = same_sis(out["fast"], out["transcription"])
-        fracs = [r.fraction for r in out["fast"] if r.sis is not None]
         row = {"model": name, "device": str(device), "images": images.shape[0], "size": size, "k": k,
                "threshold": tau, "times_s": times, "fast_s": best["fast"], "transcription_s": best["transcription"],
                "speedup": best["transcription"] / best["fast"], "same_sis": same,
-               "sis_fraction_median": float(torch.tensor(fracs).median()) if fracs else None,
-               "photos": names, "verified": all(r.sis_score >= tau for r in out["fast"] if r.sis is not None)}
+               "sis_fraction_median": fraction_median(out["fast"]), "photos": names,
+               "verified": verified(out["fast"], tau)}
         amp = ""
         if "fast_autocast" in best:
-            amp_fracs = [r.fraction for r in out["fast_autocast"] if r.sis is not None]
             row.update(autocast=args.autocast, fast_autocast_s=best["fast_autocast"],
                        speedup_autocast=best["transcription"] / best["fast_autocast"],
-                       sis_fraction_median_autocast=float(torch.tensor(amp_fracs).median()) if amp_fracs else None,
-                       verified_autocast=all(r.sis_score >= tau for r in out["fast_autocast"] if r.sis is not None))
+                       sis_fraction_median_autocast=fraction_median(out["fast_autocast"]),
+                       verified_autocast=verified(out["fast_autocast"], tau))
             amp = (f"{best['fast_autocast']:>8.2f}{row['speedup_autocast']:>7.2f}"
                    f"{row['sis_fraction_median_autocast'] or float('nan'):>13.3f}")
         row["channels_last"] = model_memory_format(model) == torch.channels_last

@@ -115,7 +115,6 @@ def compute_responsibility(
     resp_weight: list[int] = []
     bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
     while any(d.alive for d in descents):
-        # mutants of this level: (descent, kept quadrants) with their rectangles
         # mutants of this level: (descent, kept quadrants, index of its forward pass). Mutants of
         # one image with the same non-empty rectangles (empty quadrants make these) share one pass.
         mutants: list[tuple[int, list[tuple[int, int, int, int]], int]] = []

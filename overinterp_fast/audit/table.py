@@ -40,14 +40,23 @@ def _nullable(values: np.ndarray) -> list[float | None]:
     return [None if np.isnan(v) else float(v) for v in values]
 
 
+def _schema():
+    """Column name -> Arrow type, in table order."""
+    import pyarrow as pa
+
+    string, f64, i64, i32 = pa.string(), pa.float64(), pa.int64(), pa.int32()
+    return {"model": string, "method": string, "image": string, "image_index": i32, "label": i64,
+            "label_name": string, "target": i64, "target_name": string, "correct": pa.bool_(), "score": f64,
+            "threshold": f64, "sis_size": i64, "sis_fraction": f64, "sis_score": f64, "collection_size": i32,
+            "queries": i64, "border_fraction": f64, "object_fraction": f64}
+
+
 def audit_table(record: AuditRecord):
     """The audit as a ``pyarrow.Table``, one row per (model, image), models in order, then images."""
     import pyarrow as pa
 
-    cols: dict[str, list] = {k: [] for k in (
-        "model", "method", "image", "image_index", "label", "label_name", "target", "target_name", "correct",
-        "score", "threshold", "sis_size", "sis_fraction", "sis_score", "collection_size", "queries",
-        "border_fraction", "object_fraction")}
+    schema = _schema()
+    cols: dict[str, list] = {k: [] for k in schema}
     n = len(record.image_names)
     for m in record.models:
         border = _nullable(border_fractions(record, m))
@@ -73,13 +82,7 @@ def audit_table(record: AuditRecord):
             cols["queries"].append(r.queries)
             cols["border_fraction"].append(border[i])
             cols["object_fraction"].append(objects[i])
-    types = {"image_index": pa.int32(), "label": pa.int64(), "target": pa.int64(), "correct": pa.bool_(),
-             "sis_size": pa.int64(), "collection_size": pa.int32(), "queries": pa.int64()}
-    return pa.table({k: pa.array(v, type=types.get(k, pa.float64() if k in _FLOATS else pa.string()))
-                     for k, v in cols.items()})
-
-
-_FLOATS = {"score", "threshold", "sis_fraction", "sis_score", "border_fraction", "object_fraction"}
+    return pa.table({k: pa.array(v, type=schema[k]) for k, v in cols.items()})
 
 
 def write_table(record: AuditRecord, path: str) -> str:
