@@ -250,9 +250,10 @@ def responsibility(
     Returns:
         per image (float64 [H, W], mutants evaluated: 14 per split box, duplicates included).
     """
-    from .responsibility import SUBSETS, _area, _split
+    from .responsibility import SUBSETS, _area, _split, check_responsibility_options
     import numpy as np
 
+    check_responsibility_options(iterations, depth, min_box, seed)
     prep = prepare(images, mask_value=mask_value)
     fn = ModelFn(model, outputs=outputs, device=prep.images.device)
     fn.check_compatible(prep.images)

@@ -122,6 +122,8 @@ def test_batched_descent_equals_the_plain_transcription():
         assert 0 < a.queries <= ref_queries
     assert sum(a.queries for a in fast) < sum(q for _, q in plain), "no duplicate mutant was shared"
     assert any(bool((m.map != m.map.flatten()[0]).any()) for m in fast), "flat maps test nothing"
+    with pytest.raises(ValueError, match="iterations"):
+        of.reference.responsibility(model, images, iterations=0)
 
 
 def test_tiny_image_below_the_minimum_box():
