@@ -13,6 +13,8 @@ from .findsis import find_sis
 from .model import Ensemble
 from .onnx_backend import OnnxModel, export_onnx
 from .results import SISResult
+from . import text
+from .text import input_reduction
 
-__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "reference"]
+__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "reference", "text", "input_reduction"]
 __version__ = "0.1.0"

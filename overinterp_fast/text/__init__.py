@@ -1,0 +1,5 @@
+"""Text classifiers: input reduction (paper 003) and token SIS with masking (SPEC.md section 4)."""
+from .model import HFSequenceClassifier, TextModelFn
+from .reduction import InputReduction, Reduction, input_reduction
+
+__all__ = ["input_reduction", "InputReduction", "Reduction", "HFSequenceClassifier", "TextModelFn"]

@@ -1,0 +1,185 @@
+"""Input reduction (SPEC.md section 4): the packed engine against the plain transcription, hand-built tie cases,
+the Hugging Face adapter and clear errors."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import overinterp_fast as of
+from overinterp_fast import reference
+from overinterp_fast.zoo.text import WordCNN
+
+
+def sig(z):
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+class BagOfWords(nn.Module):
+    """Two classes; logit difference = sum of the token weights of the real positions - bias (float64)."""
+
+    def __init__(self, weights, bias=0.0):
+        super().__init__()
+        self.embedding = nn.Embedding(len(weights), 1).double()
+        with torch.no_grad():
+            self.embedding.weight[:, 0] = torch.tensor(weights, dtype=torch.float64)
+        self.bias = bias
+
+    def forward(self, ids, attention_mask):
+        s = (self.embedding(ids)[..., 0] * attention_mask).sum(1) - self.bias
+        return torch.stack([-s / 2, s / 2], 1)
+
+
+def tiny_cnn(seed=0, vocab=40):
+    torch.manual_seed(seed)
+    return WordCNN(vocab, dim=8, filters=8, widths=(3,), dropout=0.0).double().eval()
+
+
+def random_sequences(n, vocab=40, max_len=13, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (int(torch.randint(1, max_len + 1, (1,), generator=g)),), generator=g)
+            for _ in range(n)]
+
+
+def assert_same(fast, ref):
+    assert len(fast) == len(ref)
+    for r, q in zip(fast, ref):
+        assert r.kept.tolist() == q["kept"]
+        assert [tuple(b.kept.tolist()) for b in r.beam] == [b[0] for b in q["beam"]]
+        for b, (_, f) in zip(r.beam, q["beam"]):
+            assert b.confidence == pytest.approx(f, rel=1e-12, abs=1e-15)
+        assert (r.steps, r.queries, r.target) == (q["steps"], q["queries"], q["target"])
+        assert r.original_confidence == pytest.approx(q["original_confidence"], rel=1e-12)
+
+
+@pytest.mark.parametrize("importance", ["leave_one_out", "gradient"])
+@pytest.mark.parametrize("beam_size", [1, 5])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_packed_equals_transcription(importance, beam_size, seed):
+    model = tiny_cnn(seed)
+    seqs = random_sequences(10, seed=seed + 1)
+    ref = reference.input_reduction(model, seqs, beam_size=beam_size, importance=importance,
+                                    embedding=model.embedding)
+    # small batches force chunks of several widths; the default packs everything together
+    for bs in (7, None):
+        fast = of.input_reduction(model, seqs, beam_size=beam_size, importance=importance, batch_size=bs)
+        assert_same(fast, ref)
+        for r, s in zip(fast, seqs):
+            assert torch.equal(r.ids, s[r.kept])
+            assert all(b.kept.numel() == r.kept.numel() for b in r.beam)
+            assert r.steps == s.numel() - r.kept.numel()
+
+
+def test_padded_tensor_input_and_given_target():
+    model = tiny_cnn(2)
+    seqs = random_sequences(6, seed=5)
+    ids = torch.zeros(6, 13, dtype=torch.int64)
+    mask = torch.zeros(6, 13, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : s.numel()], mask[i, : s.numel()] = s, True
+    targets = [i % 2 for i in range(6)]
+    fast = of.input_reduction(model, ids, attention_mask=mask, target=torch.tensor(targets), beam_size=3)
+    ref = reference.input_reduction(model, seqs, beam_size=3, target=targets)
+    assert_same(fast, ref)
+    assert [r.target for r in fast] == targets
+
+
+@pytest.mark.parametrize("importance", ["leave_one_out", "gradient"])
+def test_importance_tie_deletes_the_lower_position(importance):
+    # ids 2 and 3 weigh the same: deleting either leaves f = sigmoid(1); the lower position goes first
+    model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
+    (r,) = of.input_reduction(model, [torch.tensor([2, 3])], beam_size=1, importance=importance)
+    assert r.kept.tolist() == [1] and r.ids.tolist() == [3]
+    assert r.confidence == pytest.approx(sig(1.0), rel=1e-12)
+    assert r.original_confidence == pytest.approx(sig(2.0), rel=1e-12)
+    assert (r.steps, r.queries) == (1, 3)  # LOO: 1 + 2 children; gradient: 1 + 1 backward + 1 child
+
+
+@pytest.mark.parametrize("importance", ["leave_one_out", "gradient"])
+def test_beam_ties_dedupe_kb_and_stop(importance):
+    # six tokens of weight 1, bias 3.5: four tokens are still class 1 (f = sigmoid(0.5)), three are not.
+    # Round 1 (L=6, k_b=min(3, 3)=3): delete positions 0, 1, 2 (all tie) -> ranked by the kept tuple.
+    # Round 2 (L=5, k_b=2): children (1,3,4,5) (0,3,4,5) | (2,3,4,5) (0,3,4,5) | (2,3,4,5) (1,3,4,5): three unique.
+    # Round 3 (L=4, k_b=1): every child keeps three tokens: invalid, stop.
+    model = BagOfWords([0.0, 0.0, 1.0], bias=3.5).eval()
+    (r,) = of.input_reduction(model, [torch.full((6,), 2)], beam_size=3, importance=importance)
+    assert [b.kept.tolist() for b in r.beam] == [[0, 3, 4, 5], [1, 3, 4, 5], [2, 3, 4, 5]]
+    assert all(b.confidence == pytest.approx(sig(0.5), rel=1e-12) for b in r.beam)
+    assert r.kept.tolist() == [0, 3, 4, 5] and r.steps == 2
+    expected = 1 + 6 + 3 * 5 + 3 * 4 if importance == "leave_one_out" else 1 + (1 + 3) + 3 * (1 + 2) + 3 * (1 + 1)
+    assert r.queries == expected
+
+
+def test_ranking_prefers_higher_confidence_over_the_tuple():
+    # weights 1, 2, 3, 5, 5, 5 (sum 21), bias 18.5: five tokens can stay class 1 (sums 20, 19), four cannot.
+    # Round 1 (L=6, k_b=min(2, 3)=2): delete position 0 (sum 20) or 1 (sum 19).
+    # Round 2 (k_b=2): the best four-token child sums to 18 < 18.5: stop. The beam is ranked by f, so the
+    # lexicographically larger tuple (1,2,3,4,5) comes first.
+    model = BagOfWords([0.0, 1.0, 2.0, 3.0, 5.0], bias=18.5).eval()
+    (r,) = of.input_reduction(model, [torch.tensor([1, 2, 3, 4, 4, 4])], beam_size=2)
+    assert [b.kept.tolist() for b in r.beam] == [[1, 2, 3, 4, 5], [0, 2, 3, 4, 5]]
+    assert [b.confidence for b in r.beam] == pytest.approx([sig(1.5), sig(0.5)], rel=1e-12)
+    assert (r.steps, r.queries) == (1, 1 + 6 + 2 * 5)
+
+
+def test_length_one_and_batch_independence():
+    model = tiny_cnn(3)
+    seqs = [torch.tensor([5])] + random_sequences(5, seed=9)
+    res = of.input_reduction(model, seqs, beam_size=2)
+    assert res[0].kept.tolist() == [0] and res[0].steps == 0 and res[0].queries == 1
+    alone = [of.input_reduction(model, [s], beam_size=2)[0] for s in seqs]
+    for a, b in zip(res, alone):
+        assert a.kept.tolist() == b.kept.tolist() and a.queries == b.queries
+
+
+def test_errors():
+    model = tiny_cnn(0)
+    with pytest.raises(ValueError, match="empty"):
+        of.input_reduction(model, [torch.tensor([3, 4]), torch.tensor([], dtype=torch.int64)])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        of.input_reduction(model, [torch.tensor([3, 40])])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        of.input_reduction(model, [torch.tensor([-1, 3])])
+    with pytest.raises(ValueError, match=r"lie in \[0, 2\)"):
+        of.input_reduction(model, [torch.tensor([3, 4])], target=2)
+    with pytest.raises(ValueError, match="to logits"):
+        of.input_reduction(lambda ids, mask: torch.zeros(ids.shape[0], 2, 2), [torch.tensor([3, 4])])
+    with pytest.raises(ValueError, match="no sequences"):
+        of.input_reduction(model, [])
+    with pytest.raises(ValueError, match="attention_mask"):
+        of.input_reduction(model, torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="left-aligned"):
+        of.input_reduction(model, torch.ones(1, 3, dtype=torch.int64), attention_mask=torch.tensor([[0, 1, 1]]).bool())
+    with pytest.raises(ValueError, match="beam_size"):
+        of.input_reduction(model, [torch.tensor([3, 4])], beam_size=0)
+    with pytest.raises(ValueError, match="importance"):
+        of.input_reduction(model, [torch.tensor([3, 4])], importance="saliency")
+    with pytest.raises(ValueError, match="embedding"):
+        of.input_reduction(lambda ids, mask: model(ids, mask), [torch.tensor([3, 4])], importance="gradient")
+    with pytest.raises(ValueError, match="training mode"):
+        of.input_reduction(tiny_cnn(0).train(), [torch.tensor([3, 4])])
+
+
+def test_hugging_face_adapter():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=3, max_position_embeddings=32)
+    torch.manual_seed(0)
+    hf = transformers.BertForSequenceClassification(cfg).double().eval()
+
+    class Plain(nn.Module):  # the contract written out here, independent of the adapter
+        def __init__(self):
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, ids, mask):
+            return self.hf(input_ids=ids, attention_mask=mask.long()).logits
+
+    seqs = random_sequences(4, vocab=30, max_len=8, seed=4)
+    for importance in ("leave_one_out", "gradient"):
+        fast = of.input_reduction(hf, seqs, beam_size=3, importance=importance, batch_size=5)
+        ref = reference.input_reduction(Plain(), seqs, beam_size=3, importance=importance,
+                                        embedding=hf.get_input_embeddings())
+        assert_same(fast, ref)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        of.input_reduction(hf, [torch.tensor([1, 30])])
