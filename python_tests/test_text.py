@@ -70,6 +70,16 @@ def test_packed_equals_transcription(importance, beam_size, seed):
             assert r.steps == s.numel() - r.kept.numel()
 
 
+@pytest.mark.parametrize("importance", ["leave_one_out", "gradient"])
+def test_repeated_tokens_keep_exact_ties(importance):
+    # ids 2..4 only: runs of equal tokens, whose deletions give identical children (exact ties)
+    model = tiny_cnn(4)
+    seqs = random_sequences(8, vocab=5, seed=11)
+    assert any(bool((s[1:] == s[:-1]).any()) for s in seqs)
+    ref = reference.input_reduction(model, seqs, beam_size=3, importance=importance, embedding=model.embedding)
+    assert_same(of.input_reduction(model, seqs, beam_size=3, importance=importance, batch_size=5), ref)
+
+
 def test_padded_tensor_input_and_given_target():
     model = tiny_cnn(2)
     seqs = random_sequences(6, seed=5)

@@ -290,6 +290,14 @@ def input_reduction(
                 c_ids, c_mask = _rows(x, a_seq[member], child, pad_id)
                 f_all, ok_all = scorer.score(c_ids, c_mask, targets[a_seq[member]],
                                              [L - 1 for L in a_len_h for _ in range(L)])
+                # Deleting any token of a run of equal ids gives the same child: give every such child the
+                # score of the run's first, so that exact ties stay exact (whatever batch each row ran in).
+                m_ids = x[a_seq[:, None], a_pos.clamp(min=0)]
+                run_start = torch.ones_like(a_pos, dtype=torch.bool)
+                run_start[:, 1:] = m_ids[:, 1:] != m_ids[:, :-1]
+                first = torch.cummax(torch.where(run_start, slot[None, :], torch.zeros_like(a_pos)), 1).values
+                src = starts[member] + first[member, drop]
+                f_all, ok_all = f_all[src], ok_all[src]
                 imp = torch.full((ma, w), float("inf"), dtype=torch.float64, device=dev)
                 imp[member, drop] = a_score[member] - f_all
                 for i, L in zip(active, a_len_h):
