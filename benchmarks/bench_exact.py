@@ -7,6 +7,21 @@ bookkeeping, no scheduling).
 
     .venv/bin/python benchmarks/bench_exact.py            # CPU table, writes benchmarks/results/exact_cpu.json
     .venv/bin/python benchmarks/bench_exact.py --device cuda
+    .venv/bin/python benchmarks/bench_exact.py --cold     # the cold single-image case (issue 11 section 0)
+
+Engines: "fast" is fast_sis with default options (engine="auto", calibrated batch
+size); "torch" and "ort" force engine="torch" and engine="onnxruntime" (the ONNX
+export is cached per process, so it is paid in the warm-up). Every contender's
+SIS is compared with the reference's.
+
+Cold (--cold): each run is a fresh Python process (import, model, one image,
+one call), as a user runs it; contenders interleaved, minima over rounds. The
+case of issue 11: one 3x24x24 float32 image, the small CNN with three
+convolutions, pixel features (p = 576, 166,176 candidates); contenders: default
+options, batch_size=75 (the size the former fixed element budget chose),
+batch_size=576 (one call per step), engine="onnxruntime", and the in-package
+reference. Reported: the call's time inside the process and the process's wall
+time, and ratios of minima.
 
 Method: timings on shared 2-core machines vary by about 30% from run to run, so
 the three contenders are run in interleaved rounds (order rotated each round)
@@ -22,12 +37,17 @@ Configs (sized for 2 CPU cores; on a GPU use --images and --full):
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
+import sys
+import time
 
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.batching import auto_batch_size
+from overinterp_fast import calibration
 
 from common import CONFIGS, candidate_like_batch, make_case, patch_map, timed, write_results
 
@@ -44,18 +64,23 @@ def floor_run(model, x: torch.Tensor, candidates: int) -> None:
             torch.softmax(model(x[: candidates % batch]), 1)
 
 
-def run_config(name, n_images, device, rounds, skip_reference=False):
+def run_config(name, n_images, device, rounds, skip_reference=False, engines=True):
     model, images, features, p = make_case(name, n_images, device)
     n, size = images.shape[0], images.shape[-1]
     candidates = n * p * (p + 1) // 2
-    batch = auto_batch_size(images, candidates)
+    contenders = {"fast": lambda: of.fast_sis(model, images, 0.5, features=features, progress=False)}
+    if engines:
+        contenders["torch"] = lambda: of.fast_sis(model, images, 0.5, features=features, progress=False,
+                                                  engine="torch")
+        contenders["ort"] = lambda: of.fast_sis(model, images, 0.5, features=features, progress=False,
+                                                engine="onnxruntime")
+    with torch.inference_mode():  # warm-up: kernels, allocator, calibration, the ONNX export
+        warm = {k: f() for k, f in contenders.items()}
+    engine_used = {k: r[0].engine for k, r in warm.items()}
+    of.fast_sis(model, images, 0.5, features=features, progress=False, engine="torch")
+    batch = calibration.LAST[0].batch_size  # what the torch engine runs at (calibrated, cached)
     floor_batch = candidate_like_batch(images, features, batch)
-    with torch.inference_mode():  # warm-up: kernels, allocator
-        of.fast_sis(model, images[:1], 0.5, features=patch_map(size, 8), progress=False)
-    contenders = {
-        "fast": lambda: of.fast_sis(model, images, 0.5, features=features, progress=False),
-        "floor": lambda: floor_run(model, floor_batch, candidates),
-    }
+    contenders["floor"] = lambda: floor_run(model, floor_batch, candidates)
     if not skip_reference:
         contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, features=features)
     times = {k: [] for k in contenders}
@@ -68,14 +93,102 @@ def run_config(name, n_images, device, rounds, skip_reference=False):
     best = {k: min(v) for k, v in times.items()}
     row = {
         "config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
-        "batch_size": batch, "rounds": rounds, "times_s": times,
+        "batch_size": batch, "rounds": rounds, "times_s": times, "engine_used": engine_used,
         "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
         "fast_candidates_per_s": candidates / best["fast"], "floor_candidates_per_s": candidates / best["floor"],
     }
+    for k in ("torch", "ort"):
+        if k in best:
+            row[f"{k}_s"] = best[k]
+            row[f"{k}_over_floor"] = best[k] / best["floor"]
     if not skip_reference:
+        ref = outputs["reference"]
         row.update(reference_s=best["reference"], speedup_vs_reference=best["reference"] / best["fast"],
-                   same_order=all(torch.equal(a.order, b.order) for a, b in zip(outputs["fast"], outputs["reference"])))
+                   same_order=all(torch.equal(a.order, b.order) for a, b in zip(outputs["fast"], ref)))
+        for k in ("fast", "torch", "ort"):
+            if k in outputs:
+                row[f"{k}_same_sis_as_reference"] = all(
+                    (a.sis is None) == (b.sis is None) and (a.sis is None or torch.equal(a.sis, b.sis))
+                    for a, b in zip(outputs[k], ref))
+        if "ort" in best:
+            row["ort_speedup_vs_reference"] = best["reference"] / best["ort"]
     return row
+
+
+# ---- the cold single-image case: one fresh process per run ----
+
+COLD_CONTENDERS = {
+    # name: the call, in the child (model, image bound there)
+    "default": "of.fast_sis(model, x, TAU, progress=False)",
+    "batch75": "of.fast_sis(model, x, TAU, progress=False, batch_size=75)",
+    "batch576": "of.fast_sis(model, x, TAU, progress=False, batch_size=576)",
+    "onnxruntime": "of.fast_sis(model, x, TAU, progress=False, engine='onnxruntime')",
+    "reference": "of.reference.sis(model, x, TAU)",
+}
+
+COLD_CHILD = """
+import time
+t0 = time.perf_counter()
+import json, torch
+import overinterp_fast as of
+from overinterp_fast import calibration
+from overinterp_fast.zoo.cifar import SmallCNN
+torch.manual_seed(0)
+model = SmallCNN({size}).eval()
+x = torch.randn(1, 3, {size}, {size}, generator=torch.Generator().manual_seed(1))
+TAU = {tau}
+t1 = time.perf_counter()
+res = {call}
+t2 = time.perf_counter()
+cal = calibration.LAST[0] if calibration.LAST else None
+print(json.dumps({{"call_s": t2 - t1, "process_s": t2 - t0, "import_s": t1 - t0,
+                  "engine": "reference" if {is_ref} else res[0].engine,
+                  "batch_size": None if cal is None else cal.batch_size,
+                  "calibration_s": None if cal is None else cal.spent_s,
+                  "sis": None if res[0].sis is None else res[0].sis.tolist()}}))
+"""
+
+
+def run_cold(size: int, rounds: int, names: list[str], tau: float) -> dict:
+    """Each contender ``rounds`` times, each run a fresh process; order rotated per round."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
+    runs = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            code = COLD_CHILD.format(size=size, tau=tau, call=COLD_CONTENDERS[k], is_ref=k == "reference")
+            t = time.perf_counter()
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            rec = json.loads(out.stdout.strip().splitlines()[-1])
+            rec["wall_s"] = time.perf_counter() - t
+            runs[k].append(rec)
+            print(f"  round {r} {k:<12} call {rec['call_s']:7.2f} s  process {rec['process_s']:7.2f} s  "
+                  f"B={rec['batch_size']} engine={rec['engine']}", flush=True)
+    best = {k: min(x["call_s"] for x in v) for k, v in runs.items()}
+    best_process = {k: min(x["process_s"] for x in v) for k, v in runs.items()}
+    sis = {k: v[0]["sis"] for k, v in runs.items()}
+    row = {"config": f"cold-cnn{size}-px-1", "size": size, "images": 1, "features": size * size,
+           "candidates": size * size * (size * size + 1) // 2, "threshold": tau, "rounds": rounds, "runs": runs,
+           "call_s": best, "process_s": best_process,
+           "same_sis": {k: sis[k] == sis.get("reference", sis[k]) for k in sis}}
+    for base in ("reference", "batch576", "batch75"):
+        if base in best:
+            row[f"over_{base}"] = {k: best[k] / best[base] for k in best}
+    return row
+
+
+def main_cold(args):
+    names = args.cold_contenders or list(COLD_CONTENDERS)
+    print(f"cold single-image case: SmallCNN, 1 x 3 x {args.cold_size}^2, pixels, tau {args.tau}, "
+          f"{args.rounds} rounds, fresh process per run")
+    row = run_cold(args.cold_size, args.rounds, names, args.tau)
+    print(f"{'contender':<13}{'call s':>9}{'process s':>11}{'/reference':>12}{'/batch576':>11}{'same SIS':>10}")
+    for k in names:
+        print(f"{k:<13}{row['call_s'][k]:>9.2f}{row['process_s'][k]:>11.2f}"
+              f"{row.get('over_reference', {}).get(k, math.nan):>12.3f}"
+              f"{row.get('over_batch576', {}).get(k, math.nan):>11.3f}{str(row['same_sis'][k]):>10}")
+    out = write_results("exact_cold", "cpu", [row], args.out)
+    print(f"wrote {out}")
 
 
 def main():
@@ -86,20 +199,31 @@ def main():
     ap.add_argument("--images", type=int, default=None, help="images per config (default: per config)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; minima are reported (default 3)")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--no-engines", action="store_true", help="skip the engine='torch'/'onnxruntime' columns")
+    ap.add_argument("--cold", action="store_true", help="the cold single-image case instead (fresh process per run)")
+    ap.add_argument("--cold-size", type=int, default=24, help="--cold: image side (default 24, as issue 11)")
+    ap.add_argument("--cold-contenders", nargs="*", default=None, choices=list(COLD_CONTENDERS))
+    ap.add_argument("--tau", type=float, default=0.5, help="--cold: threshold (default 0.5)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/exact_<device>.json)")
     args = ap.parse_args()
+    if args.cold:
+        main_cold(args)
+        return
     device = torch.device(args.device)
     names = args.configs or (DEFAULT + (["cnn32-px", "resnet20-px"] if args.full else []))
     rows = []
-    head = f"{'config':<14}{'N':>3}{'p':>6}{'cands':>9}{'B':>6}{'fast s':>9}{'floor s':>9}{'ref s':>9}{'fast/floor':>11}{'ref/fast':>9}{'cand/s':>9}"
+    head = (f"{'config':<14}{'N':>3}{'p':>6}{'cands':>9}{'B':>6}{'fast s':>9}{'torch s':>9}{'ort s':>9}"
+            f"{'floor s':>9}{'ref s':>9}{'fast/floor':>11}{'ort/floor':>10}{'ref/fast':>9}{'ref/ort':>8}{'engine':>13}")
     print(head)
     for name in names:
-        row = run_config(name, args.images, device, args.rounds, args.no_reference)
+        row = run_config(name, args.images, device, args.rounds, args.no_reference, not args.no_engines)
         rows.append(row)
         print(f"{name:<14}{row['images']:>3}{row['features']:>6}{row['candidates']:>9}{row['batch_size']:>6}"
-              f"{row['fast_s']:>9.2f}{row['floor_s']:>9.2f}{row.get('reference_s', math.nan):>9.2f}"
-              f"{row['fast_over_floor']:>11.3f}{row.get('speedup_vs_reference', math.nan):>9.2f}"
-              f"{row['fast_candidates_per_s']:>9.0f}", flush=True)
+              f"{row['fast_s']:>9.2f}{row.get('torch_s', math.nan):>9.2f}{row.get('ort_s', math.nan):>9.2f}"
+              f"{row['floor_s']:>9.2f}{row.get('reference_s', math.nan):>9.2f}"
+              f"{row['fast_over_floor']:>11.3f}{row.get('ort_over_floor', math.nan):>10.3f}"
+              f"{row.get('speedup_vs_reference', math.nan):>9.2f}{row.get('ort_speedup_vs_reference', math.nan):>8.2f}"
+              f"{row['engine_used']['fast']:>13}", flush=True)
     out = write_results("exact", device, rows, args.out)
     print(f"wrote {out}")
 

@@ -8,6 +8,7 @@ import torch
 from dataclasses import dataclass
 
 from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
+from .engines import Engine, check_engine, select_engine
 from .exact import exact_sis
 from .extraction import extract_sets
 from .gradient import check_autocast, check_k, gradient_sis
@@ -28,7 +29,7 @@ class _Setup:
     prep: Prepared
     thresholds: list[float]
     runner: ChunkRunner
-    batch_size: int
+    batch_size: int | None  # the user's, or None (chosen by calibration, see _engine)
 
 
 def _setup(model, images, threshold, features, mask_value, outputs, batch_size, method) -> _Setup:
@@ -47,9 +48,29 @@ def _setup(model, images, threshold, features, mask_value, outputs, batch_size, 
             f"black-box method: {', '.join(repr(m) for m in BLACK_BOX_METHODS)}"
         )
     fn.check_compatible(prep.images)
-    if batch_size is None:
-        batch_size = auto_batch_size(prep.images, total_candidates=prep.images.shape[0] * prep.num_features)
-    return _Setup(fn, prep, thresholds, ChunkRunner(batch_size, prep.images.device), batch_size)
+    first = batch_size or auto_batch_size(prep.images, total_candidates=prep.images.shape[0] * prep.num_features)
+    return _Setup(fn, prep, thresholds, ChunkRunner(first, prep.images.device), batch_size)
+
+
+def _engine(s: _Setup, engine: str, targets: torch.Tensor, *, max_rows: int, expected_rows: int,
+            measure_fn: str = "score", exact_shape: tuple[int, int] | None = None) -> Engine:
+    """The engine and batch size for a job (engines.select_engine); the runner takes that batch size."""
+    eng = select_engine(engine, s.fn, s.prep, targets, batch_size=s.batch_size, max_rows=max(1, max_rows),
+                        expected_rows=expected_rows, measure_fn=measure_fn, exact_shape=exact_shape)
+    s.runner.chunk = eng.batch_size
+    return eng
+
+
+def _evaluators(s: _Setup, eng: Engine, targets: torch.Tensor) -> tuple[CandidateEvaluator, CandidateEvaluator | None]:
+    """(the engine's evaluator of (f, top-1), the user's model's for checking sets, or None when they are one)."""
+    evaluator = CandidateEvaluator(eng.fn, s.prep, targets, s.runner, measure=eng.fn.score_and_top1)
+    verifier = CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1) if eng.verify else None
+    return evaluator, verifier
+
+
+def _responsibility_rows(n: int, iterations: int) -> tuple[int, int]:
+    """(largest batch, total rows) of responsibility maps: 14 mutants per active box and descent, about 6 levels."""
+    return n * iterations * 14, n * iterations * 14 * 6
 
 
 def _passes(criterion: str, thresholds: list[float]):
@@ -81,6 +102,7 @@ def responsibility(
     outputs: str = "logits",
     batch_size: int | None = None,
     progress: bool | None = None,
+    engine: str = "auto",
 ) -> list[ResponsibilityMap]:
     """Causal responsibility maps (paper 002, ReX 0.4.1's algorithm; SPEC.md section 3a). Black box.
 
@@ -91,19 +113,24 @@ def responsibility(
         depth: levels per descent at most. min_box: boxes with a smaller area (pixels) are not split.
         criterion: a mutant passes when its top-1 class is the target ("top1", ReX's)
             or when f >= threshold ("threshold").
+        batch_size: mutants per forward call (None: calibrated, see README "Batch size").
+        engine: "auto", "torch", "onnxruntime" or "compile" (see README "Engines").
 
     Returns:
         One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over
         iterations of log(per-iteration map); rank pixels by it) and the ``queries`` used.
     """
     check_responsibility_options(iterations, depth, min_box, seed)
+    check_engine(engine)
     s = _setup(model, images, threshold, None, mask_value, outputs, batch_size, "responsibility")
     _check_pixels(s, "responsibility")
     passes = _passes(criterion, s.thresholds)
     with torch.inference_mode():
         targets, _ = initial_predictions(s.fn, s.prep.images, target, s.runner)
-        evaluator = CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1)
         n, p = s.prep.images.shape[0], s.prep.num_features
+        max_rows, expected = _responsibility_rows(n, iterations)
+        eng = _engine(s, engine, targets, max_rows=max_rows, expected_rows=expected, measure_fn="score_and_top1")
+        evaluator, _ = _evaluators(s, eng, targets)
         present = torch.ones((n, p), dtype=torch.bool, device=s.prep.images.device)
         maps, queries = compute_responsibility(evaluator, s.prep, present, passes, iterations, depth, min_box,
                                                seed, progress)
@@ -123,6 +150,7 @@ def sufficient_subset(
     features: torch.Tensor | None = None,
     outputs: str = "logits",
     batch_size: int | None = None,
+    engine: str = "auto",
 ) -> list[SISResult]:
     """Turn any ranking (saliency map, gradients, responsibility) into a sufficient set: batched FindSIS.
 
@@ -132,6 +160,8 @@ def sufficient_subset(
         criterion: "threshold" (f >= threshold, the SIS criterion) or "top1"
             (the top-1 class is the target, ReX's).
         step: prefix sizes step, step*2, ..., p (ReX uses 10).
+        engine: "auto", "torch", "onnxruntime" or "compile" (see README "Engines"); every
+            set is checked on the user's model.
 
     Returns:
         One :class:`SISResult` per image: ``order`` the features by descending
@@ -140,6 +170,7 @@ def sufficient_subset(
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be a positive int, got {step!r}")
+    check_engine(engine)
     s = _setup(model, images, threshold, features, mask_value, outputs, batch_size, "exact")
     n, p = s.prep.images.shape[0], s.prep.num_features
     if not isinstance(ranking, torch.Tensor) or ranking.shape[0] != n or ranking[0].numel() != p:
@@ -150,9 +181,12 @@ def sufficient_subset(
     passes = _passes(criterion, s.thresholds)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
-        evaluator = CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1)
+        rounds = min(-(-p // step), 64)
+        eng = _engine(s, engine, targets, max_rows=n * min(rounds, 32), expected_rows=n * rounds,
+                      measure_fn="score_and_top1")
+        evaluator, verifier = _evaluators(s, eng, targets)
         return extract_sets(evaluator, s.prep, targets, scores0, lambda present: (scores, None), passes, step,
-                            False, s.thresholds)
+                            False, s.thresholds, verifier=verifier, engine=eng.name)
 
 
 def fast_sis(
@@ -173,6 +207,7 @@ def fast_sis(
     criterion: str | None = None,
     iterations: int = 20,
     seed: int = 0,
+    engine: str = "auto",
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -198,8 +233,9 @@ def fast_sis(
             integer feature map broadcastable to [*D] with ids 0..p-1 (patches,
             superpixels, tokens), as Captum's ``feature_mask``.
         collection: also find every further disjoint SIS (SPEC.md section 1).
-        batch_size: candidates per forward call (None: chosen from the input
-            size and, on CUDA, free memory; out-of-memory errors shrink it).
+        batch_size: candidates per forward call (None: chosen by a short timed
+            calibration per model and input shape, cached for the process; on CUDA
+            bounded by free memory; out-of-memory errors shrink it).
         outputs: "logits" (f = softmax probability) or "probabilities".
         progress: show a progress bar (None: only on a terminal).
         k: method="gradient": features masked per gradient step (default 100).
@@ -209,6 +245,13 @@ def fast_sis(
             pixel set restores the top-1 class; ``threshold`` is then unused) or
             "threshold" (f >= threshold).
         iterations, seed: method="responsibility": descents per image and their seed.
+        engine: what scores the candidates of method="exact"/"responsibility":
+            "auto" (default: torch, or ONNX Runtime where the job is long enough and
+            it is measured faster), "torch", "onnxruntime" (export once, cached) or
+            "compile" (torch.compile). Every SIS is checked on the user's model
+            (f(x_S) >= tau; where it fails, FindSIS goes on until one passes);
+            ``SISResult.engine`` says which engine scored the candidates.
+            method="gradient" runs torch ("auto" or "torch" only).
 
     Returns:
         A list with one :class:`SISResult` per image (tensors on the CPU).
@@ -229,11 +272,19 @@ def fast_sis(
         autocast_dtype = check_autocast(autocast)
     if method == "responsibility":
         check_responsibility_options(iterations, 10, 10, seed)
+    check_engine(engine)
+    if method == "gradient" and engine not in ("auto", "torch"):
+        raise ValueError(f"method='gradient' needs the torch model's gradients; engine must be 'auto' or 'torch', "
+                         f"got {engine!r}")
     s = _setup(model, images, threshold, features, mask_value, outputs, batch_size, method)
-    fn, prep, thresholds, runner, batch_size = s.fn, s.prep, s.thresholds, s.runner, s.batch_size
+    fn, prep, thresholds, runner = s.fn, s.prep, s.thresholds, s.runner
+    n, p = prep.images.shape[0], prep.num_features
     if method == "gradient":
         with torch.no_grad():
             targets, scores0 = initial_predictions(fn, prep.images, target, runner)
+            # FindSIS's prefix batches: calibrated like the others (small jobs keep the fallback size)
+            _engine(s, "torch", targets, max_rows=n * 32, expected_rows=n * (-(-p // k) + 1),
+                    measure_fn="score_and_top1")
         return gradient_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection, k=k,
                             runner=runner, autocast=autocast_dtype, progress=progress)
     if method == "responsibility":
@@ -241,24 +292,30 @@ def fast_sis(
         passes = _passes(criterion or "top1", thresholds)
         with torch.inference_mode():
             targets, scores0 = initial_predictions(fn, prep.images, target, runner)
-            evaluator = CandidateEvaluator(fn, prep, targets, runner, measure=fn.score_and_top1)
+            max_rows, expected = _responsibility_rows(n, iterations)
+            eng = _engine(s, engine, targets, max_rows=max_rows, expected_rows=expected, measure_fn="score_and_top1")
+            evaluator, verifier = _evaluators(s, eng, targets)
 
             def rank(present):
                 maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10, seed,
                                                        progress)
                 return maps.view(maps.shape[0], -1), queries
 
-            return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds)
+            return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds,
+                                verifier=verifier, engine=eng.name)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
+        eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
         return exact_sis(
-            fn,
+            eng.fn,
             prep,
             targets,
             scores0,
             thresholds=thresholds,
             collection=collection,
-            batch_size=batch_size,
+            batch_size=eng.batch_size,
             runner=runner,
             progress=progress,
+            verifier=CandidateEvaluator(fn, prep, targets, runner, measure=fn.score_and_top1) if eng.verify else None,
+            engine=eng.name,
         )

@@ -17,6 +17,7 @@ from .batching import CandidateEvaluator, ChunkRunner
 from .findsis import find_sis, sis_score
 from .inputs import Prepared
 from .model import ModelFn, check_finite_scores
+from .prefix import verify_prefix_sets
 from .results import SISResult, first_with_collection
 from .schedule import CandidateQueue
 
@@ -45,8 +46,16 @@ def exact_sis(
     batch_size: int,
     runner: ChunkRunner,
     progress: bool | None,
+    verifier: CandidateEvaluator | None = None,
+    engine: str = "torch",
 ) -> list[SISResult]:
-    """Run exact SIS on every image; see :func:`overinterp_fast.fast_sis`."""
+    """Run exact SIS on every image; see :func:`overinterp_fast.fast_sis`.
+
+    ``fn`` scores the candidates (the engine named ``engine``). With ``verifier`` (an
+    evaluator of the user's own model, when ``fn`` is a stand-in), every SIS is checked
+    there: f(x_S) >= tau, and where it fails FindSIS goes on adding features
+    (last-masked first) until the set passes on the user's model.
+    """
     images = prep.images
     dev = images.device
     n, p = images.shape[0], prep.num_features
@@ -73,12 +82,18 @@ def exact_sis(
         check_finite_scores(finite)
         rows = torch.tensor(ids, device=dev)
         ords, vals = order[rows].cpu(), values[rows].cpu()
+        found = {}
         for k, i in enumerate(ids):
             st = state[i]
+            o, v = ords[k, : st.step].clone(), vals[k, : st.step].clone()
+            sis = find_sis(o, v, thresholds[i]) if st.score >= thresholds[i] else None
+            found[i] = (o, v, sis, None if sis is None else sis_score(v, st.score, sis.numel()))
+        if verifier is not None:
+            verify(found)
+        for i in ids:
+            st = state[i]
             m = st.step
-            o, v = ords[k, :m].clone(), vals[k, :m].clone()
-            tau = thresholds[i]
-            sis = find_sis(o, v, tau) if st.score >= tau else None
+            o, v, sis, f_sis = found[i]
             st.rounds.append(
                 SISResult(
                     order=o,
@@ -87,8 +102,9 @@ def exact_sis(
                     mask=None if sis is None else prep.feature_mask(sis),
                     target=targets_host[i],
                     score=st.score,
-                    threshold=tau,
-                    sis_score=None if sis is None else sis_score(v, st.score, sis.numel()),
+                    threshold=thresholds[i],
+                    sis_score=f_sis,
+                    engine=engine,
                 )
             )
             if not collection or sis is None or sis.numel() == 0 or sis.numel() == m:
@@ -104,6 +120,19 @@ def exact_sis(
             st.count, st.step = rest.numel(), 0
             bar.total += 1 + st.count * (st.count + 1) // 2
             queue.push(i, p, p + 1, _SCORE)
+
+    def verify(found: dict) -> None:
+        """Check each SIS on the user's model; where it fails, take more of the order until one passes."""
+        todo = [i for i, (_, _, sis, _) in found.items() if sis is not None]
+        if not todo:
+            return
+        keep_first = [found[i][0].flip(0) for i in todo]
+        sizes = [list(range(found[i][2].numel(), found[i][0].numel() + 1)) for i in todo]
+        hits = verify_prefix_sets(verifier, todo, keep_first, sizes,
+                                  lambda r, f, top1: f >= thresholds[todo[r]], p)
+        for i, kf, sz, hit in zip(todo, keep_first, sizes, hits):
+            o, v = found[i][:2]
+            found[i] = (o, v, None, None) if hit is None else (o, v, kf[: sz[hit[0]]].clone(), hit[1])
 
     def start_rounds(ids: list[int]) -> None:
         check_finite_scores(finite)

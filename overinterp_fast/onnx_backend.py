@@ -217,6 +217,7 @@ def export_onnx(
     check: bool = True,
     rtol: float = 1e-4,
     atol: float = 1e-5,
+    dynamo: bool = True,
 ) -> str:
     """Export a torch classifier to ONNX with a dynamic batch dimension and check it.
 
@@ -226,6 +227,9 @@ def export_onnx(
         example: an input batch [B, *D] used to trace the model.
         check: run the exported model with ONNX Runtime (CPU) at batch size
             B + 1 and compare with the torch model (``rtol``, ``atol``).
+        dynamo: use torch.export (the default); False uses the TorchScript exporter,
+            about 10x faster to export (under a second for small nets on 2 cores)
+            but for fewer models (used by ``engine="auto"``).
 
     Returns:
         The path written. Raises ValueError when the check fails.
@@ -235,19 +239,24 @@ def export_onnx(
     path = os.fspath(path)
     if model.training:
         raise ValueError("export the model in eval mode (model.eval())")
-    batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    onnx_program = torch.onnx.export(
-        model,
-        (example,),
-        dynamic_shapes=({0: batch},),
-        input_names=["input"],
-        output_names=["logits"],
-        opset_version=opset_version,
-        dynamo=True,
-        external_data=False,
-        verbose=False,
-    )
-    onnx_program.save(path, external_data=False)
+    if dynamo:
+        batch = torch.export.Dim("batch", min=1, max=1 << 20)
+        onnx_program = torch.onnx.export(
+            model,
+            (example,),
+            dynamic_shapes=({0: batch},),
+            input_names=["input"],
+            output_names=["logits"],
+            opset_version=opset_version,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+        onnx_program.save(path, external_data=False)
+    else:
+        torch.onnx.export(model, (example,), path, input_names=["input"], output_names=["logits"],
+                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                          opset_version=opset_version, dynamo=False)
     onnx.checker.check_model(path)
     if check:
         n = example.shape[0] + 1

@@ -68,3 +68,29 @@ def first_passing_prefix(
         todo = nxt
         chunk = min(2 * chunk, MAX_CHUNK.get(dev.type, 32))
     return found
+
+
+def verify_prefix_sets(
+    evaluator: CandidateEvaluator,
+    images: list[int],
+    keep_first: list[torch.Tensor],
+    sizes: list[list[int]],
+    passes: Callable[[int, float, bool], bool],
+    num_features: int,
+) -> list[tuple[int, float] | None]:
+    """Check sets found by a stand-in engine on the user's model, continuing where one fails.
+
+    Row r's set is ``keep_first[r][:sizes[r][0]]``; when it fails on ``evaluator`` (the
+    user's model), the next sizes ``sizes[r][1:]`` are tried in order (FindSIS goes on
+    adding features) until one passes. Returns per row (index into ``sizes[r]``, f on the
+    user's model), or None when no size passes.
+
+    Args:
+        keep_first: int64 [m_r] per row, features in the order they join the set.
+        sizes: ascending set sizes per row (at most m_r).
+    """
+    dev = evaluator.prep.images.device
+    pos = torch.full((len(images), num_features), num_features, dtype=torch.int64)
+    for r, order in enumerate(keep_first):
+        pos[r, order] = torch.arange(order.numel())
+    return first_passing_prefix(evaluator, pos.to(dev), images, sizes, passes)

@@ -32,6 +32,9 @@ class SISResult:
         threshold: the threshold used.
         collection: with ``collection=True``, every disjoint SIS of the image in the
             order found (this result is the first); otherwise None.
+        engine: what scored the candidates: "torch" (the model as given), "onnxruntime"
+            or "compile". With another engine than "torch" on a torch model, ``sis`` and
+            ``sis_score`` come from a check on the user's own model (see README, Engines).
     """
 
     order: torch.Tensor
@@ -45,6 +48,7 @@ class SISResult:
     blocks: torch.Tensor | None = field(default=None)
     sis_score: float | None = field(default=None)
     queries: int | None = field(default=None)
+    engine: str = field(default="torch")
 
     @property
     def size(self) -> int | None:

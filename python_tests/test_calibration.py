@@ -1,0 +1,171 @@
+"""Batch size by measurement: the choice from given timings, the measurement loop with a fake clock,
+the cache, the small-job fallback, and that a user's batch_size wins. No test asserts a real timing."""
+
+import pytest
+import torch
+
+import overinterp_fast as of
+from overinterp_fast import calibration
+from overinterp_fast.calibration import Calibration, calibrate, call_time, choose, exact_schedule_time, ladder, measure
+
+from conftest import make_cnn, make_images
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    calibration.clear_cache()
+    yield
+    calibration.clear_cache()
+
+
+class FakeClock:
+    """A timer that only moves when a probe 'runs': probe(b) costs cost(b) seconds."""
+
+    def __init__(self, cost, slow_once=None):
+        self.now = 0.0
+        self.cost = cost
+        self.calls = []
+        self.slow_once = dict(slow_once or {})  # size -> extra seconds on its first timed call
+
+    def timer(self):
+        return self.now
+
+    def probe(self, b):
+        self.calls.append(b)
+        extra = self.slow_once.pop(b) if b in self.slow_once and self.calls.count(b) == 2 else 0.0
+        self.now += self.cost(b) + extra
+
+
+def test_choose_least_time_per_row():
+    # per row: 1 -> 1.0, 16 -> 0.25, 32 -> 0.3125, 64 -> 0.25 (tie: the smaller size)
+    times = {1: 1.0, 16: 4.0, 32: 10.0, 64: 16.0}
+    assert choose(times) == 16
+    assert choose({**times, 128: 30.0}) == 128  # 0.234 per row
+
+
+def test_call_time_interpolates_through_zero():
+    t = call_time({16: 1.6, 32: 2.0})
+    assert t([0, 8, 16, 24, 32, 64]).tolist() == pytest.approx([0.0, 0.8, 1.6, 1.8, 2.0, 4.0])
+
+
+def test_exact_schedule_time_by_hand():
+    # one image, p = 3: steps of 3, 2, 1 candidates.
+    times = {1: 1.0, 2: 1.5}
+    # B = 2: batches [2, 1], [2], [1] -> 1.5 + 1.0 + 1.5 + 1.0
+    assert exact_schedule_time(times, 2, images=1, features=3) == pytest.approx(5.0)
+    # B = 1: six calls of one row
+    assert exact_schedule_time(times, 1, images=1, features=3) == pytest.approx(6.0)
+    assert choose(times, images=1, features=3) == 2
+    # two images, p = 2: levels of 4 and 2 rows; B = 2: 2 + 1 full batches
+    assert exact_schedule_time(times, 2, images=2, features=2) == pytest.approx(4.5)
+
+
+def test_exact_choice_accounts_for_tails():
+    # Per row, 256 is cheapest; but with one image of 288 features every step leaves a
+    # tail of up to 255 rows at 256 while 288 takes each step in one call.
+    times = {1: 0.02, 256: 0.256, 288: 0.300}
+    assert choose(times) == 256
+    t256 = exact_schedule_time(times, 256, 1, 288)
+    t288 = exact_schedule_time(times, 288, 1, 288)
+    assert t288 < t256
+    assert choose(times, images=1, features=288) == 288
+
+
+def test_ladder():
+    assert ladder(100) == [1, 16, 32, 64, 100]
+    assert ladder(64) == [1, 16, 32, 64]
+    assert ladder(10_000, upper=300) == [1, 16, 32, 64, 128, 256, 300]
+    assert ladder(1) == [1]
+
+
+def test_measure_picks_cheapest_with_fake_clock_and_ignores_one_slow_call():
+    # 64 rows is cheapest per row, but its first timed call is slowed by 1 s (a noisy neighbour).
+    cost = {1: 0.01, 16: 0.08, 32: 0.15, 64: 0.2, 128: 0.7}
+    clock = FakeClock(cost.get, slow_once={64: 1.0})
+    times = measure(clock.probe, [1, 16, 32, 64, 128], expected_rows=10**9, repeats=2, budget_s=100.0,
+                    timer=clock.timer)
+    assert choose(times) == 64
+    assert times[64] == pytest.approx(0.2)
+    # each size: one untimed call and two timed ones; then the two best once more
+    assert clock.calls[:3] == [1, 1, 1] and clock.calls.count(64) == 4 and clock.calls.count(128) == 3
+
+
+def test_measure_stops_at_the_budget():
+    clock = FakeClock(lambda b: 0.1 * b)
+    times = measure(clock.probe, [1, 16, 32, 64], expected_rows=10**9, budget_s=1.0, timer=clock.timer)
+    assert sorted(times) == [1]  # 1 row: 0.2 s spent; 16 rows would take about 3.2 s more
+    assert set(clock.calls) == {1}
+    # a small job lowers the budget below budget_s: 5% of 100 rows * 0.1 s = 0.5 s
+    clock = FakeClock(lambda b: 0.1)
+    times = measure(clock.probe, [1, 16, 32, 64], expected_rows=100, budget_s=10.0, timer=clock.timer)
+    assert sorted(times) == [1]
+
+
+def test_calibrate_caches_and_falls_back_for_small_jobs():
+    clock = FakeClock({1: 0.001, 16: 0.002, 20: 0.003}.get)
+    kw = dict(max_rows=20, expected_rows=10**6, fallback=7, timer=clock.timer)
+    cal = calibrate(("k",), clock.probe, **kw)
+    assert cal.source == "measured" and cal.batch_size == 16 and set(cal.times) == {1, 16, 20}
+    n_calls = len(clock.calls)
+    again = calibrate(("k",), clock.probe, **kw)
+    assert again.source == "cached" and again.batch_size == 16 and len(clock.calls) == n_calls
+    small = calibrate(("other",), clock.probe, max_rows=20, expected_rows=100, fallback=7, timer=clock.timer)
+    assert small.source == "fallback" and small.batch_size == 7 and len(clock.calls) == n_calls
+    assert calibrate(None, clock.probe, max_rows=5, expected_rows=100, fallback=7).batch_size == 5
+
+
+def test_calibrate_respects_upper_bound():
+    clock = FakeClock(lambda b: 0.001 * (b ** 0.5))  # larger is always cheaper per row
+    cal = calibrate(None, clock.probe, max_rows=4096, expected_rows=10**9, fallback=7, upper=100, timer=clock.timer)
+    assert max(clock.calls) == 100 and cal.batch_size == 100
+
+
+class Recorder(torch.nn.Module):
+    """Records the batch sizes the model is called with."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.sizes = []
+
+    def forward(self, x):
+        self.sizes.append(x.shape[0])
+        return self.inner(x)
+
+
+def _job():
+    # 8x8 pixels, 2 images: 2 * 64 * 65 / 2 = 4160 candidates, above calibration.MIN_ROWS
+    model = Recorder(make_cnn(0, torch.float64, h=8, w=8)).eval()
+    return model, make_images(2, h=8, w=8, seed=3)
+
+
+def test_fast_sis_uses_the_calibrated_batch_size(monkeypatch):
+    model, images = _job()
+    fake = {1: 1.0, 16: 1.1, 32: 1.2, 64: 1.3, 128: 1.4}  # cheapest per row: 128 = N p (one level per call)
+    calls = []
+    monkeypatch.setattr(calibration, "measure", lambda probe, sizes, **kw: calls.append(list(sizes)) or
+                        {b: fake[b] for b in sizes})
+    want = of.reference.sis(model.inner, images, 0.3)
+    res = of.fast_sis(model, images, 0.3, engine="torch")
+    assert calls == [[1, 16, 32, 64, 128]]
+    assert max(model.sizes) == 128
+    assert [r.sis.tolist() for r in res] == [r.sis.tolist() for r in want]
+    model.sizes.clear()
+    of.fast_sis(model, images, 0.3, engine="torch")  # cached: no second measurement
+    assert len(calls) == 1 and max(model.sizes) == 128
+
+
+def test_user_batch_size_wins(monkeypatch):
+    model, images = _job()
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("calibrated despite batch_size"))
+    of.fast_sis(model, images, 0.3, batch_size=24, engine="torch")
+    assert max(model.sizes[1:]) == 24  # the first call: the unmasked images
+
+
+def test_calibration_measures_real_candidates():
+    model, images = _job()
+    res = of.fast_sis(model, images, 0.3, engine="torch")
+    cals = list(calibration._CACHE.values())
+    assert len(cals) == 1 and cals[0].source == "measured" and cals[0].batch_size in cals[0].times
+    assert all(t > 0 for t in cals[0].times.values())
+    assert max(model.sizes[1:]) <= 128 and all(r.sis is not None for r in res)
