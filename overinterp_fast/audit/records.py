@@ -1,23 +1,23 @@
 """Machine-readable audit results: what a report is built from, saved so it can be rebuilt without recomputing.
 
-An audit folder holds
+An audit folder is the durable store of :mod:`overinterp_fast.audit.store`:
 
-- ``results.json``: the run's metadata, the images (names, labels), and per model
-  its per-image results (target, score, threshold, SIS, order, values, blocks, SIS
-  score, collection) and the transfer table;
-- ``images.npz``: the images as shown to a person (uint8, [H, W] or [H, W, 3]),
-  one array per image, keyed ``image<i>``;
+- ``results.json``: the configuration, the run's metadata and the aggregates (per
+  model its method, options, seconds and noise sensitivity; the transfer table;
+  class names);
+- ``parts/``: per chunk of images, a Parquet part with the images (names, labels,
+  displays as uint8, object masks) and one with the per-image results (target,
+  score, threshold, order, values, blocks, SIS, SIS score, collection) in binary
+  Arrow columns;
 - ``sis.parquet``: one row per (model, image) with the per-image facts (class,
   correctness, SIS size and fraction, border and object shares), for data-frame
   tools; :mod:`overinterp_fast.audit.table` documents its columns. It is derived:
-  ``load_audit`` reads only the JSON and the images.
+  ``load_audit`` reads only results.json and the parts.
 
-The format is plain JSON (lists of ints and floats), readable from any language;
 ``format_version`` guards against reading a future layout silently.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,10 +27,8 @@ import numpy as np
 import torch
 
 from ..results import SISResult
-
-FORMAT_VERSION = 1
-RESULTS_FILE = "results.json"
-IMAGES_FILE = "images.npz"
+from . import store
+from .store import FORMAT_VERSION, RESULTS_FILE  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -109,113 +107,87 @@ def _float(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _ints(t: torch.Tensor | None) -> list[int] | None:
-    return None if t is None else [int(v) for v in t.tolist()]
+def model_entries(models: list[ModelRecord]) -> list[dict]:
+    """The models as results.json lists them (name, method, seconds, options, sensitivity)."""
+    return [{"name": m.name, "method": m.method, "seconds": _float(m.seconds), "options": m.options,
+             "sensitivity": m.sensitivity} for m in models]
 
 
-def result_to_dict(r: SISResult) -> dict:
-    """A result as JSON-ready lists (the mask is stored by its shape; it is True exactly on ``sis``)."""
-    d = {
-        "target": int(r.target),
-        "score": _float(r.score),
-        "threshold": _float(r.threshold),
-        "order": _ints(r.order),
-        "values": [_float(v) for v in r.values.tolist()],
-        "sis": _ints(r.sis),
-        "mask_shape": None if r.mask is None else list(r.mask.shape),
-        "blocks": _ints(r.blocks),
-        "sis_score": _float(r.sis_score),
-        "queries": r.queries,
+def complete_doc(record: AuditRecord, config: dict, chunk_size: int) -> dict:
+    """results.json of a complete audit: configuration, metadata and aggregates (no per-image arrays)."""
+    return {
+        "format_version": FORMAT_VERSION, "status": "complete", "config": config,
+        "n_images": len(record.image_names), "chunk_size": chunk_size, "title": record.title,
+        "class_names": {str(k): v for k, v in sorted(record.class_names.items())},
+        "models": model_entries(record.models), "transfer": record.transfer, "meta": record.meta,
+        "object_masks": record.object_masks is not None,
     }
-    if r.collection is not None:
-        # the first SIS of a collection is the result itself: stored as null
-        d["collection"] = [None if c is r else result_to_dict(c) for c in r.collection]
-    return d
 
 
-def result_from_dict(d: dict) -> SISResult:
-    """Inverse of :func:`result_to_dict`."""
-    sis = None if d["sis"] is None else torch.tensor(d["sis"], dtype=torch.int64)
-    mask = None
-    if d["mask_shape"] is not None:
-        mask = torch.zeros(math.prod(d["mask_shape"]), dtype=torch.bool)
-        mask[sis] = True
-        mask = mask.view(d["mask_shape"])
-    r = SISResult(
-        order=torch.tensor(d["order"], dtype=torch.int64),
-        values=torch.tensor([math.nan if v is None else v for v in d["values"]], dtype=torch.float64),
-        sis=sis,
-        mask=mask,
-        target=d["target"],
-        score=math.nan if d["score"] is None else d["score"],
-        threshold=math.nan if d["threshold"] is None else d["threshold"],
-        blocks=None if d["blocks"] is None else torch.tensor(d["blocks"], dtype=torch.int64),
-        sis_score=d["sis_score"],
-        queries=d["queries"],
-    )
-    if "collection" in d:
-        r.collection = [r if c is None else result_from_dict(c) for c in d["collection"]]
-    return r
-
-
-def save_audit(record: AuditRecord, folder: str) -> str:
-    """Write ``results.json``, ``images.npz`` and ``sis.parquet`` into ``folder`` (created); returns the JSON's path."""
+def save_audit(record: AuditRecord, folder: str, config: dict | None = None) -> str:
+    """Write an in-memory record as an audit folder (results.json, one part per chunk of images,
+    sis.parquet), replacing an audit already there; returns the JSON's path."""
     from .table import write_table  # table builds on the report's helpers, which import this module
 
     os.makedirs(folder, exist_ok=True)
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "title": record.title,
-        "images": [{"name": n, "label": None if lab is None else int(lab)}
-                   for n, lab in zip(record.image_names, record.labels)],
-        "class_names": {str(k): v for k, v in sorted(record.class_names.items())},
-        "models": [
-            {"name": m.name, "method": m.method, "seconds": _float(m.seconds), "options": m.options,
-             "results": [result_to_dict(r) for r in m.results], "sensitivity": m.sensitivity}
-            for m in record.models
-        ],
-        "transfer": record.transfer,
-        "meta": record.meta,
-        "object_masks": record.object_masks is not None,
-    }
+    store.clear(folder)
+    n = len(record.image_names)
+    store.commit_chunk(folder, 0, store.images_table(range(n), record.image_names, record.labels,
+                                                       record.displays, record.object_masks),
+                       store.results_table([m.results for m in record.models], range(n)))
     path = os.path.join(folder, RESULTS_FILE)
-    with open(path, "w") as fh:
-        json.dump(doc, fh)
-    arrays = {f"image{i}": np.asarray(d, dtype=np.uint8) for i, d in enumerate(record.displays)}
-    for i, m in enumerate(record.object_masks or []):
-        arrays[f"object{i}"] = np.asarray(m, dtype=bool)
-    np.savez_compressed(os.path.join(folder, IMAGES_FILE), **arrays)
+    store.write_json(path, complete_doc(record, config or {"source": "an in-memory AuditRecord"}, max(1, n)))
     write_table(record, folder)
     return path
 
 
+def chunk_record(doc: dict, chunk: store.ChunkImages, per_model: list[list[SISResult]],
+                 class_names: dict[int, str]) -> AuditRecord:
+    """The AuditRecord of one chunk's images (aggregates left out): what per-chunk tables are built from."""
+    models = [ModelRecord(name=m["name"], method=m["method"], results=res, options=m.get("options", {}))
+              for m, res in zip(doc["models"], per_model)]
+    return AuditRecord(doc.get("title", ""), chunk.names, chunk.displays, chunk.labels, class_names, models,
+                       object_masks=chunk.object_masks)
+
+
+def iter_chunks(folder: str, doc: dict):
+    """Yield (ChunkImages, per-model results, per-model sensitivity columns, chunk metadata) for every
+    committed chunk in image order; raises when the committed chunks do not cover the audit's images."""
+    n_models = len(doc["models"])
+    expected = 0
+    for c in sorted(store.committed_chunks(folder)):
+        images, per_model, sens, meta = store.read_chunk(folder, c, n_models)
+        if images.indices[:1] != [expected]:
+            raise ValueError(f"{folder!r}: chunk {c} starts at image {images.indices[:1]}, expected {expected}")
+        expected = images.indices[-1] + 1
+        yield images, per_model, sens, meta
+    if expected != doc["n_images"]:
+        raise ValueError(f"{folder!r}: the committed chunks cover {expected} of {doc['n_images']} images")
+
+
 def load_audit(folder: str) -> AuditRecord:
-    """Read an audit folder written by :func:`save_audit`."""
-    path = os.path.join(folder, RESULTS_FILE)
-    if not os.path.isfile(path):
+    """Read a complete audit folder (written by :func:`save_audit` or a stored audit run) back into memory."""
+    doc = store.read_doc(folder)
+    if doc is None:
         raise FileNotFoundError(f"no {RESULTS_FILE} in {folder!r}: not an audit folder")
-    with open(path) as fh:
-        doc = json.load(fh)
-    version = doc.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{path} has format_version {version!r}; this overinterp_fast reads {FORMAT_VERSION}")
-    with np.load(os.path.join(folder, IMAGES_FILE)) as npz:
-        displays = [npz[f"image{i}"] for i in range(len(doc["images"]))]
-        objects = [npz[f"object{i}"] for i in range(len(doc["images"]))] if doc.get("object_masks") else None
+    if doc.get("status") != "complete":
+        done = len(store.committed_chunks(folder))
+        raise ValueError(f"the audit in {folder!r} is not complete ({done} chunks committed); rerun the same "
+                         f"command to continue it")
+    names, labels, displays, objects = [], [], [], []
+    results: list[list[SISResult]] = [[] for _ in doc["models"]]
+    for images, per_model, _, _ in iter_chunks(folder, doc):
+        names += images.names
+        labels += images.labels
+        displays += images.displays
+        objects += images.object_masks or []
+        for acc, res in zip(results, per_model):
+            acc += res
     return AuditRecord(
-        title=doc["title"],
-        image_names=[im["name"] for im in doc["images"]],
-        displays=displays,
-        labels=[im["label"] for im in doc["images"]],
+        title=doc["title"], image_names=names, displays=displays, labels=labels,
         class_names={int(k): v for k, v in doc["class_names"].items()},
-        models=[
-            ModelRecord(name=m["name"], method=m["method"],
-                        results=[result_from_dict(r) for r in m["results"]],
-                        seconds=math.nan if m["seconds"] is None else m["seconds"], options=m["options"],
-                        sensitivity=m.get("sensitivity"))
-            for m in doc["models"]
-        ],
-        transfer=doc["transfer"],
-        meta=doc["meta"],
-        object_masks=objects,
+        models=[ModelRecord(name=m["name"], method=m["method"], results=res,
+                            seconds=math.nan if m["seconds"] is None else m["seconds"], options=m["options"],
+                            sensitivity=m.get("sensitivity")) for m, res in zip(doc["models"], results)],
+        transfer=doc["transfer"], meta=doc["meta"], object_masks=objects if doc.get("object_masks") else None,
     )

@@ -2,6 +2,10 @@
 
     record = run_audit({"lite0": m0, "lite1": m1}, x, names, displays, method="gradient", ensemble=True)
     save_audit(record, "out/audit"); build_report(record, "out/audit/report.html")
+
+The work on one chunk of images (:func:`audit_chunk`) is shared by the in-memory ``run_audit``
+(one chunk: every image) and the durable, sharded audit of :mod:`overinterp_fast.audit.stream`
+(fixed chunks, committed one by one); both aggregate with the same functions.
 """
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import datetime
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -19,7 +24,7 @@ from ..api import fast_sis
 from ..inputs import check_threshold
 from ..model import Ensemble, ModelFn
 from .records import AuditRecord, ModelRecord
-from .stats import noise_sensitivity
+from .stats import irfs, noise_sensitivity, rfs
 from .subsets import BACKWARD_METHODS, pixel_subsets
 
 THRESHOLD_MODES = ("absolute", "relative", "auto")
@@ -58,6 +63,111 @@ def thresholds_for(scores: torch.Tensor, threshold: float, mode: str) -> list[fl
     return [threshold if v >= threshold else threshold * v for v in f]
 
 
+ENSEMBLE_NAME = "ensemble (mean logits)"
+
+
+def with_ensemble(models: Mapping[str, object], ensemble: bool) -> dict[str, object]:
+    """The models, plus their mean-of-logits ensemble as one more model when asked and there are two or more."""
+    models = dict(models)
+    if ensemble and len(models) >= 2:
+        models[ENSEMBLE_NAME] = Ensemble(list(models.values()))
+    return models
+
+
+def check_method(method: str, shape: Sequence[int]) -> None:
+    """Refuse exact SIS over more than EXACT_FEATURE_LIMIT pixels, with the reason (images [.., H, W])."""
+    p = shape[-1] * shape[-2]
+    if method == "exact" and p > EXACT_FEATURE_LIMIT:
+        raise ValueError(
+            f"exact SIS over {p} pixels needs about {p * (p + 1) // 2:.2e} forward passes per image; use "
+            f"method 'gradient' (torch models) or 'responsibility', or smaller images"
+        )
+
+
+def model_options(method: str, threshold: float, threshold_mode: str, mask_value, k: int,
+                  autocast: str | None) -> dict:
+    """The options a model's SIS ran with, as the record lists them."""
+    options = {"threshold": threshold, "threshold_mode": threshold_mode, "mask_value": mask_value}
+    if method == "gradient":
+        options.update(k=k, autocast=autocast)
+    return options
+
+
+@dataclass
+class ChunkResult:
+    """Every model's work on one chunk of images.
+
+    Attributes:
+        results: per model, one SISResult per image of the chunk.
+        seconds: per model, wall time of its SIS computation.
+        sensitivity: per model (with object masks) {"fg_correct", "bg_correct": bool [n],
+            "p_fg", "p_bg": float [n]}, else None.
+        transfer: with a transfer table, counts [A][B] of the chunk's images that model B classifies
+            as its reference class on model A's pixel subsets; else None.
+    """
+
+    results: list[list]
+    seconds: list[float]
+    sensitivity: list[dict | None]
+    transfer: list[list[int]] | None
+
+
+def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
+    return transfer and n_models >= 2 and method in BACKWARD_METHODS
+
+
+def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool, *,
+                threshold: float = 0.9, threshold_mode: str = "auto", method: str = "exact", k: int = 100,
+                collection: bool = False, transfer: bool = True, fraction: float = 0.05, mask_value: float = 0.0,
+                autocast: str | None = None, batch_size: int | None = None, progress: bool | None = None,
+                object_masks: torch.Tensor | None = None, noise_sigma: float | torch.Tensor = 0.25,
+                value_range: tuple | None = None) -> ChunkResult:
+    """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
+
+    ``known``: accuracies are measured against the labels (all known) rather than each model's own
+    full-image prediction. The other arguments are :func:`run_audit`'s.
+    """
+    results, seconds, sens, predictions = [], [], [], {}
+    bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
+    for name, model in bar:
+        bar.set_postfix_str(name)
+        predictions[name], f0 = predict(model, images)
+        taus = thresholds_for(f0, threshold, threshold_mode)
+        t0 = time.perf_counter()
+        results.append(fast_sis(model, images, taus, method=method, k=k, collection=collection,
+                                mask_value=mask_value, autocast=autocast, batch_size=batch_size, progress=progress))
+        seconds.append(time.perf_counter() - t0)
+        if object_masks is None:
+            sens.append(None)
+            continue
+        truth = torch.tensor(labels) if known else predictions[name]
+        low, high = value_range if value_range is not None else (None, None)
+        ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), noise_sigma, low, high)
+        sens.append({"fg_correct": ns["correct_fg"].numpy(), "bg_correct": ns["correct_bg"].numpy(),
+                     "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()})
+    counts = None
+    if wants_transfer(transfer, len(models), method):
+        counts = []
+        for res in results:
+            subsets, _ = pixel_subsets(images, res, fraction, mask_value)
+            counts.append([int((predict(models[b], subsets)[0] == (torch.tensor(labels) if known
+                                                                  else predictions[b])).sum()) for b in models])
+    return ChunkResult(results, seconds, sens, counts)
+
+
+def sensitivity_summary(cols: dict, sigma, reference: str) -> dict:
+    """The record's noise-sensitivity summary from per-image columns (all images of the audit)."""
+    a_fg, a_bg = float(np.mean(cols["fg_correct"])), float(np.mean(cols["bg_correct"]))
+    return {"sigma": sigma, "a_fg": a_fg, "a_bg": a_bg, "rfs": rfs(a_fg, a_bg),
+            "irfs": irfs(float(np.mean(cols["p_fg"])), float(np.mean(cols["p_bg"]))), "reference": reference}
+
+
+def transfer_summary(counts, n: int, names: Sequence[str], fraction: float, reference: str) -> dict:
+    """The ``AuditRecord.transfer`` dict from counts [A][B] over ``n`` images (rows: A, cols: B)."""
+    return {"fraction": fraction, "rows": list(names), "cols": list(names),
+            "accuracy": [[c / n for c in row] for row in counts], "reference": reference}
+
+
 def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord], images: torch.Tensor,
                    reference: dict[str, torch.Tensor], fraction: float, mask_value,
                    reference_name: str = "labels") -> dict:
@@ -66,12 +176,32 @@ def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord],
     ``reference[B]``: int64 [N] the classes B is scored against (true labels, or B's own full-image
     predictions; ``reference_name`` says which). Returns the ``AuditRecord.transfer`` dict (rows: A, cols: B).
     """
-    rows = []
+    counts = []
     for rec in records:
         subsets, _ = pixel_subsets(images, rec.results, fraction, mask_value)
-        rows.append([float((predict(models[b], subsets)[0] == reference[b]).double().mean()) for b in models])
-    return {"fraction": fraction, "rows": [r.name for r in records], "cols": list(models), "accuracy": rows,
-            "reference": reference_name}
+        counts.append([int((predict(models[b], subsets)[0] == reference[b]).sum()) for b in models])
+    out = transfer_summary(counts, images.shape[0], list(models), fraction, reference_name)
+    out["rows"] = [r.name for r in records]
+    return out
+
+
+def run_info(device, images_desc: str, meta: dict | None) -> dict:
+    """The run's metadata for the report: date, command line, device, versions, images."""
+    info = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "device": str(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "images": images_desc,
+    }
+    info.update(meta or {})
+    return info
+
+
+def reference_name(known: bool) -> str:
+    return "labels" if known else "full-image predictions"
 
 
 def run_audit(
@@ -100,7 +230,7 @@ def run_audit(
     noise_sigma: float | torch.Tensor = 0.25,
     value_range: tuple | None = None,
 ) -> AuditRecord:
-    """SIS of every model on ``images``, gathered into an :class:`AuditRecord` for the report.
+    """SIS of every model on ``images``, in memory, gathered into an :class:`AuditRecord` for the report.
 
     Args:
         models: name -> model (torch module or callable [B, *D] -> logits [B, K], or an OnnxModel).
@@ -121,6 +251,9 @@ def run_audit(
             on only the object or only the background, clipped to ``value_range`` (low, high) when
             given; accuracy against the labels when all are known, else against the model's own
             full-image prediction. The report adds the fraction of SIS pixels inside the object.
+
+    For audits that do not fit in memory, that must survive a crash or run on several GPUs, see
+    :func:`overinterp_fast.audit.stream.run_stored_audit`.
     """
     n = images.shape[0]
     if len(image_names) != n or len(displays) != n:
@@ -130,15 +263,8 @@ def run_audit(
         raise ValueError(f"{n} images and {len(labels)} labels")
     if not models:
         raise ValueError("no models to audit")
-    p = images.shape[-1] * images.shape[-2]
-    if method == "exact" and p > EXACT_FEATURE_LIMIT:
-        raise ValueError(
-            f"exact SIS over {p} pixels needs about {p * (p + 1) // 2:.2e} forward passes per image; use "
-            f"method 'gradient' (torch models) or 'responsibility', or smaller images"
-        )
-    models = dict(models)
-    if ensemble and len(models) >= 2:
-        models["ensemble (mean logits)"] = Ensemble(list(models.values()))
+    check_method(method, images.shape)
+    models = with_ensemble(models, ensemble)
     if object_masks is not None:
         object_masks = torch.as_tensor(np.asarray(object_masks)).bool()
         if tuple(object_masks.shape) != (n, *images.shape[-2:]):
@@ -146,45 +272,21 @@ def run_audit(
                              f"got {list(object_masks.shape)}")
     # what accuracies are measured against: the labels when all are known, else each model's own prediction
     known = all(lab is not None for lab in labels)
-    reference_name = "labels" if known else "full-image predictions"
-    records, predictions = [], {}
-    bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
-    for name, model in bar:
-        bar.set_postfix_str(name)
-        predictions[name], f0 = predict(model, images)
-        taus = thresholds_for(f0, threshold, threshold_mode)
-        t0 = time.perf_counter()
-        results = fast_sis(model, images, taus, method=method, k=k, collection=collection, mask_value=mask_value,
-                           autocast=autocast, batch_size=batch_size, progress=progress)
-        options = {"threshold": threshold, "threshold_mode": threshold_mode, "mask_value": mask_value}
-        if method == "gradient":
-            options.update(k=k, autocast=autocast)
-        record = ModelRecord(name, method, results, time.perf_counter() - t0, options)
-        if object_masks is not None:
-            truth = torch.tensor(labels) if known else predictions[name]
-            low, high = value_range if value_range is not None else (None, None)
-            ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), noise_sigma, low, high)
-            record.sensitivity = {
-                "sigma": _plain(noise_sigma),
-                "a_fg": ns["a_fg"], "a_bg": ns["a_bg"], "rfs": ns["rfs"], "irfs": ns["irfs"],
-                "reference": reference_name,
-            }
+    chunk = audit_chunk(models, images, labels, known, threshold=threshold, threshold_mode=threshold_mode,
+                        method=method, k=k, collection=collection, transfer=transfer, fraction=fraction,
+                        mask_value=mask_value, autocast=autocast, batch_size=batch_size, progress=progress,
+                        object_masks=object_masks, noise_sigma=noise_sigma, value_range=value_range)
+    options = model_options(method, threshold, threshold_mode, mask_value, k, autocast)
+    records = []
+    for name, results, seconds, sens in zip(models, chunk.results, chunk.seconds, chunk.sensitivity):
+        record = ModelRecord(name, method, results, seconds, dict(options))
+        if sens is not None:
+            record.sensitivity = sensitivity_summary(sens, _plain(noise_sigma), reference_name(known))
         records.append(record)
-    table = None
-    if transfer and len(models) >= 2 and method in BACKWARD_METHODS:
-        reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
-        table = transfer_table(models, records, images, reference, fraction, mask_value, reference_name)
+    table = None if chunk.transfer is None else transfer_summary(chunk.transfer, n, list(models), fraction,
+                                                                  reference_name(known))
     classes = {int(c) for r in records for c in r.predictions} | {int(c) for c in labels if c is not None}
-    info = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-        "device": str(images.device),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "images": f"{n} x {list(images.shape[1:])} {images.dtype}",
-    }
-    info.update(meta or {})
+    info = run_info(images.device, f"{n} x {list(images.shape[1:])} {images.dtype}", meta)
     return AuditRecord(title, list(image_names), [np.asarray(d) for d in displays], labels,
                        {c: class_name(c) for c in sorted(classes)}, records, table, info,
                        None if object_masks is None else [m.numpy() for m in object_masks])

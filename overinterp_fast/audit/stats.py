@@ -143,7 +143,8 @@ def noise_sensitivity(
             images' units; low/high: the valid range to clip to (None: no clipping).
 
     Returns:
-        {"a_fg", "a_bg", "p_fg" [N], "p_bg" [N], "rfs", "irfs" (of the mean probabilities)}.
+        {"a_fg", "a_bg", "p_fg" [N], "p_bg" [N], "correct_fg" [N], "correct_bg" [N] (bool),
+        "rfs", "irfs" (of the mean probabilities)}.
     """
     g = torch.Generator(device=images.device).manual_seed(seed)
     noise = sigma * torch.randn(images.shape, generator=g, device=images.device, dtype=images.dtype)
@@ -154,7 +155,9 @@ def noise_sensitivity(
         if low is not None or high is not None:
             x = x.clamp(low, high)
         probs = torch.softmax(model(x), 1)
-        out[f"a_{name}"] = float((probs.argmax(1) == labels).double().mean())
+        right = (probs.argmax(1) == labels).cpu()
+        out[f"correct_{name}"] = right
+        out[f"a_{name}"] = float(right.double().mean())
         out[f"p_{name}"] = probs.gather(1, labels.view(-1, 1)).view(-1).double().cpu()
     out["rfs"] = rfs(out["a_fg"], out["a_bg"])
     out["irfs"] = irfs(float(out["p_fg"].mean()), float(out["p_bg"].mean()))
