@@ -19,18 +19,25 @@ def _positive(text: str) -> int:
     return v
 
 
-BENCHMARKS = ("exact", "onnx", "gradient", "responsibility")
+BENCHMARKS = ("exact", "onnx", "gradient", "responsibility", "scale")
+DATASETS = ("cifar10", "cifar100")
 
 
 def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--model", action="append" if several else "store", required=True,
                    help="efficientnet-lite0/1/2, or a .onnx, .pt2 (torch.export) or .pt (TorchScript) file"
                    + ("; repeat to compare models" if several else ""))
-    p.add_argument("--images", default="bundled",
-                   help="a folder of images, or 'bundled' (photos from scikit-image and sklearn; default)")
-    p.add_argument("--labels", default=None, help="JSON file {image name: true class index}")
+    p.add_argument("--images", default=None,
+                   help="a folder of images (class subfolders: labels in torchvision ImageFolder order), or "
+                        "'bundled' (photos from scikit-image and sklearn; default)")
+    p.add_argument("--dataset", choices=sorted(DATASETS), default=None,
+                   help="a dataset's python batches in --data-dir (as torchvision downloads them) instead of --images")
+    p.add_argument("--data-dir", default=None, help="folder holding the --dataset files (e.g. cifar-10-batches-py/)")
+    p.add_argument("--split", choices=("test", "train"), default="test", help="--dataset split (default: test)")
+    p.add_argument("--labels", default=None, help="JSON file {image name: true class index} (flat folders)")
     p.add_argument("--class-names", default=None, help="text file with one class name per line")
-    p.add_argument("--limit", type=_positive, default=None, help="use the first N images")
+    p.add_argument("--select", default=None, help="images A:B (positions, Python slice bounds), e.g. 0:1000")
+    p.add_argument("--limit", type=_positive, default=None, help="use the first N images (after --select)")
     p.add_argument("--size", type=_positive, default=None,
                    help="input side (default: the model's, e.g. 224 for efficientnet-lite0)")
     p.add_argument("--mean", type=_floats, default=None, help="normalization mean, one or per channel (default 0.5)")
@@ -82,9 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "the object and foreground/background noise sensitivity (RFS, iRFS)")
     audit.add_argument("--noise-sigma", type=float, default=0.1,
                        help="std of the Gaussian noise for --object-masks, in pixel units [0, 1] (default 0.1)")
+    audit.add_argument("--chunk-size", type=_positive, default=64,
+                       help="images per chunk: the unit of batching, commit and sharding; part of the "
+                            "configuration (default 64)")
+    audit.add_argument("--workers", type=int, default=2, help="image-loading worker processes per rank (default 2)")
+    audit.add_argument("--restart", action="store_true", help="discard the audit in --out and start over")
+    audit.add_argument("--gallery", type=int, default=24,
+                       help="images shown with their SIS in the report (default 24); statistics cover all")
     report = sub.add_parser("report", help="rebuild report.html from a results folder, without recomputing")
     report.add_argument("folder", help="a folder written by 'audit', 'sis' or 'demo'")
     report.add_argument("--out", default=None, help="HTML path (default: FOLDER/report.html)")
+    report.add_argument("--gallery", type=int, default=24, help="images shown with their SIS (default 24)")
     bench = sub.add_parser("bench", help="run a benchmark script of the source tree (benchmarks/bench_NAME.py)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
@@ -98,17 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_models(args, several: bool):
-    """Load models and images as the arguments say and run the audit; returns the AuditRecord."""
+def _prepare(args, several: bool, device):
+    """Models, image source (selected), class namer, k, and (mean, std) as the arguments say."""
     import torch
 
-    from .audit.runner import run_audit
-    from .loading import class_namer, load_images, load_model
+    from .datasets import open_images, select_range
+    from .loading import class_namer, load_model
     from .model import ModelFn
 
-    _check_device(args.device)
     specs = args.model if several else [args.model]
-    loaded = [load_model(s, args.device) for s in specs]
+    loaded = [load_model(s, device) for s in specs]
     names = [m.name for m in loaded]
     if len(set(names)) != len(names):
         raise ValueError(f"two models share a name: {names}")
@@ -117,40 +131,81 @@ def _run_models(args, several: bool):
             if not m.differentiable:
                 raise ValueError(f"{m.name}: method 'gradient' needs a torch model (ONNX Runtime has no gradients); "
                                  f"use --method responsibility or exact")
+    if args.dataset is not None and args.images is not None:
+        raise ValueError("give --images or --dataset, not both")
     size = args.size or next((m.size for m in loaded if m.size), None)
-    if size is None:
+    if size is None and args.dataset is None:
         raise ValueError("the input size is not known from the model: give --size")
     mean = args.mean or next((m.mean for m in loaded if m.mean is not None), 0.5)
     std = args.std or next((m.std for m in loaded if m.std is not None), 0.5)
-    imgs = load_images(args.images, size, mean, std, grey=args.grey, labels=args.labels, limit=args.limit)
-    x = imgs.x.to(args.device)
+    source = open_images(args.images, size, mean, std, args.grey, args.labels, dataset=args.dataset,
+                         data_dir=args.data_dir, split=args.split, object_dir=getattr(args, "object_masks", None))
+    source = source.subset(select_range(len(source), args.select, args.limit))
+    x = source[0]["x"][None].to(device)
     with torch.no_grad():
         try:
-            num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x[:1]).shape[1])
+            num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x).shape[1])
         except (RuntimeError, AssertionError) as exc:  # a channel or size mismatch (exported graphs assert)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x[:1].shape)} "
+            raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x.shape)} "
                              f"(check --size, --grey): {first}") from None
     k = args.k or (100 if x.device.type == "cuda" else 500)
-    objects, sigma, value_range = None, None, None
-    if getattr(args, "object_masks", None):
-        from .loading import load_object_masks
+    return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (mean, std)
 
-        if args.noise_sigma <= 0:
-            raise ValueError("--noise-sigma must be above 0")
-        objects = load_object_masks(args.object_masks, imgs.names, size)
-        # pixel units -> the model's input units: x_norm = (x - mean) / std, valid pixels in [0, 1]
-        m, s = (torch.as_tensor(v, dtype=x.dtype, device=x.device).reshape(-1, 1, 1) for v in (mean, std))
-        sigma, value_range = args.noise_sigma / s, ((0 - m) / s, (1 - m) / s)
+
+def _noise_units(args, mean, std):
+    """--noise-sigma in pixel units -> the model's input units: (sigma, value range), or {} without masks."""
+    import torch
+
+    if not getattr(args, "object_masks", None):
+        return {}
+    if args.noise_sigma <= 0:
+        raise ValueError("--noise-sigma must be above 0")
+    # x_norm = (x - mean) / std, valid pixels in [0, 1]
+    m, s = (torch.as_tensor(v, dtype=torch.float32).reshape(-1, 1, 1) for v in (mean, std))
+    return {"noise_sigma": args.noise_sigma / s, "value_range": ((0 - m) / s, (1 - m) / s)}
+
+
+def _run_sis(args):
+    """The ``sis`` command: one model, in memory; returns the AuditRecord."""
+    import numpy as np
+    import torch
+
+    from .audit.runner import run_audit
+
+    _check_device(args.device)
+    loaded, source, namer, k, _ = _prepare(args, False, torch.device(args.device))
+    items = [source[i] for i in range(len(source))]
+    x = torch.stack([it["x"] for it in items]).to(args.device)
     return run_audit(
-        {m.name: m.model for m in loaded}, x, imgs.names, imgs.displays, labels=imgs.labels,
-        class_name=class_namer(num_classes, args.class_names), threshold=args.threshold,
-        threshold_mode=args.threshold_mode, method=args.method, k=k, collection=args.collection,
-        ensemble=getattr(args, "ensemble", False), fraction=getattr(args, "fraction", 0.05),
-        progress=False if args.quiet else None, title=getattr(args, "title", "SIS"),
-        meta={"models": specs, "image source": args.images}, object_masks=objects,
-        **({} if sigma is None else {"noise_sigma": sigma, "value_range": value_range}),
+        {m.name: m.model for m in loaded}, x, source.image_names, np.stack([it["display"] for it in items]),
+        labels=source.image_labels, class_name=namer, threshold=args.threshold, threshold_mode=args.threshold_mode,
+        method=args.method, k=k, collection=args.collection, progress=False if args.quiet else None, title="SIS",
+        meta={"models": [args.model], "image source": source.description},
     )
+
+
+def _run_audit(args):
+    """The ``audit`` command: streamed into the durable store in --out, resumable, sharded under torchrun."""
+    from .audit.distributed import setup, teardown
+    from .audit.stream import run_stored_audit
+
+    _check_device(args.device)
+    ranks = setup(args.device)
+    try:
+        loaded, source, namer, k, (mean, std) = _prepare(args, True, ranks.device)
+        run = run_stored_audit(
+            {m.name: m.model for m in loaded}, source, args.out, ranks=ranks,
+            config={"model_files": args.model, "class_names": args.class_names}, chunk_size=args.chunk_size,
+            restart=args.restart, workers=args.workers, class_name=namer, threshold=args.threshold,
+            threshold_mode=args.threshold_mode, method=args.method, k=k, collection=args.collection,
+            ensemble=args.ensemble, fraction=args.fraction, progress=False if args.quiet else None, title=args.title,
+            meta={"models": args.model, "image source": source.description}, gallery=args.gallery,
+            **_noise_units(args, mean, std),
+        )
+    finally:
+        teardown(ranks)
+    return run
 
 
 def _check_device(device: str) -> None:
@@ -164,7 +219,14 @@ def _check_device(device: str) -> None:
         raise ValueError("--device cuda: no CUDA GPU is available here")
 
 
-def _print_table(record) -> None:
+def _print_table(record, most: int = 60) -> None:
+    rows = len(record.models) * len(record.image_names)
+    if rows > most:
+        for m in record.models:
+            with_sis = [r.fraction for r in m.results if r.sis is not None]
+            median = f"{sorted(with_sis)[len(with_sis) // 2]:.1%}" if with_sis else "-"
+            print(f"{m.name}: {len(with_sis)} of {len(m.results)} images have a SIS; median size {median}")
+        return
     print(f"{'model':<20} {'image':<14} {'prediction':<22} {'f(x)':>6} {'tau':>6} {'SIS':>7} {'of image':>9}")
     for m in record.models:
         for name, r in zip(record.image_names, m.results):
@@ -201,6 +263,8 @@ def _bench(name: str, args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
@@ -210,25 +274,25 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(args.out, n_images=args.images, threshold=args.threshold,
                      compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k,
                      device=args.device)
-        elif args.command in ("sis", "audit"):
-            import os
-
+        elif args.command == "sis":
             from .audit.records import save_audit
 
-            record = _run_models(args, several=args.command == "audit")
+            record = _run_sis(args)
             _print_table(record)
-            path = save_audit(record, args.out)
-            print(f"wrote {path}")
-            if args.command == "audit":
-                from .audit.report import build_report
-
-                print(f"wrote {build_report(record, os.path.join(args.out, 'report.html'))}")
-            else:
-                print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
+            print(f"wrote {save_audit(record, args.out)}")
+            print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
+        elif args.command == "audit":
+            run = _run_audit(args)
+            if run.ranks.is_main:
+                _print_table(run.record)
+                print(f"{run.chunks} chunks: {run.skipped} already committed, {run.computed} computed by rank 0 "
+                      f"of {run.ranks.world}")
+                for f in ("results.json", "sis.parquet", "report.html"):
+                    print(f"wrote {os.path.join(args.out, f)}")
         elif args.command == "report":
             from .audit.report import rebuild_report
 
-            print(f"wrote {rebuild_report(args.folder, args.out)}")
+            print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
         elif args.command == "bench":
             return _bench(args.name, args.args)
         elif args.command == "digits-pipeline":

@@ -9,22 +9,22 @@ Models (``load_model``):
   pickled ``nn.Module`` (``torch.save(model)``; unpickling runs code: only trusted files).
   A bare state dict has no architecture and is refused with a clear message.
 
-Images (``load_images``): a folder of PNG/JPEG/BMP/TIFF/WebP files (sorted by name), or
-``bundled`` for the photos that ship with scikit-image and scikit-learn. Each is resized
-(shorter side) and center-cropped to ``size``, then normalized ``(x / 255 - mean) / std``.
+Images (``load_images``, all in memory): a folder of PNG/JPEG/BMP/TIFF/WebP files (sorted by
+name; class subfolders give labels as torchvision's ImageFolder), or ``bundled`` for the photos
+that ship with scikit-image and scikit-learn. Each is resized (shorter side) and center-cropped to
+``size``, then normalized ``(x / 255 - mean) / std``. :mod:`overinterp_fast.datasets` streams them.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .zoo.imagenet import MEAN, STD, center_crop, input_size, normalize
+from .datasets import object_mask, open_images, select_range
+from .zoo.imagenet import MEAN, STD, input_size
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 ZOO_PREFIX = "efficientnet-lite"
 
 
@@ -124,7 +124,8 @@ class LoadedImages:
 
 def load_images(source: str, size: int, mean=MEAN, std=STD, grey: bool = False,
                 labels: str | None = None, limit: int | None = None) -> LoadedImages:
-    """Images from a folder or ``bundled``; see the module docstring.
+    """Images from a folder (flat or class subfolders) or ``bundled``, all in memory; see
+    :mod:`overinterp_fast.datasets` (which streams them instead).
 
     Args:
         source: a folder of images, or "bundled".
@@ -133,73 +134,28 @@ def load_images(source: str, size: int, mean=MEAN, std=STD, grey: bool = False,
         labels: optional JSON file mapping file names (with or without extension) to class indices.
         limit: keep the first ``limit`` images.
     """
-    if source == "bundled":
-        from .zoo.imagenet import PHOTOS
-
-        names = list(PHOTOS)
-        photos = [PHOTOS[n]() for n in names]
-    else:
-        if not os.path.isdir(source):
-            raise FileNotFoundError(f"images: {source!r} is not a folder (or 'bundled')")
-        files = sorted(f for f in os.listdir(source) if f.lower().endswith(IMAGE_EXTENSIONS))
-        if not files:
-            raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {source!r}")
-        names = [os.path.splitext(f)[0] for f in files]
-        photos = [_read(os.path.join(source, f), grey) for f in files]
-    if limit is not None:
-        names, photos = names[:limit], photos[:limit]
-    if grey:
-        photos = [p if p.ndim == 2 else _to_grey(p) for p in photos]
-    displays = np.stack([center_crop(p, size) for p in photos])
-    x = torch.stack([normalize(d, mean, std) for d in displays])
-    return LoadedImages(x, displays, names, _read_labels(labels, names))
+    src = open_images(source, size, mean, std, grey, labels)
+    src = src.subset(select_range(len(src), None, limit))
+    items = [src[i] for i in range(len(src))]
+    return LoadedImages(torch.stack([it["x"] for it in items]), np.stack([it["display"] for it in items]),
+                        src.image_names, src.image_labels)
 
 
-def _read(path: str, grey: bool) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("L" if grey else "RGB"))
-    except UnidentifiedImageError as exc:
-        raise ValueError(f"cannot read image {path!r}: {exc}") from None
-
-
-def _to_grey(photo: np.ndarray) -> np.ndarray:
-    from PIL import Image
-
-    return np.asarray(Image.fromarray(photo).convert("L"))
-
-
-def _read_labels(path: str | None, names: list[str]) -> list[int | None]:
-    if path is None:
-        return [None] * len(names)
-    with open(path) as fh:
-        table = json.load(fh)
-    if not isinstance(table, dict):
-        raise ValueError(f"labels file {path!r} must hold a JSON object {{image name: class index}}")
-    table = {os.path.splitext(k)[0]: v for k, v in table.items()}
-    out = []
-    for n in names:
-        v = table.get(n)
-        if v is not None and not (isinstance(v, int) and v >= 0):
-            raise ValueError(f"labels file {path!r}: label of {n!r} must be a class index >= 0, got {v!r}")
-        out.append(v)
-    return out
-
-
-def class_namer(num_classes: int, names_file: str | None = None):
-    """index -> name: from a text file (one name per line), ImageNet names for 1000 classes, else the index."""
+def class_namer(num_classes: int, names_file: str | None = None, classes: list[str] | None = None):
+    """index -> name: from a text file (one name per line), ImageNet names for 1000 classes, the source's
+    classes (ImageFolder folders, CIFAR names) when there are as many, else the index."""
     if names_file is not None:
         with open(names_file) as fh:
             names = [line.strip() for line in fh if line.strip()]
         if len(names) != num_classes:
             raise ValueError(f"{names_file!r} has {len(names)} class names; the model has {num_classes} classes")
-        return lambda i: names[i]
+        return names.__getitem__
     if num_classes == 1000:
         from .zoo.imagenet import imagenet_label
 
         return imagenet_label
+    if classes is not None and len(classes) == num_classes:
+        return list(classes).__getitem__
     return str
 
 
@@ -210,12 +166,4 @@ def load_object_masks(folder: str, names: list[str], size: int) -> np.ndarray:
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"object masks: {folder!r} is not a folder")
-    by_name = {os.path.splitext(f)[0]: f for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)}
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise ValueError(f"no object mask in {folder!r} for {missing}")
-    masks = []
-    for n in names:
-        m = _read(os.path.join(folder, by_name[n]), grey=True)
-        masks.append(center_crop(np.where(m > 0, 255, 0).astype(np.uint8), size) > 127)
-    return np.stack(masks)
+    return np.stack([object_mask(folder, n, size) for n in names])

@@ -29,6 +29,7 @@ import torch
 from ..plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..results import SISResult
 from .records import AuditRecord, ModelRecord, load_audit
+from .store import REPORT_FILE
 from .stats import (
     bonferroni,
     dice,
@@ -42,7 +43,6 @@ from .stats import (
 )
 from .subsets import BACKWARD_METHODS, keep_last_mask
 
-REPORT_FILE = "report.html"
 BORDER = 0.10  # width of the border band, as a fraction of each side of the image
 SUBSET_FRACTION = 0.05  # the pixel subsets of paper 000: the last 5% of backward selection
 CURVE_POINTS = 20
@@ -325,11 +325,53 @@ def result_facts(record: AuditRecord, r: SISResult, label: int | None, display: 
     return facts
 
 
-def images_section(record: AuditRecord) -> str:
+GALLERY = 24  # images shown with their SIS by default; statistics and plots cover every image
+
+
+def gallery_sample(record: AuditRecord, n: int = GALLERY, seed: int = 0) -> list[tuple[int, list[str]]]:
+    """The images the gallery shows: (image index, why it is shown), by index; every image when there are
+    at most ``n``.
+
+    Otherwise up to ``n`` images taken in turn from these lists, skipping images already taken: per model
+    the smallest SIS (as a fraction), the largest SIS and the wrong predictions (labels known), then a
+    random permutation of all images (``seed``)."""
+    total = len(record.image_names)
+    if n >= total:
+        return [(i, []) for i in range(total)]
+    lists: list[tuple[str, list[int]]] = []
+    for m in record.models:
+        with_sis = sorted((r.fraction, i) for i, r in enumerate(m.results) if r.sis is not None)
+        lists.append((f"smallest SIS of {m.name}", [i for _, i in with_sis]))
+        lists.append((f"largest SIS of {m.name}", [i for _, i in sorted(with_sis, key=lambda t: (-t[0], t[1]))]))
+        lists.append((f"wrong prediction of {m.name}", [i for i, c in enumerate(correctness(record, m)) if c is False]))
+    lists.append(("random sample", [int(i) for i in np.random.default_rng(seed).permutation(total)]))
+    chosen: dict[int, list[str]] = {}
+    cursors = [0] * len(lists)
+    while len(chosen) < n:
+        took = False
+        for j, (why, lst) in enumerate(lists):
+            while cursors[j] < len(lst) and lst[cursors[j]] in chosen:
+                cursors[j] += 1
+            if cursors[j] < len(lst) and len(chosen) < n:
+                chosen[lst[cursors[j]]] = [why]
+                took = True
+        if not took:
+            break
+    return sorted(chosen.items())
+
+
+def images_section(record: AuditRecord, gallery: int = GALLERY, seed: int = 0) -> str:
+    sample = gallery_sample(record, gallery, seed)
     parts = []
-    for i, (name, display, label) in enumerate(zip(record.image_names, record.displays, record.labels)):
+    if len(sample) < len(record.image_names):
+        parts.append(_p(f"A sample of {len(sample)} of the {len(record.image_names)} images: per model the "
+                        "smallest and largest SIS and wrong predictions, then a seeded random few. The statistics "
+                        "and plots below cover every image; sis.parquet has every row.", "note"))
+    for i, why in sample:
+        name, display, label = record.image_names[i], record.displays[i], record.labels[i]
         truth = "unknown" if label is None else record.class_name(label)
-        parts.append(f"<h3>{_esc(name)}</h3>" + _p(f"true label: {truth}"))
+        shown = f"; shown as: {', '.join(why)}" if why else ""
+        parts.append(f"<h3>{_esc(name)}</h3>" + _p(f"true label: {truth}{shown}"))
         for m in record.models:
             r = m.results[i]
             uri = image_figure(display, r.mask if on_grid(r, display) else None, on_grid(r, display))
@@ -598,9 +640,11 @@ SECTIONS: list[tuple[str, str, Callable[[AuditRecord], str]]] = [
 ]
 
 
-def render_report(record: AuditRecord) -> str:
-    """The report as one HTML string (what :func:`build_report` writes)."""
-    sections = [(sid, name, render(record)) for sid, name, render in SECTIONS
+def render_report(record: AuditRecord, gallery: int = GALLERY, seed: int = 0) -> str:
+    """The report as one HTML string (what :func:`build_report` writes); the images section shows
+    :func:`gallery_sample` (``gallery`` images, ``seed``)."""
+    sections = [(sid, name, images_section(record, gallery, seed) if sid == "images" else render(record))
+                for sid, name, render in SECTIONS
                 if (sid != "transfer" or record.transfer is not None)
                 and (sid != "object" or record.object_masks is not None)]
     nav = "<nav>" + "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name, _ in sections) + "</nav>"
@@ -610,17 +654,19 @@ def render_report(record: AuditRecord) -> str:
             + "\n</body>\n</html>\n")
 
 
-def build_report(record: AuditRecord, path: str) -> str:
-    """Write the self-contained HTML report of ``record`` to ``path`` (folders created); returns ``path``."""
+def build_report(record: AuditRecord, path: str, gallery: int = GALLERY, seed: int = 0) -> str:
+    """Write the self-contained HTML report of ``record`` to ``path`` (folders created); returns ``path``.
+
+    The gallery shows ``gallery`` images (:func:`gallery_sample`); statistics and plots cover all."""
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    text = render_report(record)
+    text = render_report(record, gallery, seed)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
     return path
 
 
-def rebuild_report(folder: str, path: str | None = None) -> str:
+def rebuild_report(folder: str, path: str | None = None, gallery: int = GALLERY, seed: int = 0) -> str:
     """Rebuild the report of an audit folder written by :func:`save_audit` (default: ``folder/report.html``)."""
-    return build_report(load_audit(folder), path or os.path.join(folder, REPORT_FILE))
+    return build_report(load_audit(folder), path or os.path.join(folder, REPORT_FILE), gallery, seed)

@@ -32,8 +32,8 @@ import numpy as np
 
 from .records import AuditRecord
 from .report import border_fractions, correctness, inside_fractions
+from .store import TABLE_FILE
 
-TABLE_FILE = "sis.parquet"
 
 
 def _nullable(values: np.ndarray) -> list[float | None]:
@@ -51,8 +51,10 @@ def _schema():
             "queries": i64, "border_fraction": f64, "object_fraction": f64}
 
 
-def audit_table(record: AuditRecord):
-    """The audit as a ``pyarrow.Table``, one row per (model, image), models in order, then images."""
+def audit_table(record: AuditRecord, first_index: int = 0):
+    """The audit as a ``pyarrow.Table``, one row per (model, image), models in order, then images.
+
+    ``first_index``: the audit position of the record's first image (a chunk's table)."""
     import pyarrow as pa
 
     schema = _schema()
@@ -67,7 +69,7 @@ def audit_table(record: AuditRecord):
             cols["model"].append(m.name)
             cols["method"].append(m.method)
             cols["image"].append(record.image_names[i])
-            cols["image_index"].append(i)
+            cols["image_index"].append(first_index + i)
             cols["label"].append(label)
             cols["label_name"].append(None if label is None else record.class_name(label))
             cols["target"].append(int(r.target))
@@ -83,6 +85,13 @@ def audit_table(record: AuditRecord):
             cols["border_fraction"].append(border[i])
             cols["object_fraction"].append(objects[i])
     return pa.table({k: pa.array(v, type=schema[k]) for k, v in cols.items()})
+
+
+def table_schema():
+    """The ``pyarrow.Schema`` of :func:`audit_table` (for writing the table chunk by chunk)."""
+    import pyarrow as pa
+
+    return pa.schema(list(_schema().items()))
 
 
 def write_table(record: AuditRecord, path: str) -> str:

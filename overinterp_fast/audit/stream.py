@@ -1,0 +1,331 @@
+"""Audits at dataset scale: streamed, committed chunk by chunk, resumable, sharded across torchrun ranks.
+
+    src = open_images(dataset="cifar10", data_dir="data", size=32)
+    run = run_stored_audit({"net": model}, src, "out/cifar", config={"models": ["net.pt2"]},
+                           method="exact", chunk_size=64)
+
+What it does (SPEC.md section 8):
+
+1. The images are split into fixed chunks of ``chunk_size`` (by position: chunk c holds images
+   [c * chunk_size, (c + 1) * chunk_size)). The chunk is the unit of work, of batching and of commit.
+2. Rank 0 checks the folder: a new audit writes ``results.json`` with the configuration; an audit
+   with the same configuration continues; another configuration is refused (one line naming the
+   difference) unless ``restart``. Temporary files of a killed commit are removed.
+3. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
+   through a ``DataLoader`` (worker processes decode, crop and normalize), runs every model on each
+   chunk and commits it (:func:`overinterp_fast.audit.store.commit_chunk`). Only the chunks in
+   flight are in memory.
+4. Rank 0 shows one progress bar for all ranks (committed parts counted on the shared folder),
+   waits for every rank (barrier), then aggregates the parts into ``results.json`` (seconds,
+   transfer table, noise sensitivity), writes ``sis.parquet`` chunk by chunk, and the report.
+
+Results do not depend on the world size or on resumes: the same chunks give the same batches.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..datasets import ImageSource, collate
+from . import store
+from .distributed import Ranks, barrier, setup, teardown
+from .records import AuditRecord, ModelRecord, chunk_record, iter_chunks, load_audit, model_entries
+from .runner import (
+    _plain,
+    audit_chunk,
+    check_method,
+    model_options,
+    reference_name,
+    run_info,
+    sensitivity_summary,
+    transfer_summary,
+    wants_transfer,
+    with_ensemble,
+)
+
+DEFAULT_CHUNK = 64
+
+
+@dataclass
+class StoredAudit:
+    """What a call of :func:`run_stored_audit` did.
+
+    Attributes:
+        folder: the audit folder. chunks: chunks in the audit; skipped: committed before this call;
+        computed: chunks this rank computed. ranks: the job's layout.
+        record: on rank 0 with ``load=True``, the complete audit read back; else None.
+    """
+
+    folder: str
+    chunks: int
+    skipped: int
+    computed: int
+    ranks: Ranks
+    record: AuditRecord | None = None
+
+
+def source_digest(source: ImageSource) -> str:
+    """SHA-1 of the images' names and labels: a changed folder or selection makes another configuration."""
+    h = hashlib.sha1()
+    for name, label in zip(source.image_names, source.image_labels):
+        h.update(f"{name}\t{label}\n".encode())
+    return h.hexdigest()
+
+
+def audit_config(source: ImageSource, models: dict, *, method: str, threshold: float, threshold_mode: str, k: int,
+                 collection: bool, ensemble: bool, transfer: bool, fraction: float, mask_value, autocast,
+                 batch_size, noise_sigma, chunk_size: int, device: torch.device, extra: dict | None) -> dict:
+    """Everything that fixes the results of a stored audit (SPEC.md section 8), as JSON-ready values."""
+    config = {
+        "models": list(models), "method": method, "threshold": threshold, "threshold_mode": threshold_mode,
+        "k": k if method == "gradient" else None, "autocast": autocast, "collection": collection,
+        "ensemble": ensemble, "transfer": transfer, "fraction": fraction, "mask_value": _plain(mask_value),
+        "batch_size": batch_size, "images": source.description, "n_images": len(source),
+        "images_digest": source_digest(source), "size": source.size, "mean": _plain(source.mean),
+        "std": _plain(source.std), "grey": source.grey, "object_masks": source.object_dir,
+        "noise_sigma": _plain(noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
+        "device_type": device.type,
+    }
+    config.update(extra or {})
+    return store._jsonable(config)
+
+
+def _committed_images(folder: str, ranges: list[tuple[int, int]]) -> int:
+    return sum(ranges[c][1] - ranges[c][0] for c in store.committed_chunks(folder) if c < len(ranges))
+
+
+class _Progress:
+    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, images/s, ETA.
+
+    A thread counts the committed parts once a second, so the bar moves with the other ranks too."""
+
+    def __init__(self, folder, ranges, n_models, enabled, every: float = 1.0):
+        self.folder, self.ranges, self.n_models, self.every = folder, ranges, n_models, every
+        total = ranges[-1][1] if ranges else 0
+        self.start_images = _committed_images(folder, ranges)
+        self.t0 = time.perf_counter()
+        self.bar = tqdm(total=total * n_models, initial=self.start_images * n_models, unit="job", desc="audit",
+                        disable=not enabled, dynamic_ncols=True, smoothing=0.1)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        if not self.bar.disable:
+            self.thread.start()
+
+    def update(self) -> None:
+        done = _committed_images(self.folder, self.ranges)
+        rate = (done - self.start_images) / max(1e-9, time.perf_counter() - self.t0)
+        self.bar.n = done * self.n_models
+        self.bar.set_postfix_str(f"{rate:.2f} images/s", refresh=False)
+        self.bar.refresh()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            self.update()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if not self.bar.disable:
+            self.update()
+        self.bar.close()
+
+
+def run_stored_audit(
+    models: Mapping[str, object],
+    source: ImageSource,
+    out: str,
+    *,
+    ranks: Ranks | None = None,
+    config: dict | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    restart: bool = False,
+    workers: int = 2,
+    device: str | torch.device = "cpu",
+    class_name: Callable[[int], str] = str,
+    threshold: float = 0.9,
+    threshold_mode: str = "auto",
+    method: str = "exact",
+    k: int = 100,
+    collection: bool = False,
+    ensemble: bool = False,
+    transfer: bool = True,
+    fraction: float = 0.05,
+    mask_value: float = 0.0,
+    autocast: str | None = None,
+    batch_size: int | None = None,
+    noise_sigma: float | torch.Tensor = 0.25,
+    value_range: tuple | None = None,
+    progress: bool | None = None,
+    title: str = "Overinterpretation audit",
+    meta: dict | None = None,
+    report: bool = True,
+    gallery: int = 24,
+    load: bool = True,
+) -> StoredAudit:
+    """Audit ``models`` on every image of ``source`` into the durable folder ``out`` (see the module docstring).
+
+    Args:
+        models: name -> model on the CPU (moved to this rank's device); ``source``: the images.
+        config: what identifies the models (e.g. their files) and anything else that fixes results;
+            merged into the stored configuration, which a resume must match.
+        chunk_size: images per chunk, part of the configuration. restart: discard what ``out`` holds.
+        workers: DataLoader worker processes per rank (0: load in this process).
+        device: "cpu" or "cuda" (cuda:LOCAL_RANK under torchrun).
+        report, gallery: write ``report.html`` with a gallery of ``gallery`` images (rank 0).
+        load: rank 0 reads the complete audit back into ``StoredAudit.record``.
+        ranks: the torchrun layout when the caller joined the job already (:func:`.distributed.setup`).
+        The other arguments are :func:`overinterp_fast.audit.run_audit`'s.
+    """
+    own = ranks is None
+    ranks = setup(device) if own else ranks
+    try:
+        return _run(models, source, out, ranks, config, chunk_size, restart, workers, class_name,
+                    dict(threshold=threshold, threshold_mode=threshold_mode, method=method, k=k,
+                         collection=collection, transfer=transfer, fraction=fraction, mask_value=mask_value,
+                         autocast=autocast, batch_size=batch_size, noise_sigma=noise_sigma,
+                         value_range=value_range),
+                    ensemble, progress, title, meta, report, gallery, load)
+    finally:
+        if own:
+            teardown(ranks)
+
+
+def _run(models, source, out, ranks, config, chunk_size, restart, workers, class_name, options, ensemble, progress,
+         title, meta, report, gallery, load) -> StoredAudit:
+    if len(source) == 0:
+        raise ValueError("no images to audit")
+    if not models:
+        raise ValueError("no models to audit")
+    method = options["method"]
+    check_method(method, (source.size, source.size))
+    models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, ensemble)
+    cfg = audit_config(source, models, ensemble=ensemble, chunk_size=chunk_size, device=ranks.device, extra=config,
+                       **{k: options[k] for k in ("method", "threshold", "threshold_mode", "k", "collection",
+                                                  "transfer", "fraction", "mask_value", "autocast", "batch_size",
+                                                  "noise_sigma")})
+    ranges = store.chunk_ranges(len(source), chunk_size)
+    doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": cfg, "n_images": len(source),
+           "chunk_size": chunk_size, "title": title,
+           "models": [{"name": n, "method": method,
+                       "options": model_options(method, options["threshold"], options["threshold_mode"],
+                                                options["mask_value"], options["k"], options["autocast"])}
+                      for n in models]}
+    doc = store._jsonable(doc)
+    if not restart:
+        store.check_resumable(out, cfg)  # every rank: all refuse alike
+    if ranks.is_main:
+        os.makedirs(out, exist_ok=True)
+        if restart:
+            store.clear(out)
+        store.remove_temporaries(out)
+        old = store.read_doc(out)
+        if old is None or old.get("status") != "running":
+            store.write_json(os.path.join(out, store.RESULTS_FILE), doc)
+    barrier(ranks)
+    pending = [c for c in range(len(ranges)) if c not in store.committed_chunks(out)]
+    skipped = len(ranges) - len(pending)
+    mine = store.share(pending, ranks.rank, ranks.world)
+    known = all(lab is not None for lab in source.image_labels)
+    bar = _Progress(out, ranges, len(models), enabled=ranks.is_main and (_isatty() if progress is None else progress))
+    loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*ranges[c])) for c in mine],
+                                         num_workers=workers, collate_fn=collate)
+    try:
+        for c, batch in zip(mine, loader):
+            x = batch["x"].to(ranks.device)
+            objects = None if batch["objects"] is None else batch["objects"].to(ranks.device)
+            done = audit_chunk(models, x, batch["labels"], known, progress=False, object_masks=objects, **options)
+            images = store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]],
+                                        batch["labels"], batch["displays"],
+                                        None if objects is None else list(objects.cpu().numpy()))
+            results = store.results_table(done.results, batch["index"], done.sensitivity,
+                                          meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
+                                                "rank": ranks.rank, "world": ranks.world})
+            store.commit_chunk(out, c, images, results)
+            del x, objects, done, images, results, batch
+        barrier(ranks)
+    finally:
+        bar.close()
+    run = StoredAudit(out, len(ranges), skipped, len(mine), ranks)
+    if ranks.is_main:
+        missing = len(ranges) - len(store.committed_chunks(out))
+        if missing:
+            raise RuntimeError(f"{missing} chunks are not in {out!r} after every rank finished: with several "
+                               f"nodes, --out must be on a file system they all share")
+        info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
+                        meta)
+        info.update({"chunks": len(ranges), "chunk size": chunk_size, "world size": ranks.world})
+        finalize(out, doc, class_name, info, options, known)
+        if report or load:
+            run.record = load_audit(out)
+        if report:
+            from .report import build_report
+
+            build_report(run.record, os.path.join(out, store.REPORT_FILE), gallery=gallery)
+    return run
+
+
+def _isatty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+def _to(model, device: torch.device):
+    return model.to(device) if isinstance(model, torch.nn.Module) else model
+
+
+def _channels(source: ImageSource) -> int:
+    return int(source[0]["x"].shape[0])
+
+
+def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, options: dict, known: bool) -> None:
+    """Aggregate the committed parts: results.json (complete), and sis.parquet written chunk by chunk."""
+    import pyarrow.parquet as pq
+
+    from .table import audit_table, table_schema
+
+    n_models = len(doc["models"])
+    seconds = np.zeros(n_models)
+    counts = None
+    sens: list[list[dict]] = [[] for _ in range(n_models)]
+    class_names: dict[int, str] = {}
+    tmp = os.path.join(out, f"{store.TABLE_FILE}.tmp-{os.getpid()}")
+    with pq.ParquetWriter(tmp, table_schema()) as writer:
+        for images, per_model, chunk_sens, meta in iter_chunks(out, doc):
+            seconds += np.asarray(meta["seconds"])
+            if meta.get("transfer") is not None:
+                c = np.asarray(meta["transfer"], dtype=np.int64)
+                counts = c if counts is None else counts + c
+            for acc, s in zip(sens, chunk_sens):
+                if s is not None:
+                    acc.append(s)
+            classes = {int(r.target) for res in per_model for r in res} | {int(v) for v in images.labels
+                                                                             if v is not None}
+            names = {c: class_name(c) for c in sorted(classes)}
+            class_names.update(names)
+            writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
+    os.replace(tmp, os.path.join(out, store.TABLE_FILE))
+    n = doc["n_images"]
+    ref = reference_name(known)
+    models = [ModelRecord(m["name"], m["method"], [], float(s), m["options"]) for m, s in zip(doc["models"], seconds)]
+    for m, cols in zip(models, sens):
+        if cols:
+            merged = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
+            m.sensitivity = sensitivity_summary(merged, _plain(options["noise_sigma"]), ref)
+    names = [m["name"] for m in doc["models"]]
+    transfer = None
+    if counts is not None and wants_transfer(options["transfer"], n_models, options["method"]):
+        transfer = transfer_summary(counts.tolist(), n, names, options["fraction"], ref)
+    final = dict(doc, status="complete", class_names={str(k): v for k, v in sorted(class_names.items())},
+                 models=model_entries(models), transfer=transfer, meta=info,
+                 object_masks=doc["config"].get("object_masks") is not None)
+    store.write_json(os.path.join(out, store.RESULTS_FILE), store._jsonable(final))
