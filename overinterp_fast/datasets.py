@@ -200,11 +200,13 @@ def open_folder(folder: str, size: int, mean=MEAN, std=STD, grey: bool = False,
     flat = _image_files(folder)
     classes = None if flat else _class_folders(folder)
     if classes:
-        from torchvision.datasets import ImageFolder
+        from torchvision.datasets import DatasetFolder  # ImageFolder's layout, with our extensions
 
-        tree = ImageFolder(folder, loader=lambda p: p, extensions=IMAGE_EXTENSIONS)
-        if tree.classes != classes:  # a class folder without images: torchvision drops it, shifting indices
-            raise ValueError(f"{folder!r}: class folders without images: {sorted(set(classes) - set(tree.classes))}")
+        try:
+            tree = DatasetFolder(folder, loader=str, extensions=IMAGE_EXTENSIONS)
+        except FileNotFoundError as exc:  # a class folder without images
+            raise ValueError(f"{folder!r}: {str(exc).splitlines()[0]}") from None
+        assert tree.classes == classes, (tree.classes, classes)
         paths = [p for p, _ in tree.samples]
         labels: list[int | None] = [int(c) for _, c in tree.samples]
         names = [os.path.splitext(os.path.relpath(p, folder))[0].replace(os.sep, "/") for p in paths]
