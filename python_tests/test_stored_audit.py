@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch import nn
 
 import overinterp_fast as of
 from overinterp_fast.audit import store
@@ -19,6 +18,8 @@ from overinterp_fast.audit.runner import thresholds_for
 from overinterp_fast.audit.stream import run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.datasets import open_images, select_range
+
+from test_audit_cli import tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
 
 SIDE = 8
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,13 +33,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def tiny_cnn(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, 3)
-    ).eval()
 
 
 @pytest.fixture(scope="module")
