@@ -193,3 +193,39 @@ def test_hugging_face_adapter():
         assert_same(fast, ref)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         of.input_reduction(hf, [torch.tensor([1, 30])])
+
+
+def test_token_sis_masks_with_attention_kept():
+    # logit difference = sum of weights - 1 per attended position. Masked tokens (id 1, weight 0) stay attended:
+    # [w 3, 1, 2] scores 6 - 3 = 3; BackSelect masks position 1 (f = sig(2)), then 2 (sig(0)), then 0 (sig(-3)).
+    # tau = sig(1.5) needs weights >= 4.5 with all three positions attended: the SIS is {0, 2}. (Deleting the
+    # masked tokens instead would let {0} alone pass: 3 - 1 = 2.)
+    class Counting(BagOfWords):
+        def forward(self, ids, attention_mask):
+            s = (self.embedding(ids)[..., 0] * attention_mask).sum(1) - attention_mask.sum(1)
+            return torch.stack([-s / 2, s / 2], 1)
+
+    model = Counting([0.0, 0.0, 3.0, 1.0, 2.0]).eval()
+    (r,) = of.text.token_sis(model, [torch.tensor([2, 3, 4])], threshold=sig(1.5), mask_id=1)
+    assert r.order.tolist() == [1, 2, 0]
+    assert r.values.tolist() == pytest.approx([sig(2.0), sig(0.0), sig(-3.0)], rel=1e-12)
+    assert r.sis.tolist() == [0, 2] and r.target == 1
+
+
+def test_token_sis_equals_reference_sis():
+    model = tiny_cnn(5)
+
+    def on_floats(x):  # the reference engine sees rows of ids as floats, as written out here
+        ids = x.round().long()
+        return model(ids, torch.ones(ids.shape, dtype=torch.bool))
+
+    seqs = random_sequences(6, max_len=7, seed=3)
+    fast = of.text.token_sis(model, seqs, threshold=0.6, mask_id=1, collection=True)
+    for s, r in zip(seqs, fast):
+        (q,) = reference.sis(on_floats, s[None].double(), 0.6, mask_value=1.0, collection=True)
+        assert r.order.tolist() == q.order.tolist()
+        assert r.values.tolist() == pytest.approx(q.values.tolist(), rel=1e-12)
+        assert (r.sis is None and q.sis is None) or r.sis.tolist() == q.sis.tolist()
+        assert len(r.collection or []) == len(q.collection or [])
+    with pytest.raises(ValueError, match="mask_id"):
+        of.text.token_sis(model, seqs, mask_id=40)

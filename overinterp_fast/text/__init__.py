@@ -1,5 +1,6 @@
 """Text classifiers: input reduction (paper 003) and token SIS with masking (SPEC.md section 4)."""
 from .model import HFSequenceClassifier, TextModelFn
 from .reduction import InputReduction, Reduction, input_reduction
+from .sis import token_sis
 
-__all__ = ["input_reduction", "InputReduction", "Reduction", "HFSequenceClassifier", "TextModelFn"]
+__all__ = ["input_reduction", "token_sis", "InputReduction", "Reduction", "HFSequenceClassifier", "TextModelFn"]
