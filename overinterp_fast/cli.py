@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
     demo.add_argument("--no-reference", action="store_true", help="skip the timing against the reference")
     demo.add_argument("--no-imagenet", action="store_true", help="skip the EfficientNet-Lite0 part")
+    demo.add_argument("--no-text", action="store_true",
+                      help="skip the text part (input reduction of the Rotten Tomatoes word CNN)")
     demo.add_argument("--k", type=_positive, default=None,
                       help="features per gradient step for the ImageNet part (default: 500 on CPU, 100 on CUDA)")
     demo.add_argument("--device", default="cpu", help="device for the ImageNet part (default: cpu)")
@@ -103,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark script of the source tree (benchmarks/bench_NAME.py)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
+    red = sub.add_parser("reduce", help="input reduction of a text classifier (paper 003): reductions.parquet "
+                         "and an HTML page")
+    red.add_argument("--model", default="bundled",
+                     help="'bundled' (the Rotten Tomatoes word CNN, trained once and cached) or a file written by "
+                          "overinterp_fast.zoo.text.save_text_model")
+    red.add_argument("--text", default="bundled",
+                     help="'bundled' (held-out Rotten Tomatoes snippets) or a UTF-8 file with one text per line")
+    red.add_argument("--limit", type=_positive, default=None,
+                     help="use the first N texts (default: all; 200 for --text bundled)")
+    red.add_argument("--beam-size", type=_positive, default=5, help="maximum beam size k (default 5; 1 = greedy)")
+    red.add_argument("--importance", choices=("leave_one_out", "gradient"), default="leave_one_out")
+    red.add_argument("--out", required=True, help="output folder")
+    red.add_argument("--quiet", action="store_true", help="no progress bars")
     pipe = sub.add_parser("digits-pipeline",
                           help="paper 000's pixel-subset experiment on real digits (train on 5%% subsets)")
     pipe.add_argument("--fraction", type=_unit_interval, default=0.05, help="pixels kept (default 0.05)")
@@ -272,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
             _check_device(args.device)
             run_demo(args.out, n_images=args.images, threshold=args.threshold,
-                     compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k,
+                     compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k, text=not args.no_text,
                      device=args.device)
         elif args.command == "sis":
             from .audit.records import save_audit
@@ -295,6 +310,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
         elif args.command == "bench":
             return _bench(args.name, args.args)
+        elif args.command == "reduce":
+            from .text.job import run_reduce
+
+            limit = args.limit if args.limit is not None or args.text != "bundled" else 200
+            s = run_reduce(args.model, args.text, args.out, beam_size=args.beam_size, importance=args.importance,
+                           limit=limit, progress=False if args.quiet else None)
+            print(f"{s['sequences']} texts in {s['seconds']:.1f} s: mean length {s['mean_length']:.1f} -> "
+                  f"{s['mean_reduced_length']:.1f} tokens (median {s['median_length']:g} -> "
+                  f"{s['median_reduced_length']:g}); {s['share_more_confident']:.0%} of the reductions are more "
+                  f"confident than the originals")
+            print(f"wrote {s['reductions']} and {s['report']}")
         elif args.command == "digits-pipeline":
             import json
 

@@ -10,7 +10,7 @@ from overinterp_fast.cli import main
 def test_demo_writes_figures_and_summary(tmp_path):
     pytest.importorskip("timm")
     out = str(tmp_path / "demo")
-    assert main(["demo", "--out", out, "--images", "3", "--no-reference", "--k", "20000"]) == 0
+    assert main(["demo", "--out", out, "--images", "3", "--no-reference", "--k", "20000", "--no-text"]) == 0
     for name in ("digits_sis.png", "report.html", "summary.json", "imagenet/results.json"):
         assert os.path.getsize(os.path.join(out, name)) > 1000
     with open(os.path.join(out, "summary.json")) as fh:

@@ -232,21 +232,40 @@ def bundled_text_model(cache_dir: str | os.PathLike | None = None, progress: boo
     cfg.update(overrides)
     cfg["widths"] = list(cfg["widths"])
     key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
-    path = _cache_dir(cache_dir) / f"wordcnn_{key}.pt"
+    path = _cache_dir(cache_dir) / f"wordcnn_{key}_v1.pt"
     if path.is_file():
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        vocab = Vocab(blob["vocab"])
-        model = WordCNN(len(vocab), cfg["dim"], cfg["filters"], tuple(cfg["widths"]))
-        model.load_state_dict(blob["state"])
-        return TextModel(model.eval(), vocab, float(blob["test_accuracy"]), cfg)
+        return load_text_model(path)
     data = load_text_data(cfg["test_fraction"], cfg["seed"])
     vocab = Vocab.build(data.tokens_train, cfg["min_count"])
     model = train_text_cnn(data, vocab, seed=cfg["seed"], epochs=cfg["epochs"], dim=cfg["dim"],
                            filters=cfg["filters"], widths=cfg["widths"], lr=cfg["lr"], batch=cfg["batch"],
                            weight_decay=cfg["weight_decay"], progress=progress)
     acc = text_accuracy(model, [vocab.encode(t) for t in data.tokens_test], data.y_test)
+    result = TextModel(model, vocab, acc, cfg)
+    save_text_model(result, path)
+    return result
+
+
+def save_text_model(tm: TextModel, path: str | os.PathLike) -> str:
+    """Write a WordCNN with its vocabulary, configuration and accuracy (atomically); ``--model PATH`` loads it."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"vocab": vocab.tokens, "state": model.state_dict(), "test_accuracy": acc}, tmp)
+    torch.save({"vocab": tm.vocab.tokens, "state": tm.model.state_dict(), "test_accuracy": tm.test_accuracy,
+                "config": json.dumps(tm.config)}, tmp)
     os.replace(tmp, path)
-    return TextModel(model, vocab, acc, cfg)
+    return str(path)
+
+
+def load_text_model(path: str | os.PathLike) -> TextModel:
+    """A WordCNN written by :func:`save_text_model` (or the cache), in eval mode."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no text model at {path}")
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(blob, dict) or not {"vocab", "state", "config"} <= set(blob):
+        raise ValueError(f"{path} is not a text model written by save_text_model")
+    cfg = json.loads(blob["config"])
+    vocab = Vocab(blob["vocab"])
+    model = WordCNN(len(vocab), cfg["dim"], cfg["filters"], tuple(cfg["widths"]))
+    model.load_state_dict(blob["state"])
+    return TextModel(model.eval(), vocab, float(blob["test_accuracy"]), cfg)
