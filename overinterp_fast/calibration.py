@@ -16,9 +16,19 @@ exact SIS it simulates how backward-selection steps pack into batches of size B
 least predicted total time; for other methods, the least time per row.
 Jobs too small to pay for a calibration keep the fallback size
 (:func:`overinterp_fast.batching.auto_batch_size`).
+
+With the environment variable ``OVERINTERP_FAST_CACHE_DIR`` set, calibrations
+are also kept on disk (``calibration.json`` there), keyed by what determines the
+timing (the model's structure and parameter shapes, not its weights; input
+shape, dtype, device, engine, thread count, CPU model and torch version): later
+processes on the same machine skip the measurement and use the same batch size.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -34,6 +44,8 @@ BUDGET_S = 0.5
 BUDGET_FRACTION = 0.05
 # Jobs with fewer rows than this keep the fallback size: the first probe would cost a sizeable share.
 MIN_ROWS = 4096
+# The smallest size chosen when a larger one was measured (size 1 anchors the cost of small tails).
+MIN_CHOICE = 16
 # Batch sizes tried (those up to the job's largest useful batch, plus that size itself).
 LADDER = (1, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
 
@@ -62,9 +74,67 @@ _CACHE: dict[tuple, Calibration] = {}
 LAST: list[Calibration] = []  # the latest calibration made or reused (one entry; for benchmarks and logs)
 
 
+CACHE_DIR_ENV = "OVERINTERP_FAST_CACHE_DIR"
+
+
 def clear_cache() -> None:
-    """Forget every cached calibration (e.g. after changing thread settings)."""
+    """Forget every calibration cached in this process (the on-disk cache, if any, is kept)."""
     _CACHE.clear()
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def disk_key(*parts) -> str:
+    """A key for the on-disk cache: a hash of ``parts`` (their repr) with the CPU model and torch version."""
+    text = repr((parts, _cpu_name(), torch.__version__))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _disk_path() -> str | None:
+    d = os.environ.get(CACHE_DIR_ENV)
+    return os.path.join(d, "calibration.json") if d else None
+
+
+def _disk_load(key: str) -> Calibration | None:
+    path = _disk_path()
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as fh:
+            rec = json.load(fh).get(key)
+        if rec is None:
+            return None
+        return Calibration(int(rec["batch_size"]), {int(b): float(t) for b, t in rec["times"].items()}, "cached", 0.0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # an unreadable cache is ignored, never fatal
+
+
+def _disk_store(key: str, cal: Calibration) -> None:
+    path = _disk_path()
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = {}
+        if os.path.isfile(path):
+            try:
+                with open(path) as fh:
+                    data = json.load(fh)
+            except ValueError:
+                data = {}
+        data[key] = {"batch_size": cal.batch_size, "times": {str(b): t for b, t in cal.times.items()}}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)  # atomic: readers see the old or the new file
+    except OSError:
+        pass
 
 
 def ladder(max_rows: int, upper: int | None = None) -> list[int]:
@@ -113,7 +183,9 @@ def choose(times: dict[int, float], *, images: int | None = None, features: int 
     """
     if not times:
         raise ValueError("no measured batch sizes to choose from")
-    sizes = sorted(times)
+    # Sizes under MIN_CHOICE only anchor the interpolation of small tails: one noisy call at a
+    # larger size must not make a job run row by row.
+    sizes = [b for b in sorted(times) if b >= MIN_CHOICE] or sorted(times)
     if images is not None and features is not None:
         cost = {b: exact_schedule_time(times, b, images, features) for b in sizes}
     else:
@@ -126,7 +198,7 @@ def measure(
     sizes: Sequence[int],
     *,
     expected_rows: int,
-    repeats: int = 1,
+    repeats: int = 2,
     budget_s: float = BUDGET_S,
     budget_fraction: float = BUDGET_FRACTION,
     timer: Callable[[], float] = time.perf_counter,
@@ -183,6 +255,7 @@ def calibrate(
     images: int | None = None,
     features: int | None = None,
     timer: Callable[[], float] = time.perf_counter,
+    disk: str | None = None,
 ) -> Calibration:
     """The batch size for a job, measured once per ``key`` (None: never cached).
 
@@ -196,18 +269,25 @@ def calibrate(
         upper: a hard upper bound (CUDA: the memory-based size).
         images, features: for exact SIS, to choose by simulated schedule (see :func:`choose`).
         timer: seconds; injectable for tests.
+        disk: the job's key in the on-disk cache (see :func:`disk_key`; used when
+            OVERINTERP_FAST_CACHE_DIR is set).
     """
-    cal = _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer)
+    cal = _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer, disk)
     LAST[:] = [cal]
     return cal
 
 
-def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer) -> Calibration:
+def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer, disk) -> Calibration:
     if key is not None and key in _CACHE:
         cal = _CACHE[key]
         return Calibration(cal.batch_size, dict(cal.times), "cached", 0.0)
     if expected_rows < MIN_ROWS:
         return Calibration(max(1, min(fallback, max_rows, upper or fallback)), {}, "fallback", 0.0)
+    stored = _disk_load(disk) if disk is not None else None
+    if stored is not None and stored.batch_size <= min(max_rows, upper or max_rows):
+        if key is not None:
+            _CACHE[key] = stored
+        return stored
     t0 = timer()
     try:
         times = measure(probe, ladder(max_rows, upper), expected_rows=expected_rows, timer=timer)
@@ -216,6 +296,8 @@ def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, fea
     cal = Calibration(choose(times, images=images, features=features), times, "measured", timer() - t0)
     if key is not None:
         _CACHE[key] = cal
+    if disk is not None:
+        _disk_store(disk, cal)
     return cal
 
 

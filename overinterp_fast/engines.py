@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .batching import auto_batch_size
-from .calibration import MIN_ROWS, Calibration, calibrate, candidate_probe, measure
+from .calibration import MIN_ROWS, Calibration, calibrate, candidate_probe, disk_key, measure
 from .inputs import Prepared
 from .model import ModelFn
 from .onnx_backend import OnnxModel, export_onnx
@@ -149,9 +149,21 @@ def _calibrate(name: str, fn: ModelFn, user: ModelFn, prep: Prepared, targets: t
            images.is_contiguous(), torch.get_num_threads(), max_rows,
            None if exact_shape is None else exact_shape)
     probe = candidate_probe(getattr(fn, measure_fn), prep, targets)
+    structure = _structure(user.model)
     n, p = exact_shape if exact_shape is not None else (None, None)
     return calibrate(key, probe, max_rows=max_rows, expected_rows=expected_rows, fallback=fallback, upper=upper,
-                     images=n, features=p)
+                     images=n, features=p, disk=None if structure is None else disk_key(structure, *key[1:]))
+
+
+def _structure(model) -> str | None:
+    """What a model's speed depends on, stable across processes: its class, layers and parameter shapes
+    (None for a plain callable: nothing identifies it across processes)."""
+    if isinstance(model, OnnxModel):
+        return f"onnx:{model.path}:{os.path.getsize(model.path) if model.path else ''}:{model.input_shape}"
+    if isinstance(model, nn.Module):
+        shapes = [(k, tuple(t.shape), str(t.dtype)) for k, t in model.state_dict().items()]
+        return f"{type(model).__module__}.{type(model).__qualname__}:{model!r}:{shapes}"
+    return None
 
 
 def _job_seconds(cal: Calibration, expected_rows: int) -> float:

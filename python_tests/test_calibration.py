@@ -41,6 +41,11 @@ def test_choose_least_time_per_row():
     times = {1: 1.0, 16: 4.0, 32: 10.0, 64: 16.0}
     assert choose(times) == 16
     assert choose({**times, 128: 30.0}) == 128  # 0.234 per row
+    # one row is never chosen over a measured larger size (it only anchors small tails)...
+    assert choose({1: 0.001, 16: 1.0, 32: 2.0}) == 16
+    assert choose({1: 0.001, 16: 1.0, 32: 2.0}, images=1, features=40) == 16
+    # ...unless nothing larger was measured
+    assert choose({1: 0.5}) == 1
 
 
 def test_call_time_interpolates_through_zero():
@@ -93,11 +98,11 @@ def test_measure_picks_cheapest_with_fake_clock_and_ignores_one_slow_call():
 def test_measure_stops_at_the_budget():
     clock = FakeClock(lambda b: 0.1 * b)
     times = measure(clock.probe, [1, 16, 32, 64], expected_rows=10**9, budget_s=1.0, timer=clock.timer)
-    assert sorted(times) == [1]  # 1 row: 0.2 s spent; 16 rows would take about 3.2 s more
+    assert sorted(times) == [1]  # 1 row: 0.3 s spent; 16 rows would take about 4.8 s more
     assert set(clock.calls) == {1}
-    # a small job lowers the budget below budget_s: 5% of 100 rows * 0.1 s = 0.5 s
+    # a small job lowers the budget below budget_s: 5% of 200 rows * 0.1 s = 1 s
     clock = FakeClock(lambda b: 0.1)
-    times = measure(clock.probe, [1, 16, 32, 64], expected_rows=100, budget_s=10.0, timer=clock.timer)
+    times = measure(clock.probe, [1, 16, 32, 64], expected_rows=200, budget_s=10.0, timer=clock.timer)
     assert sorted(times) == [1]
 
 
@@ -133,39 +138,76 @@ class Recorder(torch.nn.Module):
         return self.inner(x)
 
 
-def _job():
-    # 8x8 pixels, 2 images: 2 * 64 * 65 / 2 = 4160 candidates, above calibration.MIN_ROWS
-    model = Recorder(make_cnn(0, torch.float64, h=8, w=8)).eval()
-    return model, make_images(2, h=8, w=8, seed=3)
+@pytest.fixture
+def job(monkeypatch):
+    """4 images of 5x5 pixels (4 * 25 * 26 / 2 = 1300 candidates), calibrated: MIN_ROWS lowered for the test."""
+    monkeypatch.setattr(calibration, "MIN_ROWS", 1000)
+    model = Recorder(make_cnn(0, torch.float64)).eval()
+    return model, make_images(4, seed=3)
 
 
-def test_fast_sis_uses_the_calibrated_batch_size(monkeypatch):
-    model, images = _job()
-    fake = {1: 1.0, 16: 1.1, 32: 1.2, 64: 1.3, 128: 1.4}  # cheapest per row: 128 = N p (one level per call)
+def test_fast_sis_uses_the_calibrated_batch_size(monkeypatch, job):
+    model, images = job
+    fake = {1: 1.0, 16: 1.1, 32: 1.2, 64: 1.3, 100: 1.4}  # cheapest per row: 100 = N p (one level per call)
     calls = []
     monkeypatch.setattr(calibration, "measure", lambda probe, sizes, **kw: calls.append(list(sizes)) or
                         {b: fake[b] for b in sizes})
     want = of.reference.sis(model.inner, images, 0.3)
     res = of.fast_sis(model, images, 0.3, engine="torch")
-    assert calls == [[1, 16, 32, 64, 128]]
-    assert max(model.sizes) == 128
-    assert [r.sis.tolist() for r in res] == [r.sis.tolist() for r in want]
+    assert calls == [[1, 16, 32, 64, 100]]
+    assert max(model.sizes) == 100
+    assert [r.size and r.sis.tolist() for r in res] == [r.size and r.sis.tolist() for r in want]
     model.sizes.clear()
     of.fast_sis(model, images, 0.3, engine="torch")  # cached: no second measurement
-    assert len(calls) == 1 and max(model.sizes) == 128
+    assert len(calls) == 1 and max(model.sizes) == 100
+    calibration.clear_cache()
+    fake.update({32: 0.2, 64: 5.0, 100: 8.0})  # calls of 32 rows now far cheaper than larger ones
+    model.sizes.clear()
+    of.fast_sis(model, images, 0.3, engine="torch")
+    assert max(model.sizes[1:]) == 32
 
 
-def test_user_batch_size_wins(monkeypatch):
-    model, images = _job()
+def test_user_batch_size_wins(monkeypatch, job):
+    model, images = job
     monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("calibrated despite batch_size"))
     of.fast_sis(model, images, 0.3, batch_size=24, engine="torch")
     assert max(model.sizes[1:]) == 24  # the first call: the unmasked images
 
 
-def test_calibration_measures_real_candidates():
-    model, images = _job()
+def test_calibration_measures_real_candidates(job):
+    model, images = job
     res = of.fast_sis(model, images, 0.3, engine="torch")
     cals = list(calibration._CACHE.values())
     assert len(cals) == 1 and cals[0].source == "measured" and cals[0].batch_size in cals[0].times
-    assert all(t > 0 for t in cals[0].times.values())
-    assert max(model.sizes[1:]) <= 128 and all(r.sis is not None for r in res)
+    assert all(t > 0 for t in cals[0].times.values()) and cals[0].batch_size >= calibration.MIN_CHOICE
+    assert max(model.sizes[1:]) <= 100 and len(res) == 4
+
+
+def test_disk_cache_is_opt_in_and_survives_the_process_cache(monkeypatch, tmp_path):
+    clock = FakeClock({1: 0.001, 16: 0.002, 20: 0.003}.get)
+    kw = dict(max_rows=20, expected_rows=10**6, fallback=7, timer=clock.timer, disk=calibration.disk_key("m", 1))
+    monkeypatch.delenv(calibration.CACHE_DIR_ENV, raising=False)
+    calibrate(("k",), clock.probe, **kw)
+    assert not list(tmp_path.iterdir())  # no directory set: nothing written
+    monkeypatch.setenv(calibration.CACHE_DIR_ENV, str(tmp_path))
+    calibration.clear_cache()
+    first = calibrate(("k",), clock.probe, **kw)
+    assert first.source == "measured" and (tmp_path / "calibration.json").is_file()
+    calibration.clear_cache()  # a new process: only the disk remains
+    n_calls = len(clock.calls)
+    again = calibrate(("k",), clock.probe, **kw)
+    assert again.source == "cached" and again.batch_size == first.batch_size and len(clock.calls) == n_calls
+    assert again.times == first.times
+    (tmp_path / "calibration.json").write_text("{not json")  # a broken file is ignored, then replaced
+    calibration.clear_cache()
+    assert calibrate(("k",), clock.probe, **kw).source == "measured"
+    calibration.clear_cache()
+    assert calibrate(("k",), clock.probe, **kw).source == "cached"
+
+
+def test_disk_key_ignores_weights_but_not_structure(monkeypatch, tmp_path):
+    from overinterp_fast.engines import _structure
+    a, b = make_cnn(0, torch.float64), make_cnn(1, torch.float64)
+    c = make_cnn(0, torch.float64, width=4)
+    assert _structure(a) == _structure(b) != _structure(c)
+    assert _structure(lambda x: x) is None
