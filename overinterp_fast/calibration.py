@@ -44,10 +44,13 @@ BUDGET_S = 0.5
 BUDGET_FRACTION = 0.05
 # Jobs with fewer rows than this keep the fallback size: the first probe would cost a sizeable share.
 MIN_ROWS = 4096
-# The smallest size chosen when a larger one was measured (size 1 anchors the cost of small tails).
+# Sizes whose predicted cost is within this fraction of the least count as equal; the largest is taken.
+TOLERANCE = 0.10
+# Below this size a calibration does not choose: if nothing this large could be measured within the
+# budget, the fallback size is used (one noisy call must not make a job run row by row).
 MIN_CHOICE = 16
 # Batch sizes tried (those up to the job's largest useful batch, plus that size itself).
-LADDER = (1, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
+LADDER = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
 
 
 @dataclass
@@ -146,7 +149,7 @@ def ladder(max_rows: int, upper: int | None = None) -> list[int]:
 
 def call_time(times: dict[int, float]) -> Callable[[np.ndarray], np.ndarray]:
     """Predicted seconds of a call of r rows: linear interpolation of the measured times
-    (through 0 at r = 0 when 1 row was not measured; the largest measured size's per-row cost beyond it)."""
+    (through 0 at r = 0 below the smallest measured size; the largest size's per-row cost beyond it)."""
     sizes = np.array(sorted(times), dtype=np.float64)
     secs = np.array([times[int(b)] for b in sizes])
     if sizes[0] > 1:
@@ -174,23 +177,47 @@ def exact_schedule_time(times: dict[int, float], batch: int, images: int, featur
     return float((full * t(np.array([batch]))[0]).sum() + t(tail).sum())
 
 
+def per_call_overhead(times: dict[int, float]) -> float:
+    """The fixed cost of a call: the intercept (>= 0) of the least-squares line through the
+    measured (size, seconds) points; 0 with fewer than two points."""
+    if len(times) < 2:
+        return 0.0
+    b = np.array(sorted(times), dtype=np.float64)
+    t = np.array([times[int(x)] for x in b])
+    slope, intercept = np.polyfit(b, t, 1)
+    return max(0.0, float(intercept))
+
+
+def exact_calls(batch: int, images: int, features: int) -> int:
+    """Calls exact SIS's schedule makes with batches of ``batch`` rows (see :func:`exact_schedule_time`)."""
+    r = np.arange(1, features + 1, dtype=np.int64) * images
+    return int((-(-r // batch)).sum())
+
+
 def choose(times: dict[int, float], *, images: int | None = None, features: int | None = None) -> int:
     """The batch size to use, from measured call times {size: seconds}.
 
     With ``images`` and ``features`` (exact SIS): the measured size with the least
     predicted schedule time (:func:`exact_schedule_time`). Otherwise: the least time
-    per row. Ties go to the smaller size; the result depends only on ``times``.
+    per row. Both add to every call the probe's own fixed cost per call
+    (:func:`per_call_overhead`) once more, for the job's work per call that the probe
+    does not see (scheduling, bookkeeping): that work is as fixed as the model's
+    call overhead, and larger batches amortise it. Among sizes within TOLERANCE of
+    the least cost the largest wins. Sizes under MIN_CHOICE (given for the
+    interpolation only) are chosen only when nothing larger was measured. The result
+    depends only on ``times``.
     """
     if not times:
         raise ValueError("no measured batch sizes to choose from")
-    # Sizes under MIN_CHOICE only anchor the interpolation of small tails: one noisy call at a
-    # larger size must not make a job run row by row.
     sizes = [b for b in sorted(times) if b >= MIN_CHOICE] or sorted(times)
+    extra = per_call_overhead(times)
     if images is not None and features is not None:
-        cost = {b: exact_schedule_time(times, b, images, features) for b in sizes}
+        cost = {b: exact_schedule_time(times, b, images, features) + extra * exact_calls(b, images, features)
+                for b in sizes}
     else:
-        cost = {b: times[b] / b for b in sizes}
-    return min(sizes, key=lambda b: (cost[b], b))
+        cost = {b: (times[b] + extra) / b for b in sizes}
+    best = min(cost.values())
+    return max(b for b in sizes if cost[b] <= best * (1 + TOLERANCE))
 
 
 def measure(
@@ -293,6 +320,8 @@ def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, fea
         times = measure(probe, ladder(max_rows, upper), expected_rows=expected_rows, timer=timer)
     except torch.OutOfMemoryError:
         return Calibration(max(1, min(fallback, max_rows, upper or fallback)), {}, "fallback", timer() - t0)
+    if max(times) < MIN_CHOICE <= max_rows:  # the budget did not reach a usable size
+        return Calibration(max(1, min(fallback, max_rows, upper or fallback)), times, "fallback", timer() - t0)
     cal = Calibration(choose(times, images=images, features=features), times, "measured", timer() - t0)
     if key is not None:
         _CACHE[key] = cal

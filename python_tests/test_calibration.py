@@ -6,7 +6,8 @@ import torch
 
 import overinterp_fast as of
 from overinterp_fast import calibration
-from overinterp_fast.calibration import Calibration, calibrate, call_time, choose, exact_schedule_time, ladder, measure
+from overinterp_fast.calibration import (Calibration, calibrate, call_time, choose, exact_calls, exact_schedule_time,
+                                         ladder, measure, per_call_overhead)
 
 from conftest import make_cnn, make_images
 
@@ -36,16 +37,24 @@ class FakeClock:
         self.now += self.cost(b) + extra
 
 
+def test_per_call_overhead():
+    assert per_call_overhead({16: 2.0, 32: 3.0, 64: 5.0}) == pytest.approx(1.0)  # t = 1 + b / 16
+    assert per_call_overhead({16: 1.0, 32: 3.0}) == 0.0  # intercept -1, clipped
+    assert per_call_overhead({16: 1.0}) == 0.0
+
+
 def test_choose_least_time_per_row():
-    # per row: 1 -> 1.0, 16 -> 0.25, 32 -> 0.3125, 64 -> 0.25 (tie: the smaller size)
-    times = {1: 1.0, 16: 4.0, 32: 10.0, 64: 16.0}
-    assert choose(times) == 16
-    assert choose({**times, 128: 30.0}) == 128  # 0.234 per row
-    # one row is never chosen over a measured larger size (it only anchors small tails)...
-    assert choose({1: 0.001, 16: 1.0, 32: 2.0}) == 16
-    assert choose({1: 0.001, 16: 1.0, 32: 2.0}, images=1, features=40) == 16
+    # no fixed cost (the fit's intercept is negative): per row 0.1, 0.1, 0.2; the tie goes to the larger
+    assert choose({16: 1.6, 32: 3.2, 64: 12.8}) == 32
+    # t = 1 + b / 16 (fixed cost 1 per call, counted twice): per row (t + 1) / b = 0.19, 0.125, 0.094
+    assert choose({16: 2.0, 32: 3.0, 64: 5.0}) == 64
+    # per row 0.0625 at 16 and 0.078 at 32 (more than 10% worse); sizes under 16 never chosen over 16
+    assert choose({1: 0.001, 16: 1.0, 32: 2.5}) == 16
+    assert choose({1: 0.001, 16: 1.0, 32: 2.5}, images=1, features=40) == 16
     # ...unless nothing larger was measured
     assert choose({1: 0.5}) == 1
+    # within 10% of the best the larger size wins: 0.100 vs 0.105 per row
+    assert choose({16: 1.6, 32: 3.36}) == 32
 
 
 def test_call_time_interpolates_through_zero():
@@ -60,6 +69,7 @@ def test_exact_schedule_time_by_hand():
     assert exact_schedule_time(times, 2, images=1, features=3) == pytest.approx(5.0)
     # B = 1: six calls of one row
     assert exact_schedule_time(times, 1, images=1, features=3) == pytest.approx(6.0)
+    assert exact_calls(2, 1, 3) == 4 and exact_calls(1, 1, 3) == 6 and exact_calls(3, 1, 3) == 3
     assert choose(times, images=1, features=3) == 2
     # two images, p = 2: levels of 4 and 2 rows; B = 2: 2 + 1 full batches
     assert exact_schedule_time(times, 2, images=2, features=2) == pytest.approx(4.5)
@@ -68,7 +78,7 @@ def test_exact_schedule_time_by_hand():
 def test_exact_choice_accounts_for_tails():
     # Per row, 256 is cheapest; but with one image of 288 features every step leaves a
     # tail of up to 255 rows at 256 while 288 takes each step in one call.
-    times = {1: 0.02, 256: 0.256, 288: 0.300}
+    times = {1: 0.05, 256: 0.256, 288: 0.35}
     assert choose(times) == 256
     t256 = exact_schedule_time(times, 256, 1, 288)
     t288 = exact_schedule_time(times, 288, 1, 288)
@@ -77,10 +87,10 @@ def test_exact_choice_accounts_for_tails():
 
 
 def test_ladder():
-    assert ladder(100) == [1, 16, 32, 64, 100]
-    assert ladder(64) == [1, 16, 32, 64]
-    assert ladder(10_000, upper=300) == [1, 16, 32, 64, 128, 256, 300]
-    assert ladder(1) == [1]
+    assert ladder(100) == [16, 32, 64, 100]
+    assert ladder(64) == [16, 32, 64]
+    assert ladder(10_000, upper=300) == [16, 32, 64, 128, 256, 300]
+    assert ladder(10) == [10] and ladder(1) == [1]
 
 
 def test_measure_picks_cheapest_with_fake_clock_and_ignores_one_slow_call():
@@ -107,16 +117,23 @@ def test_measure_stops_at_the_budget():
 
 
 def test_calibrate_caches_and_falls_back_for_small_jobs():
-    clock = FakeClock({1: 0.001, 16: 0.002, 20: 0.003}.get)
+    clock = FakeClock({16: 0.002, 20: 0.003}.get)
     kw = dict(max_rows=20, expected_rows=10**6, fallback=7, timer=clock.timer)
     cal = calibrate(("k",), clock.probe, **kw)
-    assert cal.source == "measured" and cal.batch_size == 16 and set(cal.times) == {1, 16, 20}
+    assert cal.source == "measured" and cal.batch_size == 16 and set(cal.times) == {16, 20}
     n_calls = len(clock.calls)
     again = calibrate(("k",), clock.probe, **kw)
     assert again.source == "cached" and again.batch_size == 16 and len(clock.calls) == n_calls
     small = calibrate(("other",), clock.probe, max_rows=20, expected_rows=100, fallback=7, timer=clock.timer)
     assert small.source == "fallback" and small.batch_size == 7 and len(clock.calls) == n_calls
     assert calibrate(None, clock.probe, max_rows=5, expected_rows=100, fallback=7).batch_size == 5
+
+
+def test_calibrate_falls_back_when_the_budget_reaches_no_usable_size(monkeypatch):
+    monkeypatch.setattr(calibration, "LADDER", (4, 16))
+    clock = FakeClock(lambda b: 1.0 * b)  # 4 rows: 12 s spent; 16 rows would take 48 s more
+    cal = calibrate(None, clock.probe, max_rows=4096, expected_rows=10**9, fallback=7, timer=clock.timer)
+    assert cal.source == "fallback" and cal.batch_size == 7 and set(cal.times) == {4}  # not a row-by-row job
 
 
 def test_calibrate_respects_upper_bound():
@@ -148,13 +165,13 @@ def job(monkeypatch):
 
 def test_fast_sis_uses_the_calibrated_batch_size(monkeypatch, job):
     model, images = job
-    fake = {1: 1.0, 16: 1.1, 32: 1.2, 64: 1.3, 100: 1.4}  # cheapest per row: 100 = N p (one level per call)
+    fake = {16: 1.1, 32: 1.2, 64: 1.3, 100: 1.4}  # cheapest per row: 100 = N p (one level per call)
     calls = []
     monkeypatch.setattr(calibration, "measure", lambda probe, sizes, **kw: calls.append(list(sizes)) or
                         {b: fake[b] for b in sizes})
     want = of.reference.sis(model.inner, images, 0.3)
     res = of.fast_sis(model, images, 0.3, engine="torch")
-    assert calls == [[1, 16, 32, 64, 100]]
+    assert calls == [[16, 32, 64, 100]]
     assert max(model.sizes) == 100
     assert [r.size and r.sis.tolist() for r in res] == [r.size and r.sis.tolist() for r in want]
     model.sizes.clear()
@@ -184,7 +201,7 @@ def test_calibration_measures_real_candidates(job):
 
 
 def test_disk_cache_is_opt_in_and_survives_the_process_cache(monkeypatch, tmp_path):
-    clock = FakeClock({1: 0.001, 16: 0.002, 20: 0.003}.get)
+    clock = FakeClock({16: 0.002, 20: 0.003}.get)
     kw = dict(max_rows=20, expected_rows=10**6, fallback=7, timer=clock.timer, disk=calibration.disk_key("m", 1))
     monkeypatch.delenv(calibration.CACHE_DIR_ENV, raising=False)
     calibrate(("k",), clock.probe, **kw)
