@@ -2,6 +2,10 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
+#include "check.h"
+
 namespace overinterp_fast {
 
 inline void check_backselect_update(const at::Tensor& scores, const at::Tensor& rows, const at::Tensor& counts,
@@ -28,6 +32,16 @@ inline void check_backselect_update(const at::Tensor& scores, const at::Tensor& 
   }
   for (const auto* t : {&rows, &counts, &steps, &remaining, &present, &order, &values}) {
     TORCH_CHECK(t->device() == scores.device(), "backselect_update: all tensors must be on ", scores.device());
+  }
+  const int64_t S = scores.size(1), P = present.size(1);
+  check_ranges("backselect_update", {{rows, 0, scores.size(0), "row"},
+                                     {counts, 1, std::min(S, P) + 1, "count"},
+                                     {steps, 0, order.size(1), "step"}});
+  if (rows.numel() > 0) {
+    // The scored slots remaining[row, :count] must hold feature ids (the pick is one of them).
+    const at::Tensor slots = remaining.index_select(0, rows);
+    const at::Tensor scored = at::arange(S, rows.options()).unsqueeze(0) < counts.unsqueeze(1);
+    check_ranges("backselect_update", {{slots.masked_fill(scored.logical_not(), 0), 0, P, "remaining feature"}});
   }
 }
 

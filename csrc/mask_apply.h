@@ -1,6 +1,8 @@
-// Shared argument checks and memory-layout planning for mask_apply (CPU and CUDA).
+// Shared argument and index checks and memory-layout planning for mask_apply (CPU and CUDA).
 #pragma once
 #include <ATen/ATen.h>
+
+#include "check.h"
 
 namespace overinterp_fast {
 
@@ -45,6 +47,11 @@ inline MaskApplyPlan plan_mask_apply(
     TORCH_CHECK(t->device() == base.device(), "mask_apply: all tensors must be on ", base.device(),
                 ", found one on ", t->device());
   }
+
+  check_ranges("mask_apply", {{cand_image, 0, base.size(0), "cand_image"},
+                              {cand_row, 0, present.size(0), "cand_row"},
+                              {cand_feature, -1, present.size(1), "cand_feature"},
+                              {feature_map, 0, present.size(1), "feature_map id"}});
 
   MaskApplyPlan plan;
   plan.batch = cand_image.size(0);

@@ -2,6 +2,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include "check.h"
+
 namespace overinterp_fast {
 
 inline void check_rect_fill(const at::Tensor& rects, const at::Tensor& owner, const at::Tensor& weights, int64_t n,
@@ -15,6 +17,7 @@ inline void check_rect_fill(const at::Tensor& rects, const at::Tensor& owner, co
   TORCH_CHECK(n >= 0 && height >= 0 && width >= 0, "rect_fill: n, height and width must be >= 0");
   TORCH_CHECK(owner.device() == rects.device() && weights.device() == rects.device(),
               "rect_fill: all tensors must be on one device");
+  check_ranges("rect_fill", {{owner, 0, n, "owner"}});  // also when n, height or width is 0
 }
 
 }  // namespace overinterp_fast

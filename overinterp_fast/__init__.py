@@ -7,6 +7,8 @@
 See README.md and SPEC.md for the algorithms and their exact semantics.
 """
 from . import _ops as ops
+from . import ops_torch
+from ._ops import ops_info
 from . import reference
 from .api import fast_sis, responsibility, sufficient_subset
 from .findsis import find_sis
@@ -16,5 +18,5 @@ from .results import SISResult
 from . import text
 from .text import input_reduction
 
-__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "reference", "text", "input_reduction"]
+__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "ops_info", "ops_torch", "reference", "text", "input_reduction"]
 __version__ = "0.1.0"

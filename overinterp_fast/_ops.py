@@ -1,55 +1,219 @@
-"""The compiled operators (overinterp_fast._C), their fake implementations, and thin wrappers.
+"""The ops (compiled kernels or their pure-PyTorch versions), their fake implementations, and thin wrappers.
 
-The schemas live in csrc/ops.cpp; CPU and CUDA kernels are registered per dispatch
-key in csrc/cpu and csrc/cuda. Importing this module loads the library once and
-raises a clear ImportError when the extension was not built.
+The schemas live in csrc/ops.cpp; CPU and CUDA kernels are registered per
+dispatch key in csrc/cpu and csrc/cuda; overinterp_fast/ops_torch.py holds a
+pure-PyTorch version of every op. Each call picks, per op and device:
+
+- the pure version when ``OVERINTERP_FAST_OPS=torch`` is set, when the compiled
+  extension could not be loaded (one warning at import), or when the extension
+  has no kernel for the device (one warning);
+- on the first use on each CUDA device, each kernel runs a few small random cases
+  against its pure version (milliseconds); on a mismatch or an error it warns once
+  and the pure version is used on that device from then on;
+- the kernel otherwise.
+
+``ops_info()`` (also ``overinterp_fast.ops_info``) says which one each op uses, and why.
 """
 from __future__ import annotations
 
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
+
+from .ops_torch import PURE_OPS, is_channels_last
+
+ENV_VAR = "OVERINTERP_FAST_OPS"
+MODES = ("auto", "torch")  # auto (default): kernels, self-checked on CUDA; torch: pure versions everywhere
+SELF_CHECK_DEVICE_TYPES = {"cuda"}  # the kernels never run elsewhere before the self-check; tests add "cpu"
+_SELF_CHECK_SEED = 20260501
 
 try:
     from . import _C  # noqa: F401  (loading the library registers the ops)
-except ImportError as exc:  # pragma: no cover - exercised only on broken installs
-    raise ImportError(
-        "overinterp_fast's compiled extension (overinterp_fast._C) could not be loaded: "
-        f"{exc}. Build it with `pip install --no-build-isolation -e .` from the repository root "
-        "(in the environment whose torch it must link against), or run ./scripts/test, which does."
-    ) from exc
 
-_lib = torch.ops.overinterp_fast
+    LOAD_ERROR: str | None = None
+except ImportError as exc:
+    LOAD_ERROR = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    warnings.warn(
+        f"overinterp_fast's compiled extension could not be loaded ({LOAD_ERROR}); using the pure-PyTorch ops "
+        "(same results, slower). Build it with `pip install --no-build-isolation -e .` or ./scripts/test.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def extension_loaded() -> bool:
+    """True when the compiled extension (overinterp_fast._C) is loaded."""
+    return LOAD_ERROR is None
+
+
+def extension_ops() -> list[str]:
+    """Names of the ops the loaded extension defines (empty when it is not loaded)."""
+    prefix = "overinterp_fast::"
+    return sorted(n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+
+
+def _has_kernel(name: str, device_type: str) -> bool:
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return (extension_loaded() and key is not None
+            and torch._C._dispatch_has_kernel_for_dispatch_key(f"overinterp_fast::{name}", key))
 
 
 def has_cuda_kernels() -> bool:
-    """True when the extension was built with its CUDA kernels."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key("overinterp_fast::mask_apply", "CUDA")
+    """True when the extension is loaded and was built with its CUDA kernels."""
+    return _has_kernel("mask_apply", "cuda")
 
 
-@torch.library.register_fake("overinterp_fast::mask_apply")
-def _mask_apply_fake(base, baseline, feature_map, present, cand_image, cand_row, cand_feature):
-    torch._check(base.dim() >= 2)
-    torch._check(feature_map.shape == base.shape[1:])
-    torch._check(cand_image.shape == cand_row.shape == cand_feature.shape)
-    shape = (cand_image.shape[0], *base.shape[1:])
-    channels_last = (
-        base.dim() == 4
-        and not base.is_contiguous()
-        and base.is_contiguous(memory_format=torch.channels_last)
-    )
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return base.new_empty(shape).contiguous(memory_format=fmt)
+def kernel(name: str) -> Callable:
+    """The compiled op itself (no fallback, no self-check): ``torch.ops.overinterp_fast.<name>``."""
+    if not extension_loaded():
+        raise RuntimeError(f"overinterp_fast's compiled extension is not loaded: {LOAD_ERROR}")
+    return getattr(torch.ops.overinterp_fast, name)
 
 
-@torch.library.register_fake("overinterp_fast::backselect_update")
-def _backselect_update_fake(scores, rows, counts, steps, remaining, present, order, values):
-    torch._check(rows.shape == counts.shape == steps.shape)
+@dataclass(frozen=True)
+class OpInfo:
+    """Which implementation an op uses on a device: ``implementation`` is "kernel" or "torch"."""
+
+    op: str
+    device: str
+    implementation: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.op:<20} {self.device:<8} {self.implementation:<7} {self.reason}"
+
+
+def mode() -> str:
+    """The value of OVERINTERP_FAST_OPS ("auto" when unset)."""
+    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV_VAR} must be one of {MODES} (or unset), got {os.environ[ENV_VAR]!r}")
+    return value
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return (a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            and (a.numel() <= 1 or a.stride() == b.stride()) and torch.equal(a, b))
+
+
+def self_check(name: str, device: torch.device | str) -> str | None:
+    """Run the kernel of ``name`` on its sample cases on ``device`` against the pure version.
+
+    Returns None when results (and in-place updates) are identical, else a one-line
+    description of the mismatch or of the error the kernel raised.
+    """
+    device = torch.device(device)
+    spec = PURE_OPS[name]
+    fn = kernel(name)
+    clone = lambda args: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
+    try:
+        for i, case in enumerate(spec.sample(device, torch.Generator().manual_seed(_SELF_CHECK_SEED))):
+            got_args, want_args = clone(case), clone(case)
+            got = fn(*got_args)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # launch and execution errors surface here
+            want = spec.fn(*want_args)
+            if not _same(got, want):
+                return f"case {i}: the result differs from the pure-PyTorch version"
+            for k, (a, b) in enumerate(zip(got_args, want_args)):
+                if isinstance(a, torch.Tensor) and not _same(a, b):
+                    return f"case {i}: argument {k} is updated differently from the pure-PyTorch version"
+    except Exception as exc:  # a launch error, an illegal address, ...: whatever it is, the kernel is not used
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"
     return None
 
 
-@torch.library.register_fake("overinterp_fast::rect_fill")
-def _rect_fill_fake(rects, owner, weights, n, height, width):
-    torch._check(rects.dim() == 2 and rects.shape[1] == 4)
-    return rects.new_empty((n, height, width))
+_lock = threading.Lock()
+_choices: dict[tuple[str, str, str], tuple[OpInfo, Callable]] = {}
+
+
+def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
+    """(why, implementation) of op ``name`` on ``device``, decided once per (op, device, mode)."""
+    where = str(device)
+    key = (name, where, mode())
+    choice = _choices.get(key)
+    if choice is not None:
+        return choice
+    with _lock:
+        choice = _choices.get(key)
+        if choice is not None:
+            return choice
+        pure = PURE_OPS[name].fn
+        if key[2] == "torch":
+            choice = OpInfo(name, where, "torch", f"{ENV_VAR}=torch"), pure
+        elif not extension_loaded():
+            choice = OpInfo(name, where, "torch", f"the compiled extension could not be loaded: {LOAD_ERROR}"), pure
+        elif not _has_kernel(name, device.type):
+            choice = OpInfo(name, where, "torch", f"the extension has no {device.type} kernel"), pure
+            warnings.warn(f"overinterp_fast: no compiled {device.type} kernel for {name}; using its "
+                          "pure-PyTorch version (same results, slower)", RuntimeWarning, stacklevel=4)
+        elif device.type in SELF_CHECK_DEVICE_TYPES:
+            problem = self_check(name, device)
+            if problem is None:
+                choice = OpInfo(name, where, "kernel", f"passed its self-check on {where}"), kernel(name)
+            else:
+                choice = OpInfo(name, where, "torch", f"failed its self-check on {where}: {problem}"), pure
+                warnings.warn(f"overinterp_fast: the {name} kernel failed its self-check on {where} ({problem}); "
+                              "using its pure-PyTorch version there (same results, slower)",
+                              RuntimeWarning, stacklevel=4)
+        else:
+            choice = OpInfo(name, where, "kernel", f"compiled {device.type} kernel"), kernel(name)
+        _choices[key] = choice
+        return choice
+
+
+def call(name: str, *args):
+    """Run op ``name`` with the implementation chosen for the device of its first argument."""
+    return _choose(name, args[0].device)[1](*args)
+
+
+def ops_info(devices=None) -> list[OpInfo]:
+    """Which implementation each op uses on each device, and why.
+
+    Args:
+        devices: devices to report (default: the CPU and every visible CUDA device).
+            Reporting a CUDA device runs its self-checks if they have not run yet.
+
+    Returns:
+        One :class:`OpInfo` per (op, device); ``print(*ops_info(), sep="\n")`` shows a table.
+    """
+    if devices is None:
+        devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [_choose(name, torch.device(d))[0] for d in devices for name in sorted(PURE_OPS)]
+
+
+def _register_fakes() -> None:
+    """Fake (meta) implementations for torch.compile / export; only when the extension defines the ops."""
+
+    @torch.library.register_fake("overinterp_fast::mask_apply")
+    def _mask_apply_fake(base, baseline, feature_map, present, cand_image, cand_row, cand_feature):
+        torch._check(base.dim() >= 2)
+        torch._check(feature_map.shape == base.shape[1:])
+        torch._check(cand_image.shape == cand_row.shape == cand_feature.shape)
+        shape = (cand_image.shape[0], *base.shape[1:])
+        fmt = torch.channels_last if is_channels_last(base) else torch.contiguous_format
+        return base.new_empty(shape).contiguous(memory_format=fmt)
+
+    @torch.library.register_fake("overinterp_fast::backselect_update")
+    def _backselect_update_fake(scores, rows, counts, steps, remaining, present, order, values):
+        torch._check(rows.shape == counts.shape == steps.shape)
+        return None
+
+    @torch.library.register_fake("overinterp_fast::rect_fill")
+    def _rect_fill_fake(rects, owner, weights, n, height, width):
+        torch._check(rects.dim() == 2 and rects.shape[1] == 4)
+        return rects.new_empty((n, height, width))
+
+
+if extension_loaded():
+    _register_fakes()
 
 
 def rect_fill(
@@ -66,7 +230,7 @@ def rect_fill(
         int64 [n, height, width]: ``out[o, y, x]`` = sum of the weights of owner o's
         rectangles that cover (y, x).
     """
-    return _lib.rect_fill(rects, owner, weights, n, height, width)
+    return call("rect_fill", rects, owner, weights, n, height, width)
 
 
 def mask_apply(
@@ -92,7 +256,7 @@ def mask_apply(
     Returns:
         [B, *D] tensor in base's dtype and memory format.
     """
-    return _lib.mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature)
+    return call("mask_apply", base, baseline, feature_map, present, cand_image, cand_row, cand_feature)
 
 
 def backselect_update(
@@ -119,4 +283,4 @@ def backselect_update(
     clears the feature in ``present`` and removes it from ``remaining`` (the last
     entry moves into its slot).
     """
-    _lib.backselect_update(scores, rows, counts, steps, remaining, present, order, values)
+    call("backselect_update", scores, rows, counts, steps, remaining, present, order, values)

@@ -84,7 +84,8 @@ def _passes(criterion: str, thresholds: list[float]):
 
 def _check_pixels(s: _Setup, what: str) -> None:
     if s.prep.images.dim() != 4 or s.prep.grid_shape != tuple(s.prep.images.shape[-2:]):
-        raise ValueError(f"{what} works on images [N, C, H, W] with the default pixel features (features=None)")
+        hint = "; images must have a batch dimension: pass images[None]" if s.prep.images.dim() == 3 else ""
+        raise ValueError(f"{what} works on images [N, C, H, W] with the default pixel features (features=None){hint}")
 
 
 def responsibility(

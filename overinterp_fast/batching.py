@@ -19,7 +19,12 @@ _CUDA_ACTIVATION_FACTOR = 48
 
 
 def auto_batch_size(images: torch.Tensor, total_candidates: int) -> int:
-    """Candidates per forward call when the user gives none."""
+    """Candidates per forward call when the user gives none.
+
+    On CUDA this is a guess from the device's free memory (cudaMemGetInfo: memory held
+    by torch's cache or by ONNX Runtime's arena counts as used); an out-of-memory error,
+    torch's or ONNX Runtime's, halves it (ChunkRunner).
+    """
     per_sample = images[0].numel()
     if images.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(images.device)
@@ -41,9 +46,10 @@ def check_batch_size(batch_size) -> int | None:
 class ChunkRunner:
     """Runs work over [0, total) in chunks of at most ``chunk`` items, concatenating the results.
 
-    On a GPU out-of-memory error the chunk is halved and the same items are run
-    again, so the result is that of the same items; the smaller chunk is kept for
-    later calls. One item that still does not fit raises a clear error.
+    On an out-of-memory error (torch's, or ONNX Runtime's, which OnnxModel raises as
+    torch.OutOfMemoryError) the chunk is halved and the same items are run again, so
+    the result is that of the same items; the smaller chunk is kept for later calls.
+    One item that still does not fit raises a clear error.
     """
 
     def __init__(self, chunk: int, device: torch.device):
@@ -65,11 +71,14 @@ class ChunkRunner:
                         f"images on {self.device}: {exc}"
                     ) from exc
                 self.chunk = max(1, n // 2)
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
                 warnings.warn(f"out of memory at {n} candidates per forward call; retrying with {self.chunk}")
+                # Leaving the except block drops the exception and its traceback, whose frames hold
+                # the failed batch's tensors; only then can empty_cache() give their memory back.
+            else:
+                start += n
                 continue
-            start += n
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         if len(parts) == 1:
             return parts[0]
         if isinstance(parts[0], tuple):

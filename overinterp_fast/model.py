@@ -139,13 +139,38 @@ def check_finite_scores(all_finite: torch.Tensor | bool) -> None:
         )
 
 
+def _is_one_unbatched_sample(fn: ModelFn, images: torch.Tensor) -> bool:
+    """True when the model maps two copies of ``images`` stacked, [2, *images.shape], to [2, K]:
+    ``images`` is then one sample that lacks its batch dimension.
+
+    Asked only after the model failed on ``images`` as a batch, so a model that accepts
+    the batch is never second-guessed; two copies (not one) keep a model whose output
+    ignores the batch size (always [1, K]) from passing the probe.
+    """
+    try:
+        out = fn.model(images[None].expand(2, *images.shape))
+    except Exception:
+        return False
+    return isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2 and out.shape[1] >= 1
+
+
 def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tuple[torch.Tensor, torch.Tensor]:
     """Target class per image (given, or the argmax of the output) and f(x): (int64 [N], float64 [N]).
 
     ``runner`` is a :class:`overinterp_fast.batching.ChunkRunner` (chunking with out-of-memory back-off).
     """
     n = images.shape[0]
-    outs = runner.run(n, lambda sl: fn.forward(images[sl]))
+    try:
+        outs = runner.run(n, lambda sl: fn.forward(images[sl]))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        if _is_one_unbatched_sample(fn, images):
+            raise ValueError(
+                f"images must have a batch dimension: pass images[None] (got shape {tuple(images.shape)}, "
+                f"which the model rejects as a batch but accepts as one sample)"
+            ) from exc
+        raise
     if not bool(torch.isfinite(outs).all()):
         raise FloatingPointError("the model's output on the unmasked images contains NaN or inf")
     k = outs.shape[1]

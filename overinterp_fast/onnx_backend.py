@@ -2,10 +2,14 @@
 
 ``OnnxModel`` is a callable [B, *D] -> [B, K] over torch tensors, so the engines
 use it exactly like a torch model. On the CPU, inputs reach ONNX Runtime as
-zero-copy NumPy views of the torch tensors and outputs come back zero-copy. On
-CUDA, inputs and outputs are bound by IOBinding to torch CUDA tensors (the
-candidate batches never leave the GPU) and ONNX Runtime runs on torch's current
-stream (``user_compute_stream``), so no extra synchronisation is needed.
+zero-copy NumPy views of the torch tensors and outputs come back zero-copy
+(bfloat16, which NumPy lacks, is bound by pointer instead). On CUDA, inputs and
+outputs are bound by IOBinding to torch CUDA tensors (the candidate batches never
+leave the GPU). ONNX Runtime runs on its own stream, so every run first waits for
+torch's current stream on the input's device (the kernels that wrote the batch),
+and ORT has finished with its outputs when the run returns. Output buffers take
+the dtype of the session's output. An allocation failure inside ONNX Runtime is
+raised as ``torch.OutOfMemoryError``, so the batch-halving back-off applies.
 Models whose batch dimension is fixed are fed in chunks of that size, the last
 chunk padded with copies of its last row, and the padding's outputs dropped.
 """
@@ -18,14 +22,38 @@ from typing import Sequence
 import numpy as np
 import torch
 
-# ONNX element types <-> torch dtypes for the tensors we bind.
-_ORT_TO_TORCH = {
-    "tensor(float)": torch.float32,
-    "tensor(double)": torch.float64,
-    "tensor(float16)": torch.float16,
-    "tensor(bfloat16)": torch.bfloat16,
+# ONNX element types -> (torch dtype, onnx.TensorProto element type), for the tensors we bind.
+_ORT_TYPES = {
+    "tensor(float)": (torch.float32, 1),
+    "tensor(double)": (torch.float64, 11),
+    "tensor(float16)": (torch.float16, 10),
+    "tensor(bfloat16)": (torch.bfloat16, 16),
 }
-_TORCH_TO_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+_ONNX_ELEMENT = {dtype: code for dtype, code in _ORT_TYPES.values()}
+# Substrings of ONNX Runtime's errors when an allocation fails (its BFC arena, CUDA, the CPU allocator).
+_ALLOCATION_FAILURES = ("failed to allocate memory", "out of memory", "bad_alloc", "cudaerrormemoryallocation")
+
+
+def _wait_for_torch_stream(device: torch.device) -> None:
+    """Block until the work queued on torch's current stream of ``device`` is done (no-op off CUDA).
+
+    ONNX Runtime runs on a stream of its own that does not wait for torch's: without
+    this it could read a candidate batch before ``mask_apply`` has written it.
+    """
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _ort_call(fn, *args):
+    """Call into ONNX Runtime; its allocation failures become torch.OutOfMemoryError (the back-off's signal)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        text = str(exc)
+        if any(s in text.lower() for s in _ALLOCATION_FAILURES):
+            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            raise torch.OutOfMemoryError(f"ONNX Runtime could not allocate memory: {first}") from exc
+        raise
 
 
 def _import_ort():
@@ -91,9 +119,13 @@ class OnnxModel:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input = self._pick(inputs, input_name, "input", refuse_several=True)
         self.output = self._pick(outputs, output_name, "output", refuse_several=False)
-        if self.input.type not in _ORT_TO_TORCH:
+        if self.input.type not in _ORT_TYPES:
             raise TypeError(f"the ONNX model's input {self.input.name!r} is {self.input.type}; a float tensor is needed")
-        self.dtype = _ORT_TO_TORCH[self.input.type]
+        if self.output.type not in _ORT_TYPES:
+            raise TypeError(f"the ONNX model's output {self.output.name!r} is {self.output.type}; SIS needs float "
+                            "scores (logits or probabilities)")
+        self.dtype = _ORT_TYPES[self.input.type][0]
+        self.out_dtype = _ORT_TYPES[self.output.type][0]
         self.input_shape = list(self.input.shape)  # ints for fixed dims, str/None for dynamic ones
         batch_dim = self.input_shape[0] if self.input_shape else None
         self.fixed_batch = batch_dim if isinstance(batch_dim, int) and batch_dim > 0 else None
@@ -107,11 +139,11 @@ class OnnxModel:
         return ["CPUExecutionProvider"]
 
     def _cuda_provider(self):
-        stream = torch.cuda.current_stream(self.device)
-        return (
-            "CUDAExecutionProvider",
-            {"device_id": self.device.index or 0, "user_compute_stream": str(stream.cuda_stream)},
-        )
+        # No user_compute_stream: each run orders the streams itself (_wait_for_torch_stream).
+        # kSameAsRequested: the arena grows by what is needed, not by powers of two, so it takes
+        # no more of the memory the automatic batch size counts on than the batches need.
+        return ("CUDAExecutionProvider",
+                {"device_id": self.device.index or 0, "arena_extend_strategy": "kSameAsRequested"})
 
     @staticmethod
     def _pick(args, name, kind, refuse_several):
@@ -136,6 +168,11 @@ class OnnxModel:
             raise TypeError(
                 f"the ONNX model's input {self.input.name!r} is {self.input.type} ({self.dtype}) but the images are "
                 f"{images.dtype}; convert the images (e.g. images.to({self.dtype}))"
+            )
+        if len(self.input_shape) == images.dim() + 1:
+            raise ValueError(
+                f"images must have a batch dimension: pass images[None] (the ONNX model's input "
+                f"{self.input.name!r} is {self.input_shape}, the images have shape {tuple(images.shape)})"
             )
         if len(self.input_shape) != images.dim():
             raise ValueError(
@@ -172,33 +209,35 @@ class OnnxModel:
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         if x.device.type == "cuda" and "CUDAExecutionProvider" in self.providers:
-            return self._run_cuda(x)
-        arr = x.detach().cpu().numpy() if x.dtype != torch.bfloat16 else None
-        if arr is None:
-            raise TypeError("bfloat16 ONNX models are supported on CUDA only")
-        (out,) = self.session.run([self.output.name], {self.input.name: arr})
-        return torch.from_numpy(np.ascontiguousarray(out)).to(x.device)
+            return self._run_bound(x)
+        if x.device.type != "cpu":  # the session runs on the CPU: copy there and back
+            return self._run(x.cpu()).to(x.device)
+        if torch.bfloat16 in (self.dtype, self.out_dtype):  # NumPy has no bfloat16: bind the memory
+            return self._run_bound(x)
+        (out,) = _ort_call(self.session.run, [self.output.name], {self.input.name: x.detach().numpy()})
+        return torch.from_numpy(np.ascontiguousarray(out))
 
-    def _run_cuda(self, x: torch.Tensor) -> torch.Tensor:
-        elem = _TORCH_TO_NUMPY.get(x.dtype)
-        if elem is None:
-            raise TypeError(f"{x.dtype} inputs cannot be bound on CUDA")
-        dev_id = x.device.index or 0
+    def _run_bound(self, x: torch.Tensor) -> torch.Tensor:
+        """Run on x's memory through IOBinding (CUDA, or the CPU for bfloat16), output in the session's dtype."""
+        kind, index = x.device.type, x.device.index or 0
         binding = self.session.io_binding()
-        binding.bind_input(self.input.name, "cuda", dev_id, elem, list(x.shape), x.data_ptr())
-        classes = self._classes()
-        if classes is None:
-            # Unknown number of classes (dynamic output shape): let ORT allocate once and learn it.
-            binding.bind_output(self.output.name, "cuda", dev_id)
-            self.session.run_with_iobinding(binding)
-            out = torch.from_numpy(binding.copy_outputs_to_cpu()[0]).to(x.device)
-            self._known_classes = out.shape[1]
-            return out
-        out = torch.empty((x.shape[0], classes), dtype=x.dtype, device=x.device)
-        binding.bind_output(self.output.name, "cuda", dev_id, elem, list(out.shape), out.data_ptr())
-        # ORT runs on torch's current stream (user_compute_stream): the inputs written
-        # there are ready, and later torch work on that stream sees the outputs.
-        self.session.run_with_iobinding(binding)
+        binding.bind_input(self.input.name, kind, index, _ONNX_ELEMENT[x.dtype], list(x.shape), x.data_ptr())
+        if self._classes() is None:
+            # Unknown number of classes (dynamic output shape): one run with ORT's own buffer learns it.
+            binding.bind_output(self.output.name, kind, index)
+            _wait_for_torch_stream(x.device)
+            _ort_call(self.session.run_with_iobinding, binding)
+            shape = list(binding.get_outputs()[0].shape())
+            if len(shape) != 2 or shape[0] != x.shape[0]:
+                raise ValueError(f"the ONNX model's output {self.output.name!r} has shape {shape} for a batch of "
+                                 f"{x.shape[0]}; it must be [B, K]")
+            self._known_classes = shape[1]
+            binding.clear_binding_outputs()
+        out = torch.empty((x.shape[0], self._classes()), dtype=self.out_dtype, device=x.device)
+        binding.bind_output(self.output.name, kind, index, _ONNX_ELEMENT[out.dtype], list(out.shape), out.data_ptr())
+        _wait_for_torch_stream(x.device)  # on every run: the batch in x was written on torch's stream
+        _ort_call(self.session.run_with_iobinding, binding)
+        binding.synchronize_outputs()  # ORT's stream is done with out before torch reads it
         return out
 
     def _classes(self) -> int | None:

@@ -27,6 +27,20 @@ def test_wrong_rank_and_empty(model, x):
         of.fast_sis(model, x.numpy())
 
 
+def test_single_image_without_batch_dimension(model, x):
+    for method in ("exact", "gradient", "responsibility"):
+        with pytest.raises(ValueError, match=r"images must have a batch dimension: pass images\[None\]"):
+            of.fast_sis(model, x[0], 0.5, method=method)
+    with pytest.raises(ValueError, match=r"images must have a batch dimension: pass images\[None\]"):
+        of.responsibility(model, x[0])
+    # a model that fails for another reason keeps its own error (the probe is not fooled)
+    with pytest.raises(RuntimeError, match="expected input.* to have 3 channels"):
+        of.fast_sis(model, make_images(2, c=4), 0.5)
+    with pytest.raises(RuntimeError) as err:
+        of.fast_sis(model, make_images(2, c=4)[0], 0.5)
+    assert "batch dimension" not in str(err.value)
+
+
 def test_non_float_and_non_finite(model, x):
     with pytest.raises(TypeError, match="floating point"):
         of.fast_sis(model, (x * 10).to(torch.int64))

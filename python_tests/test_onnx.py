@@ -189,3 +189,127 @@ def test_responsibility_runs_on_onnx(cnn32, onnx_path):
             assert int(cnn32(kept[None]).argmax()) == r.target  # the MPS restores the top-1 class
     maps = of.responsibility(OnnxModel(onnx_path), images, iterations=4)
     assert all(m.queries > 0 for m in maps)
+
+
+# ------------------------------------------- the CUDA path's logic, run on the CPU through IOBinding
+
+
+class LoggingSession:
+    """Wraps a real InferenceSession; logs run calls; can fail like ORT does when out of memory."""
+
+    def __init__(self, session, log, fail_above=None, error=None):
+        self._session, self.log, self.fail_above, self.error = session, log, fail_above, error
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+    def run(self, outputs, feeds):
+        self.log.append("run")
+        (x,) = feeds.values()
+        if self.fail_above is not None and x.shape[0] > self.fail_above:
+            raise self.error
+        return self._session.run(outputs, feeds)
+
+    def run_with_iobinding(self, binding):
+        self.log.append("run")
+        return self._session.run_with_iobinding(binding)
+
+
+def test_every_bound_run_first_waits_for_torch_stream(cnn32, onnx_path, monkeypatch):
+    """ORT runs on its own stream: each run (not only the first) must wait for the stream that wrote x."""
+    from overinterp_fast import onnx_backend
+
+    log = []
+    monkeypatch.setattr(onnx_backend, "_wait_for_torch_stream", lambda device: log.append(("wait", str(device))))
+    m = OnnxModel(onnx_path)
+    m.session = LoggingSession(m.session, log)
+    x = make_images(5, seed=3, dtype=torch.float32)
+    outs = [m._run_bound(x[:3]), m._run_bound(x[3:])]
+    assert log == [("wait", "cpu"), "run", ("wait", "cpu"), "run"]
+    torch.testing.assert_close(torch.cat(outs), cnn32(x).detach(), rtol=1e-4, atol=1e-5)
+    log.clear()
+    m._known_classes = None
+    m.output = type("Dynamic", (), {"name": m.output.name, "shape": ["batch", "classes"]})()
+    out = m._run_bound(x)  # unknown class count: a first run learns it, then the bound run
+    assert log == [("wait", "cpu"), "run", ("wait", "cpu"), "run"] and m._known_classes == 5
+    torch.testing.assert_close(out, cnn32(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_waiting_for_torch_stream_uses_the_tensors_device(monkeypatch):
+    from overinterp_fast import onnx_backend
+
+    log = []
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            log.append(("synchronize", str(self.device)))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    onnx_backend._wait_for_torch_stream(torch.device("cuda", 1))
+    onnx_backend._wait_for_torch_stream(torch.device("cpu"))
+    assert log == [("synchronize", "cuda:1")]
+
+
+def cast_matmul_model(path, in_type, out_type, weight):
+    """x [N, 4] of in_type -> Cast(float) -> MatMul(weight [4, 3]) -> Cast(out_type) -> [N, 3]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["xf", "w"], ["yf"]),
+             helper.make_node("Cast", ["yf"], ["y"], to=out_type)]
+    graph = helper.make_graph(nodes, "cast_matmul", [helper.make_tensor_value_info("x", in_type, ["N", 4])],
+                              [helper.make_tensor_value_info("y", out_type, ["N", 3])],
+                              [numpy_helper.from_array(weight.numpy(), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+                                                (torch.float32, torch.bfloat16)])
+def test_output_dtype_comes_from_the_session_and_bfloat16_runs(tmp_path, in_dtype, out_dtype):
+    from onnx import TensorProto
+
+    code = {torch.float16: TensorProto.FLOAT16, torch.float32: TensorProto.FLOAT,
+            torch.bfloat16: TensorProto.BFLOAT16}
+    w = torch.tensor([[1.0, 0, -1], [0, 2, 0], [0.5, 0, 1], [0, -1, 0]])
+    path = cast_matmul_model(str(tmp_path / "m.onnx"), code[in_dtype], code[out_dtype], w)
+    m = OnnxModel(path)
+    assert (m.dtype, m.out_dtype) == (in_dtype, out_dtype)
+    x = torch.tensor([[1.0, 2, 3, 4], [0.5, -1, 0, 2]]).to(in_dtype)
+    want = (x.float() @ w).to(out_dtype)
+    for out in (m(x), m._run_bound(x)):  # the CPU path, and the IOBinding path CUDA takes
+        assert out.dtype == out_dtype and torch.equal(out, want)
+    res = of.fast_sis(m, torch.rand(2, 4).to(in_dtype), 0.4)
+    assert all(r.order.numel() == 4 for r in res)
+
+
+def test_onnx_runtime_out_of_memory_halves_the_batch(cnn32, onnx_path):
+    from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
+
+    images = make_images(3, seed=4, dtype=torch.float32)
+    log = []
+    m = OnnxModel(onnx_path)
+    m.session = LoggingSession(m.session, log, fail_above=4, error=RuntimeException(
+        "Non-zero status code returned while running Conv node. Status Message: bfc_arena.cc:376 "
+        "onnxruntime::BFCArena::AllocateRawInternal Failed to allocate memory for requested buffer of size 4096"))
+    with pytest.warns(UserWarning) as caught:
+        got = of.fast_sis(m, images, 0.3, batch_size=16)
+    assert [str(w.message) for w in caught][:2] == [
+        "out of memory at 16 candidates per forward call; retrying with 8",
+        "out of memory at 8 candidates per forward call; retrying with 4"]
+    with torch.no_grad():
+        assert_same_up_to_near_ties(of.fast_sis(cnn32, images, 0.3), got, cnn32, images)
+    other = OnnxModel(onnx_path)
+    other.session = LoggingSession(other.session, [], fail_above=0, error=RuntimeException("Invalid rank for input"))
+    with pytest.raises(RuntimeException, match="Invalid rank"):  # other errors pass through unchanged
+        other(images)
+
+
+def test_single_onnx_image_without_batch_dimension(onnx_path):
+    with pytest.raises(ValueError, match=r"images must have a batch dimension: pass images\[None\]"):
+        of.fast_sis(onnx_path, make_images(1, dtype=torch.float32)[0], 0.5)

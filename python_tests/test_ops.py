@@ -1,17 +1,42 @@
-"""Each compiled op against a plain-PyTorch reference, plus torch.library.opcheck."""
+"""Each op: the compiled kernel against its pure-PyTorch version (overinterp_fast.ops_torch), both against
+independent loop references and hand-built expectations, the shared index checks, torch.library.opcheck,
+and the choice between kernel and pure version (self-check, fallback, OVERINTERP_FAST_OPS, ops_info)."""
+import itertools
+import subprocess
+import sys
+import json
+import os
+import warnings
+
 import pytest
 import torch
 
-from overinterp_fast import ops
+import overinterp_fast as of
+from overinterp_fast import _ops, ops, ops_torch
+from overinterp_fast.ops_torch import PURE_OPS, PureOp
 
 from conftest import cuda
 
+IMPLS = {"kernel": lambda name: _ops.kernel(name), "torch": lambda name: PURE_OPS[name].fn}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    """impl(name): the compiled kernel or the pure-PyTorch version of op ``name``."""
+    return lambda name: IMPLS[request.param](name)
+
 
 def mask_apply_ref(base, baseline, fm, present, img, row, feat):
-    keep = present[row][:, fm]  # [B, *D]
-    keep &= fm.unsqueeze(0) != feat.view(-1, *([1] * fm.dim()))
-    bl = baseline[img] if baseline.shape[0] > 1 else baseline.expand(img.numel(), *baseline.shape[1:])
-    return torch.where(keep, base[img], bl)
+    """Element by element, in Python loops: independent of both implementations."""
+    out = torch.empty(img.numel(), *base.shape[1:], dtype=base.dtype)
+    fm_flat = fm.reshape(-1).tolist()
+    for b, (i, r, f) in enumerate(zip(img.tolist(), row.tolist(), feat.tolist())):
+        src = base[i].reshape(-1)
+        fill = baseline[i if baseline.shape[0] > 1 else 0].reshape(-1)
+        dst = out[b].view(-1)
+        for e, fid in enumerate(fm_flat):
+            dst[e] = src[e] if bool(present[r, fid]) and fid != f else fill[e]
+    return out
 
 
 def random_case(device="cpu", dtype=torch.float32, n=3, c=2, h=4, w=5, per_image_baseline=False, seed=0):
@@ -33,49 +58,51 @@ def random_case(device="cpu", dtype=torch.float32, n=3, c=2, h=4, w=5, per_image
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 
-def check_mask_apply(device):
-    for dtype in DTYPES:
-        for per_image in (False, True):
-            args = random_case(device, dtype, per_image_baseline=per_image)
-            out = ops.mask_apply(*args)
-            assert out.dtype == dtype and out.device.type == device
-            torch.testing.assert_close(out, mask_apply_ref(*args), rtol=0, atol=0)
+def test_mask_apply_matches_the_loop_reference(impl):
+    for dtype, per_image, channels_last in itertools.product(DTYPES, (False, True), (False, True)):
+        args = random_case(dtype=dtype, per_image_baseline=per_image, seed=int(per_image))
+        base = args[0].contiguous(memory_format=torch.channels_last) if channels_last else args[0]
+        out = impl("mask_apply")(base, *args[1:])
+        assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert torch.equal(out, mask_apply_ref(*args))
 
 
-def test_mask_apply_cpu():
-    check_mask_apply("cpu")
+def test_mask_apply_kernel_equals_pure_version():
+    for seed in range(6):
+        for args in PURE_OPS["mask_apply"].sample(torch.device("cpu"), torch.Generator().manual_seed(seed)):
+            got, want = _ops.kernel("mask_apply")(*args), ops_torch.mask_apply(*args)
+            assert got.stride() == want.stride() and torch.equal(got, want)
 
 
-def test_mask_apply_channels_last_cpu():
-    base, baseline, fm, present, img, row, feat = random_case()
-    base_cl = base.contiguous(memory_format=torch.channels_last)
-    out = ops.mask_apply(base_cl, baseline, fm, present, img, row, feat)
-    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
-    torch.testing.assert_close(out, mask_apply_ref(base, baseline, fm, present, img, row, feat), rtol=0, atol=0)
-
-
-def test_mask_apply_vectors_and_empty_batch():
-    base = torch.randn(2, 6)
+def test_mask_apply_by_hand(impl):
+    base = torch.tensor([[1.0, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
     fm = torch.tensor([0, 0, 1, 2, 2, 3])
     present = torch.tensor([[True, True, False, True]])
     img, row, feat = torch.tensor([1, 0]), torch.tensor([0, 0]), torch.tensor([3, -1])
-    out = ops.mask_apply(base, torch.zeros(1, 6), fm, present, img, row, feat)
-    torch.testing.assert_close(out, mask_apply_ref(base, torch.zeros(1, 6), fm, present, img, row, feat))
-    assert out[0, 5] == 0 and out[1, 5] == base[0, 5] and out[0, 3] == 0 and out[0, 2] == base[1, 2]
+    out = impl("mask_apply")(base, torch.full((1, 6), -1.0), fm, present, img, row, feat)
+    # candidate 0: image 1 without feature 2 (absent) and feature 3 (removed); candidate 1: image 0 without 2
+    assert out.tolist() == [[7, 8, 9, -1, -1, -1], [1, 2, 3, -1, -1, 6]]
     empty = torch.zeros(0, dtype=torch.int64)
-    assert ops.mask_apply(base, torch.zeros(1, 6), fm, present, empty, empty, empty).shape == (0, 6)
+    assert impl("mask_apply")(base, torch.zeros(1, 6), fm, present, empty, empty, empty).shape == (0, 6)
 
 
-def test_mask_apply_rejects_bad_arguments():
+def test_mask_apply_rejects_bad_arguments(impl):
+    f = impl("mask_apply")
     base, baseline, fm, present, img, row, feat = random_case()
-    with pytest.raises(RuntimeError, match="out of range"):
-        ops.mask_apply(base, baseline, fm, present, img + 10, row, feat)
-    with pytest.raises(RuntimeError, match="feature_map ids"):
-        ops.mask_apply(base, baseline, fm + 100, present, img, row, feat)
+    with pytest.raises(RuntimeError, match=r"mask_apply: cand_image 1[0-2] out of range \[0, 3\)"):
+        f(base, baseline, fm, present, img + 10, row, feat)
+    bad_row, bad_feat = row.clone(), feat.clone()
+    bad_row[3], bad_feat[5] = -1, 7
+    with pytest.raises(RuntimeError, match=r"mask_apply: cand_row -1 out of range \[0, 4\)"):
+        f(base, baseline, fm, present, img, bad_row, feat)
+    with pytest.raises(RuntimeError, match=r"mask_apply: cand_feature 7 out of range \[-1, 7\)"):
+        f(base, baseline, fm, present, img, row, bad_feat)
+    with pytest.raises(RuntimeError, match=r"mask_apply: feature_map id 10[0-6] out of range \[0, 7\)"):
+        f(base, baseline, fm + 100, present, img, row, feat)
     with pytest.raises(RuntimeError, match="baseline dtype"):
-        ops.mask_apply(base, baseline.double(), fm, present, img, row, feat)
+        f(base, baseline.double(), fm, present, img, row, feat)
     with pytest.raises(RuntimeError, match="feature_map must be"):
-        ops.mask_apply(base, baseline, fm[0], present, img, row, feat)
+        f(base, baseline, fm[0], present, img, row, feat)
 
 
 def backselect_update_ref(scores, rows, counts, steps, remaining, present, order, values):
@@ -112,42 +139,92 @@ def bookkeeping_case(device="cpu", seed=0):
     return [t.to(device) for t in ts]
 
 
-def check_backselect_update(device):
+def check_backselect_update(fn, device):
     for seed in range(20):
         got = bookkeeping_case(device, seed)
         want = [t.cpu().clone() for t in got]
-        ops.backselect_update(*got)
+        fn(*got)
         backselect_update_ref(*want)
         for a, b in zip(got, want):
-            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+            assert torch.equal(a.cpu(), b)
 
 
-def test_backselect_update_cpu():
-    check_backselect_update("cpu")
+def test_backselect_update_matches_the_loop_reference(impl):
+    check_backselect_update(impl("backselect_update"), "cpu")
 
 
-def test_backselect_update_tie_goes_to_lowest_feature():
+def test_backselect_update_kernel_equals_pure_version():
+    for seed in range(10):
+        for case in PURE_OPS["backselect_update"].sample(torch.device("cpu"), torch.Generator().manual_seed(seed)):
+            got, want = [t.clone() for t in case], [t.clone() for t in case]
+            _ops.kernel("backselect_update")(*got)
+            ops_torch.backselect_update(*want)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_backselect_update_tie_goes_to_lowest_feature(impl):
     scores = torch.tensor([[0.5, 0.7, 0.7, 0.1, 0.0]], dtype=torch.float64)
     remaining = torch.tensor([[3, 2, 0, 1, -1]])
     present = torch.ones(1, 4, dtype=torch.bool)
     order = torch.full((1, 4), -1)
     values = torch.zeros(1, 4, dtype=torch.float64)
     one = torch.tensor([0])
-    ops.backselect_update(scores, one, torch.tensor([4]), one, remaining, present, order, values)
+    impl("backselect_update")(scores, one, torch.tensor([4]), one, remaining, present, order, values)
     assert order[0, 0] == 0 and values[0, 0] == 0.7  # features 2 and 0 tie at 0.7
     assert remaining[0].tolist() == [3, 2, 1, -1, -1] and present[0].tolist() == [False, True, True, True]
 
 
-def test_backselect_update_rejects_bad_arguments():
+def test_backselect_update_rejects_bad_arguments(impl):
+    f = impl("backselect_update")
+    for k, bad_value, message in ((1, 5, r"row 5 out of range \[0, 5\)"), (2, 0, r"count 0 out of range \[1, 10\)"),
+                                  (2, 10, r"count 10 out of range \[1, 10\)"), (3, 9, r"step 9 out of range \[0, 9\)")):
+        args = bookkeeping_case()
+        args[k] = args[k].clone()
+        args[k][1] = bad_value
+        with pytest.raises(RuntimeError, match="backselect_update: " + message):
+            f(*args)
     args = bookkeeping_case()
-    bad = list(args)
-    bad[2] = args[2] + 100
-    with pytest.raises(RuntimeError, match="count"):
-        ops.backselect_update(*bad)
-    bad = list(args)
-    bad[0] = args[0].float()
+    args[4][0, 0] = -1  # row 0 is scored: a hole among its features
+    with pytest.raises(RuntimeError, match=r"backselect_update: remaining feature -1 out of range \[0, 9\)"):
+        f(*args)
+    bad = bookkeeping_case()
+    bad[0] = bad[0].float()
     with pytest.raises(RuntimeError, match="float64"):
-        ops.backselect_update(*bad)
+        f(*bad)
+
+
+def rect_fill_ref(rects, owner, weights, n, h, w):
+    """Paints each rectangle: independent of the difference arrays of both implementations."""
+    out = torch.zeros(n, h, w, dtype=torch.int64)
+    for (y0, x0, y1, x1), o, wt in zip(rects.tolist(), owner.tolist(), weights.tolist()):
+        y0, y1 = min(max(y0, 0), h), min(max(y1, 0), h)
+        x0, x1 = min(max(x0, 0), w), min(max(x1, 0), w)
+        out[o, y0:y1, x0:x1] += wt
+    return out
+
+
+def test_rect_fill_matches_painting_and_kernel_equals_pure_version(impl):
+    for seed in range(6):
+        for case in PURE_OPS["rect_fill"].sample(torch.device("cpu"), torch.Generator().manual_seed(seed)):
+            got = impl("rect_fill")(*case)
+            assert torch.equal(got, rect_fill_ref(*case))
+            assert torch.equal(got, _ops.kernel("rect_fill")(*case))
+    by_hand = impl("rect_fill")(torch.tensor([[0, 0, 2, 2], [1, 1, 9, 3]]), torch.tensor([0, 0]),
+                                torch.tensor([2, -1]), 1, 3, 3)
+    assert by_hand.tolist() == [[[2, 2, 0], [2, 1, -1], [0, -1, -1]]]
+
+
+def test_rect_fill_checks_owner_even_when_nothing_is_painted(impl):
+    """The owner check comes before any early return (n, height or width 0), as on the CPU before."""
+    f = impl("rect_fill")
+    rect, one = torch.tensor([[0, 0, 1, 1]]), torch.tensor([1])
+    for n, h, w in ((0, 3, 3), (2, 0, 3), (2, 3, 0), (1, 3, 3)):
+        with pytest.raises(RuntimeError, match=r"rect_fill: owner %d out of range \[0, %d\)" % (n, n)):
+            f(rect, torch.tensor([n]), one, n, h, w)
+        with pytest.raises(RuntimeError, match=r"rect_fill: owner -1 out of range \[0, %d\)" % n):
+            f(rect, torch.tensor([-1]), one, n, h, w)
+    empty, z = torch.zeros(0, 4, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    assert torch.equal(f(empty, z, z, 2, 3, 4), torch.zeros(2, 3, 4, dtype=torch.int64))
 
 
 def test_opcheck_mask_apply():
@@ -163,22 +240,195 @@ def test_opcheck_backselect_update():
     torch.library.opcheck(torch.ops.overinterp_fast.backselect_update.default, bookkeeping_case())
 
 
+def test_opcheck_rect_fill():
+    (case,) = PURE_OPS["rect_fill"].sample(torch.device("cpu"), torch.Generator().manual_seed(0))
+    torch.library.opcheck(torch.ops.overinterp_fast.rect_fill.default, case)
+
+
+# ------------------------------------------------------------ choosing kernel or pure version
+
+
+def test_every_extension_op_has_a_pure_version_and_a_self_check_case():
+    names = _ops.extension_ops()
+    assert {"mask_apply", "backselect_update", "rect_fill"} <= set(names)
+    missing = sorted(set(names) - set(PURE_OPS))
+    assert not missing, f"ops without a pure-PyTorch version in overinterp_fast/ops_torch.py: {missing}"
+    for name in names:
+        assert PURE_OPS[name].sample(torch.device("cpu"), torch.Generator().manual_seed(0))
+
+
+@pytest.fixture
+def fresh_choices(monkeypatch):
+    """Forget earlier choices, self-check on the CPU too (as on each CUDA device), restore afterwards."""
+    monkeypatch.setattr(_ops, "_choices", {})
+    monkeypatch.setattr(_ops, "SELF_CHECK_DEVICE_TYPES", {"cpu", "cuda"})
+    monkeypatch.delenv(_ops.ENV_VAR, raising=False)
+
+
+def info(op, device="cpu"):
+    (row,) = [r for r in of.ops_info([device]) if r.op == op]
+    return row
+
+
+def test_self_check_passes_on_the_real_kernels(fresh_choices):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = of.ops_info(["cpu"])
+    assert {r.op for r in rows} == set(PURE_OPS)
+    for r in rows:
+        assert (r.implementation, r.reason) == ("kernel", "passed its self-check on cpu"), str(r)
+
+
+def _broken(real, name, how):
+    def kernel(*args):
+        if how == "launch error":
+            raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be reported later")
+        out = real(*args)
+        if name == "backselect_update" and how == "in place":
+            args[7].add_(1.0)  # values written wrong
+        elif out is not None:
+            out.as_strided((1,), (1,)).add_(1)  # one element wrong
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize("name,how", [("mask_apply", "result"), ("rect_fill", "result"),
+                                      ("backselect_update", "in place"), ("mask_apply", "launch error")])
+def test_a_failed_self_check_warns_once_and_uses_the_pure_version(fresh_choices, monkeypatch, name, how):
+    real_kernel = _ops.kernel
+    monkeypatch.setattr(_ops, "kernel", lambda n: _broken(real_kernel(n), n, how) if n == name else real_kernel(n))
+    case = PURE_OPS[name].sample(torch.device("cpu"), torch.Generator().manual_seed(99))[0]
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
+    want_out = PURE_OPS[name].fn(*want)
+    with pytest.warns(RuntimeWarning, match=f"the {name} kernel failed its self-check on cpu") as caught:
+        for _ in range(3):
+            got = [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
+            out = getattr(ops, name)(*got)
+    assert len([w for w in caught if "self-check" in str(w.message)]) == 1
+    assert (out is None and want_out is None) or torch.equal(out, want_out)
+    assert all(torch.equal(a, b) for a, b in zip(got, want) if isinstance(a, torch.Tensor))
+    row = info(name)
+    assert row.implementation == "torch" and row.reason.startswith("failed its self-check on cpu")
+    if how == "launch error":
+        assert "RuntimeError: CUDA error: unspecified launch failure" in row.reason
+    others = [r for r in of.ops_info(["cpu"]) if r.op != name]
+    assert all(r.implementation == "kernel" for r in others)
+
+
+def test_env_var_selects_the_pure_versions(fresh_choices, monkeypatch):
+    calls = []
+    spec = PURE_OPS["mask_apply"]
+    monkeypatch.setitem(PURE_OPS, "mask_apply", PureOp("mask_apply", lambda *a: calls.append(1) or spec.fn(*a),
+                                                       spec.sample))
+    args = random_case()
+    monkeypatch.setenv(_ops.ENV_VAR, "torch")
+    assert torch.equal(ops.mask_apply(*args), mask_apply_ref(*args)) and calls == [1]
+    assert all((r.implementation, r.reason) == ("torch", "OVERINTERP_FAST_OPS=torch") for r in of.ops_info(["cpu"]))
+    monkeypatch.setenv(_ops.ENV_VAR, "auto")
+    ops.mask_apply(*args)  # the first use self-checks the kernel against the pure version
+    calls.clear()
+    assert torch.equal(ops.mask_apply(*args), mask_apply_ref(*args)) and calls == []
+    assert info("mask_apply").implementation == "kernel"
+    monkeypatch.setenv(_ops.ENV_VAR, "cuda")
+    with pytest.raises(ValueError, match="OVERINTERP_FAST_OPS must be one of"):
+        ops.mask_apply(*args)
+
+
+def test_a_device_without_kernels_uses_the_pure_versions(fresh_choices, monkeypatch):
+    monkeypatch.setattr(_ops, "_has_kernel", lambda name, device_type: False)
+    args = random_case()
+    with pytest.warns(RuntimeWarning, match="no compiled cpu kernel for mask_apply"):
+        assert torch.equal(ops.mask_apply(*args), mask_apply_ref(*args))
+        assert all(r.reason == "the extension has no cpu kernel" for r in of.ops_info(["cpu"]))
+
+
+MISSING_EXTENSION = """
+import json, sys, warnings
+sys.modules["overinterp_fast._C"] = None  # what a missing or unloadable extension looks like to the import
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    import torch, overinterp_fast as of
+    sys.path.insert(0, "python_tests")
+    from conftest import make_cnn, make_images
+    model, x = make_cnn(0), make_images(2)
+    exact = of.fast_sis(model, x, 0.5)
+    resp = of.fast_sis(model, x, 0.5, method="responsibility", iterations=2)
+print(json.dumps({
+    "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    "loaded": of.ops.extension_loaded(),
+    "info": [[r.op, r.implementation, r.reason] for r in of.ops_info(["cpu"])],
+    "exact": [r.order.tolist() for r in exact], "resp": [r.order.tolist() for r in resp],
+}))
+"""
+
+
+def test_without_the_extension_everything_runs_on_the_pure_versions():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop(_ops.ENV_VAR, None)
+    proc = subprocess.run([sys.executable, "-c", MISSING_EXTENSION], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not got["loaded"]
+    assert len(got["warnings"]) == 1 and "compiled extension could not be loaded" in got["warnings"][0]
+    assert all(impl == "torch" and "could not be loaded" in why for _, impl, why in got["info"])
+    from conftest import make_cnn, make_images
+
+    model, x = make_cnn(0), make_images(2)
+    assert got["exact"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5)]
+    assert got["resp"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5, method="responsibility",
+                                                                  iterations=2)]
+
+
+# ------------------------------------------------------------------------------------------ CUDA
+
+
 @cuda
-def test_mask_apply_cuda():
+def test_kernels_equal_pure_versions_cuda():
     assert ops.has_cuda_kernels()
-    check_mask_apply("cuda")
-    base, baseline, fm, present, img, row, feat = random_case("cuda")
-    out = ops.mask_apply(base.contiguous(memory_format=torch.channels_last), baseline, fm, present, img, row, feat)
-    assert out.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out, mask_apply_ref(base, baseline, fm, present, img, row, feat), rtol=0, atol=0)
+    dev = torch.device("cuda")
+    for name, spec in PURE_OPS.items():
+        for seed in range(5):
+            for case in spec.sample(dev, torch.Generator().manual_seed(seed)):
+                got = [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
+                want = [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
+                out, ref = _ops.kernel(name)(*got), spec.fn(*want)
+                assert (out is None and ref is None) or (out.stride() == ref.stride() and torch.equal(out, ref))
+                assert all(torch.equal(a, b) for a, b in zip(got, want) if isinstance(a, torch.Tensor))
+    args = random_case("cuda")
+    assert torch.equal(_ops.kernel("mask_apply")(*args).cpu(), mask_apply_ref(*random_case()))
+    check_backselect_update(_ops.kernel("backselect_update"), "cuda")
 
 
 @cuda
-def test_backselect_update_cuda():
-    check_backselect_update("cuda")
+def test_cuda_kernels_check_indices_on_the_host():
+    """A bad index raises the CPU's RuntimeError and leaves the CUDA context usable."""
+    args = list(random_case("cuda"))
+    args[4] = args[4] + 10
+    with pytest.raises(RuntimeError, match="cand_image .* out of range"):
+        _ops.kernel("mask_apply")(*args)
+    bad = bookkeeping_case("cuda")
+    bad[2] = bad[2] + 100
+    with pytest.raises(RuntimeError, match="count .* out of range"):
+        _ops.kernel("backselect_update")(*bad)
+    with pytest.raises(RuntimeError, match="owner 1 out of range"):
+        _ops.kernel("rect_fill")(torch.tensor([[0, 0, 1, 1]], device="cuda"), torch.tensor([1], device="cuda"),
+                                 torch.tensor([1], device="cuda"), 0, 3, 3)
+    torch.cuda.synchronize()
+    assert torch.equal(_ops.kernel("mask_apply")(*random_case("cuda")).cpu(), mask_apply_ref(*random_case()))
+
+
+@cuda
+def test_ops_info_cuda_self_check():
+    rows = of.ops_info(["cuda:0"])
+    assert all(r.implementation == "kernel" and r.reason == "passed its self-check on cuda:0" for r in rows), rows
 
 
 @cuda
 def test_opcheck_cuda():
     torch.library.opcheck(torch.ops.overinterp_fast.mask_apply.default, random_case("cuda"))
     torch.library.opcheck(torch.ops.overinterp_fast.backselect_update.default, bookkeeping_case("cuda"))
+    (case,) = PURE_OPS["rect_fill"].sample(torch.device("cuda"), torch.Generator().manual_seed(0))
+    torch.library.opcheck(torch.ops.overinterp_fast.rect_fill.default, case)

@@ -4,55 +4,8 @@ import torch
 from torch import nn
 
 import overinterp_fast as of
-from overinterp_fast import ops
 
-from conftest import cuda, make_cnn, make_images
-
-
-def rect_fill_ref(rects, owner, weights, n, h, w):
-    out = torch.zeros(n, h, w, dtype=torch.int64)
-    for (y0, x0, y1, x1), o, wt in zip(rects.tolist(), owner.tolist(), weights.tolist()):
-        y0, y1 = min(max(y0, 0), h), min(max(y1, 0), h)
-        x0, x1 = min(max(x0, 0), w), min(max(x1, 0), w)
-        out[o, y0:y1, x0:x1] += wt
-    return out
-
-
-def rect_case(device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n, h, w, r = 3, 7, 9, 40
-    corners = torch.randint(-2, 12, (r, 4), generator=g)  # some out of bounds, some empty or inverted
-    owner = torch.randint(0, n, (r,), generator=g)
-    weights = torch.randint(-3, 7, (r,), generator=g)
-    return [corners.to(device), owner.to(device), weights.to(device), n, h, w]
-
-
-def test_rect_fill_matches_painting():
-    for seed in range(10):
-        args = rect_case(seed=seed)
-        assert torch.equal(ops.rect_fill(*args), rect_fill_ref(*args))
-    empty = torch.zeros(0, 4, dtype=torch.int64)
-    z = torch.zeros(0, dtype=torch.int64)
-    assert torch.equal(ops.rect_fill(empty, z, z, 2, 3, 4), torch.zeros(2, 3, 4, dtype=torch.int64))
-
-
-def test_rect_fill_rejects_bad_owner():
-    args = rect_case()
-    args[1] = args[1] + 10
-    with pytest.raises(RuntimeError, match="owner"):
-        ops.rect_fill(*args)
-
-
-def test_opcheck_rect_fill():
-    torch.library.opcheck(torch.ops.overinterp_fast.rect_fill.default, rect_case())
-
-
-@cuda
-def test_rect_fill_cuda():
-    for seed in range(5):
-        args = rect_case("cuda", seed)
-        assert torch.equal(ops.rect_fill(*args).cpu(), rect_fill_ref(*rect_case("cpu", seed)))
-    torch.library.opcheck(torch.ops.overinterp_fast.rect_fill.default, rect_case("cuda"))
+from conftest import make_cnn, make_images
 
 
 class PatchModel(nn.Module):

@@ -10,11 +10,11 @@ namespace {
 void backselect_update_cpu(const at::Tensor& scores, const at::Tensor& rows, const at::Tensor& counts,
                            const at::Tensor& steps, const at::Tensor& remaining, const at::Tensor& present,
                            const at::Tensor& order, const at::Tensor& values) {
-  check_backselect_update(scores, rows, counts, steps, remaining, present, order, values);
+  check_backselect_update(scores, rows, counts, steps, remaining, present, order, values);  // indices too
   const int64_t K = rows.size(0);
   if (K == 0) return;
   auto rows_c = rows.contiguous(), counts_c = counts.contiguous(), steps_c = steps.contiguous();
-  const int64_t N = scores.size(0), S = scores.size(1), P = present.size(1), M = order.size(1);
+  const int64_t S = scores.size(1), P = present.size(1), M = order.size(1);
   const double* sc = scores.data_ptr<double>();
   int64_t* rem = remaining.data_ptr<int64_t>();
   bool* pres = present.data_ptr<bool>();
@@ -26,9 +26,6 @@ void backselect_update_cpu(const at::Tensor& scores, const at::Tensor& rows, con
   at::parallel_for(0, K, 16, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t i = rw[k], count = ct[k], step = st[k];
-      TORCH_CHECK(i >= 0 && i < N, "backselect_update: row ", i, " out of range [0, ", N, ")");
-      TORCH_CHECK(count >= 1 && count <= std::min(S, P), "backselect_update: count ", count, " out of range");
-      TORCH_CHECK(step >= 0 && step < M, "backselect_update: step ", step, " out of range [0, ", M, ")");
       const double* s = sc + i * S;
       int64_t* r = rem + i * S;
       // Largest score wins; among equal scores the lowest feature id (the
@@ -38,7 +35,6 @@ void backselect_update_cpu(const at::Tensor& scores, const at::Tensor& rows, con
         if (s[j] > s[best] || (s[j] == s[best] && r[j] < r[best])) best = j;
       }
       const int64_t feature = r[best];
-      TORCH_CHECK(feature >= 0 && feature < P, "backselect_update: remaining holds invalid feature ", feature);
       ord[i * M + step] = feature;
       val[i * M + step] = s[best];
       pres[i * P + feature] = false;

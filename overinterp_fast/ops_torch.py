@@ -1,0 +1,223 @@
+"""Pure-PyTorch versions of every compiled op: the safety net, on any device.
+
+Each function here computes exactly what its kernel in csrc/ computes (same
+arguments, same results bit for bit, same one-line RuntimeError on bad indices),
+with plain tensor ops. ``overinterp_fast._ops`` uses them when the compiled
+extension is missing, when ``OVERINTERP_FAST_OPS=torch`` is set, or when a
+kernel fails its self-check on a device (see ``overinterp_fast.ops_info()``).
+
+Adding an op: write its pure version here, decorate it with ``@pure_op(name,
+sample)`` where ``sample(device, generator)`` builds a few small random argument
+lists for the self-check, and route its wrapper in ``_ops.py`` through
+``_ops.call(name, ...)``. ``python_tests/test_ops.py`` checks that every op of the
+extension has an entry here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class PureOp:
+    """An op's pure-PyTorch version and the small random cases its kernel is checked on.
+
+    ``sample(device, generator)`` returns a list of argument lists (valid inputs,
+    tensors on ``device``); the self-check runs kernel and pure version on copies
+    of each and requires equal results and equal in-place updates.
+    """
+
+    name: str
+    fn: Callable
+    sample: Callable[[torch.device, torch.Generator], list[list]]
+
+
+PURE_OPS: dict[str, PureOp] = {}
+
+
+def pure_op(name: str, sample: Callable[[torch.device, torch.Generator], list[list]]):
+    """Register ``fn`` as the pure version of ``overinterp_fast::<name>``."""
+
+    def register(fn: Callable) -> Callable:
+        PURE_OPS[name] = PureOp(name, fn, sample)
+        return fn
+
+    return register
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise RuntimeError(message)
+
+
+def check_ranges(op: str, checks: Sequence[tuple[torch.Tensor, int, int, str]]) -> None:
+    """Each (values, lo, hi, what): every value in [lo, hi), else csrc/check.h's RuntimeError."""
+    for values, lo, hi, what in checks:
+        if values.numel() == 0:
+            continue
+        vmin, vmax = (int(v) for v in torch.aminmax(values))
+        _check(vmin >= lo, f"{op}: {what} {vmin} out of range [{lo}, {hi})")
+        _check(vmax < hi, f"{op}: {what} {vmax} out of range [{lo}, {hi})")
+
+
+def is_channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+# ---------------------------------------------------------------- mask_apply
+
+
+def _sample_mask_apply(device: torch.device, g: torch.Generator) -> list[list]:
+    cases = []
+    for dtype, per_image, channels_last in ((torch.float32, True, False), (torch.float16, False, True)):
+        n, c, h, w, p, r, b = 3, 2, 5, 6, 9, 4, 13
+        base = torch.randn(n, c, h, w, generator=g).to(dtype)
+        baseline = torch.randn(n if per_image else 1, c, h, w, generator=g).to(dtype)
+        if channels_last:
+            base = base.contiguous(memory_format=torch.channels_last)
+        fm = torch.randint(0, p, (c, h, w), generator=g)
+        present = torch.rand(r, p, generator=g) > 0.4
+        args = [base, baseline, fm, present, torch.randint(0, n, (b,), generator=g),
+                torch.randint(0, r, (b,), generator=g), torch.randint(-1, p, (b,), generator=g)]
+        cases.append([a.to(device) for a in args])
+    return cases
+
+
+@pure_op("mask_apply", _sample_mask_apply)
+def mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature) -> torch.Tensor:
+    """out[b] = base[cand_image[b]] where present[cand_row[b], fm] and fm != cand_feature[b], else baseline.
+
+    Shapes as ``overinterp_fast.ops.mask_apply``: base [N, *D], baseline [1 or N, *D],
+    feature_map int64 [*D], present bool [R, p], candidates int64 [B]; returns [B, *D]
+    in base's dtype and memory format.
+    """
+    _check(base.dim() >= 2, f"mask_apply: base must be [N, *D], got {list(base.shape)}")
+    _check(base.is_floating_point(), f"mask_apply: base must be floating point, got {base.dtype}")
+    _check(baseline.dtype == base.dtype,
+           f"mask_apply: baseline dtype {baseline.dtype} differs from base dtype {base.dtype}")
+    _check(baseline.dim() == base.dim() and baseline.shape[1:] == base.shape[1:]
+           and baseline.shape[0] in (1, base.shape[0]),
+           f"mask_apply: baseline must be [1, *D] or [N, *D] with base [N, *D]; got {list(baseline.shape)} "
+           f"and {list(base.shape)}")
+    _check(feature_map.dtype == torch.int64, "mask_apply: feature_map must be int64")
+    _check(feature_map.shape == base.shape[1:],
+           f"mask_apply: feature_map must be [*D] = {list(base.shape[1:])}, got {list(feature_map.shape)}")
+    _check(present.dtype == torch.bool and present.dim() == 2, "mask_apply: present must be a bool [R, p] tensor")
+    for t in (cand_image, cand_row, cand_feature):
+        _check(t.dtype == torch.int64 and t.dim() == 1, "mask_apply: candidate lists must be int64 [B]")
+        _check(t.shape[0] == cand_image.shape[0], "mask_apply: candidate lists differ in length")
+    for t in (baseline, feature_map, present, cand_image, cand_row, cand_feature):
+        _check(t.device == base.device, f"mask_apply: all tensors must be on {base.device}, found one on {t.device}")
+    p = present.shape[1]
+    check_ranges("mask_apply", [(cand_image, 0, base.shape[0], "cand_image"), (cand_row, 0, present.shape[0], "cand_row"),
+                                (cand_feature, -1, p, "cand_feature"), (feature_map, 0, p, "feature_map id")])
+    lead = (-1,) + (1,) * feature_map.dim()
+    keep = present[cand_row][:, feature_map] & (feature_map.unsqueeze(0) != cand_feature.view(lead))  # [B, *D]
+    fill = baseline[cand_image] if baseline.shape[0] > 1 else baseline.expand(cand_image.shape[0], *base.shape[1:])
+    out = torch.where(keep, base[cand_image], fill)
+    fmt = torch.channels_last if is_channels_last(base) else torch.contiguous_format
+    return out.contiguous(memory_format=fmt)
+
+
+# --------------------------------------------------------- backselect_update
+
+
+def _sample_backselect_update(device: torch.device, g: torch.Generator) -> list[list]:
+    n, p = 6, 11
+    remaining = torch.full((n, p + 1), -1, dtype=torch.int64)
+    present = torch.zeros(n, p, dtype=torch.bool)
+    counts = []
+    for i in range(n):
+        k = int(torch.randint(1, p + 1, (1,), generator=g))
+        ids = torch.randperm(p, generator=g)[:k]
+        remaining[i, :k] = ids
+        present[i, ids] = True
+        counts.append(k)
+    scores = torch.randint(0, 3, (n, p + 1), generator=g).double() / 2  # coarse: exact ties
+    rows = torch.randperm(n, generator=g)[:4]
+    args = [scores, rows, torch.tensor(counts)[rows], torch.randint(0, p, (4,), generator=g), remaining, present,
+            torch.full((n, p), -1, dtype=torch.int64), torch.zeros(n, p, dtype=torch.float64)]
+    return [[a.to(device) for a in args]]
+
+
+@pure_op("backselect_update", _sample_backselect_update)
+def backselect_update(scores, rows, counts, steps, remaining, present, order, values) -> None:
+    """One backward-selection step per row in ``rows``, in place (see ``overinterp_fast.ops.backselect_update``).
+
+    Largest ``scores[row, :count]`` wins, ties to the lowest feature id; the feature is
+    written to order/values at ``steps``, cleared in ``present`` and removed from
+    ``remaining`` (the last scored entry moves into its slot).
+    """
+    _check(scores.dtype == torch.float64 and scores.dim() == 2 and scores.is_contiguous(),
+           "backselect_update: scores must be a contiguous float64 [N, P] tensor")
+    _check(remaining.dtype == torch.int64 and remaining.shape == scores.shape and remaining.is_contiguous(),
+           "backselect_update: remaining must be a contiguous int64 tensor shaped like scores")
+    _check(present.dtype == torch.bool and present.dim() == 2 and present.shape[0] == scores.shape[0]
+           and present.is_contiguous(), "backselect_update: present must be a contiguous bool [N, p] tensor")
+    _check(order.dtype == torch.int64 and order.dim() == 2 and order.shape[0] == scores.shape[0]
+           and order.is_contiguous(), "backselect_update: order must be a contiguous int64 [N, m] tensor")
+    _check(values.dtype == torch.float64 and values.shape == order.shape and values.is_contiguous(),
+           "backselect_update: values must be a contiguous float64 tensor shaped like order")
+    _check(present.shape[1] <= scores.shape[1], "backselect_update: scores needs at least p columns")
+    for t in (rows, counts, steps):
+        _check(t.dtype == torch.int64 and t.dim() == 1 and t.shape[0] == rows.shape[0],
+               "backselect_update: rows, counts and steps must be int64 [K]")
+    for t in (rows, counts, steps, remaining, present, order, values):
+        _check(t.device == scores.device, f"backselect_update: all tensors must be on {scores.device}")
+    s, p = scores.shape[1], present.shape[1]
+    check_ranges("backselect_update", [(rows, 0, scores.shape[0], "row"), (counts, 1, min(s, p) + 1, "count"),
+                                       (steps, 0, order.shape[1], "step")])
+    if rows.numel() == 0:
+        return
+    slots = remaining[rows]  # [K, S]
+    scored = torch.arange(s, device=rows.device).unsqueeze(0) < counts.unsqueeze(1)
+    check_ranges("backselect_update", [(slots.masked_fill(~scored, 0), 0, p, "remaining feature")])
+    cand = scores[rows].masked_fill(~scored, -torch.inf)
+    best_score = cand.max(1, keepdim=True).values
+    tied = scored & (cand == best_score)
+    feature = slots.masked_fill(~tied, torch.iinfo(torch.int64).max).min(1).values  # ties: lowest feature id
+    slot = (tied & (slots == feature.unsqueeze(1))).to(torch.int8).argmax(1)
+    order[rows, steps] = feature
+    values[rows, steps] = scores[rows, slot]
+    present[rows, feature] = False
+    last = counts - 1
+    remaining[rows, slot] = remaining[rows, last]
+    remaining[rows, last] = -1
+
+
+# ----------------------------------------------------------------- rect_fill
+
+
+def _sample_rect_fill(device: torch.device, g: torch.Generator) -> list[list]:
+    n, h, w, r = 4, 9, 11, 60
+    rects = torch.randint(-2, 14, (r, 4), generator=g)  # some clipped, some empty or inverted
+    args = [rects, torch.randint(0, n, (r,), generator=g), torch.randint(-5, 9, (r,), generator=g)]
+    return [[a.to(device) for a in args] + [n, h, w]]
+
+
+@pure_op("rect_fill", _sample_rect_fill)
+def rect_fill(rects, owner, weights, n: int, height: int, width: int) -> torch.Tensor:
+    """int64 [n, height, width]: out[o, y, x] = sum of weights of owner o's rectangles covering (y, x).
+
+    rects int64 [R, 4] (y0, x0, y1, x1) half-open, clipped to the image; owner, weights int64 [R].
+    """
+    _check(rects.dtype == torch.int64 and rects.dim() == 2 and rects.shape[1] == 4,
+           "rect_fill: rects must be int64 [R, 4] (y0, x0, y1, x1)")
+    _check(owner.dtype == torch.int64 and owner.dim() == 1 and owner.shape[0] == rects.shape[0],
+           "rect_fill: owner must be int64 [R]")
+    _check(weights.dtype == torch.int64 and weights.dim() == 1 and weights.shape[0] == rects.shape[0],
+           "rect_fill: weights must be int64 [R]")
+    _check(n >= 0 and height >= 0 and width >= 0, "rect_fill: n, height and width must be >= 0")
+    _check(owner.device == rects.device and weights.device == rects.device,
+           "rect_fill: all tensors must be on one device")
+    check_ranges("rect_fill", [(owner, 0, n, "owner")])
+    diff = torch.zeros(n, height + 1, width + 1, dtype=torch.int64, device=rects.device)
+    y0, x0, y1, x1 = (rects[:, k].clamp(0, lim) for k, lim in enumerate((height, width, height, width)))
+    ok = (y0 < y1) & (x0 < x1)
+    o, w = owner[ok], weights[ok]
+    y0, x0, y1, x1 = y0[ok], x0[ok], y1[ok], x1[ok]
+    for ys, xs, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):
+        diff.index_put_((o, ys, xs), sign * w, accumulate=True)  # integers: exact in any order
+    return diff.cumsum(2).cumsum(1)[:, :height, :width].contiguous()
