@@ -3,11 +3,13 @@
 // A bad index inside a CUDA kernel can only trip a device-side assert, which
 // poisons the CUDA context for the rest of the process. Every index a kernel
 // reads is therefore checked here first, on any device, with the same one-line
-// RuntimeError on the CPU and on CUDA. The min and max of every checked tensor
-// reach the host in one transfer (one device synchronisation per call).
+// RuntimeError on the CPU and on CUDA. On CUDA the min and max of every checked
+// tensor reach the host in one transfer (one device synchronisation per call).
+// All tensors of one call are on one device (the callers check that first).
 #pragma once
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <vector>
 
@@ -21,16 +23,33 @@ struct RangeCheck {
 };
 
 inline void check_ranges(const char* op, std::initializer_list<RangeCheck> checks) {
-  std::vector<at::Tensor> parts;
-  for (const auto& c : checks) {
-    if (c.values.numel() == 0) continue;
-    auto [lo, hi] = at::aminmax(c.values);
-    parts.push_back(lo.reshape({1}));
-    parts.push_back(hi.reshape({1}));
+  std::vector<int64_t> bounds;  // (min, max) of each non-empty tensor, in order
+  if (checks.begin()->values.is_cpu()) {
+    for (const auto& c : checks) {  // a plain scan: no allocation on the CPU
+      if (c.values.numel() == 0) continue;
+      const at::Tensor t = c.values.contiguous();
+      const int64_t* p = t.data_ptr<int64_t>();
+      int64_t lo = p[0], hi = p[0];
+      for (int64_t i = 1, n = t.numel(); i < n; ++i) {
+        lo = std::min(lo, p[i]);
+        hi = std::max(hi, p[i]);
+      }
+      bounds.push_back(lo);
+      bounds.push_back(hi);
+    }
+  } else {
+    std::vector<at::Tensor> parts;
+    for (const auto& c : checks) {
+      if (c.values.numel() == 0) continue;
+      auto [lo, hi] = at::aminmax(c.values);
+      parts.push_back(lo.reshape({1}));
+      parts.push_back(hi.reshape({1}));
+    }
+    if (parts.empty()) return;
+    const at::Tensor host = at::cat(parts).to(at::kCPU);  // the one synchronisation
+    bounds.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   }
-  if (parts.empty()) return;
-  const at::Tensor host = at::cat(parts).to(at::kCPU);
-  const int64_t* v = host.data_ptr<int64_t>();
+  const int64_t* v = bounds.data();
   for (const auto& c : checks) {
     if (c.values.numel() == 0) continue;
     const int64_t lo = v[0], hi = v[1];

