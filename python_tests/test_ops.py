@@ -117,26 +117,9 @@ def backselect_update_ref(scores, rows, counts, steps, remaining, present, order
 
 
 def bookkeeping_case(device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n, p = 5, 9
-    remaining = torch.full((n, p + 1), -1, dtype=torch.int64)
-    present = torch.zeros(n, p, dtype=torch.bool)
-    counts = []
-    for i in range(n):
-        k = int(torch.randint(1, p + 1, (1,), generator=g))
-        ids = torch.randperm(p, generator=g)[:k]
-        remaining[i, :k] = ids
-        present[i, ids] = True
-        counts.append(k)
-    # coarse scores create exact ties, which must go to the lowest feature id
-    scores = torch.randint(0, 3, (n, p + 1), generator=g).double() / 2
-    rows = torch.tensor([3, 0, 4])
-    counts = torch.tensor([counts[3], counts[0], counts[4]])
-    steps = torch.tensor([0, 2, 5])
-    order = torch.full((n, p), -1, dtype=torch.int64)
-    values = torch.zeros(n, p, dtype=torch.float64)
-    ts = [scores, rows, counts, steps, remaining, present, order, values]
-    return [t.to(device) for t in ts]
+    """6 rows, 11 features (12 slots), 4 distinct rows stepped; coarse scores make exact ties."""
+    (case,) = PURE_OPS["backselect_update"].sample(torch.device(device), torch.Generator().manual_seed(seed))
+    return case
 
 
 def check_backselect_update(fn, device):
@@ -176,16 +159,16 @@ def test_backselect_update_tie_goes_to_lowest_feature(impl):
 
 def test_backselect_update_rejects_bad_arguments(impl):
     f = impl("backselect_update")
-    for k, bad_value, message in ((1, 5, r"row 5 out of range \[0, 5\)"), (2, 0, r"count 0 out of range \[1, 10\)"),
-                                  (2, 10, r"count 10 out of range \[1, 10\)"), (3, 9, r"step 9 out of range \[0, 9\)")):
+    for k, bad_value, message in ((1, 6, r"row 6 out of range \[0, 6\)"), (2, 0, r"count 0 out of range \[1, 12\)"),
+                                  (2, 12, r"count 12 out of range \[1, 12\)"), (3, 11, r"step 11 out of range \[0, 11\)")):
         args = bookkeeping_case()
         args[k] = args[k].clone()
         args[k][1] = bad_value
         with pytest.raises(RuntimeError, match="backselect_update: " + message):
             f(*args)
     args = bookkeeping_case()
-    args[4][0, 0] = -1  # row 0 is scored: a hole among its features
-    with pytest.raises(RuntimeError, match=r"backselect_update: remaining feature -1 out of range \[0, 9\)"):
+    args[4][args[1][0], 0] = -1  # a stepped row: a hole among its scored features
+    with pytest.raises(RuntimeError, match=r"backselect_update: remaining feature -1 out of range \[0, 11\)"):
         f(*args)
     bad = bookkeeping_case()
     bad[0] = bad[0].float()
