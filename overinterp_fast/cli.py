@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--chunk-size", type=_positive, default=64,
                        help="images per chunk: the unit of batching, commit and sharding; part of the "
                             "configuration (default 64)")
+    audit.add_argument("--batch-size", type=_positive, default=None,
+                       help="candidates per forward call (default: fixed by the input shape, so that results do not "
+                            "depend on timing; part of the configuration)")
     audit.add_argument("--workers", type=int, default=2, help="image-loading worker processes per rank (default 2)")
     audit.add_argument("--restart", action="store_true", help="discard the audit in --out and start over")
     audit.add_argument("--gallery", type=int, default=24,
@@ -212,7 +215,7 @@ def _run_audit(args):
         run = run_stored_audit(
             {m.name: m.model for m in loaded}, source, args.out, ranks=ranks,
             config={"model_files": args.model, "class_names": args.class_names}, chunk_size=args.chunk_size,
-            restart=args.restart, workers=args.workers, class_name=namer, threshold=args.threshold,
+            restart=args.restart, workers=args.workers, batch_size=args.batch_size, class_name=namer, threshold=args.threshold,
             threshold_mode=args.threshold_mode, method=args.method, k=k, collection=args.collection,
             ensemble=args.ensemble, fraction=args.fraction, progress=False if args.quiet else None, title=args.title,
             meta={"models": args.model, "image source": source.description}, gallery=args.gallery,

@@ -15,7 +15,7 @@ import overinterp_fast as of
 from overinterp_fast.audit import store
 from overinterp_fast.audit.records import load_audit
 from overinterp_fast.audit.runner import thresholds_for
-from overinterp_fast.audit.stream import run_stored_audit
+from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.datasets import open_images, select_range
 
@@ -117,7 +117,9 @@ def expected_chunks(model, src, chunk, threshold=0.5):
         x = torch.stack([src[i]["x"] for i in range(a, b)])
         with torch.no_grad():
             f0 = torch.softmax(model(x), 1).max(1).values
-        out += of.fast_sis(model, x, thresholds_for(f0, threshold, "auto"))
+        # a stored audit runs the torch engine at a batch size fixed by the configuration
+        out += of.fast_sis(model, x, thresholds_for(f0, threshold, "auto"), engine="torch",
+                           batch_size=fixed_batch_size(src, chunk))
     return out
 
 

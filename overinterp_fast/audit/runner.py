@@ -93,6 +93,14 @@ def model_options(method: str, threshold: float, threshold_mode: str, mask_value
     return options
 
 
+def fixed_engine(model) -> str:
+    """The engine a model runs on when results must not depend on timing: ONNX Runtime for ONNX models,
+    else the torch model as given (engine="auto" may export a torch model to ONNX when that measures faster)."""
+    from ..onnx_backend import OnnxModel
+
+    return "onnxruntime" if isinstance(model, OnnxModel) else "torch"
+
+
 @dataclass
 class ChunkResult:
     """Every model's work on one chunk of images.
@@ -119,13 +127,14 @@ def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
 def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool, *,
                 threshold: float = 0.9, threshold_mode: str = "auto", method: str = "exact", k: int = 100,
                 collection: bool = False, transfer: bool = True, fraction: float = 0.05, mask_value: float = 0.0,
-                autocast: str | None = None, batch_size: int | None = None, progress: bool | None = None,
-                object_masks: torch.Tensor | None = None, noise_sigma: float | torch.Tensor = 0.25,
+                autocast: str | None = None, batch_size: int | None = None, engine: str | None = "auto",
+                progress: bool | None = None, object_masks: torch.Tensor | None = None, noise_sigma: float | torch.Tensor = 0.25,
                 value_range: tuple | None = None) -> ChunkResult:
     """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
 
     ``known``: accuracies are measured against the labels (all known) rather than each model's own
-    full-image prediction. The other arguments are :func:`run_audit`'s.
+    full-image prediction. ``engine``: :func:`fast_sis`'s, or None for :func:`fixed_engine` per model (never
+    chosen by timing). The other arguments are :func:`run_audit`'s.
     """
     results, seconds, sens, predictions = [], [], [], {}
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
@@ -135,7 +144,9 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
         taus = thresholds_for(f0, threshold, threshold_mode)
         t0 = time.perf_counter()
         results.append(fast_sis(model, images, taus, method=method, k=k, collection=collection,
-                                mask_value=mask_value, autocast=autocast, batch_size=batch_size, progress=progress))
+                                mask_value=mask_value, autocast=autocast, batch_size=batch_size,
+                                engine=fixed_engine(model) if engine is None else engine,
+                                progress=progress))
         seconds.append(time.perf_counter() - t0)
         if object_masks is None:
             sens.append(None)

@@ -342,7 +342,7 @@ def read_doc(folder: str) -> dict | None:
 
 def config_difference(old: dict, new: dict) -> str | None:
     """None when two configurations agree, else one line naming what differs."""
-    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    keys = [k for k in list(new) + [k for k in old if k not in new] if old.get(k) != new.get(k)]
     if not keys:
         return None
     k = keys[0]

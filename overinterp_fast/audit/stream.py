@@ -88,14 +88,23 @@ def audit_config(source: ImageSource, models: dict, *, method: str, threshold: f
         "models": list(models), "method": method, "threshold": threshold, "threshold_mode": threshold_mode,
         "k": k if method == "gradient" else None, "autocast": autocast, "collection": collection,
         "ensemble": ensemble, "transfer": transfer, "fraction": fraction, "mask_value": _plain(mask_value),
-        "batch_size": batch_size, "images": source.description, "n_images": len(source),
+        "images": source.description, "n_images": len(source),
         "images_digest": source_digest(source), "size": source.size, "mean": _plain(source.mean),
         "std": _plain(source.std), "grey": source.grey, "object_masks": source.object_dir,
         "noise_sigma": _plain(noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
-        "device_type": device.type,
+        "device_type": device.type, "batch_size": batch_size,
     }
     config.update(extra or {})
     return store._jsonable(config)
+
+
+def fixed_batch_size(source: ImageSource, chunk_size: int) -> int:
+    """Candidates per forward call for a stored audit without --batch-size: the CPU default for the input
+    shape (:func:`overinterp_fast.batching.auto_batch_size`), the same on every machine and rank."""
+    from ..batching import auto_batch_size
+
+    shape = source[0]["x"].shape
+    return auto_batch_size(torch.empty(1, *shape), total_candidates=chunk_size * shape[-1] * shape[-2])
 
 
 def _committed_images(folder: str, ranges: list[tuple[int, int]]) -> int:
@@ -207,6 +216,10 @@ def _run(models, source, out, ranks, config, chunk_size, restart, workers, class
         raise ValueError("no models to audit")
     method = options["method"]
     check_method(method, (source.size, source.size))
+    # Calibrated batch sizes and engine="auto" are chosen by timing, which would make results depend on the
+    # machine and the moment; a stored audit fixes both: the engine by the model's type (runner.fixed_engine)
+    # and a batch size from the configuration (given, or a function of the chunk's shape).
+    options = dict(options, engine=None, batch_size=options["batch_size"] or fixed_batch_size(source, chunk_size))
     models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, ensemble)
     cfg = audit_config(source, models, ensemble=ensemble, chunk_size=chunk_size, device=ranks.device, extra=config,
                        **{k: options[k] for k in ("method", "threshold", "threshold_mode", "k", "collection",
