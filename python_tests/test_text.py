@@ -8,6 +8,7 @@ from torch import nn
 
 import overinterp_fast as of
 from overinterp_fast import reference
+from overinterp_fast.zoo import text as zt
 from overinterp_fast.zoo.text import WordCNN
 
 
@@ -60,9 +61,11 @@ def test_packed_equals_transcription(importance, beam_size, seed):
     seqs = random_sequences(10, seed=seed + 1)
     ref = reference.input_reduction(model, seqs, beam_size=beam_size, importance=importance,
                                     embedding=model.embedding)
-    # small batches force chunks of several widths; the default packs everything together
-    for bs in (7, None):
-        fast = of.input_reduction(model, seqs, beam_size=beam_size, importance=importance, batch_size=bs)
+    # small batches force chunks of several widths; the default packs everything together. The word CNN's
+    # deletion_logits computes leave-one-out children incrementally; incremental=False builds every row.
+    for bs, incremental in ((7, True), (None, True), (7, False), (None, False)):
+        fast = of.input_reduction(model, seqs, beam_size=beam_size, importance=importance, batch_size=bs,
+                                  incremental=incremental)
         assert_same(fast, ref)
         for r, s in zip(fast, seqs):
             assert torch.equal(r.ids, s[r.kept])
@@ -78,6 +81,19 @@ def test_repeated_tokens_keep_exact_ties(importance):
     assert any(bool((s[1:] == s[:-1]).any()) for s in seqs)
     ref = reference.input_reduction(model, seqs, beam_size=3, importance=importance, embedding=model.embedding)
     assert_same(of.input_reduction(model, seqs, beam_size=3, importance=importance, batch_size=5), ref)
+
+
+def test_word_cnn_deletion_logits_are_the_deleted_rows():
+    torch.manual_seed(0)
+    model = WordCNN(30, dim=6, filters=5, widths=(3, 5, 7)).double().eval()
+    seqs = random_sequences(8, vocab=30, max_len=10, seed=7) + [torch.tensor([4, 5])]
+    ids, mask = zt.pad_batch(seqs)
+    got = model.deletion_logits(ids, mask)
+    for b, s in enumerate(seqs):
+        for i in range(s.numel() if s.numel() > 1 else 0):  # a one-token row has no deletion
+            child = torch.cat([s[:i], s[i + 1:]])
+            want = model(child[None], torch.ones(1, child.numel(), dtype=torch.bool))[0]
+            assert torch.allclose(got[b, i], want, rtol=1e-12, atol=1e-12)
 
 
 def test_padded_tensor_input_and_given_target():

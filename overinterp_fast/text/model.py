@@ -88,6 +88,21 @@ class TextModelFn:
         f = torch.softmax(out, dim=1).gather(1, target.view(-1, 1)).view(-1).double()
         return f, out.argmax(1) == target
 
+    @property
+    def has_deletion_logits(self) -> bool:
+        return callable(getattr(self.model, "deletion_logits", None))
+
+    def deletion_scores(self, ids, mask, target) -> tuple[torch.Tensor, torch.Tensor]:
+        """Through the model's ``deletion_logits(ids, mask) -> [B, T, K]`` (row b without token i, for every i):
+        (f_y float64 [B, T], argmax is y bool [B, T]); entries at padded positions are meaningless."""
+        out = self.model.deletion_logits(ids, mask)
+        if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
+            raise ValueError(f"model.deletion_logits must return logits [B, T, K] for ids {tuple(ids.shape)}, got "
+                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        y = target.view(-1, 1, 1).expand(-1, ids.shape[1], 1)
+        f = torch.softmax(out, dim=2).gather(2, y).squeeze(2).double()
+        return f, out.argmax(2) == y.squeeze(2)
+
     def gradient_importance(self, ids, mask, target) -> torch.Tensor:
         """imp[b, i] = <e_i, d f_y / d e_i> for every position: float64 [B, T] (padding included; ignore it)."""
         if self.embedding is None:

@@ -88,11 +88,11 @@ class _Scorer:
         self.batch_size = batch_size
         self.tokens = _CUDA_TOKENS_PER_BATCH if device.type == "cuda" else _CPU_TOKENS_PER_BATCH
 
-    def _chunks(self, lengths: list[int]):
+    def _chunks(self, lengths: list[int], tokens: int | None = None):
         start, n = 0, len(lengths)
         while start < n:
             width = max(1, lengths[start])
-            rows = self.batch_size or max(1, self.tokens // width)
+            rows = self.batch_size or max(1, (tokens or self.tokens) // width)
             yield start, min(n, start + rows), width
             start += rows
 
@@ -105,6 +105,20 @@ class _Scorer:
             oks.append(ok)
         f = torch.cat(fs)
         if not bool(torch.isfinite(f).all()):
+            raise FloatingPointError("the model produced NaN or inf scores on reduced inputs")
+        return f, torch.cat(oks)
+
+    def deletions(self, ids, mask, target, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f_y float64 [R, W], valid bool [R, W]) of every one-token deletion of rows ids [R, W], through the
+        model's ``deletion_logits`` (chunked by the rows' tokens, as ``score``)."""
+        fs, oks = [], []
+        width = ids.shape[1]
+        for a, b, w in self._chunks(lengths, self.tokens // 8):
+            f, ok = self.fn.deletion_scores(ids[a:b, :w], mask[a:b, :w], target[a:b])
+            fs.append(torch.nn.functional.pad(f, (0, width - w)))
+            oks.append(torch.nn.functional.pad(ok, (0, width - w)))
+        f = torch.cat(fs)
+        if not bool(torch.isfinite(f[mask]).all()):
             raise FloatingPointError("the model produced NaN or inf scores on reduced inputs")
         return f, torch.cat(oks)
 
@@ -193,6 +207,7 @@ def input_reduction(
     progress: bool | None = None,
     embedding: torch.nn.Module | None = None,
     attention_mask: torch.Tensor | None = None,
+    incremental: bool = True,
 ) -> list[InputReduction]:
     """Input reduction by beam search (paper 003; SPEC.md section 4), all sequences packed together.
 
@@ -209,12 +224,16 @@ def input_reduction(
         batch_size: rows per forward call; None = about 32k tokens per call on a CPU.
         embedding: the token embedding module (gradient importance; also gives the vocabulary size checked);
             None = ``get_input_embeddings()`` or the model's only ``nn.Embedding``.
+        incremental: leave-one-out through the model's ``deletion_logits(ids, mask) -> [B, T, K]`` when it has
+            one (the bundled word CNN computes all L deletions of a row for about two forward passes); False
+            builds and runs every deleted-token row. Queries count L per member either way.
 
     Returns:
         One :class:`InputReduction` per sequence, tensors on the CPU.
     """
     _check_options(beam_size, importance, pad_id, batch_size)
     fn = TextModelFn(model, embedding)
+    use_deletions = bool(incremental) and fn.has_deletion_logits
     seqs = check_sequences(sequences, attention_mask, fn.vocab_size)
     dev = fn.device
     n = len(seqs)
@@ -286,10 +305,15 @@ def input_reduction(
                 member = torch.repeat_interleave(torch.arange(ma, device=dev), a_len)
                 starts = torch.cumsum(a_len, 0) - a_len
                 drop = torch.arange(member.numel(), device=dev) - starts[member]
-                child = _delete(a_pos, a_len, member, drop)
-                c_ids, c_mask = _rows(x, a_seq[member], child, pad_id)
-                f_all, ok_all = scorer.score(c_ids, c_mask, targets[a_seq[member]],
-                                             [L - 1 for L in a_len_h for _ in range(L)])
+                if use_deletions:
+                    m_ids, m_mask = _rows(x, a_seq, a_pos, pad_id)
+                    f_mat, ok_mat = scorer.deletions(m_ids, m_mask, targets[a_seq], a_len_h)
+                    f_all, ok_all = f_mat[member, drop], ok_mat[member, drop]
+                else:
+                    child = _delete(a_pos, a_len, member, drop)
+                    c_ids, c_mask = _rows(x, a_seq[member], child, pad_id)
+                    f_all, ok_all = scorer.score(c_ids, c_mask, targets[a_seq[member]],
+                                                 [L - 1 for L in a_len_h for _ in range(L)])
                 # Deleting any token of a run of equal ids gives the same child: give every such child the
                 # score of the run's first, so that exact ties stay exact (whatever batch each row ran in).
                 m_ids = x[a_seq[:, None], a_pos.clamp(min=0)]
@@ -315,7 +339,8 @@ def input_reduction(
             sel_drop = rank[chosen]
             if importance == "leave_one_out":
                 c = starts[sel_member] + sel_drop
-                f, ok, child = f_all[c], ok_all[c], child[c]
+                f, ok = f_all[c], ok_all[c]
+                child = _delete(a_pos, a_len, sel_member, sel_drop)
             else:
                 child = _delete(a_pos, a_len, sel_member, sel_drop)
                 c_ids, c_mask = _rows(x, a_seq[sel_member], child, pad_id)

@@ -150,6 +150,61 @@ class WordCNN(nn.Module):
         pooled = [torch.relu(c(e)).masked_fill(~m, neg).amax(2) for c in self.convs]
         return self.head(self.dropout(torch.cat(pooled, 1)))
 
+    def deletion_logits(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits of every one-token deletion: [B, T, K], entry [b, i] = forward(row b without token i).
+
+        Rows with token i deleted differ from row b only in the windows that covered i: for a width-(2r+1)
+        convolution, the child's outputs before position i - r are the row's, those from i + r on are the row's
+        shifted by one, and only 2r outputs in between change. Those are sums of per-tap products W_j e_u
+        computed once per row, so all L deletions of a row cost about two convolutions of it, not L. The max over
+        time combines the row's prefix and suffix maxima with the 2r new outputs. Entries at padded positions
+        (i >= length) are meaningless.
+        """
+        b, t = ids.shape
+        m = attention_mask
+        length = m.sum(1)  # [B]
+        e = self.embedding(ids) * m.unsqueeze(2)  # [B, T, dim], zero on padding
+        neg = torch.finfo(e.dtype).min
+        i = torch.arange(t, device=ids.device)
+        pooled = []
+        for conv in self.convs:
+            w, f = conv.kernel_size[0], conv.out_channels
+            r = w // 2
+            # taps z[b, u, j] = W_j . e_u (one matrix product for all taps)
+            z = (e.reshape(b * t, -1) @ conv.weight.permute(1, 2, 0).reshape(-1, w * f)).view(b, t, w, f)
+
+            def conv_out(shifts) -> torch.Tensor:  # bias + sum_j z_j[i + shifts[j]] (zero outside the row)
+                out = conv.bias.expand(b, t, f).clone()
+                for j, sh in enumerate(shifts):
+                    lo, hi = max(0, -sh), min(t, t - sh)
+                    if lo < hi:
+                        out[:, lo:hi] += z[:, lo + sh : hi + sh, j]
+                return out.relu_()
+
+            a = conv_out([j - r for j in range(w)]).masked_fill_(~m.unsqueeze(2), neg)  # the row's outputs
+            pre = torch.nn.functional.pad(_running_max(a), (0, 0, 1, 0), value=neg)  # max a[:k] at k
+            suf = torch.nn.functional.pad(_running_max(a.flip(1)).flip(1), (0, 0, 0, r + 1), value=neg)
+            best = torch.maximum(pre[:, (i - r).clamp(min=0)], suf[:, i + r + 1])  # outputs the deletion keeps
+            # Deleting i changes child positions c = i - r + q (q < 2r): taps j < s = 2r - q still read position
+            # c + j - r < i, the others read one position further on.
+            for q in range(2 * r):
+                split = 2 * r - q
+                out = conv_out([j - split if j < split else j - split + 1 for j in range(w)])
+                c = i - r + q
+                bad = (c < 0)[None, :] | (c[None, :] > (length - 2)[:, None])  # [B, T]
+                best = torch.maximum(best, out.masked_fill_(bad.unsqueeze(2), neg))
+            pooled.append(best)
+        return self.head(self.dropout(torch.cat(pooled, 2)))
+
+
+def _running_max(a: torch.Tensor) -> torch.Tensor:
+    """Running maximum along dim 1 in log2(T) steps of shifted maxima (faster than torch.cummax here)."""
+    step = 1
+    while step < a.shape[1]:
+        a = torch.cat([a[:, :step], torch.maximum(a[:, step:], a[:, :-step])], 1)
+        step *= 2
+    return a
+
 
 @dataclass
 class TextModel:
