@@ -201,7 +201,7 @@ def test_hugging_face_adapter():
         def forward(self, ids, mask):
             return self.hf(input_ids=ids, attention_mask=mask.long()).logits
 
-    seqs = random_sequences(4, vocab=30, max_len=8, seed=4)
+    seqs = random_sequences(3, vocab=30, max_len=7, seed=4)
     for importance in ("leave_one_out", "gradient"):
         fast = of.input_reduction(hf, seqs, beam_size=3, importance=importance, batch_size=5)
         ref = reference.input_reduction(Plain(), seqs, beam_size=3, importance=importance,
@@ -245,3 +245,28 @@ def test_token_sis_equals_reference_sis():
         assert len(r.collection or []) == len(q.collection or [])
     with pytest.raises(ValueError, match="mask_id"):
         of.text.token_sis(model, seqs, mask_id=40)
+
+
+def test_entropy_finetune_raises_entropy_on_reduced_inputs():
+    torch.manual_seed(0)
+    model = WordCNN(40, dim=8, filters=8, widths=(3,), dropout=0.0).eval()
+    with torch.no_grad():
+        model.head.weight *= 30  # a confident model (entropy well below log 2 on its reduced inputs)
+    seqs = random_sequences(64, seed=21)
+    labels = torch.tensor([int(s.float().mean() > 20) for s in seqs])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def reduced_entropy(m, red):
+        rows = [s[r.kept] for s, r in zip(seqs, red)]
+        ids, mask = zt.pad_batch(rows)
+        with torch.no_grad():
+            p = torch.softmax(m(ids, mask), 1)
+        return float(-(p * p.clamp_min(1e-30).log()).sum(1).mean())
+
+    red = of.input_reduction(model, seqs, beam_size=2)
+    res = of.text.entropy_finetune(model, (seqs, labels), 5.0, beam_size=2, epochs=3, lr=1e-2, batch=16)
+    assert res.reduced_examples >= len(seqs) and res.steps == 3 * 4 and not res.model.training
+    assert reduced_entropy(model, red) < 0.4 and reduced_entropy(res.model, red) > reduced_entropy(model, red) + 0.1
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the original is untouched
+    with pytest.raises(ValueError, match="lam"):
+        of.text.entropy_finetune(model, (seqs, labels), -1.0)

@@ -20,6 +20,12 @@ def test_snippets_are_the_critic_snippets():
     assert zt.tokenize("It's a GREAT film, isn't it?") == ["it's", "a", "great", "film", ",", "isn't", "it", "?"]
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A small word CNN trained on 1,500 snippets for two epochs (a few seconds), saved to a file."""
+    return small_model(tmp_path_factory.mktemp("model"))
+
+
 def small_model(tmp_path, train=1500, epochs=2):
     data = zt.load_text_data()
     data.tokens_train, data.y_train = data.tokens_train[:train], data.y_train[:train]
@@ -31,8 +37,8 @@ def small_model(tmp_path, train=1500, epochs=2):
     return path, acc, data
 
 
-def test_train_small_model_and_reduce_cli(tmp_path, capsys):
-    path, acc, data = small_model(tmp_path)
+def test_train_small_model_and_reduce_cli(small, tmp_path, capsys):
+    path, acc, data = small
     assert acc > 0.55  # a real signal from 1,500 snippets and two epochs (chance: 0.5 to 0.58)
     loaded = zt.load_text_model(path)
     ids, mask = zt.pad_batch([loaded.encode("a great , moving film"), loaded.encode("dull")])
@@ -62,10 +68,10 @@ def test_reduce_cli_errors(tmp_path, capsys):
     assert "not a text model" in capsys.readouterr().err
 
 
-def test_demo_text_part(tmp_path, capsys):
+def test_demo_text_part(small, tmp_path, capsys):
     from overinterp_fast.demo import run_text_part
 
-    path, _, data = small_model(tmp_path, train=800, epochs=1)
+    path, _, data = small
     s = run_text_part(str(tmp_path / "demo"), model=str(path), n_texts=6, progress=False)
     assert s["sequences"] == 6 and s["median_reduced_length"] <= s["median_length"]
     assert os.path.getsize(tmp_path / "demo" / "text" / "report.html") > 1000

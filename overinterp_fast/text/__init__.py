@@ -1,6 +1,7 @@
 """Text classifiers: input reduction (paper 003) and token SIS with masking (SPEC.md section 4)."""
+from .mitigation import EntropyFinetune, entropy_finetune
 from .model import HFSequenceClassifier, TextModelFn
 from .reduction import InputReduction, Reduction, input_reduction
 from .sis import token_sis
 
-__all__ = ["input_reduction", "token_sis", "InputReduction", "Reduction", "HFSequenceClassifier", "TextModelFn"]
+__all__ = ["input_reduction", "token_sis", "entropy_finetune", "EntropyFinetune", "InputReduction", "Reduction", "HFSequenceClassifier", "TextModelFn"]

@@ -134,6 +134,17 @@ class TextModelFn:
         return (e * g).sum(-1).double()
 
 
+def pad_batch(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-aligned, padded: (ids int64 [B, T], attention_mask bool [B, T])."""
+    t = max(1, max(int(s.numel()) for s in seqs))
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(seqs), t), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : s.numel()] = s
+        mask[i, : s.numel()] = True
+    return ids, mask
+
+
 def check_sequences(sequences, attention_mask, vocab_size: int | None) -> list[torch.Tensor]:
     """Validate and split the input into a list of 1-D int64 tensors (the real tokens of each sequence)."""
     if isinstance(sequences, torch.Tensor):

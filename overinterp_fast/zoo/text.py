@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..text.model import pad_batch  # noqa: F401  (re-exported: the zoo's users pad with it)
+
 CORPUS_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = ("rotten", "fresh")  # class 0, class 1
 PAD, UNK = "<pad>", "<unk>"
@@ -115,17 +117,6 @@ def load_text_data(test_fraction: float = 0.15, seed: int = 0) -> TextData:
     return TextData([toks[i] for i in train], y[train], [toks[i] for i in test], y[test], [texts[i] for i in test])
 
 
-def pad_batch(seqs: list[torch.Tensor], pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-aligned, padded: (ids int64 [B, T], attention_mask bool [B, T])."""
-    t = max(1, max(int(s.numel()) for s in seqs))
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.int64)
-    mask = torch.zeros((len(seqs), t), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, : s.numel()] = s
-        mask[i, : s.numel()] = True
-    return ids, mask
-
-
 class WordCNN(nn.Module):
     """Embedding -> Conv1d (odd widths, zero padding) -> ReLU -> max over real positions -> Linear.
 
@@ -182,9 +173,10 @@ class WordCNN(nn.Module):
                 return out.relu_()
 
             a = conv_out([j - r for j in range(w)]).masked_fill_(~m.unsqueeze(2), neg)  # the row's outputs
-            pre = torch.nn.functional.pad(_running_max(a), (0, 0, 1, 0), value=neg)  # max a[:k] at k
-            suf = torch.nn.functional.pad(_running_max(a.flip(1)).flip(1), (0, 0, 0, r + 1), value=neg)
-            best = torch.maximum(pre[:, (i - r).clamp(min=0)], suf[:, i + r + 1])  # outputs the deletion keeps
+            # outputs deletion i keeps: max a[:i - r] (prefix) and max a[i + r + 1:] (suffix), as shifted slices
+            pre = torch.nn.functional.pad(_running_max(a), (0, 0, r + 1, 0), value=neg)[:, :t]
+            suf = torch.nn.functional.pad(_running_max(a.flip(1)).flip(1), (0, 0, 0, r + 1), value=neg)[:, r + 1:]
+            best = torch.maximum(pre, suf)
             # Deleting i changes child positions c = i - r + q (q < 2r): taps j < s = 2r - q still read position
             # c + j - r < i, the others read one position further on.
             for q in range(2 * r):
