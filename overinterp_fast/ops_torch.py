@@ -149,7 +149,9 @@ def backselect_update(scores, rows, counts, steps, remaining, present, order, va
 
     Largest ``scores[row, :count]`` wins, ties to the lowest feature id; the feature is
     written to order/values at ``steps``, cleared in ``present`` and removed from
-    ``remaining`` (the last scored entry moves into its slot).
+    ``remaining`` (the last scored entry moves into its slot). With NaN scores some
+    scored feature is picked, as by the kernels (which one is unspecified; the
+    engines raise on non-finite scores).
     """
     _check(scores.dtype == torch.float64 and scores.dim() == 2 and scores.is_contiguous(),
            "backselect_update: scores must be a contiguous float64 [N, P] tensor")
@@ -175,7 +177,8 @@ def backselect_update(scores, rows, counts, steps, remaining, present, order, va
     slots = remaining[rows]  # [K, S]
     scored = torch.arange(s, device=rows.device).unsqueeze(0) < counts.unsqueeze(1)
     check_ranges("backselect_update", [(slots.masked_fill(~scored, 0), 0, p, "remaining feature")])
-    cand = scores[rows].masked_fill(~scored, -torch.inf)
+    cand = scores[rows]
+    cand = cand.masked_fill(~scored | cand.isnan(), -torch.inf)  # NaN: some scored feature (the engines raise)
     best_score = cand.max(1, keepdim=True).values
     tied = scored & (cand == best_score)
     feature = slots.masked_fill(~tied, torch.iinfo(torch.int64).max).min(1).values  # ties: lowest feature id

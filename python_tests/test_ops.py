@@ -157,6 +157,20 @@ def test_backselect_update_tie_goes_to_lowest_feature(impl):
     assert remaining[0].tolist() == [3, 2, 1, -1, -1] and present[0].tolist() == [False, True, True, True]
 
 
+def test_backselect_update_with_nan_scores_still_picks_a_scored_feature(impl):
+    """The engines raise on non-finite scores afterwards; the step itself must stay well formed."""
+    for row_scores in ([float("nan")] * 4, [0.2, float("nan"), 0.9, float("nan")], [float("nan"), 0.1, 0.3, 0.2]):
+        scores = torch.tensor([row_scores + [0.0]], dtype=torch.float64)
+        remaining = torch.tensor([[2, 0, 3, 1, -1]])
+        present, order = torch.ones(1, 4, dtype=torch.bool), torch.full((1, 4), -1)
+        one = torch.tensor([0])
+        impl("backselect_update")(scores, one, torch.tensor([4]), one, remaining, present, order,
+                                  torch.zeros(1, 4, dtype=torch.float64))
+        picked = int(order[0, 0])
+        assert picked in (0, 1, 2, 3) and not present[0, picked] and int(present.sum()) == 3
+        assert sorted(remaining[0, :3].tolist()) == sorted({0, 1, 2, 3} - {picked}) and remaining[0, 3] == -1
+
+
 def test_backselect_update_rejects_bad_arguments(impl):
     f = impl("backselect_update")
     for k, bad_value, message in ((1, 6, r"row 6 out of range \[0, 6\)"), (2, 0, r"count 0 out of range \[1, 12\)"),
