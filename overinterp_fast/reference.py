@@ -1,56 +1,162 @@
-"""Reference SIS: a plain transcription of google-research's sufficient_input_subsets/sis.py.
+"""Self-contained references: plain transcriptions of SPEC.md sections 1, 2 and 3a.
 
-One image at a time; at every backward-selection step all candidate inputs of
-that step are built on the host (CPU tensors) as one batch, moved to the model's
-device and scored. It exists so tests and benchmarks can compare the fast engine
-with the reference semantics of SPEC.md section 1. It is not slowed on purpose: it
-simply has no packing across images and steps and no fused kernels.
+These are the expectations the tests compare the fast engines with, so they share
+no logic with the modules they check: nothing here is imported from findsis,
+batching, inputs, model, onnx_backend, responsibility, extraction or results'
+helpers (``SISResult`` is used only as the container both return). Everything,
+from building x_S and the score f to FindSIS and the collection loop, is written
+again here, one image at a time, in the simplest way that follows the spec:
 
-Differences from sis.py, both in SPEC.md: ties and the FindSIS edge case. When
-the fully masked input already reaches the threshold, sis.py skips the last
-masked feature and keeps scanning; here (as in fast_sis) the SIS is empty.
+- :func:`sis`: google-research's sufficient_input_subsets/sis.py (BackSelect,
+  FindSIS, SIS collection). At every backward-selection step all candidates of
+  the step are built on the host as one batch and scored. Differences from sis.py,
+  both in SPEC.md: ties go to the lowest feature id, and when the fully masked
+  input already reaches the threshold the SIS is empty (sis.py skips the last
+  masked feature and keeps scanning).
+- :func:`gradient_sis`: the paper's Batched Gradient BackSelect / FindSIS loop.
+- :func:`responsibility`: the ReX descent, one image, iteration and box at a time.
+
+Models: an ``nn.Module`` or callable [B, *D] -> [B, K]; a list or tuple of them
+(f on the mean of their logits); or a path to an ``.onnx`` file (run with
+onnxruntime's CPU provider). ``outputs="probabilities"``: the model's outputs are
+f's probabilities already; otherwise f = softmax(output)[target].
 """
 from __future__ import annotations
 
+import math
+import os
+
+import numpy as np
 import torch
 
-from .batching import ChunkRunner
-from .findsis import sis_score
-from .inputs import check_threshold, prepare
-from .model import ModelFn, check_finite_scores, initial_predictions
-from .results import SISResult, first_with_collection
+from .results import SISResult  # the result container only
 
 
-def _score_batches(fn: ModelFn, inputs: torch.Tensor, target: int, device, batch_size: int | None) -> torch.Tensor:
-    chunk = inputs.shape[0] if batch_size is None else batch_size
-    out = []
-    for s in range(0, inputs.shape[0], chunk):
-        x = inputs[s : s + chunk].to(device)
-        t = torch.full((x.shape[0],), target, dtype=torch.int64, device=device)
-        out.append(fn.score(x, t).cpu())
-    values = torch.cat(out)
-    check_finite_scores(torch.isfinite(values).all())
+# ----------------------------------------------------------------------------------------------
+# Shared plain helpers (the spec's terms, written once for the references below)
+
+
+def _as_callable(model):
+    """A callable [B, *D] -> [B, K] for a module, a list of modules (mean of logits) or an ONNX path."""
+    if isinstance(model, (list, tuple)):
+        members = list(model)
+        return lambda x: torch.stack([m(x) for m in members]).mean(0)
+    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "InferenceSession":
+        import onnxruntime as ort
+
+        sess = model if not isinstance(model, (str, os.PathLike)) else ort.InferenceSession(
+            os.fspath(model), providers=["CPUExecutionProvider"]
+        )
+        name = sess.get_inputs()[0].name
+
+        def run(x):
+            out = sess.run(None, {name: x.detach().cpu().numpy()})[0]
+            return torch.from_numpy(np.ascontiguousarray(out)).to(x.device)
+
+        return run
+    return model
+
+
+def _f(model, outputs: str, x: torch.Tensor, target: int) -> torch.Tensor:
+    """f of every row of x ([B, *D]) for class ``target``: float64 [B]."""
+    out = model(x)
+    probs = out if outputs == "probabilities" else torch.softmax(out, dim=1)
+    values = probs[:, target].double()
+    if not bool(torch.isfinite(values).all()):
+        raise FloatingPointError("the model produced NaN or inf scores on masked inputs")
     return values
 
 
-def backselect(fn, x, baseline, feature_map, present, target, device, batch_size=None):
+def _problem(images, features, mask_value):
+    """(feature map int64 [*D], p, grid shape of a result mask, baselines [N, *D]) from the user's options.
+
+    Default features: one per pixel over all channels for [C, H, W] examples, one per
+    element otherwise; a custom map is broadcast to one example's shape. The mask value:
+    a number, one value per channel ([C]), a baseline for one example or one per image.
+    """
+    if not isinstance(images, torch.Tensor) or images.dim() < 2 or not images.is_floating_point():
+        raise ValueError("images must be a floating tensor [N, *D]")
+    n, shape = images.shape[0], tuple(images.shape[1:])
+    if features is None:
+        if len(shape) == 3:
+            fmap = torch.arange(shape[1] * shape[2]).view(1, shape[1], shape[2]).expand(shape)
+            grid = (shape[1], shape[2])
+        else:
+            fmap = torch.arange(math.prod(shape)).view(shape)
+            grid = shape
+    else:
+        f = features[0] if features.dim() == len(shape) + 1 else features
+        fmap = f.expand(shape).to(torch.int64)
+        grid = (int(fmap.max()) + 1,)
+    p = int(fmap.max()) + 1
+    if isinstance(mask_value, torch.Tensor):
+        mv = mask_value.to(dtype=images.dtype, device=images.device)
+        if mv.dim() == 1 and len(shape) == 3 and mv.numel() == shape[0]:
+            mv = mv.view(-1, 1, 1)
+        if mv.dim() == len(shape) + 1:
+            base = mv.expand(n, *shape) if mv.shape[0] == 1 else mv
+        else:
+            base = mv.expand(shape).unsqueeze(0).expand(n, *shape)
+    else:
+        base = torch.full((n, *shape), float(mask_value), dtype=images.dtype, device=images.device)
+    return fmap.to(images.device), p, grid, base
+
+
+def _thresholds(threshold, n: int) -> list[float]:
+    if isinstance(threshold, torch.Tensor):
+        threshold = threshold.tolist()
+    if isinstance(threshold, (list, tuple)):
+        if len(threshold) != n:
+            raise ValueError("one threshold per image")
+        return [float(t) for t in threshold]
+    return [float(threshold)] * n
+
+
+def _target(model, x: torch.Tensor, target, i: int) -> int:
+    """The given target of image i, or the argmax of the model's output on the unmasked image."""
+    if target is None:
+        return int(model(x.unsqueeze(0))[0].argmax())
+    t = torch.as_tensor(target)
+    return int(t) if t.dim() == 0 else int(t[i])
+
+
+def _mask(found: torch.Tensor, p: int, grid) -> torch.Tensor:
+    m = torch.zeros(p, dtype=torch.bool)
+    m[found] = True
+    return m.view(grid)
+
+
+def _with_collection(rounds: list[SISResult], collection: bool) -> SISResult:
+    first = rounds[0]
+    if collection:
+        first.collection = [r for r in rounds if r.sis is not None]
+    return first
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact SIS (SPEC.md section 1)
+
+
+def backselect(model, x, baseline, feature_map, present, target, batch_size=None, outputs="logits"):
     """BackSelect: list of (feature, value) in masking order.
 
-    x, baseline: [*D] on the CPU; feature_map: int64 [*D]; present: bool [p]
-    (the features still present). value = f after masking that feature.
+    x, baseline: [*D]; feature_map: int64 [*D]; present: bool [p] (the features
+    still present). value = f after masking that feature. Each step scores all its
+    candidates (in chunks of ``batch_size``) and keeps the first maximum: the lowest
+    feature id.
     """
     stack = []
     current = present.clone()
     while bool(current.any()):
         idxs = torch.nonzero(current).flatten()  # ascending feature ids
-        masks = current.repeat(idxs.numel(), 1)
+        masks = current.repeat(idxs.numel(), 1)  # candidate c masks idxs[c]
         masks[torch.arange(idxs.numel()), idxs] = False
-        element_present = masks[:, feature_map]  # [r, *D]
-        inputs = torch.where(element_present, x, baseline)
-        values = _score_batches(fn, inputs, target, device, batch_size)
-        best = int(torch.argmax(values))  # first maximum: the lowest feature id
+        inputs = torch.where(masks.to(x.device)[:, feature_map], x, baseline)
+        chunk = inputs.shape[0] if batch_size is None else batch_size
+        values = torch.cat([_f(model, outputs, inputs[s : s + chunk], target) for s in range(0, inputs.shape[0], chunk)])
+        best = int(torch.argmax(values))  # the first maximum: the lowest feature id
         stack.append((int(idxs[best]), float(values[best])))
-        current = masks[best]
+        current[idxs[best]] = False
     return stack
 
 
@@ -76,62 +182,68 @@ def sis(
     batch_size: int | None = None,
     outputs: str = "logits",
 ) -> list[SISResult]:
-    """Reference SIS with the same arguments and result type as :func:`overinterp_fast.fast_sis`."""
-    prep = prepare(images, features=features, mask_value=mask_value)
-    thresholds = check_threshold(threshold, prep.images.shape[0])
-    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
-    fn.check_compatible(prep.images)
-    device = prep.images.device
-    fm = prep.feature_map.cpu()
-    p = prep.num_features
+    """Reference SIS with the same arguments and result type as :func:`overinterp_fast.fast_sis`.
+
+    ``sis_score`` is f of x_S from its own forward pass (not read off the values).
+    """
+    model = _as_callable(model)
+    fmap, p, grid, base = _problem(images, features, mask_value)
+    taus = _thresholds(threshold, images.shape[0])
     results = []
     with torch.inference_mode():
-        for i in range(prep.images.shape[0]):
-            tau = thresholds[i]
-            x = prep.images[i].cpu()
-            baseline = prep.baseline[i if prep.baseline.shape[0] > 1 else 0].cpu()
-            t = None if target is None else torch.as_tensor(target).expand(prep.images.shape[0])[i]
-            targets, _ = initial_predictions(fn, prep.images[i : i + 1], t, ChunkRunner(1, device))
-            cls = int(targets[0])
+        for i in range(images.shape[0]):
+            tau, x, b = taus[i], images[i], base[i]
+            cls = _target(model, x, target, i)
+
+            def f_of(present):
+                return float(_f(model, outputs, torch.where(present.to(x.device)[fmap], x, b).unsqueeze(0), cls)[0])
+
             present = torch.ones(p, dtype=torch.bool)
             rounds = []
             while bool(present.any()):
-                current = torch.where(present[fm], x, baseline)
-                score = float(_score_batches(fn, current.unsqueeze(0), cls, device, None)[0])
+                score = f_of(present)
                 if rounds and score < tau:
                     break
-                stack = backselect(fn, x, baseline, fm, present, cls, device, batch_size)
-                order = torch.tensor([s[0] for s in stack], dtype=torch.int64)
-                values = torch.tensor([s[1] for s in stack], dtype=torch.float64)
+                stack = backselect(model, x, b, fmap, present, cls, batch_size, outputs)
                 found = None
                 if score >= tau:
                     found = torch.tensor(find_sis_from_backselect(stack, tau), dtype=torch.int64)
+                found_present = None
+                if found is not None:
+                    found_present = torch.zeros(p, dtype=torch.bool)
+                    found_present[found] = True
                 rounds.append(
                     SISResult(
-                        order=order,
-                        values=values,
+                        order=torch.tensor([s[0] for s in stack], dtype=torch.int64),
+                        values=torch.tensor([s[1] for s in stack], dtype=torch.float64),
                         sis=found,
-                        mask=None if found is None else prep.feature_mask(found),
+                        mask=None if found is None else _mask(found, p, grid),
                         target=cls,
                         score=score,
                         threshold=tau,
-                        sis_score=None if found is None else sis_score(values, score, found.numel()),
+                        sis_score=None if found is None else f_of(found_present),
                     )
                 )
                 if not collection or found is None or found.numel() == 0:
                     break
                 present[found] = False  # mask the SIS; the next round runs on the rest
-            results.append(first_with_collection(rounds, collection))
+            results.append(_with_collection(rounds, collection))
     return results
 
 
-def _gradient_step(fn, x, base, feature_map, mask, target):
+# ----------------------------------------------------------------------------------------------
+# Batched-gradient SIS (SPEC.md section 2)
+
+
+def _gradient_step(model, outputs, x, base, feature_map, mask, target):
     """f and df/dM for one image under feature mask ``mask`` ([p], 1 = masked)."""
     m = mask.clone().requires_grad_(True)
     with torch.enable_grad():
         me = m[feature_map]
         xm = x * (1 - me) + base * me
-        f = fn.probabilities(fn.forward(xm.unsqueeze(0)))[0, target]
+        out = model(xm.unsqueeze(0))
+        probs = out if outputs == "probabilities" else torch.softmax(out, dim=1)
+        f = probs[0, target]
         (g,) = torch.autograd.grad(f, m)
     return float(f.detach()), g.detach().cpu().numpy()
 
@@ -155,29 +267,20 @@ def gradient_sis(
     the lowest feature id (the paper's code added random noise instead). Same
     arguments and result type as ``fast_sis(..., method="gradient")``.
     """
-    import numpy as np
-
-    prep = prepare(images, features=features, mask_value=mask_value)
-    thresholds = check_threshold(threshold, prep.images.shape[0])
-    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
-    fn.check_compatible(prep.images)
-    device = prep.images.device
-    fm = prep.feature_map
-    p = prep.num_features
+    model = _as_callable(model)
+    fmap, p, grid, base_all = _problem(images, features, mask_value)
+    taus = _thresholds(threshold, images.shape[0])
+    device = images.device
     results = []
-    for i in range(prep.images.shape[0]):
-        tau = thresholds[i]
-        x = prep.images[i]
-        base = prep.baseline[i if prep.baseline.shape[0] > 1 else 0]
+    for i in range(images.shape[0]):
+        tau, x, base = taus[i], images[i], base_all[i]
         with torch.no_grad():
-            t = None if target is None else torch.as_tensor(target).expand(prep.images.shape[0])[i]
-            targets, _ = initial_predictions(fn, prep.images[i : i + 1], t, ChunkRunner(1, device))
-        cls = int(targets[0])
+            cls = _target(model, x, target, i)
 
         def f_of(present_features):
             with torch.no_grad():
-                keep = present_features.to(device)[fm]
-                return float(fn.score(torch.where(keep, x, base).unsqueeze(0), torch.tensor([cls], device=device))[0])
+                keep = present_features.to(device)[fmap]
+                return float(_f(model, outputs, torch.where(keep, x, base).unsqueeze(0), cls)[0])
 
         present = torch.ones(p, dtype=torch.bool)
         rounds = []
@@ -190,7 +293,7 @@ def gradient_sis(
             pres = present.clone()
             order, blocks, values = [], [0], []
             while bool(pres.any()):
-                f, g = _gradient_step(fn, x, base, fm, mask, cls)
+                f, g = _gradient_step(model, outputs, x, base, fmap, mask, cls)
                 if order:
                     values.append(f)
                 cand = np.nonzero(pres.numpy())[0]
@@ -215,15 +318,35 @@ def gradient_sis(
             rounds.append(
                 SISResult(
                     order=torch.tensor(order, dtype=torch.int64), values=torch.tensor(values, dtype=torch.float64),
-                    sis=found, mask=None if found is None else prep.feature_mask(found), target=cls, score=score,
+                    sis=found, mask=None if found is None else _mask(found, p, grid), target=cls, score=score,
                     threshold=tau, blocks=torch.tensor(blocks, dtype=torch.int64), sis_score=found_score,
                 )
             )
             if not collection or found is None or found.numel() == 0 or found.numel() == len(order):
                 break
             present[found] = False
-        results.append(first_with_collection(rounds, collection))
+        results.append(_with_collection(rounds, collection))
     return results
+
+
+# ----------------------------------------------------------------------------------------------
+# Causal responsibility (SPEC.md section 3a)
+
+# the 14 non-empty proper subsets of the 4 quadrants, in the order of their bit masks 1..14
+_QUADRANT_SUBSETS = [[q for q in range(4) if mask & (1 << q)] for mask in range(1, 15)]
+
+
+def _box_area(box) -> int:
+    y0, x0, y1, x1 = box
+    return max(0, y1 - y0) * max(0, x1 - x0)
+
+
+def _quadrants(box, rng) -> list[tuple[int, int, int, int]]:
+    """Split a box at one uniformly random point (row, then column; ends included): 4 quadrants."""
+    y0, x0, y1, x1 = box
+    ys = int(rng.integers(y0, y1 + 1))
+    xs = int(rng.integers(x0, x1 + 1))
+    return [(y0, x0, ys, xs), (y0, xs, ys, x1), (ys, x0, y1, xs), (ys, xs, y1, x1)]
 
 
 def responsibility(
@@ -245,25 +368,25 @@ def responsibility(
     iterations of log(map), the ranking key ``of.responsibility`` returns. Criterion:
     top-1 class equals the original. Boxes are drawn as in the fast path (one
     ``numpy.random.default_rng(seed + iteration)`` per descent, row then column of
-    each split point), so both give the same map.
+    each split point), so both give the same map. Ties between passing mutants of
+    equal area go to the first built (boxes in order, subsets by bit mask).
 
     Returns:
         per image (float64 [H, W], mutants evaluated: 14 per split box, duplicates included).
     """
-    from .responsibility import SUBSETS, _area, _split, check_responsibility_options
-    import numpy as np
-
-    check_responsibility_options(iterations, depth, min_box, seed)
-    prep = prepare(images, mask_value=mask_value)
-    fn = ModelFn(model, outputs=outputs, device=prep.images.device)
-    fn.check_compatible(prep.images)
+    for name, v, lo in (("iterations", iterations, 1), ("depth", depth, 1), ("min_box", min_box, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    model = _as_callable(model)
+    _, _, _, base_all = _problem(images, None, mask_value)
     out = []
-    for i in range(prep.images.shape[0]):
-        x = prep.images[i]
-        base = prep.baseline[i if prep.baseline.shape[0] > 1 else 0]
+    for i in range(images.shape[0]):
+        x, base = images[i], base_all[i]
         h, w = x.shape[-2:]
         with torch.no_grad():
-            target = int(fn.forward(x[None]).argmax(1)[0])
+            target = int(model(x[None]).argmax(1)[0])
         total = torch.zeros(h, w, dtype=torch.float64)
         queries = 0
         for t in range(iterations):
@@ -273,11 +396,11 @@ def responsibility(
             for _ in range(depth):
                 mutants = []  # (kept quadrants, keep mask)
                 for b, box in enumerate(active):
-                    if _area(box) < min_box:
+                    if _box_area(box) < min_box:
                         continue
-                    quads = _split(box, rng)
+                    quads = _quadrants(box, rng)
                     static = active[:b] + active[b + 1 :]
-                    for subset in SUBSETS:
+                    for subset in _QUADRANT_SUBSETS:
                         kept = [quads[c] for c in subset]
                         keep = torch.zeros(h, w, dtype=torch.bool)
                         for y0, x0, y1, x1 in kept + static:
@@ -287,7 +410,7 @@ def responsibility(
                     break
                 keeps = torch.stack([k for _, k in mutants]).to(x.device)
                 with torch.no_grad():
-                    top1 = (fn.forward(torch.where(keeps[:, None], x, base)).argmax(1) == target).tolist()
+                    top1 = (model(torch.where(keeps[:, None], x, base)).argmax(1) == target).tolist()
                 queries += len(mutants)
                 ok = [j for j in range(len(mutants)) if top1[j]]
                 if not ok:
@@ -297,7 +420,7 @@ def responsibility(
                     for y0, x0, y1, x1 in kept:
                         resp[y0:y1, x0:x1] += 1.0 / len(kept)
                 best = min(ok, key=lambda j: (int(mutants[j][1].sum()), j))
-                active = [q for q in mutants[best][0] if _area(q) > 0]
+                active = [q for q in mutants[best][0] if _box_area(q) > 0]
             total += resp.log()
         out.append((total, queries))
     return out

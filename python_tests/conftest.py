@@ -55,3 +55,64 @@ def assert_same_lists(res_a, res_b, compare, collection=False):
             assert len(a.collection) == len(b.collection)
             for ca, cb in zip(a.collection, b.collection):
                 compare(ca, cb)
+
+
+def kept_input(image, result, baseline=0.0, features=None):
+    """x_S built by hand: ``image`` [*D] with only the features of ``result.sis`` present.
+
+    The SIS's own ids (not its mask) decide what is kept; the mask must agree with them.
+    Default features: one per pixel over all channels for [C, H, W], one per element otherwise.
+    """
+    shape = image.shape
+    if features is not None:
+        fmap = features.expand(shape).to(torch.int64)
+    elif image.dim() == 3:
+        fmap = (torch.arange(shape[1] * shape[2]).view(1, shape[1], shape[2])).expand(shape)
+    else:
+        fmap = torch.arange(image.numel()).view(shape)
+    ids = result.sis.tolist()
+    assert len(set(ids)) == len(ids), "a feature appears twice in the set"
+    assert sorted(result.mask.flatten().nonzero().flatten().tolist()) == sorted(ids), "mask and sis disagree"
+    keep = torch.zeros(shape, dtype=torch.bool)
+    for j in ids:
+        keep |= fmap == j
+    b = torch.as_tensor(baseline, dtype=image.dtype)
+    if b.dim() == 1 and image.dim() == 3 and b.numel() == shape[0]:
+        b = b.view(-1, 1, 1)
+    return torch.where(keep, image, b)
+
+
+def assert_sets_sufficient(model, images, results, *, criterion="threshold", baseline=0.0, features=None,
+                           outputs="logits", rel=1e-9):
+    """Every set of every image and every collection round, checked by its own forward pass.
+
+    criterion "threshold": f(x_S) >= the result's threshold and ``sis_score`` is that f (to ``rel``);
+    "top1": the model's top-1 class on x_S is the result's target. Collection rounds are disjoint.
+    Returns the number of sets checked.
+    """
+    checked = 0
+    assert len(results) == images.shape[0]
+    for i, r in enumerate(results):
+        rounds = r.collection if r.collection is not None else ([r] if r.sis is not None else [])
+        if r.collection is not None and r.sis is not None:
+            assert rounds and rounds[0] is r
+        seen = set()
+        for c in rounds:
+            assert c.sis is not None
+            ids = set(c.sis.tolist())
+            assert seen.isdisjoint(ids), f"image {i}: collection rounds overlap"
+            seen |= ids
+            b = baseline[i] if isinstance(baseline, torch.Tensor) and baseline.dim() == images.dim() else baseline
+            x = kept_input(images[i], c, b, features)
+            with torch.no_grad():
+                out = model(x[None])
+                probs = out if outputs == "probabilities" else torch.softmax(out, 1)
+            f = float(probs[0, c.target])
+            if criterion == "threshold":
+                assert f >= c.threshold, f"image {i}: f(x_S) = {f} < tau = {c.threshold}"
+            else:
+                assert int(out[0].argmax()) == c.target, f"image {i}: x_S does not restore the top-1 class"
+            if c.sis_score is not None:
+                assert c.sis_score == pytest.approx(f, rel=rel, abs=1e-12), f"image {i}: sis_score is not f(x_S)"
+            checked += 1
+    return checked

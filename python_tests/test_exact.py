@@ -6,7 +6,7 @@ from torch import nn
 import overinterp_fast as of
 from overinterp_fast import reference
 
-from conftest import assert_same_lists, cuda, make_cnn, make_images
+from conftest import assert_same_lists, assert_sets_sufficient, cuda, make_cnn, make_images
 
 
 def assert_same_result(a, b, exact_values=True):
@@ -18,7 +18,9 @@ def assert_same_result(a, b, exact_values=True):
     if a.sis is not None:
         assert torch.equal(a.sis, b.sis)
         assert torch.equal(a.mask, b.mask)
+        assert a.sis_score == pytest.approx(b.sis_score, rel=1e-12)
     assert a.score == pytest.approx(b.score, rel=1e-12)
+    assert a.threshold == b.threshold
 
 
 def assert_same(res_a, res_b, collection=False):
@@ -37,9 +39,18 @@ def test_float64_equals_reference(seed):
     ref = reference.sis(model, images, tau)
     assert_same(fast, ref)
     assert any(r.sis is None for r in fast) and any(r.sis is not None and r.sis.numel() > 0 for r in fast)
-    for r in fast:
-        assert r.order.shape == (25,) and r.values.dtype == torch.float64 and r.mask is None or r.mask.shape == (5, 5)
+    for r, f in zip(fast, scores.tolist()):
+        assert r.order.shape == (25,) and r.values.shape == (25,) and r.values.dtype == torch.float64
         assert sorted(r.order.tolist()) == list(range(25))
+        assert r.score == pytest.approx(f, rel=1e-12) and r.threshold == tau
+        if r.sis is None:
+            assert f < tau and r.mask is None and r.sis_score is None
+        else:
+            assert f >= tau and r.mask.shape == (5, 5) and r.mask.dtype == torch.bool
+            # the SIS is the tail of the order after the last value that reaches tau (SPEC.md FindSIS)
+            last = max([t for t in range(25) if r.values[t] >= tau], default=-1)
+            assert r.sis.tolist() == r.order[last + 1 :].flip(0).tolist()
+    assert assert_sets_sufficient(model, images, fast) == sum(r.sis is not None for r in fast)
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -55,12 +66,11 @@ def test_float64_collection_equals_reference(seed):
         if r.sis is None:
             assert r.collection == []
             continue
-        assert r.collection[0] is r
         seen = set()
-        for c in r.collection:  # disjoint, each sufficient on its own round's input
-            assert seen.isdisjoint(c.sis.tolist())
+        for c in r.collection:  # each round runs on what the earlier rounds left
+            assert c.score >= tau and sorted(c.order.tolist()) == sorted(set(range(25)) - seen)
             seen |= set(c.sis.tolist())
-            assert c.score >= tau
+    assert assert_sets_sufficient(model, images, fast) >= 5  # disjoint, each sufficient alone
 
 
 def test_float32_sis_equal_and_divergence_only_at_near_ties():
@@ -136,6 +146,7 @@ def test_patch_features_and_channel_mask_value():
     ref = reference.sis(model, images, 0.3, features=patches, mask_value=mv, collection=True)
     assert_same(fast, ref, collection=True)
     assert fast[0].order.shape == (9,) and (fast[0].mask is None or fast[0].mask.shape == (9,))
+    assert assert_sets_sufficient(model, images, fast, baseline=mv, features=patches) >= 1
 
 
 def test_per_image_baseline_and_given_target(cnn64, images64):
@@ -145,15 +156,22 @@ def test_per_image_baseline_and_given_target(cnn64, images64):
     ref = reference.sis(cnn64, images64, 0.1, mask_value=baseline, target=target)
     assert_same(fast, ref)
     assert [r.target for r in fast] == [0, 1, 2, 3]
+    assert assert_sets_sufficient(cnn64, images64, fast, baseline=baseline) >= 1
 
 
 def test_probability_outputs_and_ensembles(cnn64, images64):
     probs = nn.Sequential(cnn64, nn.Softmax(dim=1)).eval()
     assert_same(of.fast_sis(probs, images64, 0.3, outputs="probabilities"), of.fast_sis(cnn64, images64, 0.3))
     other = make_cnn(8)
-    fast = of.fast_sis([cnn64, other], images64, 0.3)
-    ref = reference.sis(of.Ensemble([cnn64, other]).eval(), images64, 0.3)
-    assert_same(fast, ref)
+
+    def mean_of_logits(x):  # the ensemble by hand (SPEC.md section 0)
+        return (cnn64(x) + other(x)) / 2
+
+    fast = of.fast_sis([cnn64, other], images64, 0.3, collection=True)
+    assert_same(fast, reference.sis(mean_of_logits, images64, 0.3, collection=True), collection=True)
+    assert assert_sets_sufficient(mean_of_logits, images64, fast) >= 4
+    with torch.no_grad():
+        assert torch.equal(of.Ensemble([cnn64, other])(images64), mean_of_logits(images64))
 
 
 def test_channels_last_images(cnn64, images64):
@@ -191,6 +209,7 @@ def test_vector_inputs():
     fast = of.fast_sis(mlp, x, 0.4, collection=True)
     assert_same(fast, reference.sis(mlp, x, 0.4, collection=True), collection=True)
     assert fast[0].order.shape == (12,)
+    assert assert_sets_sufficient(mlp, x, fast) >= 2
 
 
 class SumModel(nn.Module):
@@ -235,11 +254,7 @@ def test_unconfident_images_get_none_and_others_still_answer(cnn64, images64):
 
 
 def test_sis_is_sufficient(cnn64, images64):
-    for r, x in zip(of.fast_sis(cnn64, images64, 0.3), images64):
-        if r.sis is None:
-            continue
-        kept = torch.where(r.mask, x, torch.zeros(()))
-        assert float(torch.softmax(cnn64(kept[None]), 1)[0, r.target]) >= 0.3
+    assert assert_sets_sufficient(cnn64, images64, of.fast_sis(cnn64, images64, 0.3, collection=True)) >= 4
 
 
 @cuda
@@ -259,5 +274,6 @@ def test_per_image_thresholds(cnn64, images64):
     assert_same(fast, reference.sis(cnn64, images64, rel, collection=True), collection=True)
     assert all(r.sis is not None for r in fast)
     assert [r.threshold for r in fast] == pytest.approx(rel)
+    assert assert_sets_sufficient(cnn64, images64, fast) >= 4
     for i in range(images64.shape[0]):  # same as each image alone with its scalar threshold
         assert_same([fast[i]], of.fast_sis(cnn64, images64[i : i + 1], rel[i], collection=True), collection=True)

@@ -7,7 +7,7 @@ from torch import nn
 import overinterp_fast as of
 from overinterp_fast.onnx_backend import OnnxModel, export_onnx
 
-from conftest import cuda, make_cnn, make_images
+from conftest import assert_sets_sufficient, cuda, make_cnn, make_images
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -74,6 +74,12 @@ def test_session_and_reference_accept_onnx(onnx_path):
         assert (a.sis is None) == (b.sis is None)
         if a.sis is not None:
             assert torch.equal(a.sis, b.sis)
+    assert any(r.sis is not None for r in fast)
+
+    def run(x):  # the session by hand
+        return torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+
+    assert_sets_sufficient(run, images, fast, rel=1e-5)
 
 
 def fixed_batch_model(path, batch, model):
@@ -137,8 +143,18 @@ def test_several_outputs_need_a_name_and_several_inputs_are_refused(cnn32, tmp_p
                       input_names=["input"], output_names=["a", "b"]).save(p2, external_data=False)
     with pytest.raises(ValueError, match="2 outputs .*output_name="):
         OnnxModel(p2)
+    with torch.no_grad():
+        logits = cnn32(x)
+    # each name gives its own output: "a" the logits, "b" twice them
+    torch.testing.assert_close(OnnxModel(p2, output_name="a")(x), logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(OnnxModel(p2, output_name="b")(x), 2 * logits, rtol=1e-4, atol=1e-5)
     a = of.fast_sis(OnnxModel(p2, output_name="a"), x, 0.3)
-    assert a[0].order.numel() == 25
+    b = of.fast_sis(OnnxModel(p2, output_name="b"), x, 0.3)
+    with torch.no_grad():
+        assert_same_up_to_near_ties(a, of.fast_sis(cnn32, x, 0.3), cnn32, x)
+        doubled = lambda t: 2 * cnn32(t)  # noqa: E731
+        assert_same_up_to_near_ties(b, of.fast_sis(doubled, x, 0.3), doubled, x)
+    assert [r.score for r in b] != pytest.approx([r.score for r in a], rel=1e-3)  # softmax(2z) is sharper
     pi = str(tmp_path / "two_in.onnx")
     torch.onnx.export(TwoInputs(cnn32).eval(), (x, x), dynamo=True, external_data=False,
                       input_names=["x", "z"]).save(pi, external_data=False)
@@ -183,10 +199,7 @@ def test_gradient_method_on_onnx_names_the_black_box_methods(onnx_path):
 def test_responsibility_runs_on_onnx(cnn32, onnx_path):
     images = make_images(2, seed=6, dtype=torch.float32)
     res = of.fast_sis(onnx_path, images, method="responsibility", iterations=4)
-    for img, r in zip(images, res):
-        kept = torch.where(r.mask, img, torch.zeros(()))
-        with torch.no_grad():
-            assert int(cnn32(kept[None]).argmax()) == r.target  # the MPS restores the top-1 class
+    assert assert_sets_sufficient(cnn32, images, res, criterion="top1", rel=1e-4) == 2  # restores the top-1 class
     maps = of.responsibility(OnnxModel(onnx_path), images, iterations=4)
     assert all(m.queries > 0 for m in maps)
 

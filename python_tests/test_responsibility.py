@@ -5,7 +5,7 @@ from torch import nn
 
 import overinterp_fast as of
 
-from conftest import make_cnn, make_images
+from conftest import assert_sets_sufficient, make_cnn, make_images
 
 
 class PatchModel(nn.Module):
@@ -41,12 +41,11 @@ def test_planted_evidence_mps_inside_the_patch():
 def test_every_mps_restores_the_top1_class():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", iterations=5)
-    for img, r in zip(images, res):
-        kept = torch.where(r.mask, img, torch.zeros(()))
-        with torch.no_grad():
-            assert int(model(kept[None]).argmax()) == r.target
-        assert r.sis.numel() % 10 == 0 or r.sis.numel() == 144  # steps of 10 pixels
+    res = of.fast_sis(model, images, method="responsibility", iterations=5, collection=True)
+    assert assert_sets_sufficient(model, images, res, criterion="top1", rel=1e-5) == sum(len(r.collection) for r in res)
+    for r in res:
+        for c in r.collection:  # steps of 10 pixels, or all that the round had
+            assert c.sis.numel() % 10 == 0 or c.sis.numel() == c.order.numel()
 
 
 def test_deterministic_for_a_seed_and_batching_invariant():
@@ -109,7 +108,9 @@ def test_collection_gives_disjoint_sets():
         seen = torch.zeros(24, 32, dtype=torch.bool)
         for c in r.collection:
             assert not (c.mask & seen).any()
+            assert c.order.numel() == 24 * 32 - int(seen.sum())  # each round ranks only what is left
             seen |= c.mask
+    assert assert_sets_sufficient(model, x, res, criterion="top1", rel=1e-5) == sum(len(r.collection) for r in res)
 
 
 def test_threshold_criterion_and_bad_options():
@@ -119,6 +120,7 @@ def test_threshold_criterion_and_bad_options():
         f = torch.softmax(model(images), 1).max(1).values
     res = of.fast_sis(model, images, 0.9 * f, method="responsibility", criterion="threshold", iterations=3)
     assert all(r.sis_score >= r.threshold for r in res)
+    assert assert_sets_sufficient(model, images, res, rel=1e-5) == 2
     with pytest.raises(ValueError, match="criterion"):
         of.fast_sis(model, images, method="responsibility", criterion="top5")
     with pytest.raises(ValueError, match="iterations"):
