@@ -103,11 +103,15 @@ def test_noise_sensitivity_of_a_foreground_model():
 def test_digits_pipeline_end_to_end_on_a_tiny_budget():
     from overinterp_fast.audit.pipeline import digits_pipeline, format_table
 
-    r = digits_pipeline(n_train=200, n_test=100, epochs=10, progress=False)
+    r = digits_pipeline(n_train=120, n_test=40, epochs=10, progress=False)
     acc = {(row["trained_on"], row["evaluated_on"]): row["accuracy"] for row in r["rows"]}
     full = acc[("full images", "full images")]
+    own = acc[("full images", "its 5% backward-selection subsets")]
     bs = acc[("5% backward-selection subsets", "the same kind")]
     rnd = acc[("5% random subsets", "the same kind")]
-    assert r["pixels_kept"] == 4 and full > 0.85
+    assert r["pixels_kept"] == 4 and r["train_images"] == 120 and r["test_images"] == 40 and full > 0.8
+    # the paper's finding: the full model still classifies its own last-5% subsets (keeping the first
+    # 5% instead gives about 0.05 here, and 0.45 after retraining)
+    assert own > 0.7, f"full model on its 5% backward-selection subsets: {own:.2f}"
     assert bs > rnd + 0.3, f"backward-selection subsets {bs:.2f} vs random {rnd:.2f}"
     assert "accuracy" in format_table(r)

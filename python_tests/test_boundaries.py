@@ -10,7 +10,7 @@ from torch import nn
 
 import overinterp_fast as of
 from overinterp_fast import reference
-from overinterp_fast.findsis import find_sis
+from overinterp_fast.findsis import find_sis, sis_score
 
 from conftest import assert_sets_sufficient
 
@@ -172,8 +172,18 @@ def test_find_sis_boundaries_by_hand():
     assert find_sis(order, values, 0.1).tolist() == []  # the fully masked value reaches tau
     assert find_sis(order[:1], values[:1], 0.95).tolist() == [3]
     assert find_sis(order[:0], values[:0], 0.5).tolist() == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1-D and of the same length"):
         find_sis(order, values[:3], 0.5)
+    with pytest.raises(ValueError, match="1-D and of the same length"):
+        find_sis(order.view(2, 2), values.view(2, 2), 0.5)
+
+
+def test_sis_score_reads_the_value_before_the_sis():
+    values = torch.tensor([0.95, 0.5, 0.4, 0.1], dtype=torch.float64)
+    assert sis_score(values, 0.99, 0) == 0.1  # empty SIS: everything masked
+    assert sis_score(values, 0.99, 1) == 0.4
+    assert sis_score(values, 0.99, 3) == 0.95  # all but the first masked feature
+    assert sis_score(values, 0.99, 4) == 0.99  # every feature: f of the whole input
 
 
 def test_every_set_of_every_round_is_sufficient_on_the_planted_models():

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Mutation score of one module with mutmut 3 (a developer tool, not part of CI). See TESTING.md.
+#
+#   scripts/mutation.sh overinterp_fast/findsis.py python_tests/test_boundaries.py python_tests/test_schedule.py
+#
+# Copies the tracked tree (and the built extension) to a scratch folder, adds a [tool.mutmut] section
+# that mutates only the given module and runs only the given tests, runs `mutmut run`, and prints
+# mutmut's per-mutant results and the score (killed / (killed + survived + timeouts + suspicious)).
+# MUTATION_DIR (default /tmp/overinterp-mutation) holds the copies; MUTATION_JOBS (default 2) workers.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+MOD="$1"; shift
+[ $# -gt 0 ] || { echo "usage: $0 MODULE.py TEST_FILE_OR_NODE..." >&2; exit 2; }
+NAME="$(echo "${MOD#overinterp_fast/}" | tr '/' '_' | sed 's/\.py$//')"
+WORK="${MUTATION_DIR:-/tmp/overinterp-mutation}/$NAME"
+rm -rf "$WORK"; mkdir -p "$WORK"
+(cd "$ROOT" && git ls-files -co --exclude-standard overinterp_fast python_tests pyproject.toml setup.py \
+   | tar -cf - -T - ; ls overinterp_fast/_C*.so >/dev/null 2>&1 && tar -cf - overinterp_fast/_C*.so) \
+   | (cd "$WORK" && tar -xif -)
+tests=$(printf '"%s", ' "$@")
+cat >> "$WORK/pyproject.toml" <<TOML
+
+[tool.mutmut]
+source_paths = ["overinterp_fast/"]
+only_mutate = ["$MOD"]
+also_copy = ["python_tests/"]
+pytest_add_cli_args_test_selection = [${tests%, }]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:timeout", "-q", "-x"]
+process_isolation = "forkserver"
+TOML
+cd "$WORK"
+"$PY" -m mutmut run --max-children "${MUTATION_JOBS:-2}" > run.log 2>&1 || { tail -30 run.log; exit 1; }
+"$PY" -m mutmut results --all true > results.txt 2>&1 || true
+"$PY" - "$MOD" <<'PY'
+import collections, re, sys
+counts = collections.Counter()
+for line in open("results.txt"):
+    m = re.match(r"\s*(\S+): (.+)$", line)
+    if m:
+        counts[m.group(2).strip()] += 1
+killed = counts.get("killed", 0)
+total = sum(counts.values()) - counts.get("no tests", 0) - counts.get("skipped", 0)
+print(f"{sys.argv[1]}: {dict(counts)}")
+print(f"{sys.argv[1]}: score {killed}/{total} = {killed / max(total, 1):.1%} "
+      f"(no tests: {counts.get('no tests', 0)})")
+PY
+grep -E ": (survived|no tests|timeout|suspicious)" results.txt || true
