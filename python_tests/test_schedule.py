@@ -18,8 +18,26 @@ def test_queue_fills_batches_and_reports_completions():
     assert b.image.tolist() == [0, 1, 1, 1] and b.slot.tolist() == [4, 0, 1, 2]
     assert b.completed == [(0, 0), (1, 0)]
     assert not q
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a segment needs at least one slot"):
         q.push(0, 3, 3, 0)
+
+
+def test_queue_splits_a_segment_over_many_batches_and_counts_pending():
+    q = CandidateQueue()
+    q.push(2, 1, 11, tag=7)  # slots 1..10
+    q.push(5, 4, 6, tag=8)
+    assert q.pending() == 12
+    got = []
+    for _ in range(3):
+        b = q.take(3)
+        assert len(b) == 3 and b.image.dtype == np.int64 and b.slot.dtype == np.int64
+        got.append(b.slot.tolist())
+    assert got == [[1, 2, 3], [4, 5, 6], [7, 8, 9]] and q.pending() == 3
+    b = q.take(3)
+    assert b.image.tolist() == [2, 5, 5] and b.slot.tolist() == [10, 4, 5] and b.completed == [(2, 7), (5, 8)]
+    empty = q.take(3)  # nothing queued: an empty batch
+    assert len(empty) == 0 and empty.completed == [] and empty.slot.shape == (0,) and empty.image.shape == (0,)
+    assert empty.image.dtype == np.int64 and empty.slot.dtype == np.int64 and q.pending() == 0
 
 
 def test_queue_is_fifo_across_images():
