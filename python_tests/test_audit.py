@@ -100,6 +100,7 @@ def test_noise_sensitivity_of_a_foreground_model():
     assert out["p_fg"].shape == (64,)
 
 
+@pytest.mark.timeout(900)  # trains 3 CNNs and runs exact SIS on 160 images: ~240 s at a load average of 19
 def test_digits_pipeline_end_to_end_on_a_tiny_budget():
     from overinterp_fast.audit.pipeline import digits_pipeline, format_table
 
@@ -115,3 +116,58 @@ def test_digits_pipeline_end_to_end_on_a_tiny_budget():
     assert own > 0.7, f"full model on its 5% backward-selection subsets: {own:.2f}"
     assert bs > rnd + 0.3, f"backward-selection subsets {bs:.2f} vs random {rnd:.2f}"
     assert "accuracy" in format_table(r)
+
+
+def test_statistics_edge_cases_by_hand():
+    # sis_size_curve: f(x) exactly tau still has a SIS; gradient results (blocks) are refused
+    r = SISResult(order=torch.tensor([1, 0]), values=torch.tensor([0.5, 0.25], dtype=torch.float64),
+                  sis=None, mask=None, target=0, score=0.75, threshold=0.75)
+    assert audit.sis_size_curve([r], [0.75, 0.5, 0.25]).tolist() == [[1.0, 0.5, 0.0]]
+    assert math.isnan(audit.sis_size_curve([r], [0.76])[0, 0])
+    r.blocks = torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="exact-SIS results"):
+        audit.sis_size_curve([r], [0.5])
+    # mean_ci: empty, one value, another confidence level
+    assert all(math.isnan(v) for v in audit.mean_ci([float("nan")]))
+    m, lo, hi = audit.mean_ci([2.5])
+    assert m == 2.5 and math.isnan(lo) and math.isnan(hi)
+    m, lo, hi = audit.mean_ci([1.0, 3.0], confidence=0.5)
+    assert m == 2.0 and hi - m == pytest.approx(1.0 * 1.0)  # t(0.75, 1) = 1, sem = 1
+    # heatmap of nothing; dice and iou of two empty sets; fraction inside of an empty set
+    with pytest.raises(ValueError, match="no masks"):
+        audit.heatmap([None])
+    e = np.zeros((2, 2), bool)
+    assert audit.dice(e, e) == 1.0 and audit.iou(e, e) == 1.0
+    assert math.isnan(audit.fraction_inside(e, ~e))
+    full = np.ones((2, 2), bool)
+    assert audit.dice(full, e) == 0.0 and audit.iou(full, e) == 0.0
+    with pytest.raises(ValueError, match="differ in shape"):
+        audit.dice(e, np.zeros((3, 2), bool))
+    with pytest.raises(ValueError, match="two non-empty pixel sets"):
+        audit.hausdorff(e, full)
+    assert audit.hausdorff(full, full) == 0.0
+    assert audit.bonferroni([]) == [] and audit.bonferroni([0.2]) == [0.2]
+    assert audit.rfs(0.0, 0.5) == pytest.approx(1.0) and math.isnan(audit.rfs(0.0, 0.0))
+    assert audit.irfs(0.2, 0.8) == pytest.approx(0.6)
+
+
+def test_noise_sensitivity_clips_to_the_valid_range():
+    images = torch.full((16, 1, 8, 8), 0.3)
+    masks = torch.zeros(16, 8, 8, dtype=torch.bool)
+    masks[:, 2:6, 2:6] = True
+    labels = torch.zeros(16, dtype=torch.int64)
+    model = ForegroundOnly().eval()
+    # clipped to [0.3, 1]: the noise can only raise the foreground mean, so class 0 always stays right
+    out = audit.noise_sensitivity(model, images, masks, labels, sigma=2.0, low=0.3, high=1.0, seed=0)
+    assert out["a_fg"] == 1.0 and out["a_bg"] == 1.0 and math.isnan(out["rfs"])
+    assert out["correct_fg"].dtype == torch.bool and out["correct_fg"].all()
+    # p_fg by hand: foreground mean m of the clipped noisy centre, p = softmax([8 m, 0])[0]
+    g = torch.Generator().manual_seed(0)
+    noisy = (images + 2.0 * torch.randn(images.shape, generator=g)).clamp(0.3, 1.0)
+    m = noisy[:, :, 2:6, 2:6].mean((1, 2, 3))
+    torch.testing.assert_close(out["p_fg"], torch.sigmoid(8 * m).double())
+    torch.testing.assert_close(out["p_bg"], torch.full((16,), float(torch.sigmoid(torch.tensor(2.4)))).double())
+    assert out["irfs"] == pytest.approx(audit.rfs(float(out["p_fg"].mean()), float(out["p_bg"].mean())))
+    only_high = audit.noise_sensitivity(model, images, masks, labels, sigma=2.0, high=0.3, seed=0)
+    capped = (images + 2.0 * torch.randn(images.shape, generator=torch.Generator().manual_seed(0))).clamp(max=0.3)
+    torch.testing.assert_close(only_high["p_fg"], torch.sigmoid(8 * capped[:, :, 2:6, 2:6].mean((1, 2, 3))).double())

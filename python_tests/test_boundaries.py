@@ -172,9 +172,9 @@ def test_find_sis_boundaries_by_hand():
     assert find_sis(order, values, 0.1).tolist() == []  # the fully masked value reaches tau
     assert find_sis(order[:1], values[:1], 0.95).tolist() == [3]
     assert find_sis(order[:0], values[:0], 0.5).tolist() == []
-    with pytest.raises(ValueError, match="1-D and of the same length"):
+    with pytest.raises(ValueError, match="^order and values must be 1-D and of the same length$"):
         find_sis(order, values[:3], 0.5)
-    with pytest.raises(ValueError, match="1-D and of the same length"):
+    with pytest.raises(ValueError, match="^order and values must be 1-D and of the same length$"):
         find_sis(order.view(2, 2), values.view(2, 2), 0.5)
 
 

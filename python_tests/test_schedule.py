@@ -18,7 +18,7 @@ def test_queue_fills_batches_and_reports_completions():
     assert b.image.tolist() == [0, 1, 1, 1] and b.slot.tolist() == [4, 0, 1, 2]
     assert b.completed == [(0, 0), (1, 0)]
     assert not q
-    with pytest.raises(ValueError, match="a segment needs at least one slot"):
+    with pytest.raises(ValueError, match="^a segment needs at least one slot$"):
         q.push(0, 3, 3, 0)
 
 
