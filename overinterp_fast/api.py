@@ -15,7 +15,8 @@ from .gradient import check_autocast, check_k, gradient_sis
 from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, initial_predictions, model_memory_format
 from .onnx_backend import OnnxModel
-from .responsibility import ResponsibilityMap, check_responsibility_options, compute_responsibility
+from .responsibility import (ResponsibilityMap, auto_responsibility, check_responsibility_options,
+                             compute_responsibility)
 from .results import SISResult
 
 METHODS = ("exact", "gradient", "responsibility")
@@ -68,8 +69,11 @@ def _evaluators(s: _Setup, eng: Engine, targets: torch.Tensor) -> tuple[Candidat
     return evaluator, verifier
 
 
-def _responsibility_rows(n: int, iterations: int) -> tuple[int, int]:
-    """(largest batch, total rows) of responsibility maps: 14 mutants per active box and descent, about 6 levels."""
+def _responsibility_rows(n: int, iterations: int | str) -> tuple[int, int]:
+    """(largest batch, total rows) of responsibility maps: 14 mutants per active box and descent, about 6 levels
+    (iterations="auto": one descent per image at a time, about 5 iterations)."""
+    if iterations == "auto":
+        return n * 14, n * 5 * 14 * 6
     return n * iterations * 14, n * iterations * 14 * 6
 
 
@@ -80,6 +84,11 @@ def _passes(criterion: str, thresholds: list[float]):
     if criterion == "top1":
         return lambda i, f, top1: bool(top1)
     return lambda i, f, top1: f >= thresholds[i]
+
+
+def _check_refine(refine) -> None:
+    if not isinstance(refine, bool):
+        raise ValueError(f"refine must be True or False, got {refine!r}")
 
 
 def _check_pixels(s: _Setup, what: str) -> None:
@@ -152,6 +161,7 @@ def sufficient_subset(
     outputs: str = "logits",
     batch_size: int | None = None,
     engine: str = "auto",
+    refine: bool = False,
 ) -> list[SISResult]:
     """Turn any ranking (saliency map, gradients, responsibility) into a sufficient set: batched FindSIS.
 
@@ -163,6 +173,10 @@ def sufficient_subset(
         step: prefix sizes step, step*2, ..., p (ReX uses 10).
         engine: "auto", "torch", "onnxruntime" or "compile" (see README "Engines"); every
             set is checked on the user's model.
+        refine: False: the first passing prefix in steps of ``step``. True: a feature-exact
+            boundary prefix (exponential search and bisection, about 2 log2(size) queries;
+            ``step`` unused), pruned to a 1-minimal set (removing any one feature breaks
+            the criterion; ``size_before_refine``, ``refine_queries`` report it).
 
     Returns:
         One :class:`SISResult` per image: ``order`` the features by descending
@@ -172,6 +186,7 @@ def sufficient_subset(
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be a positive int, got {step!r}")
     check_engine(engine)
+    _check_refine(refine)
     s = _setup(model, images, threshold, features, mask_value, outputs, batch_size, "exact")
     n, p = s.prep.images.shape[0], s.prep.num_features
     if not isinstance(ranking, torch.Tensor) or ranking.shape[0] != n or ranking[0].numel() != p:
@@ -187,7 +202,7 @@ def sufficient_subset(
                       measure_fn="score_and_top1")
         evaluator, verifier = _evaluators(s, eng, targets)
         return extract_sets(evaluator, s.prep, targets, scores0, lambda present: (scores, None), passes, step,
-                            False, s.thresholds, verifier=verifier, engine=eng.name)
+                            False, s.thresholds, verifier=verifier, engine=eng.name, refine=refine)
 
 
 def fast_sis(
@@ -206,9 +221,10 @@ def fast_sis(
     k: int = 100,
     autocast: str | torch.dtype | None = None,
     criterion: str | None = None,
-    iterations: int = 20,
+    iterations: int | str = "auto",
     seed: int = 0,
     engine: str = "auto",
+    refine: bool = True,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -253,6 +269,13 @@ def fast_sis(
             (f(x_S) >= tau; where it fails, FindSIS goes on until one passes);
             ``SISResult.engine`` says which engine scored the candidates.
             method="gradient" runs torch ("auto" or "torch" only).
+            "auto" (default): stop an image's descents once its minimal pixel set has
+            settled (see :func:`~overinterp_fast.responsibility.auto_responsibility`);
+            an int runs that many (ReX: 20).
+        refine: method="responsibility": True (default): a pixel-exact boundary prefix of
+            the ranking, pruned to a 1-minimal set (removing any one pixel breaks the
+            criterion). False: ReX's extraction (the first passing prefix in steps of 10).
+            ReX-faithful: ``iterations=20, refine=False``.
 
     Returns:
         A list with one :class:`SISResult` per image (tensors on the CPU).
@@ -263,8 +286,9 @@ def fast_sis(
     gives the block offsets into ``order``; every SIS is verified by a forward
     pass in full precision (``sis_score`` >= threshold). For
     method="responsibility", ``order`` ranks the pixels by responsibility,
-    ``values`` holds it, ``sis``/``mask`` is the minimal pixel set (prefixes in
-    steps of 10 pixels) and ``queries`` the forward passes of the maps.
+    ``values`` holds it, ``sis``/``mask`` is the minimal pixel set, ``queries``,
+    ``extraction_queries`` and ``refine_queries`` the forward passes of the maps, of the
+    prefix search and of the pruning, ``size_before_refine`` the prefix size before it.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -272,7 +296,8 @@ def fast_sis(
         k = check_k(k)
         autocast_dtype = check_autocast(autocast)
     if method == "responsibility":
-        check_responsibility_options(iterations, 10, 10, seed)
+        check_responsibility_options(1 if iterations == "auto" else iterations, 10, 10, seed)
+        _check_refine(refine)
     check_engine(engine)
     if method == "gradient" and engine not in ("auto", "torch"):
         raise ValueError(f"method='gradient' needs the torch model's gradients; engine must be 'auto' or 'torch', "
@@ -298,12 +323,17 @@ def fast_sis(
             evaluator, verifier = _evaluators(s, eng, targets)
 
             def rank(present):
-                maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10, seed,
-                                                       progress)
+                if iterations == "auto":
+                    maps, queries, info = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed,
+                                                              progress)
+                    return maps.view(maps.shape[0], -1), queries, info.sizes
+                else:
+                    maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10,
+                                                           seed, progress)
                 return maps.view(maps.shape[0], -1), queries
 
             return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds,
-                                verifier=verifier, engine=eng.name)
+                                verifier=verifier, engine=eng.name, refine=refine)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
         eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))

@@ -7,8 +7,60 @@ import torch
 
 from .batching import CandidateEvaluator
 from .inputs import Prepared
-from .prefix import first_passing_prefix, verify_prefix_sets
+from .minimal import prune_to_minimal
+from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
+
+
+class CountingEvaluator:
+    """Wraps a CandidateEvaluator and counts the candidates (forward passes) of each image."""
+
+    def __init__(self, evaluator: CandidateEvaluator, n: int):
+        self.evaluator = evaluator
+        self.runner = evaluator.runner
+        self.counts = [0] * n
+
+    def __call__(self, present, image, row, feature):
+        for i, c in zip(*torch.unique(image, return_counts=True)):
+            self.counts[int(i)] += int(c)
+        return self.evaluator(present, image, row, feature)
+
+
+def refined_sets(
+    evaluator: CandidateEvaluator,
+    pos: torch.Tensor,
+    images: list[int],
+    counts: list[int],
+    passes: Callable[[int, float, bool], bool],
+    starts: list[int | None] | None = None,
+) -> tuple[list[tuple[torch.Tensor, int, float] | None], list[int], list[int]]:
+    """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set.
+
+    Returns:
+        (per row (the set's features in ranking order, the boundary prefix size, f on the set)
+        or None when even the whole row fails; queries of the boundary search per row; of the pruning).
+    """
+    hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes, starts)
+    rows = [r for r, h in enumerate(hits) if h is not None]
+    out: list[tuple[torch.Tensor, int, float] | None] = [None] * len(images)
+    q_prune = [0] * len(images)
+    if not rows:
+        return out, q_boundary, q_prune
+    dev = pos.device
+    rows_t = torch.tensor(rows, device=dev)
+    k_t = torch.tensor([hits[r][0] for r in rows], device=dev)
+    sets = pos[rows_t] < k_t.view(-1, 1)
+    orders = [torch.argsort(pos[r])[: hits[r][0]].flip(0).tolist() for r in rows]  # least responsible first
+    # the boundary's predecessor (prefix k - 1) failed: removing the last pixel is known to fail
+    known = [o[0] if hits[r][0] >= 2 else None for o, r in zip(orders, rows)]
+    pruned, f, q = prune_to_minimal(evaluator, sets, orders, [images[r] for r in rows],
+                                    [hits[r][1] for r in rows], lambda j, fj, tj: passes(rows[j], fj, tj), known)
+    for j, r in enumerate(rows):
+        keep = pruned[j]
+        ranked = torch.argsort(pos[r])[: hits[r][0]]
+        out[r] = (ranked[keep[ranked]].cpu(), hits[r][0], f[j])
+        q_prune[r] = q[j]
+    return out, q_boundary, q_prune
 
 
 def extract_sets(
@@ -23,15 +75,24 @@ def extract_sets(
     thresholds: list[float],
     verifier: CandidateEvaluator | None = None,
     engine: str = "torch",
+    refine: bool = False,
 ) -> list[SISResult]:
-    """Per image, the first prefix of its ranking (in steps of ``step`` features) that passes.
+    """Per image, a sufficient set from its ranking.
+
+    refine=False: the first prefix of the ranking (in steps of ``step`` features) that
+    passes (ReX's extraction). refine=True: a pixel-exact boundary prefix
+    (:func:`~overinterp_fast.prefix.boundary_prefix`), pruned to a 1-minimal set
+    (:func:`~overinterp_fast.minimal.prune_to_minimal`, least-ranked features first).
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
-    (scores float [N, p], queries per image or None). With ``collection``, each set
+    (scores float [N, p], queries per image or None[, per image a set size to start the
+    boundary search from, or None]). With ``collection``, each set
     found is masked and the ranking recomputed on the rest, while the rest passes.
     ``passes(image, f, top1)``. With ``verifier`` (the user's model, when ``evaluator``
     runs a stand-in engine named ``engine``), each set is checked there and, where it
     fails, the next prefix sizes are tried on the user's model until one passes.
+    Each result counts its queries: ``queries`` (the ranking), ``extraction_queries``
+    and ``refine_queries``.
     """
     from .responsibility import ranking_positions
 
@@ -43,26 +104,49 @@ def extract_sets(
     active = list(range(n))
     while active:
         rows = torch.tensor(active, device=dev)
-        scores, queries = rank_fn(present)
+        ranked = rank_fn(present)
+        scores, queries = ranked[:2]
+        starts = ranked[2] if len(ranked) > 2 else None
         pos = ranking_positions(scores[rows].reshape(len(active), p), present[rows])
         counts = present[rows].sum(1).tolist()
-        sizes = [list(range(step, c, step)) + [c] if c else [] for c in counts]
-        rows_pass = lambda r, f, top1, active=active: passes(active[r], f, top1)
-        hits = first_passing_prefix(evaluator, pos, active, sizes, rows_pass)
-        if verifier is not None:
-            hits = _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p)
+        row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
+        if refine:
+            warm = None if starts is None else [starts[i] for i in active]
+            refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes, warm)
+            if verifier is not None:
+                refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes)
+            hits = [None if x is None else (x[1], x[2]) for x in refined]
+        else:
+            counted = CountingEvaluator(evaluator, n)
+            sizes = [list(range(step, c, step)) + [c] if c else [] for c in counts]
+            hits = first_passing_prefix(counted, pos, active, sizes, row_passes)
+            if verifier is not None:
+                counted_v = CountingEvaluator(verifier, n)
+                hits = _verify(counted_v, pos, active, counts, sizes, hits, row_passes, p)
+                for i in active:
+                    counted.counts[i] += counted_v.counts[i]
+            hits = [None if h is None else (sizes[r][h[0]], h[1]) for r, h in enumerate(hits)]
+            extraction = [counted.counts[i] for i in active]
         pos_cpu, scores_cpu = pos.cpu(), scores[rows].reshape(len(active), p).double().cpu()
         nxt = []
         for r, i in enumerate(active):
             order = torch.argsort(pos_cpu[r])[: counts[r]]
             hit = hits[r]
-            found = None if hit is None else order[: sizes[r][hit[0]]].clone()
+            if hit is None:
+                found = None
+            elif refine:
+                found = refined[r][0]
+            else:
+                found = order[: hit[0]].clone()
             rounds[i].append(
                 SISResult(
                     order=order, values=scores_cpu[r, order], sis=found,
                     mask=None if found is None else prep.feature_mask(found), target=int(targets[i]),
                     score=round_score[i], threshold=thresholds[i], sis_score=None if hit is None else hit[1],
                     queries=None if queries is None else queries[i], engine=engine,
+                    extraction_queries=extraction[r],
+                    size_before_refine=None if hit is None or not refine else hit[0],
+                    refine_queries=refinement[r] if refine else None,
                 )
             )
             if collection and found is not None and 0 < found.numel() < counts[r]:
@@ -94,4 +178,39 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
     out = list(hits)
     for r, c in zip(todo, checked):
         out[r] = None if c is None else (hits[r][0] + c[0], c[1])
+    return out
+
+
+def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass) -> list:
+    """Check each refined set on the user's model; a row whose set fails there is refined again on it.
+
+    Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
+    the stand-in engine; its scores equal the model's up to float noise, so a set that passes on
+    the model is 1-minimal there too unless a removal was a near-tie.
+    """
+    todo = [r for r, x in enumerate(refined) if x is not None]
+    if not todo:
+        return refined
+    dev = pos.device
+    p = pos.shape[1]
+    sets = torch.zeros((len(todo), p), dtype=torch.bool, device=dev)
+    for j, r in enumerate(todo):
+        sets[j, refined[r][0].to(dev)] = True
+    img = torch.tensor([active[r] for r in todo], device=dev)
+    f, top1 = verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1))
+    out = list(refined)
+    again = []
+    for j, (r, fj, tj) in enumerate(zip(todo, f.tolist(), top1.tolist())):
+        refinement[r] += 1
+        if rows_pass(r, fj, tj):
+            out[r] = (refined[r][0], refined[r][1], fj)
+        else:
+            again.append(r)
+    if again:
+        redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
+                                      [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t))
+        for k, r in enumerate(again):
+            out[r] = redo[k]
+            extraction[r] += q_b[k]
+            refinement[r] += q_p[k]
     return out

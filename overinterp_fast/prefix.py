@@ -94,3 +94,102 @@ def verify_prefix_sets(
     for r, order in enumerate(keep_first):
         pos[r, order] = torch.arange(order.numel())
     return first_passing_prefix(evaluator, pos.to(dev), images, sizes, passes)
+
+
+PROBES = {"cuda": 8}  # boundary search: sizes probed per row and round, per device type; others: 1
+
+
+class _Bracket:
+    """Search state of one row: sizes known to fail (lo) and pass (hi), and the phase."""
+
+    def __init__(self, start: int, count: int, stride: int):
+        self.count, self.stride = count, max(1, stride)
+        self.lo, self.hi, self.f_hi = 0, None, 0.0  # size 0 is taken as failing
+        self.start = min(max(1, start), count)
+        self.phase = "start"
+
+    def probes(self, k: int) -> list[int]:
+        if self.phase == "start":
+            return [self.start]
+        if self.phase == "grow":
+            return sorted({min(self.lo + self.stride * (1 << i), self.count) for i in range(k)})
+        if self.phase == "shrink":
+            return sorted({max(self.hi - self.stride * (1 << i), self.lo + 1) for i in range(k)})
+        gap = self.hi - self.lo
+        return sorted({self.lo + max(1, (gap * (i + 1)) // (k + 1)) for i in range(k)} - {self.hi})
+
+    def update(self, seen: list[tuple[int, bool, float]]) -> bool:
+        """Take probe results (size, passed, f); True when the row is resolved."""
+        known = [(self.lo, False, 0.0)] + sorted(seen) + ([] if self.hi is None else [(self.hi, True, self.f_hi)])
+        trans = next((i for i in range(1, len(known)) if known[i][1] and not known[i - 1][1]), None)
+        if trans is None:  # nothing passes yet: grow from the largest failing size
+            self.lo = max(s for s, _, _ in known)
+            if self.lo >= self.count:
+                return True
+            self.stride = self.stride if self.phase == "start" else self.stride << len(seen)
+            self.phase = "grow"
+            return False
+        (lo, _, _), (hi, _, f_hi) = known[trans - 1], known[trans]
+        was = self.phase
+        self.lo, self.hi, self.f_hi = lo, hi, f_hi
+        if hi - lo <= 1:
+            return True
+        if lo == 0 and was in ("start", "shrink") and not any(s == lo for s, ok, _ in seen if not ok):
+            self.stride = self.stride if was == "start" else self.stride << len(seen)
+            self.phase = "shrink"  # only the assumed empty prefix fails below: keep stepping down
+        else:
+            self.phase = "bisect"
+        return False
+
+
+def boundary_prefix(
+    evaluator: CandidateEvaluator,
+    pos: torch.Tensor,
+    images: list[int],
+    counts: list[int],
+    passes: Callable[[int, float, bool], bool],
+    starts: list[int | None] | None = None,
+) -> tuple[list[tuple[int, float] | None], list[int]]:
+    """For each row, a pixel-exact boundary of its ranking: a passing prefix size k whose k - 1 fails.
+
+    Exponential search from ``starts[r]`` (default 10: sizes 10, 20, 40, ... up to the
+    row's count; from a given start, strides start/32, doubling, both ways), then
+    bisection between the largest failing and the smallest passing size. Each round
+    probes ``PROBES`` sizes per unresolved row (1 on a CPU, where every probe costs a
+    forward pass: about 2 log2(k) queries per row; evenly spread points on a GPU).
+    With a monotone criterion the boundary is the first passing prefix; otherwise it
+    is a passing prefix whose predecessor fails. The empty prefix is taken as failing
+    without a query (a pruning pass finds out).
+
+    Args: as :func:`first_passing_prefix`, with ``counts[r]`` the row's largest size.
+
+    Returns:
+        (per row (k, f on prefix k) or None when even ``counts[r]`` fails, queries per row).
+    """
+    dev = pos.device
+    k = PROBES.get(dev.type, 1)
+    n = len(images)
+    state = {
+        r: _Bracket(10, counts[r], 10) if not starts or starts[r] is None else _Bracket(starts[r], counts[r],
+                                                                                       starts[r] // 32)
+        for r in range(n) if counts[r] > 0
+    }
+    queries = [0] * n
+    todo = sorted(state)
+    while todo:
+        rows, sizes = [], []
+        for r in todo:
+            c = state[r].probes(k)
+            rows += [r] * len(c)
+            sizes += c
+        rows_t = torch.tensor(rows, device=dev)
+        present = pos[rows_t] < torch.tensor(sizes, device=dev).view(-1, 1)
+        img_t = torch.tensor([images[r] for r in rows], device=dev)
+        f, top1 = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
+        check_finite_scores(torch.isfinite(f).all())
+        seen: dict[int, list[tuple[int, bool, float]]] = {}
+        for r, s, fi, ti in zip(rows, sizes, f.tolist(), top1.tolist()):
+            queries[r] += 1
+            seen.setdefault(r, []).append((s, passes(r, fi, ti), fi))
+        todo = [r for r in todo if not state[r].update(seen[r])]
+    return [None if r not in state or state[r].hi is None else (state[r].hi, state[r].f_hi) for r in range(n)], queries

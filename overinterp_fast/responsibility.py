@@ -29,6 +29,7 @@ first passing prefix of the ranking in steps of 10 pixels, evaluated in batches.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -88,6 +89,146 @@ def _area(box) -> int:
     return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
 
 
+def _rect_cover(runner, rects: list, owner: list, weight: list | None, m: int, h: int, w: int, dev,
+                use: Callable[[slice, torch.Tensor], object]) -> list:
+    """Paint rectangles into m coverage maps in chunks of owners (the runner's chunk, with its
+    out-of-memory back-off): ``use(owners, cover int64 [chunk, H, W])`` per chunk, results listed.
+
+    ``owner[i]`` in [0, m) is the map of rectangle i (any order), ``weight[i]`` its int weight (None: 1).
+    """
+    rect_t = torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4)
+    owner_t = torch.tensor(owner, dtype=torch.int64, device=dev)
+    weight_t = torch.ones_like(owner_t) if weight is None else torch.tensor(weight, dtype=torch.int64, device=dev)
+    owner_t, by_owner = torch.sort(owner_t, stable=True)
+    rect_t, weight_t = rect_t[by_owner], weight_t[by_owner]
+    starts = torch.searchsorted(owner_t, torch.arange(m + 1, device=dev)).tolist()
+
+    def work(sl: slice):
+        a, b = starts[sl.start], starts[sl.stop]
+        cover = _ops.rect_fill(rect_t[a:b], owner_t[a:b] - sl.start, weight_t[a:b], sl.stop - sl.start, h, w)
+        return (use(sl, cover),)
+
+    out = runner.run(m, lambda sl: work(sl)) if m else ()
+    return list(out)
+
+
+class MutantCache:
+    """(f, top-1 is the target) of mutants already scored, keyed by image and shown rectangles.
+
+    Shared by all levels and iterations of one ranking (one set of pixels allowed):
+    a mutant that shows the same rectangles of the same image is the same input.
+    """
+
+    def __init__(self):
+        self.scores: dict[tuple, tuple[float, bool, int]] = {}  # key -> (f, top-1 correct, pixels kept)
+        self.hits = 0
+
+
+def descend(
+    evaluator: CandidateEvaluator,
+    prep: Prepared,
+    present: torch.Tensor,
+    passes,
+    descents: list[tuple[int, int]],
+    depth: int,
+    min_box: int,
+    cache: MutantCache,
+    progress: bool | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """Run the given descents (image, seed) together: (float64 [D, H, W] log per-iteration maps,
+    queries per image of ``prep``).
+
+    ``present``: bool [N, H*W], the pixels that may be kept (others stay masked:
+    used by collections). ``passes(image, f, top1) -> bool``.
+    """
+    n, _, h, w = prep.images.shape
+    dev = prep.images.device
+    state = [_Descent(i, np.random.default_rng(s), [(0, 0, h, w)]) for i, s in descents]
+    queries = [0] * n
+    resp_rects: list[tuple[int, int, int, int]] = []
+    resp_owner: list[int] = []
+    resp_weight: list[int] = []
+    bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
+    while any(d.alive for d in state):
+        # mutants of this level: (descent, kept quadrants, key). Mutants of one image with the same
+        # non-empty rectangles (empty quadrants make these, in this level or before) share one pass.
+        mutants: list[tuple[int, list[tuple[int, int, int, int]], tuple]] = []
+        rects, owner, evals, keys = [], [], [], []
+        new: set[tuple] = set()
+        for di, d in enumerate(state):
+            if not d.alive:
+                continue
+            made = False
+            for b, box in enumerate(d.active):
+                if _area(box) < min_box:
+                    continue
+                quads = _split(box, d.rng)
+                static = d.active[:b] + d.active[b + 1 :]
+                for subset in SUBSETS:
+                    kept = [quads[c] for c in subset]
+                    shown = sorted({r for r in kept + static if _area(r) > 0})
+                    key = (d.image, *shown)
+                    if key in cache.scores:
+                        cache.hits += 1
+                    elif key not in new:
+                        new.add(key)
+                        keys.append(key)
+                        evals.append(d.image)
+                        queries[d.image] += 1
+                        rects.extend(shown)
+                        owner.extend([len(evals) - 1] * len(shown))
+                    mutants.append((di, kept, key))
+                made = True
+            if not made:
+                d.alive = False
+        if not mutants:
+            break
+        m = len(evals)
+        img_all = torch.tensor(evals, dtype=torch.int64, device=dev)
+
+        def score(sl: slice, cover: torch.Tensor):
+            img = img_all[sl]
+            keep = (cover.view(-1, h * w) > 0) & present[img]
+            f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1))
+            return torch.stack([f, top1.double(), keep.sum(1).double()], 1)
+
+        parts = _rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score)
+        if parts:
+            scored = torch.cat(parts).tolist()
+            for key, (fk, tk, ak) in zip(keys, scored):
+                cache.scores[key] = (fk, bool(tk), int(ak))
+        by_descent: dict[int, list[int]] = {}
+        for mi, (di, _, _) in enumerate(mutants):
+            by_descent.setdefault(di, []).append(mi)
+        for di, mis in by_descent.items():
+            d = state[di]
+            res = [cache.scores[mutants[mi][2]] for mi in mis]
+            ok = [mi for mi, (fm, tm, _) in zip(mis, res) if passes(d.image, fm, tm)]
+            if not ok:
+                d.alive = False
+                continue
+            for mi, (_, tm, _) in zip(mis, res):  # every mutant predicted as the target shares 1 among its kept quadrants
+                if tm:
+                    kept = mutants[mi][1]
+                    for q in kept:
+                        resp_rects.append(q)
+                        resp_owner.append(di)
+                        resp_weight.append(_UNIT // len(kept))
+            # the passing mutant with the smallest unmasked area (ties: the first) is refined next
+            best = min(ok, key=lambda mi: (cache.scores[mutants[mi][2]][2], mi))
+            d.active = [q for q in mutants[best][1] if _area(q) > 0]
+            d.level += 1
+            if d.level >= depth:
+                d.alive = False
+        bar.update(1)
+    bar.close()
+    logs = _rect_cover(evaluator.runner, resp_rects, resp_owner, resp_weight, len(state), h, w, dev,
+                       lambda sl, acc: torch.log1p(acc.double() / _UNIT))
+    if not logs:
+        return torch.zeros(len(state), h, w, dtype=torch.float64, device=dev), queries
+    return torch.cat(logs), queries
+
+
 def compute_responsibility(
     evaluator: CandidateEvaluator,
     prep: Prepared,
@@ -101,93 +242,13 @@ def compute_responsibility(
 ) -> tuple[torch.Tensor, list[int]]:
     """Responsibility of every image's pixels: (float64 [N, H, W], queries per image).
 
-    ``present``: bool [N, H*W], the pixels that may be kept (others stay masked:
-    used by collections). ``passes(image, f, top1) -> bool``.
+    All ``iterations`` descents of every image (seeds seed + t) in one batched descent;
+    see :func:`descend`.
     """
     n, _, h, w = prep.images.shape
-    dev = prep.images.device
-    descents = [
-        _Descent(i, np.random.default_rng(seed + t), [(0, 0, h, w)]) for i in range(n) for t in range(iterations)
-    ]
-    queries = [0] * n
-    resp_rects: list[tuple[int, int, int, int]] = []
-    resp_owner: list[int] = []
-    resp_weight: list[int] = []
-    bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
-    while any(d.alive for d in descents):
-        # mutants of this level: (descent, kept quadrants, index of its forward pass). Mutants of
-        # one image with the same non-empty rectangles (empty quadrants make these) share one pass.
-        mutants: list[tuple[int, list[tuple[int, int, int, int]], int]] = []
-        rects, owner, evals = [], [], []
-        seen: dict[tuple, int] = {}
-        for di, d in enumerate(descents):
-            if not d.alive:
-                continue
-            made = False
-            for b, box in enumerate(d.active):
-                if _area(box) < min_box:
-                    continue
-                quads = _split(box, d.rng)
-                static = d.active[:b] + d.active[b + 1 :]
-                for subset in SUBSETS:
-                    kept = [quads[c] for c in subset]
-                    shown = sorted({r for r in kept + static if _area(r) > 0})
-                    e = seen.setdefault((d.image, *shown), len(evals))
-                    if e == len(evals):
-                        evals.append(d.image)
-                        queries[d.image] += 1
-                        rects.extend(shown)
-                        owner.extend([e] * len(shown))
-                    mutants.append((di, kept, e))
-                made = True
-            if not made:
-                d.alive = False
-        if not mutants:
-            break
-        m = len(evals)
-        cover = _ops.rect_fill(
-            torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4),
-            torch.tensor(owner, dtype=torch.int64, device=dev),
-            torch.ones(len(rects), dtype=torch.int64, device=dev), m, h, w,
-        )
-        img = torch.tensor(evals, device=dev)
-        keep = (cover.view(m, h * w) > 0) & present[img]
-        f_e, top1_e = evaluator(keep, img, torch.arange(m, device=dev), torch.full_like(img, -1))
-        area_e = keep.sum(1).tolist()
-        f_e, top1_e = f_e.tolist(), top1_e.tolist()
-        f = [f_e[e] for _, _, e in mutants]
-        top1 = [top1_e[e] for _, _, e in mutants]
-        area = [area_e[e] for _, _, e in mutants]
-        by_descent: dict[int, list[int]] = {}
-        for mi, (di, _, _) in enumerate(mutants):
-            by_descent.setdefault(di, []).append(mi)
-        for di, mis in by_descent.items():
-            d = descents[di]
-            ok = [mi for mi in mis if passes(d.image, f[mi], top1[mi])]
-            if not ok:
-                d.alive = False
-                continue
-            for mi in mis:  # every mutant predicted as the target shares 1 among its kept quadrants
-                if top1[mi]:
-                    kept = mutants[mi][1]
-                    for q in kept:
-                        resp_rects.append(q)
-                        resp_owner.append(di)
-                        resp_weight.append(_UNIT // len(kept))
-            best = min(ok, key=lambda mi: (area[mi], mi))
-            d.active = [q for q in mutants[best][1] if _area(q) > 0]
-            d.level += 1
-            if d.level >= depth:
-                d.alive = False
-        bar.update(1)
-    bar.close()
-    acc = _ops.rect_fill(
-        torch.tensor(resp_rects, dtype=torch.int64, device=dev).view(-1, 4),
-        torch.tensor(resp_owner, dtype=torch.int64, device=dev),
-        torch.tensor(resp_weight, dtype=torch.int64, device=dev), len(descents), h, w,
-    )
-    logs = torch.log1p(acc.double() / _UNIT).view(n, iterations, h, w)
-    return logs.sum(1), queries
+    descents = [(i, seed + t) for i in range(n) for t in range(iterations)]
+    logs, queries = descend(evaluator, prep, present, passes, descents, depth, min_box, MutantCache(), progress)
+    return logs.view(n, iterations, h, w).sum(1), queries
 
 
 def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
@@ -204,3 +265,97 @@ def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tens
     pos = torch.empty_like(order)
     pos.scatter_(1, order, torch.arange(p, device=scores.device).expand(n, p).contiguous())
     return torch.where(present, pos, torch.full_like(pos, p))
+
+
+AUTO_MAX_ITERATIONS = 20  # iterations="auto" never runs more than ReX's default
+AUTO_MIN_ITERATIONS = 2
+AUTO_PATIENCE = 2  # r: stop once the top-ranked set has stayed (Dice >= AUTO_DICE) for r iterations in a row
+AUTO_DICE = 0.9
+
+
+@dataclass
+class AutoInfo:
+    """What iterations="auto" did per image: iterations run, queries of its size estimate, the size
+    (the boundary prefix of the ranking after AUTO_MIN_ITERATIONS; a warm start for the extraction)."""
+
+    iterations: list[int]
+    check_queries: list[int]
+    sizes: list[int | None]
+    cache_hits: int
+
+
+def _dice(a: torch.Tensor, b: torch.Tensor) -> float:
+    total = int(a.sum()) + int(b.sum())
+    return 1.0 if total == 0 else 2 * int((a & b).sum()) / total
+
+
+def auto_responsibility(
+    evaluator: CandidateEvaluator,
+    prep: Prepared,
+    present: torch.Tensor,
+    passes,
+    depth: int,
+    min_box: int,
+    seed: int,
+    progress: bool | None,
+    patience: int = AUTO_PATIENCE,
+    min_dice: float = AUTO_DICE,
+    max_iterations: int = AUTO_MAX_ITERATIONS,
+) -> tuple[torch.Tensor, list[int], AutoInfo]:
+    """Responsibility with as many iterations as each image needs: (float64 [N, H, W], queries, AutoInfo).
+
+    Iteration t (seed + t, as in :func:`compute_responsibility`) runs for the images not yet
+    settled, all in one batched descent, with one mutant cache for all levels and iterations.
+    After ``AUTO_MIN_ITERATIONS`` iterations, one boundary search
+    (:func:`~overinterp_fast.prefix.boundary_prefix`) gives each image's set size K; from then on,
+    after every iteration, the K top-ranked pixels are compared with those of the iteration
+    before (no query), and the image stops once their Dice has been at least ``min_dice`` for
+    ``patience`` iterations in a row, or after ``max_iterations``. ``queries`` per image include
+    the size search's (also in ``AutoInfo.check_queries``).
+    """
+    from .prefix import boundary_prefix
+
+    n, _, h, w = prep.images.shape
+    dev = prep.images.device
+    total = torch.zeros(n, h, w, dtype=torch.float64, device=dev)
+    queries, checks, runs = [0] * n, [0] * n, [0] * n
+    cache = MutantCache()
+    last: list[torch.Tensor | None] = [None] * n
+    size: list[int | None] = [None] * n
+    calm = [0] * n
+    active = [i for i in range(n) if bool(present[i].any())]
+    bar = tqdm(total=max_iterations, unit="iteration", desc="responsibility",
+               disable=None if progress is None else not progress)
+    for t in range(max_iterations):
+        if not active:
+            break
+        logs, q = descend(evaluator, prep, present, passes, [(i, seed + t) for i in active], depth, min_box, cache)
+        for j, i in enumerate(active):
+            total[i] += logs[j]
+            queries[i] += q[i]
+            runs[i] += 1
+        bar.update(1)
+        if t + 1 < AUTO_MIN_ITERATIONS:
+            continue
+        rows = torch.tensor(active, device=dev)
+        pos = ranking_positions(total[rows].view(len(active), -1), present[rows])
+        if t + 1 == AUTO_MIN_ITERATIONS:  # the set size, once
+            counts = present[rows].sum(1).tolist()
+            hits, q = boundary_prefix(evaluator, pos, active, counts, lambda r, f, t1: passes(active[r], f, t1))
+            for j, i in enumerate(active):
+                queries[i] += q[j]
+                checks[i] += q[j]
+                size[i] = None if hits[j] is None else hits[j][0]
+        still = []
+        for j, i in enumerate(active):
+            if size[i] is None:  # even every allowed pixel fails: nothing to settle
+                continue
+            top = pos[j] < size[i]
+            if last[i] is not None:
+                calm[i] = calm[i] + 1 if _dice(top, last[i]) >= min_dice else 0
+            last[i] = top
+            if calm[i] < patience:
+                still.append(i)
+        active = still
+    bar.close()
+    return total, queries, AutoInfo(runs, checks, size, cache.hits)

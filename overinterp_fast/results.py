@@ -27,7 +27,11 @@ class SISResult:
             blocks 0..b. None for exact SIS (every feature is its own step).
         sis_score: f with only the SIS present (for "gradient", evaluated in the
             images' dtype even when the selection ran under autocast); None without SIS.
-        queries: for method="responsibility", the forward passes its maps took.
+        queries: for method="responsibility", the forward passes its maps took (the descent).
+        extraction_queries: for ``sufficient_subset`` and method="responsibility", the forward
+            passes of the prefix search (refine=False: steps of 10; refine=True: the boundary search).
+        size_before_refine: with refine=True, the boundary prefix size before pruning (None otherwise).
+        refine_queries: with refine=True, the forward passes the pruning took (None otherwise).
         score: f of the input this round started from (for round 1: the unmasked image).
         threshold: the threshold used.
         collection: with ``collection=True``, every disjoint SIS of the image in the
@@ -49,6 +53,15 @@ class SISResult:
     sis_score: float | None = field(default=None)
     queries: int | None = field(default=None)
     engine: str = field(default="torch")
+    extraction_queries: int | None = field(default=None)
+    size_before_refine: int | None = field(default=None)
+    refine_queries: int | None = field(default=None)
+
+    @property
+    def total_queries(self) -> int | None:
+        """Forward passes of the ranking, extraction and refinement together (None where not counted)."""
+        parts = [q for q in (self.queries, self.extraction_queries, self.refine_queries) if q is not None]
+        return sum(parts) if parts else None
 
     @property
     def size(self) -> int | None:

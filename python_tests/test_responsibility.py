@@ -29,7 +29,7 @@ def patch_images(n=3, seed=0):
 def test_planted_evidence_mps_inside_the_patch():
     model = PatchModel().eval()
     x = patch_images()
-    res = of.fast_sis(model, x, method="responsibility")  # ReX's defaults: 20 iterations, depth 10
+    res = of.fast_sis(model, x, method="responsibility", iterations=20, refine=False)  # ReX's settings
     inside = torch.zeros(24, 32, dtype=torch.bool)
     inside[model.rows, model.cols] = True
     for r in res:
@@ -41,7 +41,8 @@ def test_planted_evidence_mps_inside_the_patch():
 def test_every_mps_restores_the_top1_class():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", iterations=5, collection=True)
+    res = of.fast_sis(model, images, method="responsibility", iterations=5, collection=True,
+                      refine=False)
     assert assert_sets_sufficient(model, images, res, criterion="top1", rel=1e-5) == sum(len(r.collection) for r in res)
     for r in res:
         for c in r.collection:  # steps of 10 pixels, or all that the round had

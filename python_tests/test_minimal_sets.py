@@ -1,0 +1,203 @@
+"""Minimal pixel sets that are minimal (refine=True), fewer queries (iterations="auto"), chunked rect_fill."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import overinterp_fast as of
+from overinterp_fast import _ops, api
+from overinterp_fast.batching import CandidateEvaluator
+from overinterp_fast.model import initial_predictions
+from overinterp_fast.prefix import boundary_prefix
+from overinterp_fast.responsibility import (AUTO_MIN_ITERATIONS, MutantCache, auto_responsibility,
+                                            compute_responsibility, descend, ranking_positions)
+
+from conftest import make_cnn, make_images
+
+
+class PatchReader(nn.Module):
+    """Two classes; class 0 wins when the patch's channel-0 sum reaches ``need`` of its full value.
+
+    Reads nothing outside the patch, so every pixel outside it is irrelevant.
+    """
+
+    def __init__(self, rows: slice, cols: slice, need: float = 0.3):
+        super().__init__()
+        self.rows, self.cols, self.need = rows, cols, need
+
+    def forward(self, x):
+        patch = x[:, 0, self.rows, self.cols].flatten(1)
+        s = patch.sum(1) - self.need * patch.shape[1]
+        return torch.stack([s, torch.zeros_like(s)], 1)
+
+
+def top1_on(model, image, keep):
+    """Plain forward pass: the model's top-1 class on ``image`` with only ``keep`` ([H, W]) present."""
+    with torch.no_grad():
+        return int(model(torch.where(keep, image, torch.zeros(()))[None]).argmax(1))
+
+
+def assert_one_minimal(model, image, mask, target):
+    """The set passes, and removing any single pixel of it breaks the criterion (checked one by one)."""
+    assert top1_on(model, image, mask) == target
+    for y, x in mask.nonzero().tolist():
+        smaller = mask.clone()
+        smaller[y, x] = False
+        assert top1_on(model, image, smaller) != target, f"pixel ({y}, {x}) can be removed"
+
+
+@pytest.mark.parametrize("rows,cols", [
+    (slice(4, 12), slice(14, 22)),  # 8 x 8 in the middle
+    (slice(0, 5), slice(0, 5)),  # 5 x 5 in a corner
+    (slice(18, 24), slice(20, 32)),  # 6 x 12 at the bottom right edge
+    (slice(10, 13), slice(3, 6)),  # 3 x 3, smaller than ReX's 10-pixel steps
+])
+def test_planted_patch_mps_is_inside_and_one_minimal(rows, cols):
+    model = PatchReader(rows, cols).eval()
+    g = torch.Generator().manual_seed(rows.start * 31 + cols.start)
+    x = 0.5 + torch.rand(3, 3, 24, 32, generator=g)
+    res = of.fast_sis(model, x, method="responsibility")  # defaults: iterations="auto", refine=True
+    inside = torch.zeros(24, 32, dtype=torch.bool)
+    inside[rows, cols] = True
+    for img, r in zip(x, res):
+        assert r.sis is not None and r.target == 0
+        assert (r.mask & inside).sum() >= 0.95 * r.mask.sum()
+        assert_one_minimal(model, img, r.mask, r.target)
+        assert r.size <= r.size_before_refine and r.refine_queries > 0 and r.extraction_queries > 0
+        assert r.total_queries == r.queries + r.extraction_queries + r.refine_queries
+
+
+def test_refine_false_is_rex_extraction_and_refine_true_shrinks_it():
+    model = PatchReader(slice(4, 12), slice(14, 22)).eval()
+    x = 0.5 + torch.rand(2, 3, 24, 32, generator=torch.Generator().manual_seed(5))
+    rex = of.fast_sis(model, x, method="responsibility", iterations=6, refine=False)
+    ours = of.fast_sis(model, x, method="responsibility", iterations=6)
+    for img, a, b in zip(x, rex, ours):
+        assert a.size % 10 == 0 and a.size_before_refine is None and a.refine_queries is None
+        assert torch.equal(a.order, b.order)  # the same ranking
+        assert b.size < a.size
+        assert_one_minimal(model, img, b.mask, b.target)
+
+
+def test_refine_on_a_cnn_is_one_minimal_whatever_the_batching():
+    model = make_cnn(2, torch.float32, h=12, w=12)
+    images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
+    res = of.fast_sis(model, images, method="responsibility", iterations=4)
+    again = of.fast_sis(model, images, method="responsibility", iterations=4, batch_size=5)
+    for img, r, s in zip(images, res, again):
+        assert_one_minimal(model, img, r.mask, r.target)
+        assert torch.equal(r.mask, s.mask)
+
+
+def test_sufficient_subset_refine_threshold_criterion():
+    model = make_cnn(1)
+    images = make_images(3, seed=9)
+    ranking = torch.randn(3, 5, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        f = torch.softmax(model(images), 1).max(1).values
+    tau = (0.8 * f).tolist()
+    res = of.sufficient_subset(model, images, ranking, tau, refine=True)
+    for i, r in enumerate(res):
+        def f_on(keep):
+            with torch.no_grad():
+                return float(torch.softmax(model(torch.where(keep, images[i], 0.0)[None]), 1)[0, r.target])
+        assert f_on(r.mask) >= tau[i] and abs(f_on(r.mask) - r.sis_score) < 1e-12
+        for y, x in r.mask.nonzero().tolist():
+            smaller = r.mask.clone()
+            smaller[y, x] = False
+            assert f_on(smaller) < tau[i]
+    with pytest.raises(ValueError, match="refine"):
+        of.sufficient_subset(model, images, ranking, tau, refine=1)
+
+
+def _evaluator(model, images):
+    s = api._setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
+    targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
+    return CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1), s.prep
+
+
+def test_boundary_search_is_a_sequential_boundary():
+    """On a ranking, the boundary k passes and k - 1 fails (plain forward passes); with a monotone
+    criterion (a model that sums evidence) it is the first passing prefix of a one-by-one scan."""
+    torch.manual_seed(0)
+    for model, images in [
+        (PatchReader(slice(0, 12), slice(0, 16), need=0.37).eval(), 0.5 + torch.rand(3, 3, 12, 16)),
+        (make_cnn(3, torch.float32, h=12, w=16), make_images(3, h=12, w=16, seed=2, dtype=torch.float32)),
+    ]:
+        with torch.inference_mode():
+            ev, prep = _evaluator(model, images)
+            scores = torch.randn(3, 12 * 16)
+            present = torch.ones(3, 12 * 16, dtype=torch.bool)
+            pos = ranking_positions(scores, present)
+            hits, q = boundary_prefix(ev, pos, [0, 1, 2], [192] * 3, lambda r, f, t: bool(t))
+        for i, (k, _) in enumerate(hits):
+            target = int(model(images[i : i + 1]).argmax())
+            prefix = lambda m: (pos[i] < m).view(12, 16)  # noqa: E731
+            assert top1_on(model, images[i], prefix(k)) == target
+            assert k == 1 or top1_on(model, images[i], prefix(k - 1)) != target
+            assert q[i] <= 2 * (192).bit_length() + 2
+            if isinstance(model, PatchReader):
+                first = next(m for m in range(1, 193) if top1_on(model, images[i], prefix(m)) == target)
+                assert k == first
+
+
+def test_auto_iterations_stop_early_and_are_deterministic():
+    model = PatchReader(slice(4, 8), slice(6, 12)).eval()
+    x = 0.5 + torch.rand(3, 3, 12, 16, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(3, 12 * 16, dtype=torch.bool)
+        passes = lambda i, f, t: bool(t)  # noqa: E731
+        maps, q, info = auto_responsibility(ev, prep, present, passes, 10, 10, 0, False)
+        again, q2, _ = auto_responsibility(ev, prep, present, passes, 10, 10, 0, False)
+    assert torch.equal(maps, again) and q == q2
+    assert all(AUTO_MIN_ITERATIONS <= t < 20 for t in info.iterations)
+    assert all(c > 0 for c in info.check_queries) and all(qi > c for qi, c in zip(q, info.check_queries))
+    # the auto map is the fixed-iteration map of as many iterations
+    with torch.inference_mode():
+        t = info.iterations[0]
+        m, qm = compute_responsibility(ev, prep, present, passes, t, 10, 10, 0, False)
+    torch.testing.assert_close(maps[0], m[0], rtol=0, atol=1e-12)
+    assert q[0] - info.check_queries[0] <= qm[0]  # the cache across iterations only saves
+
+
+def test_mutant_cache_scores_a_repeated_descent_once():
+    model = make_cnn(2, torch.float32, h=12, w=12)
+    images = make_images(2, h=12, w=12, seed=4, dtype=torch.float32)
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, images)
+        present = torch.ones(2, 144, dtype=torch.bool)
+        passes = lambda i, f, t: bool(t)  # noqa: E731
+        cache = MutantCache()
+        one, q1 = descend(ev, prep, present, passes, [(0, 7), (1, 7)], 10, 4, cache)
+        two, q2 = descend(ev, prep, present, passes, [(0, 7), (1, 7), (1, 7)], 10, 4, cache)
+    assert q2 == [0, 0] and cache.hits > 0  # the same descents again: every mutant came from the cache
+    assert torch.equal(two[:2], one) and torch.equal(two[2], one[1])
+
+
+def test_rect_fill_is_chunked_under_the_out_of_memory_back_off(monkeypatch):
+    """rect_fill never paints more maps than the batch size at once; out-of-memory errors halve the
+    chunk and the maps stay the same."""
+    model = make_cnn(2, torch.float32, h=12, w=12)
+    images = make_images(3, h=12, w=12, seed=4, dtype=torch.float32)
+    want = of.responsibility(model, images, iterations=4, seed=1, min_box=4)
+    real = _ops.rect_fill
+    sizes = []
+
+    def small_only(rects, owner, weights, n, h, w):
+        sizes.append(n)
+        if n > 3:
+            raise torch.OutOfMemoryError("planted")
+        return real(rects, owner, weights, n, h, w)
+
+    monkeypatch.setattr(_ops, "rect_fill", small_only)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = of.responsibility(model, images, iterations=4, seed=1, min_box=4, batch_size=16)
+    assert any("out of memory" in str(w.message) for w in caught)
+    assert max(sizes) == 16  # one chunk of the runner's size, not the whole level
+    failed = [i for i, n in enumerate(sizes) if n > 3]
+    assert all(n <= 3 for n in sizes[failed[-1] + 1 :])  # the halved chunk is kept
+    for a, b in zip(want, got):
+        assert torch.equal(a.map, b.map) and a.queries == b.queries
