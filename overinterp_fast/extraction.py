@@ -18,6 +18,7 @@ class CountingEvaluator:
     def __init__(self, evaluator: CandidateEvaluator, n: int):
         self.evaluator = evaluator
         self.runner = evaluator.runner
+        self.prep = evaluator.prep
         self.counts = [0] * n
 
     def __call__(self, present, image, row, feature):
