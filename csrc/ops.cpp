@@ -31,4 +31,12 @@ TORCH_LIBRARY(overinterp_fast, m) {
   // cover (y, x); rects[r] = (y0, x0, y1, x1), half-open, clipped to the image.
   // int64 weights keep the sums exact (2D difference arrays and prefix sums).
   m.def("rect_fill(Tensor rects, Tensor owner, Tensor weights, int n, int height, int width) -> Tensor");
+  // Incremental inference: out[b, c, i, j] at map position (y, x) = region_origin[b] + (i, j) is
+  //   pad_value                                  outside the map [0, H) x [0, W),
+  //   patch[b, c, y - py, x - px]                inside valid[b] (y0, x0, y1, x1) and the patch at (py, px),
+  //   stored[image[b], c, y, x]                  elsewhere;
+  // changed[b]: some patch value read differs from the stored value under it.
+  m.def(
+      "patch_gather(Tensor stored, Tensor image, Tensor patch, Tensor patch_origin, Tensor valid, "
+      "Tensor region_origin, int height, int width, float pad_value) -> (Tensor, Tensor)");
 }

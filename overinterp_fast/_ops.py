@@ -216,6 +216,49 @@ if extension_loaded():
     _register_fakes()
 
 
+@torch.library.register_fake("overinterp_fast::patch_gather")
+def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value):
+    torch._check(stored.dim() == 4 and patch.dim() == 4)
+    torch._check(image.dim() == 1 and patch_origin.shape == (image.shape[0], 2) and valid.shape == (image.shape[0], 4))
+    channels_last = not stored.is_contiguous() and stored.is_contiguous(memory_format=torch.channels_last)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = stored.new_empty((image.shape[0], stored.shape[1], height, width)).contiguous(memory_format=fmt)
+    return out, stored.new_empty((image.shape[0],), dtype=torch.bool)
+
+
+def patch_gather(
+    stored: torch.Tensor,
+    image: torch.Tensor,
+    patch: torch.Tensor | None,
+    patch_origin: torch.Tensor,
+    valid: torch.Tensor,
+    region_origin: torch.Tensor,
+    height: int,
+    width: int,
+    pad_value: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of stored activation maps with each candidate's recomputed patch laid over them.
+
+    Args:
+        stored: [N, C, H, W] activations of the N current inputs (any dtype; channels_last kept).
+        image: int64 [B], the row of ``stored`` under candidate b.
+        patch: [B, C, ph, pw] recomputed values, or None (read ``stored`` only).
+        patch_origin: int64 [B, 2], map position (y, x) of ``patch[b, :, 0, 0]``.
+        valid: int64 [B, 4], box (y0, x0, y1, x1), half-open, where the patch is used
+            (intersected with the patch's extent; an empty box reads ``stored`` only).
+        region_origin: int64 [B, 2], map position of the region's top-left (may lie outside the map).
+        height, width: region size.
+        pad_value: the value outside the map (a convolution's zero padding, -inf for max pooling).
+
+    Returns:
+        (out [B, C, height, width] in stored's memory format,
+         changed bool [B]: some patch value read differs from the stored value under it).
+    """
+    if patch is None:
+        patch = stored.new_empty((0, stored.shape[1], 0, 0))
+    return _lib.patch_gather(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value)
+
+
 def rect_fill(
     rects: torch.Tensor, owner: torch.Tensor, weights: torch.Tensor, n: int, height: int, width: int
 ) -> torch.Tensor:

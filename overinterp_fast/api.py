@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
 from .engines import Engine, check_engine, select_engine
 from .exact import exact_sis
+from .incremental import IncrementalEvaluator
+from .incremental import choose as choose_incremental
 from .extraction import extract_sets
 from .gradient import check_autocast, check_k, gradient_sis
 from .inputs import Prepared, check_threshold, prepare
@@ -225,6 +227,7 @@ def fast_sis(
     seed: int = 0,
     engine: str = "auto",
     refine: bool = True,
+    incremental: bool | None = None,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -276,6 +279,13 @@ def fast_sis(
             the ranking, pruned to a 1-minimal set (removing any one pixel breaks the
             criterion). False: ReX's extraction (the first passing prefix in steps of 10).
             ReX-faithful: ``iterations=20, refine=False``.
+        incremental: method="exact": score each candidate by recomputing only the
+            part of each layer its masked feature reaches (SPEC.md section 7; the
+            model is traced with torch.fx; runs on the torch model, so it takes the
+            place of ``engine``). None (default): where the model traces and the
+            estimated work is at most half a dense forward pass, unless ``engine``
+            names another engine; True: always (a clear error when the model cannot
+            be traced); False: never.
 
     Returns:
         A list with one :class:`SISResult` per image (tensors on the CPU).
@@ -299,6 +309,10 @@ def fast_sis(
         check_responsibility_options(1 if iterations == "auto" else iterations, 10, 10, seed)
         _check_refine(refine)
     check_engine(engine)
+    if incremental not in (None, True, False):
+        raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
+    if incremental and engine not in ("auto", "torch"):
+        raise ValueError(f"incremental=True runs the torch model; engine must be 'auto' or 'torch', got {engine!r}")
     if method == "gradient" and engine not in ("auto", "torch"):
         raise ValueError(f"method='gradient' needs the torch model's gradients; engine must be 'auto' or 'torch', "
                          f"got {engine!r}")
@@ -336,6 +350,12 @@ def fast_sis(
                                 verifier=verifier, engine=eng.name, refine=refine)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
+        pl = choose_incremental(fn, prep, incremental if engine in ("auto", "torch") else False)
+        if pl is not None:
+            runner.chunk = s.batch_size or pl.batch_size()
+            return exact_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection,
+                             batch_size=runner.chunk, runner=runner, progress=progress, engine="torch",
+                             evaluator=IncrementalEvaluator(pl, fn, prep, targets, runner))
         eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
         return exact_sis(
             eng.fn,

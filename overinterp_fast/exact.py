@@ -9,6 +9,8 @@ where FindSIS and the collection logic need the values.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from tqdm.auto import tqdm
 
@@ -48,6 +50,7 @@ def exact_sis(
     progress: bool | None,
     verifier: CandidateEvaluator | None = None,
     engine: str = "torch",
+    evaluator: Callable | None = None,
 ) -> list[SISResult]:
     """Run exact SIS on every image; see :func:`overinterp_fast.fast_sis`.
 
@@ -55,6 +58,9 @@ def exact_sis(
     evaluator of the user's own model, when ``fn`` is a stand-in), every SIS is checked
     there: f(x_S) >= tau, and where it fails FindSIS goes on adding features
     (last-masked first) until the set passes on the user's model.
+    ``evaluator(present, image, row, feature)`` scores candidates (default: a
+    :class:`CandidateEvaluator` of ``fn``, dense forward passes; e.g. an
+    :class:`~overinterp_fast.incremental.IncrementalEvaluator`).
     """
     images = prep.images
     dev = images.device
@@ -74,7 +80,8 @@ def exact_sis(
     queue = CandidateQueue()
     for i in range(n):
         queue.push(i, 0, p, _STEP)
-    evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    if evaluator is None:
+        evaluator = CandidateEvaluator(fn, prep, targets, runner)
     # progress=None: a bar only on a terminal (tqdm's own rule).
     bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS", disable=None if progress is None else not progress)
 

@@ -88,20 +88,24 @@ class ModelFn:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Model output [B, K], checked for shape, dtype and device."""
-        out = self.model(x)
+        return self.check_output(self.model(x), x.shape[0], x.device)
+
+    @staticmethod
+    def check_output(out, batch: int, device: torch.device) -> torch.Tensor:
+        """``out`` if it is a floating [batch, K] tensor on ``device``, else a clear error."""
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"model must return a tensor of logits [B, K], got {type(out).__name__}")
-        if out.dim() != 2 or out.shape[0] != x.shape[0]:
+        if out.dim() != 2 or out.shape[0] != batch:
             raise ValueError(
-                f"model must map a batch [B, *D] to [B, K]; for B = {x.shape[0]} it returned shape "
+                f"model must map a batch [B, *D] to [B, K]; for B = {batch} it returned shape "
                 f"{tuple(out.shape)}"
             )
         if out.shape[1] < 1:
             raise ValueError("model returned zero classes")
         if not out.is_floating_point():
             raise TypeError(f"model must return floating-point scores, got {out.dtype}")
-        if out.device != x.device:
-            raise ValueError(f"model returned its output on {out.device} for input on {x.device}")
+        if out.device != device:
+            raise ValueError(f"model returned its output on {out.device} for input on {device}")
         return out
 
     def probabilities(self, out: torch.Tensor) -> torch.Tensor:
