@@ -2,6 +2,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include "check.h"
+
 namespace overinterp_fast {
 
 // Strides of a [*, C, H, W] tensor as plain integers (elements).
@@ -49,11 +51,7 @@ inline PatchGatherPlan plan_patch_gather(const at::Tensor& stored, const at::Ten
     TORCH_CHECK(t->device() == stored.device(), "patch_gather: all tensors must be on ", stored.device(),
                 ", found one on ", t->device());
   }
-  if (B > 0) {
-    const int64_t lo = image.min().item<int64_t>(), hi = image.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < stored.size(0), "patch_gather: image index out of range [0, ", stored.size(0),
-                "): found [", lo, ", ", hi, "]");
-  }
+  check_ranges("patch_gather", {{image, 0, stored.size(0), "image"}});
   PatchGatherPlan plan;
   plan.batch = B;
   plan.channels = stored.size(1);

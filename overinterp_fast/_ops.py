@@ -96,6 +96,9 @@ def mode() -> str:
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):  # ops returning several tensors
+        return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
+                and all(_same(x, y) for x, y in zip(a, b)))
     if a is None or b is None:
         return a is None and b is None
     return (a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
@@ -211,19 +214,17 @@ def _register_fakes() -> None:
         torch._check(rects.dim() == 2 and rects.shape[1] == 4)
         return rects.new_empty((n, height, width))
 
+    @torch.library.register_fake("overinterp_fast::patch_gather")
+    def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value):
+        torch._check(stored.dim() == 4 and patch.dim() == 4)
+        torch._check(image.dim() == 1)
+        fmt = torch.channels_last if is_channels_last(stored) else torch.contiguous_format
+        out = stored.new_empty((image.shape[0], stored.shape[1], height, width)).contiguous(memory_format=fmt)
+        return out, stored.new_empty((image.shape[0],), dtype=torch.bool)
+
 
 if extension_loaded():
     _register_fakes()
-
-
-@torch.library.register_fake("overinterp_fast::patch_gather")
-def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value):
-    torch._check(stored.dim() == 4 and patch.dim() == 4)
-    torch._check(image.dim() == 1 and patch_origin.shape == (image.shape[0], 2) and valid.shape == (image.shape[0], 4))
-    channels_last = not stored.is_contiguous() and stored.is_contiguous(memory_format=torch.channels_last)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = stored.new_empty((image.shape[0], stored.shape[1], height, width)).contiguous(memory_format=fmt)
-    return out, stored.new_empty((image.shape[0],), dtype=torch.bool)
 
 
 def patch_gather(
@@ -256,7 +257,8 @@ def patch_gather(
     """
     if patch is None:
         patch = stored.new_empty((0, stored.shape[1], 0, 0))
-    return _lib.patch_gather(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value)
+    return call("patch_gather", stored, image, patch, patch_origin, valid, region_origin, height, width,
+                float(pad_value))
 
 
 def rect_fill(

@@ -411,7 +411,9 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
             _INPLACE.get(n.target, n.target) if n.op == "call_function" else n.target.rstrip("_"))
         arg_vals = fx.node.map_arg(n.args, lambda a: values[a])
         kw_vals = fx.node.map_arg(_kwargs(n), lambda a: values[a])
-        others_const = all(_const_ok(values[a]) for a in n.all_input_nodes if a not in dependent)
+        # per-channel vectors of batch norm are fine; other constants must not vary over a map
+        others_const = target is F.batch_norm or all(
+            _const_ok(values[a]) for a in n.all_input_nodes if a not in dependent)
         step = None
         # metadata of a map that is the same for every candidate
         if (n.op == "call_function" and n.target is getattr and n.args[1] in _METADATA_ATTRS) or (

@@ -14,6 +14,7 @@ extension has an entry here.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -225,3 +226,77 @@ def rect_fill(rects, owner, weights, n: int, height: int, width: int) -> torch.T
     for ys, xs, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):
         diff.index_put_((o, ys, xs), sign * w, accumulate=True)  # integers: exact in any order
     return diff.cumsum(2).cumsum(1)[:, :height, :width].contiguous()
+
+
+# -------------------------------------------------------------- patch_gather
+
+
+def _sample_patch_gather(device: torch.device, g: torch.Generator) -> list[list]:
+    cases = []
+    for channels_last, with_patch in ((False, True), (True, True), (False, False)):
+        n, c, hh, ww, b, ph, pw = 3, 4, 7, 6, 9, 3, 4
+        stored = torch.randn(n, c, hh, ww, generator=g, dtype=torch.float64)
+        image = torch.randint(0, n, (b,), generator=g)
+        origin = torch.stack([torch.randint(-1, hh - 1, (b,), generator=g),
+                              torch.randint(-2, ww - 2, (b,), generator=g)], 1)
+        patch = stored[image][:, :, :ph, :pw] + (torch.rand(b, c, ph, pw, generator=g) < 0.3).double()
+        lo = origin + torch.randint(-1, 2, (b, 2), generator=g)
+        valid = torch.cat([lo, lo + torch.randint(0, 5, (b, 2), generator=g)], 1)
+        region = origin + torch.randint(-2, 2, (b, 2), generator=g)
+        if channels_last:
+            stored = stored.contiguous(memory_format=torch.channels_last)
+        if not with_patch:
+            patch = stored.new_empty((0, c, 0, 0))
+        cases.append([stored.to(device), image.to(device), patch.to(device), origin.to(device), valid.to(device),
+                      region.to(device), 4, 5, -math.inf if channels_last else 0.0])
+    return cases
+
+
+@pure_op("patch_gather", _sample_patch_gather)
+def patch_gather(stored, image, patch, patch_origin, valid, region_origin, height: int, width: int,
+                 pad_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of stored maps with each candidate's patch laid over them (see overinterp_fast._ops.patch_gather).
+
+    out[b, :, i, j] at map position (y, x) = region_origin[b] + (i, j): pad_value outside the map;
+    patch[b, :, y - py, x - px] inside valid[b] and the patch at patch_origin[b]; stored[image[b], :, y, x]
+    elsewhere. changed[b]: some patch value read differs from the stored value under it.
+    """
+    _check(stored.dim() == 4, f"patch_gather: stored must be [N, C, H, W], got {list(stored.shape)}")
+    _check(patch.dim() == 4 and patch.dtype == stored.dtype,
+           f"patch_gather: patch must be a [B, C, h, w] tensor of stored's dtype {stored.dtype}")
+    _check(image.dtype == torch.int64 and image.dim() == 1, "patch_gather: image must be int64 [B]")
+    b = image.shape[0]
+    _check(patch.shape[1] == stored.shape[1] and (patch.shape[0] == b or patch.numel() == 0),
+           f"patch_gather: patch must be [B, C, h, w] with B = {b} and C = {stored.shape[1]}, got {list(patch.shape)}")
+    _check(patch_origin.dtype == torch.int64 and tuple(patch_origin.shape) == (b, 2),
+           "patch_gather: patch_origin must be int64 [B, 2]")
+    _check(region_origin.dtype == torch.int64 and tuple(region_origin.shape) == (b, 2),
+           "patch_gather: region_origin must be int64 [B, 2]")
+    _check(valid.dtype == torch.int64 and tuple(valid.shape) == (b, 4),
+           "patch_gather: valid must be int64 [B, 4] (y0, x0, y1, x1)")
+    _check(height >= 0 and width >= 0, f"patch_gather: region size must be non-negative, got {height}x{width}")
+    check_ranges("patch_gather", [(image, 0, stored.shape[0], "image")])
+    dev = stored.device
+    _, c, hh, ww = stored.shape
+    ys = region_origin[:, 0:1] + torch.arange(height, device=dev)  # [B, h]
+    xs = region_origin[:, 1:2] + torch.arange(width, device=dev)  # [B, w]
+    inside = ((ys >= 0) & (ys < hh)).unsqueeze(2) & ((xs >= 0) & (xs < ww)).unsqueeze(1)  # [B, h, w]
+    yc, xc = ys.clamp(0, hh - 1), xs.clamp(0, ww - 1)
+    idx_b = image.view(-1, 1, 1)
+    s = stored.permute(0, 2, 3, 1)[idx_b, yc.unsqueeze(2), xc.unsqueeze(1)]  # [B, h, w, C]
+    out = s
+    changed = torch.zeros(b, dtype=torch.bool, device=dev)
+    if patch.numel() > 0:
+        ph, pw = patch.shape[2:]
+        py, px = patch_origin[:, 0:1], patch_origin[:, 1:2]
+        vy0, vy1 = torch.maximum(valid[:, 0:1], py), torch.minimum(valid[:, 2:3], py + ph)
+        vx0, vx1 = torch.maximum(valid[:, 1:2], px), torch.minimum(valid[:, 3:4], px + pw)
+        use = (((ys >= vy0) & (ys < vy1)).unsqueeze(2) & ((xs >= vx0) & (xs < vx1)).unsqueeze(1)) & inside
+        pv = patch.permute(0, 2, 3, 1)[torch.arange(b, device=dev).view(-1, 1, 1),
+                                        (ys - py).clamp(0, ph - 1).unsqueeze(2), (xs - px).clamp(0, pw - 1).unsqueeze(1)]
+        use = use.unsqueeze(3)
+        out = torch.where(use, pv, s)
+        changed = (use & ~(pv == s)).flatten(1).any(1)
+    out = torch.where(inside.unsqueeze(3), out, torch.full((), pad_value, dtype=stored.dtype, device=dev))
+    fmt = torch.channels_last if is_channels_last(stored) else torch.contiguous_format
+    return out.permute(0, 3, 1, 2).contiguous(memory_format=fmt), changed

@@ -2,6 +2,7 @@
 independent loop references and hand-built expectations, the shared index checks, torch.library.opcheck,
 and the choice between kernel and pure version (self-check, fallback, OVERINTERP_FAST_OPS, ops_info)."""
 import itertools
+import math
 import subprocess
 import sys
 import json
@@ -431,3 +432,111 @@ def test_opcheck_cuda():
     torch.library.opcheck(torch.ops.overinterp_fast.backselect_update.default, bookkeeping_case("cuda"))
     (case,) = PURE_OPS["rect_fill"].sample(torch.device("cuda"), torch.Generator().manual_seed(0))
     torch.library.opcheck(torch.ops.overinterp_fast.rect_fill.default, case)
+
+
+def patch_gather_ref(stored, image, patch, patch_origin, valid, region_origin, h, w, pad_value):
+    """Plain PyTorch: one candidate at a time, the map rebuilt in full; changed looks only inside the region."""
+    outs, changed = [], []
+    for b in range(image.numel()):
+        m = stored[image[b]].clone()
+        ry, rx = region_origin[b].tolist()
+        diff = False
+        if patch is not None:
+            py, px = patch_origin[b].tolist()
+            y0, x0, y1, x1 = valid[b].tolist()
+            for y in range(max(y0, py, 0), min(y1, py + patch.shape[2], m.shape[1])):
+                for x in range(max(x0, px, 0), min(x1, px + patch.shape[3], m.shape[2])):
+                    v = patch[b, :, y - py, x - px]
+                    if ry <= y < ry + h and rx <= x < rx + w:
+                        diff |= bool((v != m[:, y, x]).any())
+                    m[:, y, x] = v
+        out = torch.full((m.shape[0], h, w), pad_value, dtype=m.dtype)
+        for i in range(h):
+            for j in range(w):
+                if 0 <= ry + i < m.shape[1] and 0 <= rx + j < m.shape[2]:
+                    out[:, i, j] = m[:, ry + i, rx + j]
+        outs.append(out)
+        changed.append(diff)
+    return torch.stack(outs), torch.tensor(changed)
+
+
+def patch_gather_case(dtype=torch.float64, seed=0, channels_last=False, with_patch=True):
+    g = torch.Generator().manual_seed(seed)
+    n, c, hh, ww, b, ph, pw = 3, 4, 7, 6, 9, 3, 4
+    stored = (torch.randn(n, c, hh, ww, generator=g) * 4).to(dtype)
+    image = torch.randint(0, n, (b,), generator=g)
+    patch_origin = torch.stack([torch.randint(-1, hh - 1, (b,), generator=g),
+                                torch.randint(-2, ww - 2, (b,), generator=g)], 1)
+    patch = stored[image][:, :, :ph, :pw].clone()
+    patch += (torch.rand(patch.shape, generator=g) < 0.3).to(dtype) * 2  # some patch values differ from stored
+    for k in range(b):  # patch values equal to stored under them, except where changed above
+        py, px = patch_origin[k].tolist()
+        for i in range(ph):
+            for j in range(pw):
+                if 0 <= py + i < hh and 0 <= px + j < ww and bool(torch.rand(1, generator=g) < 0.5):
+                    patch[k, :, i, j] = stored[image[k], :, py + i, px + j]
+    lo = patch_origin + torch.randint(-1, 2, (b, 2), generator=g)
+    valid = torch.cat([lo, lo + torch.randint(0, 5, (b, 2), generator=g)], 1)
+    valid[0] = torch.tensor([3, 3, 3, 5])  # empty box
+    region_origin = patch_origin + torch.randint(-2, 2, (b, 2), generator=g)
+    if channels_last:
+        stored = stored.contiguous(memory_format=torch.channels_last)
+    return stored, image, patch if with_patch else None, patch_origin, valid, region_origin, 4, 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_patch_gather_matches_the_loop_reference(impl, dtype, channels_last):
+    counts = []
+    for seed in range(3):
+        for with_patch in (True, False):
+            args = patch_gather_case(dtype, seed, channels_last, with_patch)
+            pad = -math.inf if dtype.is_floating_point and seed == 1 else 0.0
+            stored, image, patch, po, valid, ro, h, w = args
+            if patch is None:
+                patch = stored.new_empty((0, stored.shape[1], 0, 0))
+            out, changed = impl("patch_gather")(stored, image, patch, po, valid, ro, h, w, pad)
+            want, want_changed = patch_gather_ref(*args, pad_value=pad)
+            assert out.dtype == dtype and out.shape == want.shape
+            assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+            assert changed.tolist() == want_changed.tolist()
+            if with_patch:
+                counts.append(int(changed.sum()))
+    assert 0 < sum(counts) < 9 * len(counts), "the cases should have changed and unchanged rows"
+
+
+def test_patch_gather_rejects_bad_arguments(impl):
+    stored, image, patch, po, valid, ro, h, w = patch_gather_case()
+    op = impl("patch_gather")
+    with pytest.raises(RuntimeError, match=r"patch_gather: image \d+ out of range"):
+        op(stored, image + 5, patch, po, valid, ro, h, w, 0.0)
+    with pytest.raises(RuntimeError, match="patch must be"):
+        op(stored, image, patch.float(), po, valid, ro, h, w, 0.0)
+    with pytest.raises(RuntimeError, match="valid must be"):
+        op(stored, image, patch, po, valid[:, :2], ro, h, w, 0.0)
+    with pytest.raises(RuntimeError, match="stored must be"):
+        op(stored[0], image, patch, po, valid, ro, h, w, 0.0)
+
+
+def test_patch_gather_kernel_equals_pure_version():
+    for seed in range(5):
+        for args in PURE_OPS["patch_gather"].sample(torch.device("cpu"), torch.Generator().manual_seed(seed)):
+            got, want = _ops.kernel("patch_gather")(*args), PURE_OPS["patch_gather"].fn(*args)
+            assert got[0].stride() == want[0].stride()
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_opcheck_patch_gather():
+    for case in PURE_OPS["patch_gather"].sample(torch.device("cpu"), torch.Generator().manual_seed(0)):
+        torch.library.opcheck(torch.ops.overinterp_fast.patch_gather.default, case)
+
+
+@cuda
+def test_patch_gather_cuda():
+    for channels_last in (False, True):
+        args = patch_gather_case(torch.float32, 0, channels_last)
+        out, changed = ops.patch_gather(*[a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
+        want, want_changed = patch_gather_ref(*args, pad_value=0.0)
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+        assert changed.cpu().tolist() == want_changed.tolist()

