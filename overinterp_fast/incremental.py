@@ -741,6 +741,8 @@ def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> Incremental
     """The plan to use, or None for the dense path (incremental=None: auto; True: required)."""
     if incremental is False:
         return None
+    if incremental is None and (fn.model is None or not isinstance(fn.model, nn.Module) or prep.images.dim() != 4):
+        return None  # ONNX models, callables, text: dense, nothing to say
     try:
         pl = plan(fn, prep)
     except NotIncremental as exc:
