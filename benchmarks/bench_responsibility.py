@@ -230,6 +230,9 @@ def main():
     ap.add_argument("--rex-batch-size", type=int, default=14,
                     help="ReX's batch_size (14: a box's 14 mutants per run; 1: ReX's default)")
     ap.add_argument("--rex-venv", default=REX_VENV)
+    ap.add_argument("--refine", choices=("true", "boundary"), default="true",
+                    help="ours: refine=True (1-minimal, the default; at least one query per MPS pixel) or "
+                         "refine='boundary' (the pixel-exact boundary prefix)")
     ap.add_argument("--faithful", action="store_true", help="also ours with iterations=20, refine=False")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-module reference run")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process cold case")
@@ -245,6 +248,7 @@ def main():
     images, names, originals = load_photos(224, args.photos)
     n = len(names)
     seeds = [args.seed + k for k in range(args.rex_seeds)]
+    refine = True if args.refine == "true" else "boundary"
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or tmp
@@ -267,7 +271,7 @@ def main():
             print(f"round seed {s}: ReX on {n} photos", flush=True)
             rex_runs.append(run_rex(python, work, onnx_path, pngs, args, s))
             onnx_model.rows = 0
-            t, res = run_ours(onnx_model, images, s)
+            t, res = run_ours(onnx_model, images, s, refine=refine)
             ours_runs.append({"seed": s, "time_s": t, "results": res, "rows": onnx_model.rows})
             print(f"round seed {s}: ours {t / n:.2f} s per image", flush=True)
 
@@ -281,7 +285,7 @@ def main():
             counted = CountingTorch(model).eval()
             with torch.inference_mode():
                 counted(images[:1])
-            t_torch, res_t = run_ours(counted, images, args.seed)
+            t_torch, res_t = run_ours(counted, images, args.seed, refine=refine)
             same_torch = [bool(torch.equal(a.mask, b.mask)) for a, b in zip(ours_runs[0]["results"], res_t)]
         cold = None if args.no_cold else cold_case(onnx_path, names[0])
         check_model = of.OnnxModel(onnx_path)
@@ -352,7 +356,7 @@ def main():
         "cold_case": cold,
         "same_targets": all(r["same_target"] for r in rows),
         "rex_input_max_abs_diff": max(r["rex_input_max_abs_diff"] for r in rows),
-        "rex_batch_size": args.rex_batch_size, "rex_iterations": args.iterations,
+        "rex_batch_size": args.rex_batch_size, "rex_iterations": args.iterations, "ours_refine": refine,
     }
     s["speed_ratio"] = s["rex_time_per_image_s"] / s["ours_time_per_image_s"]
     s["query_ratio"] = rex_q / s["ours_median_queries"]
@@ -369,7 +373,7 @@ def main():
     }
 
     print(f"\nEfficientNet-Lite0 ONNX, 224x224; ReX 0.4.1: {args.iterations} iterations, depth 10, min box 10, "
-          f"seeds {seeds}; ours: defaults (iterations='auto', refine=True); CPU, {torch.get_num_threads()} threads")
+          f"seeds {seeds}; ours: iterations='auto', refine={refine!r}; CPU, {torch.get_num_threads()} threads")
     head = (f"{'photo':<11}{'class':<18}{'ReX q':>7}{'ReX MPS%':>9}{'spread%':>8}{'ReX Dice':>9}"
             f"{'ours q':>7}{'(desc+ext+ref)':>17}{'MPS%':>6}{'before%':>8}{'Dice':>6}{'ok':>4}")
     print(head)

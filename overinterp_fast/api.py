@@ -88,9 +88,12 @@ def _passes(criterion: str, thresholds: list[float]):
     return lambda i, f, top1: f >= thresholds[i]
 
 
+REFINE = (True, False, "boundary")
+
+
 def _check_refine(refine) -> None:
-    if not isinstance(refine, bool):
-        raise ValueError(f"refine must be True or False, got {refine!r}")
+    if not any(refine is r or (isinstance(refine, str) and refine == r) for r in REFINE):
+        raise ValueError(f"refine must be True, False or 'boundary', got {refine!r}")
 
 
 def _check_pixels(s: _Setup, what: str) -> None:
@@ -163,7 +166,7 @@ def sufficient_subset(
     outputs: str = "logits",
     batch_size: int | None = None,
     engine: str = "auto",
-    refine: bool = False,
+    refine: bool | str = False,
 ) -> list[SISResult]:
     """Turn any ranking (saliency map, gradients, responsibility) into a sufficient set: batched FindSIS.
 
@@ -179,6 +182,7 @@ def sufficient_subset(
             boundary prefix (exponential search and bisection, about 2 log2(size) queries;
             ``step`` unused), pruned to a 1-minimal set (removing any one feature breaks
             the criterion; ``size_before_refine``, ``refine_queries`` report it).
+            "boundary": the feature-exact boundary prefix only (no pruning).
 
     Returns:
         One :class:`SISResult` per image: ``order`` the features by descending
@@ -226,7 +230,7 @@ def fast_sis(
     iterations: int | str = "auto",
     seed: int = 0,
     engine: str = "auto",
-    refine: bool = True,
+    refine: bool | str = True,
     incremental: bool | None = None,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
@@ -277,7 +281,9 @@ def fast_sis(
             an int runs that many (ReX: 20).
         refine: method="responsibility": True (default): a pixel-exact boundary prefix of
             the ranking, pruned to a 1-minimal set (removing any one pixel breaks the
-            criterion). False: ReX's extraction (the first passing prefix in steps of 10).
+            criterion; costs at least one query per pixel of the result). "boundary": the
+            pixel-exact boundary prefix only (about 2 log2(size) queries; not 1-minimal).
+            False: ReX's extraction (the first passing prefix in steps of 10).
             ReX-faithful: ``iterations=20, refine=False``.
         incremental: method="exact": score each candidate by recomputing only the
             part of each layer its masked feature reaches (SPEC.md section 7; the

@@ -34,8 +34,10 @@ def refined_sets(
     counts: list[int],
     passes: Callable[[int, float, bool], bool],
     starts: list[int | None] | None = None,
+    prune: bool = True,
 ) -> tuple[list[tuple[torch.Tensor, int, float] | None], list[int], list[int]]:
-    """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set.
+    """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set
+    (``prune=False``: the boundary prefix itself).
 
     Returns:
         (per row (the set's features in ranking order, the boundary prefix size, f on the set)
@@ -45,6 +47,10 @@ def refined_sets(
     rows = [r for r, h in enumerate(hits) if h is not None]
     out: list[tuple[torch.Tensor, int, float] | None] = [None] * len(images)
     q_prune = [0] * len(images)
+    if not prune:
+        for r in rows:
+            out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1])
+        return out, q_boundary, q_prune
     if not rows:
         return out, q_boundary, q_prune
     dev = pos.device
@@ -76,7 +82,7 @@ def extract_sets(
     thresholds: list[float],
     verifier: CandidateEvaluator | None = None,
     engine: str = "torch",
-    refine: bool = False,
+    refine: bool | str = False,
 ) -> list[SISResult]:
     """Per image, a sufficient set from its ranking.
 
@@ -84,6 +90,7 @@ def extract_sets(
     passes (ReX's extraction). refine=True: a pixel-exact boundary prefix
     (:func:`~overinterp_fast.prefix.boundary_prefix`), pruned to a 1-minimal set
     (:func:`~overinterp_fast.minimal.prune_to_minimal`, least-ranked features first).
+    refine="boundary": the pixel-exact boundary prefix, not pruned.
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
     (scores float [N, p], queries per image or None[, per image a set size to start the
@@ -113,9 +120,11 @@ def extract_sets(
         row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
         if refine:
             warm = None if starts is None else [starts[i] for i in active]
-            refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes, warm)
+            refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes, warm,
+                                                           prune=refine is True)
             if verifier is not None:
-                refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes)
+                refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes,
+                                          prune=refine is True)
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
             counted = CountingEvaluator(evaluator, n)
@@ -182,7 +191,7 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
     return out
 
 
-def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass) -> list:
+def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True) -> list:
     """Check each refined set on the user's model; a row whose set fails there is refined again on it.
 
     Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
@@ -209,7 +218,8 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
             again.append(r)
     if again:
         redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
-                                      [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t))
+                                      [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
+                                      prune=prune)
         for k, r in enumerate(again):
             out[r] = redo[k]
             extraction[r] += q_b[k]

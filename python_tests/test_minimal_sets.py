@@ -80,6 +80,20 @@ def test_refine_false_is_rex_extraction_and_refine_true_shrinks_it():
         assert_one_minimal(model, img, b.mask, b.target)
 
 
+def test_refine_boundary_is_the_exact_boundary_prefix():
+    model = make_cnn(2, torch.float32, h=12, w=12)
+    images = make_images(3, h=12, w=12, seed=4, dtype=torch.float32)
+    res = of.fast_sis(model, images, method="responsibility", iterations=3, refine="boundary")
+    for img, r in zip(images, res):
+        k = r.size
+        assert k == r.size_before_refine and r.refine_queries == 0 and torch.equal(r.sis, r.order[:k])
+        prefix = lambda m: torch.isin(torch.arange(144), r.order[:m]).view(12, 12)  # noqa: E731
+        assert top1_on(model, img, prefix(k)) == r.target
+        assert k == 1 or top1_on(model, img, prefix(k - 1)) != r.target
+    with pytest.raises(ValueError, match="refine"):
+        of.fast_sis(model, images, method="responsibility", refine="prune")
+
+
 def test_refine_on_a_cnn_is_one_minimal_whatever_the_batching():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
