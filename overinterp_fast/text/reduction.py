@@ -310,8 +310,8 @@ def input_reduction(
                 member = torch.repeat_interleave(torch.arange(ma, device=dev), a_len)
                 starts = torch.cumsum(a_len, 0) - a_len
                 drop = torch.arange(member.numel(), device=dev) - starts[member]
+                m_ids, m_mask = _rows(x, a_seq, a_pos, pad_id)
                 if use_deletions:
-                    m_ids, m_mask = _rows(x, a_seq, a_pos, pad_id)
                     f_mat, ok_mat = scorer.deletions(m_ids, m_mask, targets[a_seq], a_len_h)
                     f_all, ok_all = f_mat[member, drop], ok_mat[member, drop]
                 else:
@@ -321,7 +321,6 @@ def input_reduction(
                                                  [L - 1 for L in a_len_h for _ in range(L)])
                 # Deleting any token of a run of equal ids gives the same child: give every such child the
                 # score of the run's first, so that exact ties stay exact (whatever batch each row ran in).
-                m_ids = x[a_seq[:, None], a_pos.clamp(min=0)]
                 run_start = torch.ones_like(a_pos, dtype=torch.bool)
                 run_start[:, 1:] = m_ids[:, 1:] != m_ids[:, :-1]
                 first = torch.cummax(torch.where(run_start, slot[None, :], torch.zeros_like(a_pos)), 1).values
