@@ -11,7 +11,9 @@ each sequence keeps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -93,15 +95,16 @@ class _Scorer:
         self.tokens = _CUDA_TOKENS_PER_BATCH if cuda else _CPU_TOKENS_PER_BATCH
         self.deletion_tokens = _CUDA_DELETION_TOKENS if cuda else _CPU_DELETION_TOKENS
 
-    def _chunks(self, lengths: list[int], tokens: int | None = None):
+    def _chunks(self, lengths, tokens: int | None = None):
+        """(start, stop, width) of each chunk of rows; ``lengths``: each row's length, non-increasing."""
         start, n = 0, len(lengths)
         while start < n:
-            width = max(1, lengths[start])
+            width = max(1, int(lengths[start]))
             rows = self.batch_size or max(1, (tokens or self.tokens) // width)
             yield start, min(n, start + rows), width
             start += rows
 
-    def score(self, ids, mask, target, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def score(self, ids, mask, target, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(f_y float64 [R], valid bool [R]) of rows ids [R, W] (``lengths``: each row's length, non-increasing)."""
         fs, oks = [], []
         for a, b, w in self._chunks(lengths):
@@ -113,7 +116,7 @@ class _Scorer:
             raise FloatingPointError("the model produced NaN or inf scores on reduced inputs")
         return f, torch.cat(oks)
 
-    def deletions(self, ids, mask, target, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def deletions(self, ids, mask, target, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(f_y float64 [R, W], valid bool [R, W]) of every one-token deletion of rows ids [R, W], through the
         model's ``deletion_logits`` (chunked by the rows' tokens, as ``score``)."""
         fs, oks = [], []
@@ -127,7 +130,7 @@ class _Scorer:
             raise FloatingPointError("the model produced NaN or inf scores on reduced inputs")
         return f, torch.cat(oks)
 
-    def gradient(self, ids, mask, target, lengths: list[int]) -> torch.Tensor:
+    def gradient(self, ids, mask, target, lengths: Sequence[int]) -> torch.Tensor:
         """Gradient importance float64 [R, W] of rows ids [R, W]."""
         parts = []
         width = ids.shape[1]
@@ -318,7 +321,7 @@ def input_reduction(
                     child = _delete(a_pos, a_len, member, drop)
                     c_ids, c_mask = _rows(x, a_seq[member], child, pad_id)
                     f_all, ok_all = scorer.score(c_ids, c_mask, targets[a_seq[member]],
-                                                 [L - 1 for L in a_len_h for _ in range(L)])
+                                                 np.repeat(np.asarray(a_len_h) - 1, a_len_h))
                 # Deleting any token of a run of equal ids gives the same child: give every such child the
                 # score of the run's first, so that exact ties stay exact (whatever batch each row ran in).
                 run_start = torch.ones_like(a_pos, dtype=torch.bool)
@@ -350,7 +353,7 @@ def input_reduction(
                 c_ids, c_mask = _rows(x, a_seq[sel_member], child, pad_id)
                 kb_h = kb.tolist()
                 f, ok = scorer.score(c_ids, c_mask, targets[a_seq[sel_member]],
-                                     [L - 1 for L, k in zip(a_len_h, kb_h) for _ in range(k)])
+                                     np.repeat(np.asarray(a_len_h) - 1, kb_h))
                 for i, k in zip(active, kb_h):
                     queries[host_seq[i]] += k
             c_seq = a_seq[sel_member][ok]
