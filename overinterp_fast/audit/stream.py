@@ -62,6 +62,8 @@ class StoredAudit:
         folder: the audit folder. chunks: chunks in the audit; skipped: committed before this call;
         computed: chunks this rank computed. ranks: the job's layout.
         record: on rank 0 with ``load=True``, the complete audit read back; else None.
+        commit_seconds: this rank's time writing parts (the cost of durability while computing);
+        finalize_seconds: rank 0's merge (results.json aggregates and sis.parquet), 0 on other ranks.
     """
 
     folder: str
@@ -70,6 +72,8 @@ class StoredAudit:
     computed: int
     ranks: Ranks
     record: AuditRecord | None = None
+    commit_seconds: float = 0.0
+    finalize_seconds: float = 0.0
 
 
 def source_digest(source: ImageSource) -> str:
@@ -251,6 +255,7 @@ def _run(models, source, out, ranks, config, chunk_size, restart, workers, class
     bar = _Progress(out, ranges, len(models), enabled=ranks.is_main and (_isatty() if progress is None else progress))
     loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*ranges[c])) for c in mine],
                                          num_workers=workers, collate_fn=collate)
+    committing = 0.0
     try:
         for c, batch in zip(mine, loader):
             x = batch["x"].to(ranks.device)
@@ -262,12 +267,14 @@ def _run(models, source, out, ranks, config, chunk_size, restart, workers, class
             results = store.results_table(done.results, batch["index"], done.sensitivity,
                                           meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
                                                 "rank": ranks.rank, "world": ranks.world})
+            t0 = time.perf_counter()
             store.commit_chunk(out, c, images, results)
+            committing += time.perf_counter() - t0
             del x, objects, done, images, results, batch
         barrier(ranks)
     finally:
         bar.close()
-    run = StoredAudit(out, len(ranges), skipped, len(mine), ranks)
+    run = StoredAudit(out, len(ranges), skipped, len(mine), ranks, commit_seconds=committing)
     if ranks.is_main:
         missing = len(ranges) - len(store.committed_chunks(out))
         if missing:
@@ -276,7 +283,9 @@ def _run(models, source, out, ranks, config, chunk_size, restart, workers, class
         info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
                         meta)
         info.update({"chunks": len(ranges), "chunk size": chunk_size, "world size": ranks.world})
+        t0 = time.perf_counter()
         finalize(out, doc, class_name, info, options, known)
+        run.finalize_seconds = time.perf_counter() - t0
         if report or load:
             run.record = load_audit(out)
         if report:
