@@ -170,12 +170,14 @@ def test_incomplete_audit_is_not_loaded(tree, tmp_path):
         load_audit(out)
 
 
-def test_stored_audit_two_models_streams_through_workers(tree, tmp_path):
-    """Two models, an ensemble, transfer counts summed over chunks, DataLoader worker processes."""
+def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys):
+    """Two models, an ensemble, transfer counts summed over chunks, DataLoader worker processes, one progress bar."""
     a, b = tiny_cnn(3), tiny_cnn(4)
     src = open_images(str(tree), SIDE)
     run = run_stored_audit({"a": a, "b": b}, src, str(tmp_path / "o"), method="exact", threshold=0.5, chunk_size=4,
-                           workers=2, ensemble=True, progress=False, gallery=2)
+                           workers=2, ensemble=True, progress=True, gallery=2)
+    bar = capsys.readouterr().err
+    assert "21/21" in bar and "images/s" in bar  # jobs: 7 images x 3 models, counted from the committed parts
     rec = run.record
     assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
     assert_identical(rec.models[1].results, expected_chunks(b, src, 4))
