@@ -44,6 +44,8 @@ BUDGET_S = 0.5
 BUDGET_FRACTION = 0.05
 # Jobs with fewer rows than this keep the fallback size: the first probe would cost a sizeable share.
 MIN_ROWS = 4096
+# The job's own work per call (scheduling, bookkeeping kernels, Python) is at least this, whatever the probe saw.
+JOB_CALL_OVERHEAD_S = 3e-4
 # Sizes whose predicted cost is within this fraction of the least count as equal; the largest is taken.
 TOLERANCE = 0.10
 # Below this size a calibration does not choose: if nothing this large could be measured within the
@@ -200,9 +202,9 @@ def choose(times: dict[int, float], *, images: int | None = None, features: int 
     With ``images`` and ``features`` (exact SIS): the measured size with the least
     predicted schedule time (:func:`exact_schedule_time`). Otherwise: the least time
     per row. Both add to every call the probe's own fixed cost per call
-    (:func:`per_call_overhead`) once more, for the job's work per call that the probe
-    does not see (scheduling, bookkeeping): that work is as fixed as the model's
-    call overhead, and larger batches amortise it. Among sizes within TOLERANCE of
+    (:func:`per_call_overhead`, at least JOB_CALL_OVERHEAD_S) once more, for the
+    job's work per call that the probe does not see (scheduling, bookkeeping): that
+    work is as fixed as the model's call overhead, and larger batches amortise it. Among sizes within TOLERANCE of
     the least cost the largest wins. Sizes under MIN_CHOICE (given for the
     interpolation only) are chosen only when nothing larger was measured. The result
     depends only on ``times``.
@@ -210,7 +212,7 @@ def choose(times: dict[int, float], *, images: int | None = None, features: int 
     if not times:
         raise ValueError("no measured batch sizes to choose from")
     sizes = [b for b in sorted(times) if b >= MIN_CHOICE] or sorted(times)
-    extra = per_call_overhead(times)
+    extra = max(per_call_overhead(times), JOB_CALL_OVERHEAD_S)
     if images is not None and features is not None:
         cost = {b: exact_schedule_time(times, b, images, features) + extra * exact_calls(b, images, features)
                 for b in sizes}
@@ -225,6 +227,7 @@ def measure(
     sizes: Sequence[int],
     *,
     expected_rows: int,
+    start: int | None = None,
     repeats: int = 2,
     budget_s: float = BUDGET_S,
     budget_fraction: float = BUDGET_FRACTION,
@@ -239,9 +242,15 @@ def measure(
     budget_fraction * the job's estimated time), the job estimated from the best
     per-row cost so far times ``expected_rows``; the first size is always measured.
     Then the two best sizes are timed once more (one lucky call does not decide).
+    With ``start``, the sizes from the first one >= start run first, ascending, then
+    the smaller ones, descending (the budget then cuts the sizes farthest from start).
     Returns {size: seconds per call}.
     """
-    start = timer()
+    sizes = sorted(sizes)
+    if start is not None:
+        k = next((i for i, b in enumerate(sizes) if b >= start), len(sizes) - 1)
+        sizes = sizes[k:] + sizes[:k][::-1]
+    t_start = timer()
     times: dict[int, float] = {}
     budget = budget_s
 
@@ -251,9 +260,9 @@ def measure(
         return timer() - t0
 
     for b in sizes:
-        if times:  # skip a size whose predicted cost (from the last one's per-row cost) overruns the budget
-            last = max(times)
-            if timer() - start + (repeats + 1) * times[last] * b / last > budget:
+        if times:  # skip a size whose predicted cost (the nearest measured size's per row) overruns the budget
+            near = min(times, key=lambda s: abs(s - b))
+            if timer() - t_start + (repeats + 1) * times[near] * b / near > budget:
                 break
         try:
             probe(b)
@@ -265,7 +274,7 @@ def measure(
         best_per_row = min(t / s for s, t in times.items())
         budget = min(budget_s, budget_fraction * best_per_row * expected_rows)
     for b in sorted(times, key=lambda s: (times[s] / s, s))[:2]:
-        if timer() - start > budget:
+        if timer() - t_start > budget:
             break
         times[b] = min(times[b], timed(b))
     return times
@@ -317,7 +326,7 @@ def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, fea
         return stored
     t0 = timer()
     try:
-        times = measure(probe, ladder(max_rows, upper), expected_rows=expected_rows, timer=timer)
+        times = measure(probe, ladder(max_rows, upper), expected_rows=expected_rows, start=fallback, timer=timer)
     except torch.OutOfMemoryError:
         return Calibration(max(1, min(fallback, max_rows, upper or fallback)), {}, "fallback", timer() - t0)
     if max(times) < MIN_CHOICE <= max_rows:  # the budget did not reach a usable size

@@ -132,8 +132,18 @@ def test_calibrate_caches_and_falls_back_for_small_jobs():
 def test_calibrate_falls_back_when_the_budget_reaches_no_usable_size(monkeypatch):
     monkeypatch.setattr(calibration, "LADDER", (4, 16))
     clock = FakeClock(lambda b: 1.0 * b)  # 4 rows: 12 s spent; 16 rows would take 48 s more
-    cal = calibrate(None, clock.probe, max_rows=4096, expected_rows=10**9, fallback=7, timer=clock.timer)
-    assert cal.source == "fallback" and cal.batch_size == 7 and set(cal.times) == {4}  # not a row-by-row job
+    cal = calibrate(None, clock.probe, max_rows=4096, expected_rows=10**9, fallback=2, timer=clock.timer)
+    assert cal.source == "fallback" and cal.batch_size == 2 and set(cal.times) == {4}  # not a row-by-row job
+
+
+def test_measure_starts_at_the_fallback_size():
+    clock = FakeClock(lambda b: 0.01 * b)  # 3 calls of 64 rows: 1.92 s; the budget (1 s) then stops
+    times = measure(clock.probe, [16, 32, 64, 128], expected_rows=10**9, start=50, budget_s=1.0, timer=clock.timer)
+    assert clock.calls[0] == 64 and sorted(times) == [64]
+    clock = FakeClock(lambda b: 0.001 * b)
+    times = measure(clock.probe, [16, 32, 64, 128], expected_rows=10**9, start=50, budget_s=10.0, timer=clock.timer)
+    order = list(dict.fromkeys(clock.calls))
+    assert order == [64, 128, 32, 16] and sorted(times) == [16, 32, 64, 128]
 
 
 def test_calibrate_respects_upper_bound():
