@@ -10,7 +10,9 @@ bookkeeping, no scheduling).
     .venv/bin/python benchmarks/bench_exact.py --cold     # the cold single-image case (issue 11 section 0)
 
 Engines: "fast" is fast_sis with default options (engine="auto", calibrated batch
-size); "torch" and "ort" force engine="torch" and engine="onnxruntime" (the ONNX
+size, incremental=None: incremental inference where the plan estimates it pays);
+"incr" forces incremental=True (SPEC.md section 7); "torch" and "ort" force dense
+engine="torch" (incremental=False) and engine="onnxruntime" (the ONNX
 export is cached per process, so it is paid in the warm-up). Every contender's
 SIS is compared with the reference's.
 
@@ -33,6 +35,12 @@ Configs (sized for 2 CPU cores; on a GPU use --images and --full):
   resnet20-4x4 ResNet-20, 32x32, 4x4 patches (p = 64)
   cnn32-px     small CNN, 32x32, pixels (p = 1024; --full only: minutes per run on 2 cores)
   resnet20-px  ResNet-20, 32x32, pixels (p = 1024; --full only)
+  effnet-32x32 EfficientNet-Lite0 (ImageNet weights), 224x224, 32x32 patches (p = 49; --full only)
+
+Incremental inference (issue 11 section 1), the lead's command on a quiet machine
+(about 10 minutes on 2 cores; pixel configs are one image, 525k candidates at 32x32):
+    .venv/bin/python benchmarks/bench_exact.py --configs cnn16-px cnn32-px resnet20-px effnet-32x32 \
+        --no-engines --rounds 2
 """
 from __future__ import annotations
 
@@ -69,15 +77,17 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
     n, size = images.shape[0], images.shape[-1]
     candidates = n * p * (p + 1) // 2
     contenders = {"fast": lambda: of.fast_sis(model, images, 0.5, features=features, progress=False)}
+    contenders["incr"] = lambda: of.fast_sis(model, images, 0.5, features=features, progress=False,
+                                             incremental=True)
     if engines:
         contenders["torch"] = lambda: of.fast_sis(model, images, 0.5, features=features, progress=False,
-                                                  engine="torch")
+                                                  engine="torch", incremental=False)
         contenders["ort"] = lambda: of.fast_sis(model, images, 0.5, features=features, progress=False,
                                                 engine="onnxruntime")
     with torch.inference_mode():  # warm-up: kernels, allocator, calibration, the ONNX export
         warm = {k: f() for k, f in contenders.items()}
     engine_used = {k: r[0].engine for k, r in warm.items()}
-    of.fast_sis(model, images, 0.5, features=features, progress=False, engine="torch")
+    of.fast_sis(model, images, 0.5, features=features, progress=False, engine="torch", incremental=False)
     batch = calibration.LAST[0].batch_size  # what the torch engine runs at (calibrated, cached)
     floor_batch = candidate_like_batch(images, features, batch)
     contenders["floor"] = lambda: floor_run(model, floor_batch, candidates)
@@ -97,7 +107,7 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
         "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
         "fast_candidates_per_s": candidates / best["fast"], "floor_candidates_per_s": candidates / best["floor"],
     }
-    for k in ("torch", "ort"):
+    for k in ("torch", "ort", "incr"):
         if k in best:
             row[f"{k}_s"] = best[k]
             row[f"{k}_over_floor"] = best[k] / best["floor"]
@@ -105,7 +115,8 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
         ref = outputs["reference"]
         row.update(reference_s=best["reference"], speedup_vs_reference=best["reference"] / best["fast"],
                    same_order=all(torch.equal(a.order, b.order) for a, b in zip(outputs["fast"], ref)))
-        for k in ("fast", "torch", "ort"):
+        row["incr_speedup_vs_reference"] = best["reference"] / best["incr"]
+        for k in ("fast", "torch", "ort", "incr"):
             if k in outputs:
                 row[f"{k}_same_sis_as_reference"] = all(
                     (a.sis is None) == (b.sis is None) and (a.sis is None or torch.equal(a.sis, b.sis))
@@ -210,20 +221,22 @@ def main():
         main_cold(args)
         return
     device = torch.device(args.device)
-    names = args.configs or (DEFAULT + (["cnn32-px", "resnet20-px"] if args.full else []))
+    names = args.configs or (DEFAULT + (["cnn32-px", "resnet20-px", "effnet-32x32"] if args.full else []))
     rows = []
-    head = (f"{'config':<14}{'N':>3}{'p':>6}{'cands':>9}{'B':>6}{'fast s':>9}{'torch s':>9}{'ort s':>9}"
-            f"{'floor s':>9}{'ref s':>9}{'fast/floor':>11}{'ort/floor':>10}{'ref/fast':>9}{'ref/ort':>8}{'engine':>13}")
+    head = (f"{'config':<14}{'N':>3}{'p':>6}{'cands':>9}{'B':>6}{'fast s':>9}{'incr s':>9}{'torch s':>9}{'ort s':>9}"
+            f"{'floor s':>9}{'ref s':>9}{'fast/floor':>11}{'incr/floor':>11}{'ort/floor':>10}{'ref/fast':>9}"
+            f"{'ref/incr':>9}{'ref/ort':>8}{'incr SIS':>9}{'engine':>13}")
     print(head)
     for name in names:
         row = run_config(name, args.images, device, args.rounds, args.no_reference, not args.no_engines)
         rows.append(row)
         print(f"{name:<14}{row['images']:>3}{row['features']:>6}{row['candidates']:>9}{row['batch_size']:>6}"
-              f"{row['fast_s']:>9.2f}{row.get('torch_s', math.nan):>9.2f}{row.get('ort_s', math.nan):>9.2f}"
-              f"{row['floor_s']:>9.2f}{row.get('reference_s', math.nan):>9.2f}"
-              f"{row['fast_over_floor']:>11.3f}{row.get('ort_over_floor', math.nan):>10.3f}"
-              f"{row.get('speedup_vs_reference', math.nan):>9.2f}{row.get('ort_speedup_vs_reference', math.nan):>8.2f}"
-              f"{row['engine_used']['fast']:>13}", flush=True)
+              f"{row['fast_s']:>9.2f}{row['incr_s']:>9.2f}{row.get('torch_s', math.nan):>9.2f}"
+              f"{row.get('ort_s', math.nan):>9.2f}{row['floor_s']:>9.2f}{row.get('reference_s', math.nan):>9.2f}"
+              f"{row['fast_over_floor']:>11.3f}{row['incr_over_floor']:>11.3f}{row.get('ort_over_floor', math.nan):>10.3f}"
+              f"{row.get('speedup_vs_reference', math.nan):>9.2f}{row.get('incr_speedup_vs_reference', math.nan):>9.2f}"
+              f"{row.get('ort_speedup_vs_reference', math.nan):>8.2f}"
+              f"{str(row.get('incr_same_sis_as_reference', '-')):>9}{row['engine_used']['fast']:>13}", flush=True)
     out = write_results("exact", device, rows, args.out)
     print(f"wrote {out}")
 

@@ -20,7 +20,14 @@ CONFIGS = {
     "resnet20-4x4": (ResNet20, 32, 4, 4),
     "cnn32-px": (lambda: SmallCNN(32), 32, 1, 1),
     "resnet20-px": (ResNet20, 32, 1, 1),
+    "effnet-32x32": (lambda: _efficientnet_lite0(), 224, 32, 1),
 }
+
+
+def _efficientnet_lite0():
+    from overinterp_fast.zoo.imagenet import load_efficientnet_lite
+
+    return load_efficientnet_lite(0)
 
 
 def patch_map(size: int, patch: int) -> torch.Tensor | None:
