@@ -169,7 +169,7 @@ def feature_boxes(feature_map: torch.Tensor, p: int) -> torch.Tensor:
 @dataclass
 class _Step:
     node: fx.Node
-    kind: str  # "input", "window", "pointwise", "merge", "gap", "dense"
+    kind: str  # "input", "window", "pointwise", "alias", "merge", "gap", "dense"
     fn: Callable | None = None  # window: f(region) -> out window; others: the node's callable
     geo: Geometry | None = None  # spatial outputs
     k: tuple = (1, 1)
@@ -177,6 +177,7 @@ class _Step:
     d: tuple = (1, 1)
     pad: tuple = (0, 0)
     pad_value: float = 0.0
+    conv: nn.Conv2d | None = None  # window steps that are convolutions
     cost: float = 0.0  # multiply-adds per candidate (estimate)
     dense_cost: float = 0.0  # the same in a dense forward pass
 
@@ -236,7 +237,7 @@ def _window_op(mod_or_node, target, args, in_shape) -> dict | None:
             pad = _pair(m.padding)
         fn = lambda x, m=m: F.conv2d(x, m.weight, m.bias, m.stride, 0, m.dilation, m.groups)  # noqa: E731
         cost = m.in_channels // m.groups * m.out_channels * k[0] * k[1]
-        return dict(fn=fn, k=k, s=s, d=d, pad=pad, pad_value=0.0, unit_cost=cost)
+        return dict(fn=fn, k=k, s=s, d=d, pad=pad, pad_value=0.0, unit_cost=cost, conv=m)
     if isinstance(target, (nn.MaxPool2d, nn.AvgPool2d)):
         m = target
         if m.ceil_mode or getattr(m, "return_indices", False):
@@ -392,7 +393,7 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     consts = {n: v for n, v in values.items() if n not in dependent}
 
     def spatial(n) -> bool:
-        return kind.get(n) in ("input", "window", "pointwise", "merge")
+        return kind.get(n) in ("input", "window", "pointwise", "alias", "merge")
 
     x0 = placeholders[0]
     fm = prep.feature_map
@@ -435,7 +436,7 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
                     box = _grow(_boxes(g_in), w["k"], w["s"], w["d"], w["pad"], val.shape[2], val.shape[3])
                     g = _geometry(box, val.shape[2], val.shape[3])
                     step = _Step(n, "window", fn=w["fn"], geo=g, k=w["k"], s=w["s"], d=w["d"], pad=w["pad"],
-                                 pad_value=w["pad_value"])
+                                 pad_value=w["pad_value"], conv=w.get("conv"))
                     step.cost = w["unit_cost"] * g.wh * g.ww + val.shape[1] * g.wh * g.ww
                     step.dense_cost = w["unit_cost"] * val.shape[2] * val.shape[3]
                     reg = ((g.wh - 1) * w["s"][0] + (w["k"][0] - 1) * w["d"][0] + 1) * (
@@ -453,7 +454,9 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
                         pass
                     else:
                         g = geo[dep_args[0]]
-                        step = _Step(n, "pointwise", fn=calls[n], geo=g)
+                        # identities (and dropout in eval mode) pass the window on
+                        alias = isinstance(target, (nn.Identity, nn.Dropout, nn.Dropout2d)) and not target.training
+                        step = _Step(n, "alias" if alias else "pointwise", fn=calls[n], geo=g)
                         step.cost = step.dense_cost = 0.0
                 elif _is_gap(target, arg_vals, kw_vals, in_shape):
                     step = _Step(n, "gap", fn=calls[n])
@@ -490,6 +493,7 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
 
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         raise NotIncremental("the model's output is not a [B, K] tensor")
+    _fold_batch_norms(steps, values, dependent, consts, modules)
     last_use: dict[fx.Node, int] = {}
     for i, st in enumerate(steps):
         for a in st.node.all_input_nodes:
@@ -497,6 +501,53 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     ratio = inc_total / max(dense_total, 1.0)
     return IncrementalPlan(gm, steps, calls, consts, output.args[0], input_geo, last_use, ratio, state_elems,
                            images.device)
+
+
+_BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+
+
+def _bn_params(node: fx.Node, modules: dict, consts: dict):
+    """(mean, var, weight, bias, eps) of an eval-mode batch norm node, or None."""
+    if node.op == "call_module":
+        m = modules[node.target]
+        if isinstance(m, nn.BatchNorm2d) and not m.training and m.running_mean is not None:
+            return m.running_mean, m.running_var, m.weight, m.bias, m.eps
+        return None
+    if node.op == "call_function" and node.target is F.batch_norm:
+        bound = dict(zip(_BN_ARGS, node.args))
+        bound.update(node.kwargs)
+        val = {k: (consts[v] if isinstance(v, fx.Node) else v) for k, v in bound.items() if k != "input"}
+        if val.get("training", False):
+            return None
+        return val["running_mean"], val["running_var"], val.get("weight"), val.get("bias"), val.get("eps", 1e-5)
+    return None
+
+
+def _fold_batch_norms(steps: list[_Step], values: dict, dependent: set, consts: dict, modules: dict) -> None:
+    """A batch norm right after a windowed convolution (its only reader) is folded into the convolution's
+    window computation: one op less per layer; the batch norm step then passes the window on ("alias")."""
+    by_node = {st.node: st for st in steps}
+    for st in steps:
+        if st.kind != "pointwise":
+            continue
+        params = _bn_params(st.node, modules, consts)
+        if params is None:
+            continue
+        (src,) = [a for a in st.node.all_input_nodes if a in dependent] or [None]
+        conv_step = by_node.get(src)
+        if conv_step is None or conv_step.kind != "window" or conv_step.conv is None:
+            continue
+        readers = [u for u in src.users if u in dependent and u not in consts]
+        if readers != [st.node]:
+            continue
+        mean, var, weight, bias, eps = params
+        m = conv_step.conv
+        scale = torch.rsqrt(var + eps) * (weight if weight is not None else 1.0)
+        w = m.weight * scale.view(-1, 1, 1, 1)
+        b = (m.bias if m.bias is not None else torch.zeros_like(mean)) - mean
+        b = b * scale + (bias if bias is not None else 0.0)
+        conv_step.fn = lambda x, m=m, w=w, b=b: F.conv2d(x, w, b, m.stride, 0, m.dilation, m.groups)  # noqa: E731
+        st.kind = "alias"
 
 
 def _channel_pad(args, kwargs) -> bool:
@@ -556,7 +607,8 @@ class IncrementalEngine:
         self.stored: dict[fx.Node, torch.Tensor] = {}
         self.n_rows = n_rows
         self.base_scores = None
-        self._keep = {st.node for st in pl.steps if st.kind in ("input", "window", "pointwise", "merge", "gap")}
+        self._keep = {st.node for st in pl.steps if st.kind in ("input", "window", "pointwise", "alias", "merge",
+                                                                  "gap")}
         self.fm = prep.feature_map.unsqueeze(0)  # [1, C, H, W] int64: gathered like a map
         self.baseline = prep.baseline
         if prep.images.is_contiguous(memory_format=torch.channels_last) and not prep.images.is_contiguous():
@@ -632,6 +684,9 @@ class IncrementalEngine:
                 rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
                 region, chg = gather(a, origin, rh, rw, st.pad_value)
                 states[node] = _Win(st.fn(region), chg)
+            elif st.kind == "alias":
+                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
+                states[node] = states[a]
             elif st.kind == "pointwise":
                 a_in = [x for x in node.all_input_nodes if x not in pl.consts]
                 args = fx.node.map_arg(node.args, lambda x: pl.consts[x] if x in pl.consts else states[x].patch)
