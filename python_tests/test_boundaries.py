@@ -192,3 +192,30 @@ def test_every_set_of_every_round_is_sufficient_on_the_planted_models():
     for res in (of.fast_sis(model, x, 0.5, outputs="probabilities", collection=True),
                 of.fast_sis(model, x, 0.5, method="gradient", k=1, outputs="probabilities", collection=True)):
         assert assert_sets_sufficient(model, x, res, outputs="probabilities") == 2
+
+
+class Counting(nn.Module):
+    """Vectors [B, 100] of ones; class 0 gets (features present + 0.25) / 101 (never 0.5); counts the rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = 0
+
+    def forward(self, x):
+        self.rows += x.shape[0]
+        s = (x.sum(1) + 0.25) / 101
+        return torch.stack([s, 1 - s], 1)
+
+
+@pytest.mark.parametrize("criterion,size", [("threshold", 91), ("top1", 51)])
+def test_first_passing_prefix_chunks_and_criteria(criterion, size):
+    # sizes 1..100; on a CPU the prefixes are tried in chunks of 2, 4, 8, 16, 32, 32 (prefix.py), so the
+    # answer at size 91 (index 90) costs 2+4+8+16+32+32 = 94 candidates, as does size 51 (index 50: 62)
+    model = Counting().eval()
+    x = torch.ones(1, 100, dtype=torch.float64)
+    ranking = -torch.arange(100.0)[None]  # feature 0 first
+    (r,) = of.sufficient_subset(model, x, ranking, 0.9, criterion=criterion, outputs="probabilities",
+                                batch_size=1000)
+    assert r.sis.tolist() == list(range(size))
+    assert r.sis_score == pytest.approx((size + 0.25) / 101, rel=1e-15)
+    assert model.rows == 1 + {91: 94, 51: 62}[size]  # the unmasked input, then the candidates

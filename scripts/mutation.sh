@@ -5,7 +5,9 @@
 #
 # Copies the tracked tree (and the built extension) to a scratch folder, adds a [tool.mutmut] section
 # that mutates only the given module and runs only the given tests, runs `mutmut run`, and prints
-# mutmut's per-mutant results and the score (killed / (killed + survived + timeouts + suspicious)).
+# the counts, the score and the surviving mutants. Score = detected / reached, where detected = killed
+# (a test failed) + timeout (the mutant made a test hang; pytest-timeout is off here, mutmut's own limit
+# applies) and reached = every mutant except those no selected test executes ("no tests").
 # MUTATION_DIR (default /tmp/overinterp-mutation) holds the copies; MUTATION_JOBS (default 2) workers.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,10 +42,10 @@ for line in open("results.txt"):
     m = re.match(r"\s*(\S+): (.+)$", line)
     if m:
         counts[m.group(2).strip()] += 1
-killed = counts.get("killed", 0)
+killed = counts.get("killed", 0) + counts.get("timeout", 0)
 total = sum(counts.values()) - counts.get("no tests", 0) - counts.get("skipped", 0)
 print(f"{sys.argv[1]}: {dict(counts)}")
-print(f"{sys.argv[1]}: score {killed}/{total} = {killed / max(total, 1):.1%} "
+print(f"{sys.argv[1]}: score {killed}/{total} = {killed / max(total, 1):.1%} detected "
       f"(no tests: {counts.get('no tests', 0)})")
 PY
 grep -E ": (survived|no tests|timeout|suspicious)" results.txt || true
