@@ -177,3 +177,46 @@ def test_noise_sensitivity_clips_to_the_valid_range():
     only_high = audit.noise_sensitivity(model, images, masks, labels, sigma=2.0, high=0.3, seed=0)
     capped = (images + 2.0 * torch.randn(images.shape, generator=torch.Generator().manual_seed(0))).clamp(max=0.3)
     torch.testing.assert_close(only_high["p_fg"], torch.sigmoid(8 * capped[:, :, 2:6, 2:6].mean((1, 2, 3))).double())
+
+
+def test_pixel_and_random_subsets_options_by_hand():
+    g = torch.Generator().manual_seed(3)
+    images = torch.rand(2, 3, 4, 4, generator=g, dtype=torch.float64) + 1  # N = 2, C = 3: shapes not confused
+    mv = torch.tensor([-1.0, -2.0, -3.0], dtype=torch.float64)
+    # default pixel features: the default fraction 0.05 keeps ceil(0.8) = 1 of 16 pixels, the last masked
+    orders = [torch.arange(16), torch.arange(16).flip(0)]
+    res = [SISResult(order=o, values=torch.zeros(16, dtype=torch.float64), sis=None, mask=None, target=0,
+                     score=0.0, threshold=0.5) for o in orders]
+    sub, keep = audit.pixel_subsets(images, res, mask_value=mv)
+    assert [k.nonzero().flatten().tolist() for k in keep] == [[15], [0]]
+    want = mv.view(1, 3, 1, 1).expand(2, 3, 4, 4).clone()
+    want[0, :, 3, 3] = images[0, :, 3, 3]
+    want[1, :, 0, 0] = images[1, :, 0, 0]
+    assert torch.equal(sub, want)
+    # a 2x2 grid of 2x2 patches; fraction 0.5 keeps the last 2 patches of each order
+    patches = (torch.arange(4).view(4, 1) // 2) * 2 + torch.arange(4).view(1, 4) // 2
+    pres = [SISResult(order=o, values=torch.zeros(4, dtype=torch.float64), sis=None, mask=None, target=0,
+                      score=0.0, threshold=0.5) for o in (torch.tensor([3, 2, 1, 0]), torch.tensor([0, 2, 1, 3]))]
+    sub, keep = audit.pixel_subsets(images, pres, 0.5, mask_value=mv, features=patches)
+    assert keep.tolist() == [[True, True, False, False], [False, True, False, True]]
+    for i in range(2):
+        kept = keep[i][patches]  # [4, 4]
+        assert torch.equal(sub[i], torch.where(kept, images[i], mv.view(3, 1, 1)))
+    assert torch.equal(audit.keep_last(torch.tensor([5, 6, 7]), 1.0), torch.tensor([5, 6, 7]))
+    with pytest.raises(ValueError, match=r"^fraction must lie in \(0, 1\], got 1.5$"):
+        audit.keep_last(torch.arange(4), 1.5)
+    with pytest.raises(ValueError, match="^1 results for 2 images$"):
+        audit.pixel_subsets(images, res[:1])
+    with pytest.raises(ValueError, match=r"^every result must cover all features \(use the first round"):
+        audit.pixel_subsets(images, [res[0], pres[0]])
+    # random subsets: the defaults (5%, seed 0, mask value 0) and the options, by hand
+    sub, keep = audit.random_subsets(images)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(2):
+        assert keep[i].nonzero().flatten().tolist() == sorted(torch.randperm(16, generator=gen)[:1].tolist())
+        assert torch.equal(sub[i], torch.where(keep[i].view(4, 4), images[i], torch.zeros((), dtype=torch.float64)))
+    sub, keep = audit.random_subsets(images, 0.5, seed=4, mask_value=mv, features=patches)
+    gen = torch.Generator().manual_seed(4)
+    for i in range(2):
+        assert keep[i].nonzero().flatten().tolist() == sorted(torch.randperm(4, generator=gen)[:2].tolist())
+        assert torch.equal(sub[i], torch.where(keep[i][patches], images[i], mv.view(3, 1, 1)))
