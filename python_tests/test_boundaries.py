@@ -146,7 +146,9 @@ def test_a_single_feature(method):
 def test_a_single_feature_responsibility():
     model = Dyadic([1.0]).eval()
     (r,) = of.fast_sis(model, ones(1, 1, 1), method="responsibility", outputs="probabilities")
-    assert r.sis.tolist() == [0] and r.queries == 0  # below the minimum box: no descent, the whole image
+    assert r.sis.tolist() == [0] and r.sis_score == 1.0  # the whole (one-pixel) image
+    (m,) = of.responsibility(model, ones(1, 1, 1), outputs="probabilities")
+    assert m.queries == 0 and m.map.tolist() == [[0.0]]  # below the minimum box: no descent
 
 
 @pytest.mark.parametrize("method", ["exact", "gradient"])
