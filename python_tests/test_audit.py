@@ -203,6 +203,9 @@ def test_pixel_and_random_subsets_options_by_hand():
         kept = keep[i][patches]  # [4, 4]
         assert torch.equal(sub[i], torch.where(kept, images[i], mv.view(3, 1, 1)))
     assert torch.equal(audit.keep_last(torch.tensor([5, 6, 7]), 1.0), torch.tensor([5, 6, 7]))
+    from overinterp_fast.audit.subsets import keep_last_mask
+
+    assert keep_last_mask(torch.arange(40).flip(0)).nonzero().flatten().tolist() == [0, 1]  # default 5%
     with pytest.raises(ValueError, match=r"^fraction must lie in \(0, 1\], got 1.5$"):
         audit.keep_last(torch.arange(4), 1.5)
     with pytest.raises(ValueError, match="^1 results for 2 images$"):
@@ -211,6 +214,7 @@ def test_pixel_and_random_subsets_options_by_hand():
         audit.pixel_subsets(images, [res[0], pres[0]])
     # random subsets: the defaults (5%, seed 0, mask value 0) and the options, by hand
     sub, keep = audit.random_subsets(images)
+    assert keep.shape == (2, 16) and sub.shape == images.shape
     gen = torch.Generator().manual_seed(0)
     for i in range(2):
         assert keep[i].nonzero().flatten().tolist() == sorted(torch.randperm(16, generator=gen)[:1].tolist())
