@@ -5,10 +5,22 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <type_traits>
+
 #include "../patch_gather.h"
 
 namespace overinterp_fast {
 namespace {
+
+// a != b, with half types compared as float (exact; their operator== is ambiguous in device code).
+template <typename scalar_t>
+__device__ __forceinline__ bool differ(scalar_t a, scalar_t b) {
+  if constexpr (std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>) {
+    return !(static_cast<float>(a) == static_cast<float>(b));
+  } else {
+    return !(a == b);
+  }
+}
 
 // One thread per output element, in the output's physical order (NCHW or NHWC).
 template <typename scalar_t>
@@ -36,7 +48,7 @@ __global__ void patch_gather_kernel(const scalar_t* __restrict__ S, Strides4 ss,
       const int64_t vx0 = max(va[4 * b + 1], px), vx1 = min(va[4 * b + 3], px + pw);
       if (P != nullptr && y >= vy0 && y < vy1 && x >= vx0 && x < vx1) {
         v = P[b * ps.n + c * ps.c + (y - py) * ps.h + (x - px) * ps.w];
-        if (!(v == s)) changed[b] = true;  // benign race: every writer stores true
+        if (differ(v, s)) changed[b] = true;  // benign race: every writer stores true
       }
     }
     O[b * os.n + c * os.c + i * os.h + j * os.w] = v;
