@@ -269,6 +269,9 @@ def fast_sis(
             pixel set restores the top-1 class; ``threshold`` is then unused) or
             "threshold" (f >= threshold).
         iterations, seed: method="responsibility": descents per image and their seed.
+            "auto" (default): stop an image's descents once its minimal pixel set has
+            settled (see :func:`~overinterp_fast.responsibility.auto_responsibility`);
+            an int runs that many (ReX: 20).
         engine: what scores the candidates of method="exact"/"responsibility":
             "auto" (default: torch, or ONNX Runtime where the job is long enough and
             it is measured faster), "torch", "onnxruntime" (export once, cached) or
@@ -276,9 +279,6 @@ def fast_sis(
             (f(x_S) >= tau; where it fails, FindSIS goes on until one passes);
             ``SISResult.engine`` says which engine scored the candidates.
             method="gradient" runs torch ("auto" or "torch" only).
-            "auto" (default): stop an image's descents once its minimal pixel set has
-            settled (see :func:`~overinterp_fast.responsibility.auto_responsibility`);
-            an int runs that many (ReX: 20).
         refine: method="responsibility": True (default): a pixel-exact boundary prefix of
             the ranking, pruned to a 1-minimal set (removing any one pixel breaks the
             criterion; costs at least one query per pixel of the result). "boundary": the
