@@ -56,9 +56,14 @@ def extension_ops() -> list[str]:
     return sorted(n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
 
 
+def _defines(name: str) -> bool:
+    """True when the loaded extension defines op ``name`` (an extension built from older sources may not)."""
+    return extension_loaded() and name in extension_ops()
+
+
 def _has_kernel(name: str, device_type: str) -> bool:
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return (extension_loaded() and key is not None
+    return (key is not None and _defines(name)
             and torch._C._dispatch_has_kernel_for_dispatch_key(f"overinterp_fast::{name}", key))
 
 
@@ -153,6 +158,12 @@ def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
             choice = OpInfo(name, where, "torch", f"{ENV_VAR}=torch"), pure
         elif not extension_loaded():
             choice = OpInfo(name, where, "torch", f"the compiled extension could not be loaded: {LOAD_ERROR}"), pure
+        elif not _defines(name):
+            choice = OpInfo(name, where, "torch", "the loaded extension does not define it (built from "
+                            "older sources: rebuild with ./scripts/test)"), pure
+            warnings.warn(f"overinterp_fast: the compiled extension does not define {name} (built from older "
+                          "sources?); using its pure-PyTorch version (same results, slower)",
+                          RuntimeWarning, stacklevel=4)
         elif not _has_kernel(name, device.type):
             choice = OpInfo(name, where, "torch", f"the extension has no {device.type} kernel"), pure
             warnings.warn(f"overinterp_fast: no compiled {device.type} kernel for {name}; using its "
@@ -193,9 +204,14 @@ def ops_info(devices=None) -> list[OpInfo]:
 
 
 def _register_fakes() -> None:
-    """Fake (meta) implementations for torch.compile / export; only when the extension defines the ops."""
+    """Fake (meta) implementations for torch.compile / export, for the ops the loaded extension defines."""
 
-    @torch.library.register_fake("overinterp_fast::mask_apply")
+    def register_fake(qualname: str):
+        if _defines(qualname.split("::")[1]):
+            return torch.library.register_fake(qualname)
+        return lambda fn: fn
+
+    @register_fake("overinterp_fast::mask_apply")
     def _mask_apply_fake(base, baseline, feature_map, present, cand_image, cand_row, cand_feature):
         torch._check(base.dim() >= 2)
         torch._check(feature_map.shape == base.shape[1:])
@@ -204,17 +220,17 @@ def _register_fakes() -> None:
         fmt = torch.channels_last if is_channels_last(base) else torch.contiguous_format
         return base.new_empty(shape).contiguous(memory_format=fmt)
 
-    @torch.library.register_fake("overinterp_fast::backselect_update")
+    @register_fake("overinterp_fast::backselect_update")
     def _backselect_update_fake(scores, rows, counts, steps, remaining, present, order, values):
         torch._check(rows.shape == counts.shape == steps.shape)
         return None
 
-    @torch.library.register_fake("overinterp_fast::rect_fill")
+    @register_fake("overinterp_fast::rect_fill")
     def _rect_fill_fake(rects, owner, weights, n, height, width):
         torch._check(rects.dim() == 2 and rects.shape[1] == 4)
         return rects.new_empty((n, height, width))
 
-    @torch.library.register_fake("overinterp_fast::patch_gather")
+    @register_fake("overinterp_fast::patch_gather")
     def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value):
         torch._check(stored.dim() == 4 and patch.dim() == 4)
         torch._check(image.dim() == 1)

@@ -343,6 +343,21 @@ def test_a_device_without_kernels_uses_the_pure_versions(fresh_choices, monkeypa
     assert len(caught) == len(PURE_OPS)  # once per op
 
 
+def test_an_extension_built_from_older_sources_uses_pure_versions_for_its_missing_ops(fresh_choices, monkeypatch):
+    # A .so built before an op was added loads, but does not define that op: that op falls back, the rest don't.
+    defined = [n for n in _ops.extension_ops() if n != "mask_apply"]
+    monkeypatch.setattr(_ops, "extension_ops", lambda: defined)
+    monkeypatch.setattr(_ops, "SELF_CHECK_DEVICE_TYPES", {"cuda"})
+    args = random_case()
+    with pytest.warns(RuntimeWarning, match="does not define mask_apply") as caught:
+        assert torch.equal(ops.mask_apply(*args), mask_apply_ref(*args))
+        ops.mask_apply(*args)
+    assert len(caught) == 1
+    by_op = {r.op: r for r in of.ops_info(["cpu"])}
+    assert by_op["mask_apply"].implementation == "torch" and "does not define it" in by_op["mask_apply"].reason
+    assert all(r.implementation == "kernel" for name, r in by_op.items() if name != "mask_apply")
+
+
 MISSING_EXTENSION = """
 import json, sys, warnings
 sys.modules["overinterp_fast._C"] = None  # what a missing or unloadable extension looks like to the import
