@@ -34,6 +34,22 @@ class Ensemble(nn.Module):
         return torch.stack([m(x) for m in self._callables]).mean(0)
 
 
+def check_targets(target, n: int, k: int, predicted: torch.Tensor, unit: str = "image") -> torch.Tensor:
+    """Target class per input: ``target`` (an int or one per input, [N]) checked against ``k`` classes,
+    or ``predicted`` (int64 [N]) when it is None. Returns int64 [N] on predicted's device."""
+    if target is None:
+        return predicted
+    t = torch.as_tensor(target)
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise TypeError(f"target must be an int or an integer tensor, got {t.dtype}")
+    t = t.to(torch.int64).expand(n) if t.dim() == 0 else t.to(torch.int64)
+    if t.shape != (n,):
+        raise ValueError(f"target must be an int or have one entry per {unit} ({n}), got shape {tuple(t.shape)}")
+    if bool(((t < 0) | (t >= k)).any()):
+        raise ValueError(f"target classes must lie in [0, {k}) for a model with {k} outputs")
+    return t.to(predicted.device)
+
+
 class ModelFn:
     """Wraps a model as the SIS score f.
 
@@ -177,18 +193,7 @@ def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tu
         raise
     if not bool(torch.isfinite(outs).all()):
         raise FloatingPointError("the model's output on the unmasked images contains NaN or inf")
-    k = outs.shape[1]
-    if target is None:
-        targets = outs.argmax(dim=1)
-    else:
-        targets = torch.as_tensor(target, device=images.device)
-        if targets.dtype.is_floating_point or targets.dtype == torch.bool:
-            raise TypeError(f"target must be an int or integer tensor, got {targets.dtype}")
-        targets = targets.to(torch.int64).expand(n) if targets.dim() == 0 else targets.to(torch.int64)
-        if targets.shape != (n,):
-            raise ValueError(f"target must be an int or have one entry per image ({n}), got {tuple(targets.shape)}")
-        if bool(((targets < 0) | (targets >= k)).any()):
-            raise ValueError(f"target classes must lie in [0, {k}) for a model with {k} outputs")
+    targets = check_targets(target, n, outs.shape[1], outs.argmax(dim=1))
     probs = fn.probabilities(outs)
     scores = probs.gather(1, targets.view(-1, 1)).view(-1).double()
     return targets.contiguous(), scores

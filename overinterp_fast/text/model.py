@@ -183,18 +183,3 @@ def check_sequences(sequences, attention_mask, vocab_size: int | None) -> list[t
             raise ValueError(f"sequence {i} has token id {bad}, outside the vocabulary [0, {vocab_size or 'inf'})")
         out.append(s.to(torch.int64))
     return out
-
-
-def check_targets(target, n: int, k: int, predicted: torch.Tensor) -> torch.Tensor:
-    """Target class per sequence: given (int or [N]) or the predicted one; int64 [N] on predicted's device."""
-    if target is None:
-        return predicted
-    t = torch.as_tensor(target)
-    if t.dtype.is_floating_point or t.dtype == torch.bool:
-        raise TypeError(f"target must be an int or an integer tensor, got {t.dtype}")
-    t = t.to(torch.int64).expand(n) if t.dim() == 0 else t.to(torch.int64)
-    if t.shape != (n,):
-        raise ValueError(f"target must be an int or have one entry per sequence ({n}), got shape {tuple(t.shape)}")
-    if bool(((t < 0) | (t >= k)).any()):
-        raise ValueError(f"target classes must lie in [0, {k}) for a model with {k} outputs")
-    return t.to(predicted.device)

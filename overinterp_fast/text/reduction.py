@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .model import TextModelFn, check_sequences, check_targets
+from ..model import check_targets
+from .model import TextModelFn, check_sequences
 
 IMPORTANCES = ("leave_one_out", "gradient")
 _BITS = 62  # positions per int64 word of a kept-set bit pattern (sign bit unused)
@@ -268,7 +269,7 @@ def input_reduction(
         tgt_in = None if target is None else torch.as_tensor(target)
         if tgt_in is not None and tgt_in.dim() == 1 and tgt_in.numel() == n:
             tgt_in = tgt_in[torch.tensor(perm)]
-        targets = check_targets(tgt_in, n, logits.shape[1], logits.argmax(1))
+        targets = check_targets(tgt_in, n, logits.shape[1], logits.argmax(1), unit="sequence")
         score0 = torch.softmax(logits, 1).gather(1, targets[:, None]).view(-1).double()
 
     # Beam state: members grouped by sequence (internal order), each sequence's members best first.
