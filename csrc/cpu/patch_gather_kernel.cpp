@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -27,43 +28,63 @@ void patch_gather_cpu_impl(const PatchGatherPlan& plan, const at::Tensor& stored
   const int64_t* va = plan.valid.data_ptr<int64_t>();
   const int64_t* ro = plan.region_origin.data_ptr<int64_t>();
   const bool cl = plan.channels_last;
+  // out is dense in its memory format: NCHW rows have unit stride along x, channels_last pixels along c.
+  TORCH_INTERNAL_ASSERT(cl ? os.c == 1 : os.w == 1, "patch_gather: unexpected output strides");
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(w * C, 1));
-  // One task per output row (b, i).
+  // One task per output row (b, i): pad outside the map, a bulk copy of the stored row inside it, then the
+  // candidate's patch laid over valid box ∩ patch extent ∩ map (compared with the stored values it replaces).
   at::parallel_for(0, B * h, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / h, i = t - b * h;
       const int64_t y = ro[2 * b] + i, x0 = ro[2 * b + 1];
-      const scalar_t* src = S + img[b] * ss.n;
+      const scalar_t* src = S + img[b] * ss.n + y * ss.h;
       scalar_t* dst = O + b * os.n + i * os.h;
-      // Patch values are used on valid box ∩ patch extent.
-      const int64_t py = po[2 * b], px = po[2 * b + 1];
-      const int64_t vy0 = std::max(va[4 * b], py), vy1 = std::min(va[4 * b + 2], py + ph);
-      const int64_t vx0 = std::max(va[4 * b + 1], px), vx1 = std::min(va[4 * b + 3], px + pw);
       const bool row_in_map = y >= 0 && y < H;
-      const bool row_in_patch = P != nullptr && y >= vy0 && y < vy1;
-      bool changed = false;
-      auto element = [&](int64_t j, int64_t c) {
-        const int64_t x = x0 + j;
-        scalar_t v;
-        if (!row_in_map || x < 0 || x >= W) {
-          v = pad;
-        } else {
-          const scalar_t s = src[c * ss.c + y * ss.h + x * ss.w];
-          if (row_in_patch && x >= vx0 && x < vx1) {
-            v = P[b * ps.n + c * ps.c + (y - py) * ps.h + (x - px) * ps.w];
-            changed |= !(v == s);
+      // Output columns [ja, jb) lie inside the map (x = x0 + j in [0, W)).
+      const int64_t ja = row_in_map ? std::min(w, std::max<int64_t>(0, -x0)) : w;
+      const int64_t jb = row_in_map ? std::max(ja, std::min(w, W - x0)) : w;
+      if (cl) {
+        for (int64_t j = 0; j < w; ++j) {
+          scalar_t* d = dst + j * os.w;
+          if (j < ja || j >= jb) {
+            std::fill(d, d + C, pad);
+          } else if (ss.c == 1) {
+            std::memcpy(d, src + (x0 + j) * ss.w, C * sizeof(scalar_t));
           } else {
-            v = s;
+            const scalar_t* s0 = src + (x0 + j) * ss.w;
+            for (int64_t c = 0; c < C; ++c) d[c] = s0[c * ss.c];
           }
         }
-        dst[j * os.w + c * os.c] = v;
-      };
-      if (cl) {
-        for (int64_t j = 0; j < w; ++j)
-          for (int64_t c = 0; c < C; ++c) element(j, c);
       } else {
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t j = 0; j < w; ++j) element(j, c);
+        for (int64_t c = 0; c < C; ++c) {
+          scalar_t* d = dst + c * os.c;
+          const scalar_t* s0 = src + c * ss.c + x0 * ss.w;
+          std::fill(d, d + ja, pad);
+          if (ss.w == 1) {
+            if (jb > ja) std::memcpy(d + ja, s0 + ja, (jb - ja) * sizeof(scalar_t));
+          } else {
+            for (int64_t j = ja; j < jb; ++j) d[j] = s0[j * ss.w];
+          }
+          std::fill(d + jb, d + w, pad);
+        }
+      }
+      // The patch: rows and columns where valid box, patch extent and map overlap.
+      bool changed = false;
+      const int64_t py = po[2 * b], px = po[2 * b + 1];
+      const int64_t vy0 = std::max(va[4 * b], py), vy1 = std::min(va[4 * b + 2], py + ph);
+      if (P != nullptr && row_in_map && y >= vy0 && y < vy1) {
+        const int64_t vx0 = std::max(va[4 * b + 1], px), vx1 = std::min(va[4 * b + 3], px + pw);
+        const int64_t j0 = std::max(ja, vx0 - x0), j1 = std::min(jb, vx1 - x0);
+        const scalar_t* prow = P + b * ps.n + (y - py) * ps.h;
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t x = x0 + j;
+          for (int64_t c = 0; c < C; ++c) {
+            const scalar_t v = prow[c * ps.c + (x - px) * ps.w];
+            scalar_t& o = dst[j * os.w + c * os.c];
+            changed |= !(v == o);
+            o = v;
+          }
+        }
       }
       row_changed[t] = changed;
     }
