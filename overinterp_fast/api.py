@@ -8,7 +8,7 @@ import torch
 from dataclasses import dataclass
 
 from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
-from .engines import Engine, check_engine, select_engine
+from .engines import Engine, check_engine, incremental_calibration, incremental_pays, select_engine
 from .exact import exact_sis
 from .incremental import IncrementalEvaluator
 from .incremental import choose as choose_incremental
@@ -288,10 +288,12 @@ def fast_sis(
         incremental: method="exact": score each candidate by recomputing only the
             part of each layer its masked feature reaches (SPEC.md section 7; the
             model is traced with torch.fx; runs on the torch model, so it takes the
-            place of ``engine``). None (default): where the model traces and the
-            estimated work is at most half a dense forward pass, unless ``engine``
-            names another engine; True: always (a clear error when the model cannot
-            be traced); False: never.
+            place of ``engine``). None (default): where the model traces and timing
+            predicts the job runs faster than on the dense engine (plans estimated at
+            more than a dense pass are not timed; jobs too small to time, or with the
+            user's ``batch_size``, go by the estimate: at most half a dense pass),
+            unless ``engine`` names another engine; True: always (a clear error when
+            the model cannot be traced); False: never.
 
     Returns:
         A list with one :class:`SISResult` per image (tensors on the CPU).
@@ -357,12 +359,19 @@ def fast_sis(
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
         pl = choose_incremental(fn, prep, incremental if engine in ("auto", "torch") else False)
+        eng = None
         if pl is not None:
-            runner.chunk = s.batch_size or pl.batch_size()
-            return exact_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection,
-                             batch_size=runner.chunk, runner=runner, progress=progress, engine="torch",
-                             evaluator=IncrementalEvaluator(pl, fn, prep, targets, runner))
-        eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
+            if incremental is None:  # auto: time it against the dense engine
+                eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
+                              exact_shape=(n, p))
+            icl = incremental_calibration(pl, fn, prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
+            if eng is None or incremental_pays(pl, icl, eng, (n, p)):
+                runner.chunk = icl.batch_size
+                return exact_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection,
+                                 batch_size=runner.chunk, runner=runner, progress=progress, engine="torch",
+                                 evaluator=IncrementalEvaluator(pl, fn, prep, targets, runner))
+        if eng is None:
+            eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
         return exact_sis(
             eng.fn,
             prep,

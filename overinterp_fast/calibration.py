@@ -196,6 +196,14 @@ def exact_calls(batch: int, images: int, features: int) -> int:
     return int((-(-r // batch)).sum())
 
 
+def exact_job_time(times: dict[int, float], batch: int, images: int, features: int) -> float:
+    """Predicted seconds of exact SIS's candidate calls at ``batch`` rows per call: the schedule's
+    call times (:func:`exact_schedule_time`) plus, per call, the job's own fixed work that the probe
+    does not see (:func:`per_call_overhead`, at least JOB_CALL_OVERHEAD_S)."""
+    extra = max(per_call_overhead(times), JOB_CALL_OVERHEAD_S)
+    return exact_schedule_time(times, batch, images, features) + extra * exact_calls(batch, images, features)
+
+
 def choose(times: dict[int, float], *, images: int | None = None, features: int | None = None) -> int:
     """The batch size to use, from measured call times {size: seconds}.
 
@@ -214,8 +222,7 @@ def choose(times: dict[int, float], *, images: int | None = None, features: int 
     sizes = [b for b in sorted(times) if b >= MIN_CHOICE] or sorted(times)
     extra = max(per_call_overhead(times), JOB_CALL_OVERHEAD_S)
     if images is not None and features is not None:
-        cost = {b: exact_schedule_time(times, b, images, features) + extra * exact_calls(b, images, features)
-                for b in sizes}
+        cost = {b: exact_job_time(times, b, images, features) for b in sizes}
     else:
         cost = {b: (times[b] + extra) / b for b in sizes}
     best = min(cost.values())

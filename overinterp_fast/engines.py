@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import tempfile
 import warnings
@@ -29,10 +30,14 @@ import torch
 from torch import nn
 
 from .batching import auto_batch_size
-from .calibration import MIN_ROWS, Calibration, calibrate, candidate_probe, disk_key, measure
+from . import incremental
+from .calibration import (MIN_ROWS, Calibration, calibrate, call_time, candidate_probe, disk_key, exact_job_time,
+                          measure)
 from .inputs import Prepared
 from .model import ModelFn
 from .onnx_backend import OnnxModel, export_onnx
+
+logger = logging.getLogger(__name__)
 
 ENGINES = ("auto", "torch", "onnxruntime", "compile")
 # auto exports to ONNX only when the torch job is predicted to take at least this long:
@@ -229,3 +234,46 @@ def select_engine(
             if ort_cal.times and _job_seconds(ort_cal, expected_rows) < _job_seconds(cal, expected_rows):
                 name, fn, cal = "onnxruntime", ort_fn, ort_cal
     return Engine(name, fn, cal.batch_size, None if cal.source == "user" else cal, verify=fn is not user)
+
+
+def incremental_calibration(pl: incremental.IncrementalPlan, user: ModelFn, prep: Prepared, targets: torch.Tensor, *,
+                            batch_size: int | None, exact_shape: tuple[int, int]) -> Calibration:
+    """The batch size of exact SIS's incremental scoring (SPEC.md section 7), measured like a dense
+    engine's (calibration.calibrate: cached per model, input shape, dtype, device and thread count;
+    jobs under calibration.MIN_ROWS rows keep the plan's element-budget size). The user's
+    ``batch_size`` wins and is not timed."""
+    if batch_size is not None:
+        return Calibration(batch_size, {}, "user", 0.0)
+    n, p = exact_shape
+    images = prep.images
+    key = (id(user.model), "incremental", tuple(images.shape[1:]), images.dtype, str(images.device),
+           images.is_contiguous(), torch.get_num_threads(), exact_shape)
+    structure = _structure(user.model)
+    return calibrate(key, incremental.probe(pl, user, prep, targets), max_rows=n * p,
+                     expected_rows=n * p * (p + 1) // 2, fallback=pl.batch_size(), images=n, features=p,
+                     disk=None if structure is None else disk_key(structure, *key[1:]))
+
+
+def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: Engine,
+                     exact_shape: tuple[int, int]) -> bool:
+    """incremental=None: whether incremental scoring is predicted to beat the dense engine on this job.
+
+    Where both were timed: the predicted time of the job's candidate calls at each one's batch
+    size (calibration.exact_job_time), the incremental side plus its base runs (one dense
+    forward pass of every image per step, N at a time). Otherwise (a job too small to
+    calibrate, or the user's batch size): the plan's estimate, at most AUTO_MAX_COST_RATIO
+    of a dense pass. Both paths give the same SIS (SPEC.md section 7); only the time differs.
+    """
+    n, p = exact_shape
+    cal = dense.calibration
+    if incr.times and cal is not None and cal.times:
+        t_incr = exact_job_time(incr.times, incr.batch_size, n, p) + float(call_time(cal.times)(n)) * p
+        t_dense = exact_job_time(cal.times, cal.batch_size, n, p)
+        pays = t_incr < t_dense
+        logger.info("overinterp_fast: incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
+                    "on" if pays else "off", t_incr, t_dense, dense.name)
+        return pays
+    pays = pl.cost_ratio <= incremental.AUTO_MAX_COST_RATIO
+    logger.info("overinterp_fast: incremental inference %s (estimated %.2fx the work of a dense pass)",
+                "on" if pays else "off", pl.cost_ratio)
+    return pays

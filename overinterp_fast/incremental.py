@@ -48,8 +48,14 @@ from .model import ModelFn
 
 logger = logging.getLogger(__name__)
 
-# Work per candidate below this fraction of a dense forward pass turns incremental=None on.
+# incremental=None: plans whose estimated work per candidate (multiply-adds) exceeds this fraction of a
+# dense forward pass are not considered; the others are timed against the dense engine (engines.py).
+AUTO_MEASURE_MAX_COST_RATIO = 1.0
+# Where nothing is timed (a job too small to calibrate, or the user's batch_size), the estimate decides:
+# on below this fraction.
 AUTO_MAX_COST_RATIO = 0.5
+# Images whose activations the timing probe stores (its rows cycle through them).
+_PROBE_IMAGES = 8
 # Candidate-state elements per call (CPU); the batch holds this many / the largest state.
 _ELEMENTS_PER_CALL = 1 << 20
 
@@ -793,7 +799,13 @@ class IncrementalEvaluator:
 
 
 def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> IncrementalPlan | None:
-    """The plan to use, or None for the dense path (incremental=None: auto; True: required)."""
+    """The plan to use or to time, or None for the dense path.
+
+    incremental=True: the plan (a clear error when the model cannot be traced); False: None;
+    None (auto): the plan where the model traces and its estimated work is at most
+    AUTO_MEASURE_MAX_COST_RATIO of a dense pass (the caller then times it against the dense
+    engine, see engines.incremental_pays), else None.
+    """
     if incremental is False:
         return None
     if incremental is None and (fn.model is None or not isinstance(fn.model, nn.Module) or prep.images.dim() != 4):
@@ -805,9 +817,32 @@ def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> Incremental
             raise ValueError(f"incremental=True, but {exc}") from None
         logger.warning("overinterp_fast: incremental inference off, dense candidates instead: %s", exc)
         return None
-    if incremental is None and pl.cost_ratio > AUTO_MAX_COST_RATIO:
+    if incremental is None and pl.cost_ratio > AUTO_MEASURE_MAX_COST_RATIO:
         logger.info("overinterp_fast: incremental inference off (estimated %.2fx the work of a dense pass)",
                     pl.cost_ratio)
         return None
     logger.debug(pl.summary())
     return pl
+
+
+def probe(pl: IncrementalPlan, fn: ModelFn, prep: Prepared, targets: torch.Tensor) -> Callable[[int], None]:
+    """probe(b): score b single-feature candidates incrementally (for calibration.measure).
+
+    The first step's candidates of up to _PROBE_IMAGES images (their activations stored
+    on the first call): row j masks feature (j * 7919) mod p of image j mod n, so the rows spread
+    over the map as a step's do (windows at the border are clipped, inside they are whole).
+    """
+    n = min(prep.images.shape[0], _PROBE_IMAGES)
+    dev = prep.images.device
+    p = prep.num_features
+    engine: list[IncrementalEngine] = []  # built on the first call: a calibration may not measure at all
+
+    def run(b: int) -> None:
+        if not engine:
+            engine.append(IncrementalEngine(pl, fn, prep, n))
+            engine[0].base(torch.arange(n, device=dev), prep.images[:n], targets[:n])
+        j = torch.arange(b, device=dev)
+        image = j % n
+        engine[0].score(image, (j * 7919) % p, targets[image])[:1].cpu()  # synchronise (CUDA)
+
+    return run

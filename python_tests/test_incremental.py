@@ -196,10 +196,16 @@ def test_untraceable_model_falls_back_with_one_log_line(caplog):
         of.fast_sis(model, images, 0.3, incremental=True)
 
 
-def test_auto_decides_by_estimated_work():
+def test_auto_considers_plans_by_estimated_work(monkeypatch):
     small = make_cnn(0)  # 5x5: a pixel reaches the whole map within two convolutions
+    ratio = incremental.plan(ModelFn(small), prepare(make_images(1))).cost_ratio
+    assert 0.5 < ratio < 1.0  # about 0.91 of a dense pass's multiply-adds
+    monkeypatch.setattr(incremental, "AUTO_MEASURE_MAX_COST_RATIO", ratio)  # at the bound: considered
+    assert incremental.choose(ModelFn(small), prepare(make_images(1)), None) is not None
+    monkeypatch.setattr(incremental, "AUTO_MEASURE_MAX_COST_RATIO", ratio - 1e-9)
     assert incremental.choose(ModelFn(small), prepare(make_images(1)), None) is None
     assert incremental.choose(ModelFn(small), prepare(make_images(1)), True) is not None
+    assert incremental.choose(ModelFn(small), prepare(make_images(1)), False) is None
     big = SmallCNN(32).double().eval()  # 32x32: a pixel reaches a few percent of each map
     pl = incremental.choose(ModelFn(big), prepare(make_images(1, h=32, w=32)), None)
     assert pl is not None and pl.cost_ratio < incremental.AUTO_MAX_COST_RATIO
@@ -223,3 +229,67 @@ def test_efficientnet_lite0_patches():
     ref = reference.sis(model, images, tau, features=patches)
     assert torch.equal(inc[0].sis, ref[0].sis)
     torch.testing.assert_close(inc[0].values, ref[0].values, rtol=1e-4, atol=1e-6)
+
+
+class _Plan:
+    def __init__(self, cost_ratio):
+        self.cost_ratio = cost_ratio
+
+
+def _dense(times):
+    from overinterp_fast.engines import Engine
+    from overinterp_fast.calibration import Calibration
+    return Engine("torch", None, 16, Calibration(16, times, "measured", 0.0) if times is not None else None, False)
+
+
+def test_incremental_pays_by_timed_job_time_including_base_runs():
+    """One image, p = 4 features: steps of 4, 3, 2, 1 candidates (10 rows, 4 calls at batch 16) plus,
+    incrementally, one dense base run per step. Times are seconds per call of 16 rows, linear below
+    (so r rows cost r / 16 of it); the fixed JOB_CALL_OVERHEAD_S per call is the same on both sides."""
+    from overinterp_fast.calibration import Calibration
+    from overinterp_fast.engines import incremental_pays
+    dense = _dense({16: 16.0})  # 1 s per row: the dense job is 10 s
+    # 0.8 s per row: 8 s of candidates + 4 base rows at 1 s = 12 s > 10 s (without the base runs it would pay)
+    assert not incremental_pays(_Plan(0.1), Calibration(16, {16: 12.8}), dense, (1, 4))
+    # 0.5 s per row: 5 s + 4 s = 9 s < 10 s
+    assert incremental_pays(_Plan(0.9), Calibration(16, {16: 8.0}), dense, (1, 4))
+    # two images: 20 candidate rows and 4 base calls of 2 rows: 0.5 s per row -> 10 + 8 = 18 < 20
+    assert incremental_pays(_Plan(0.9), Calibration(16, {16: 8.0}), dense, (2, 4))
+    assert not incremental_pays(_Plan(0.1), Calibration(16, {16: 9.6}), dense, (2, 4))  # 12 + 8 = 20, not < 20
+
+
+def test_incremental_pays_falls_back_to_the_estimate_when_nothing_was_timed():
+    from overinterp_fast.calibration import Calibration
+    from overinterp_fast.engines import incremental_pays
+    untimed = Calibration(16, {}, "fallback")
+    at = incremental.AUTO_MAX_COST_RATIO
+    for dense in (_dense(None), _dense({}), _dense({16: 16.0})):
+        assert incremental_pays(_Plan(at), untimed, dense, (1, 4))  # at the bound: on
+        assert not incremental_pays(_Plan(at + 0.01), untimed, dense, (1, 4))
+    # timed incremental but an untimed dense engine (the user's batch size): the estimate decides too
+    assert incremental_pays(_Plan(0.0), Calibration(16, {16: 1e6}), _dense(None), (1, 4))
+    assert not incremental_pays(_Plan(0.9), Calibration(16, {16: 1e-6}), _dense(None), (1, 4))
+
+
+def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypatch, caplog):
+    """A job that calibrates (calibration.MIN_ROWS lowered so a small one does): auto times both
+    paths and says so in one line; whichever it takes, and each forced, the SIS equal the reference."""
+    from overinterp_fast import api, calibration
+    calibration.clear_cache()
+    monkeypatch.setattr(calibration, "MIN_ROWS", 0)
+    model = seeded(SmallCNN(8), seed=3)
+    images = make_images(1, h=8, w=8, seed=5)
+    want = reference.sis(model, images, 0.3)
+    with caplog.at_level(logging.INFO, logger="overinterp_fast"):
+        got = of.fast_sis(model, images, 0.3)
+    lines = [r.getMessage() for r in caplog.records if "incremental inference" in r.getMessage()]
+    assert len(lines) == 1 and "timed: predicted" in lines[0], lines
+    assert_same_lists(got, want, assert_same_result)
+    used = []
+    real = api.IncrementalEvaluator
+    monkeypatch.setattr(api, "IncrementalEvaluator", lambda *a: used.append(1) or real(*a))
+    for pays in (True, False):
+        monkeypatch.setattr(api, "incremental_pays", lambda *a, pays=pays: pays)
+        used.clear()
+        assert_same_lists(of.fast_sis(model, images, 0.3), want, assert_same_result)
+        assert used == ([1] if pays else [])
