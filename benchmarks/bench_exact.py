@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import subprocess
@@ -72,7 +73,34 @@ def floor_run(model, x: torch.Tensor, candidates: int) -> None:
             torch.softmax(model(x[: candidates % batch]), 1)
 
 
-def run_config(name, n_images, device, rounds, skip_reference=False, engines=True):
+def dense_batch_size(model, images, features) -> int:
+    """The batch size fast_sis's dense torch engine runs this job at (its calibration, cached), without a run."""
+    from overinterp_fast.api import _setup
+    from overinterp_fast.engines import select_engine
+    from overinterp_fast.model import initial_predictions
+    s = _setup(model, images, 0.5, features, 0.0, "logits", None, "exact")
+    n, p = s.prep.images.shape[0], s.prep.num_features
+    with torch.inference_mode():
+        targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
+        eng = select_engine("torch", s.fn, s.prep, targets, batch_size=None, max_rows=n * p,
+                            expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
+    return eng.batch_size
+
+
+class _Decisions(logging.Handler):
+    """Collects overinterp_fast's 'incremental inference on/off (...)' lines: which path auto took."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if "incremental inference" in msg:
+            self.lines.append(msg)
+
+
+def run_config(name, n_images, device, rounds, skip_reference=False, engines=True, skip=(), warmup=True):
     model, images, features, p = make_case(name, n_images, device)
     n, size = images.shape[0], images.shape[-1]
     candidates = n * p * (p + 1) // 2
@@ -84,11 +112,18 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
                                                   engine="torch", incremental=False)
         contenders["ort"] = lambda: of.fast_sis(model, images, 0.5, features=features, progress=False,
                                                 engine="onnxruntime")
-    with torch.inference_mode():  # warm-up: kernels, allocator, calibration, the ONNX export
-        warm = {k: f() for k, f in contenders.items()}
-    engine_used = {k: r[0].engine for k, r in warm.items()}
-    of.fast_sis(model, images, 0.5, features=features, progress=False, engine="torch", incremental=False)
-    batch = calibration.LAST[0].batch_size  # what the torch engine runs at (calibrated, cached)
+    for k in skip:
+        contenders.pop(k, None)
+    decisions = _Decisions()
+    log = logging.getLogger("overinterp_fast")
+    log.addHandler(decisions)
+    log.setLevel(logging.INFO)
+    engine_used = {}
+    if warmup:  # kernels, allocator, calibration, the ONNX export (skip on configs that take minutes per run)
+        with torch.inference_mode():
+            warm = {k: f() for k, f in contenders.items()}
+        engine_used = {k: r[0].engine for k, r in warm.items()}
+    batch = dense_batch_size(model, images, features)  # what the dense torch engine runs at
     floor_batch = candidate_like_batch(images, features, batch)
     contenders["floor"] = lambda: floor_run(model, floor_batch, candidates)
     if not skip_reference:
@@ -100,10 +135,14 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
         for k in names[r % len(names):] + names[: r % len(names)]:
             t, outputs[k] = timed(contenders[k], device)
             times[k].append(t)
+            print(f"  {name} round {r} {k:<10} {t:9.2f} s", file=sys.stderr, flush=True)
     best = {k: min(v) for k, v in times.items()}
+    log.removeHandler(decisions)
+    engine_used = engine_used or {k: outputs[k][0].engine for k in outputs if k not in ("floor", "reference")}
     row = {
         "config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
         "batch_size": batch, "rounds": rounds, "times_s": times, "engine_used": engine_used,
+        "auto_decisions": sorted(set(decisions.lines)), "warmup": warmup,
         "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
         "fast_candidates_per_s": candidates / best["fast"], "floor_candidates_per_s": candidates / best["floor"],
     }
@@ -115,7 +154,8 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
         ref = outputs["reference"]
         row.update(reference_s=best["reference"], speedup_vs_reference=best["reference"] / best["fast"],
                    same_order=all(torch.equal(a.order, b.order) for a, b in zip(outputs["fast"], ref)))
-        row["incr_speedup_vs_reference"] = best["reference"] / best["incr"]
+        if "incr" in best:
+            row["incr_speedup_vs_reference"] = best["reference"] / best["incr"]
         for k in ("fast", "torch", "ort", "incr"):
             if k in outputs:
                 row[f"{k}_same_sis_as_reference"] = all(
@@ -211,6 +251,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; minima are reported (default 3)")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--no-engines", action="store_true", help="skip the engine='torch'/'onnxruntime' columns")
+    ap.add_argument("--skip", nargs="*", default=(), choices=["incr"],
+                    help="contenders not to time (e.g. incr: on long configs where the default runs incrementally)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="no untimed first run of each contender (configs of minutes per run; the first timed "
+                         "round then includes calibration, as a user's first call does)")
     ap.add_argument("--cold", action="store_true", help="the cold single-image case instead (fresh process per run)")
     ap.add_argument("--cold-size", type=int, default=24, help="--cold: image side (default 24, as issue 11)")
     ap.add_argument("--cold-contenders", nargs="*", default=None, choices=list(COLD_CONTENDERS))
@@ -228,15 +273,18 @@ def main():
             f"{'ref/incr':>9}{'ref/ort':>8}{'incr SIS':>9}{'engine':>13}")
     print(head)
     for name in names:
-        row = run_config(name, args.images, device, args.rounds, args.no_reference, not args.no_engines)
+        row = run_config(name, args.images, device, args.rounds, args.no_reference, not args.no_engines, args.skip,
+                         not args.no_warmup)
         rows.append(row)
         print(f"{name:<14}{row['images']:>3}{row['features']:>6}{row['candidates']:>9}{row['batch_size']:>6}"
-              f"{row['fast_s']:>9.2f}{row['incr_s']:>9.2f}{row.get('torch_s', math.nan):>9.2f}"
+              f"{row['fast_s']:>9.2f}{row.get('incr_s', math.nan):>9.2f}{row.get('torch_s', math.nan):>9.2f}"
               f"{row.get('ort_s', math.nan):>9.2f}{row['floor_s']:>9.2f}{row.get('reference_s', math.nan):>9.2f}"
-              f"{row['fast_over_floor']:>11.3f}{row['incr_over_floor']:>11.3f}{row.get('ort_over_floor', math.nan):>10.3f}"
+              f"{row['fast_over_floor']:>11.3f}{row.get('incr_over_floor', math.nan):>11.3f}{row.get('ort_over_floor', math.nan):>10.3f}"
               f"{row.get('speedup_vs_reference', math.nan):>9.2f}{row.get('incr_speedup_vs_reference', math.nan):>9.2f}"
               f"{row.get('ort_speedup_vs_reference', math.nan):>8.2f}"
               f"{str(row.get('incr_same_sis_as_reference', '-')):>9}{row['engine_used']['fast']:>13}", flush=True)
+        for line in row["auto_decisions"]:
+            print(f"  auto: {line}", flush=True)
     out = write_results("exact", device, rows, args.out)
     print(f"wrote {out}")
 
