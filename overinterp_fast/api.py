@@ -89,11 +89,14 @@ def _passes(criterion: str, thresholds: list[float]):
 
 
 REFINE = (True, False, "boundary")
+REFINE_BUDGET = 1000  # refine=True: the most pruning queries per image by default (see README, minimal pixel sets)
 
 
-def _check_refine(refine) -> None:
+def _check_refine(refine, budget=None) -> None:
     if not any(refine is r or (isinstance(refine, str) and refine == r) for r in REFINE):
         raise ValueError(f"refine must be True, False or 'boundary', got {refine!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"refine_budget must be an int >= 0 or None, got {budget!r}")
 
 
 def _check_pixels(s: _Setup, what: str) -> None:
@@ -167,6 +170,7 @@ def sufficient_subset(
     batch_size: int | None = None,
     engine: str = "auto",
     refine: bool | str = False,
+    refine_budget: int | None = REFINE_BUDGET,
 ) -> list[SISResult]:
     """Turn any ranking (saliency map, gradients, responsibility) into a sufficient set: batched FindSIS.
 
@@ -183,6 +187,9 @@ def sufficient_subset(
             ``step`` unused), pruned to a 1-minimal set (removing any one feature breaks
             the criterion; ``size_before_refine``, ``refine_queries`` report it).
             "boundary": the feature-exact boundary prefix only (no pruning).
+        refine_budget: refine=True: the most pruning queries per image (None: no limit).
+            ``SISResult.minimal`` is True when the set is certified 1-minimal, False when
+            the budget ran out first (the set passes and is smaller, but not certified).
 
     Returns:
         One :class:`SISResult` per image: ``order`` the features by descending
@@ -192,7 +199,7 @@ def sufficient_subset(
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be a positive int, got {step!r}")
     check_engine(engine)
-    _check_refine(refine)
+    _check_refine(refine, refine_budget)
     s = _setup(model, images, threshold, features, mask_value, outputs, batch_size, "exact")
     n, p = s.prep.images.shape[0], s.prep.num_features
     if not isinstance(ranking, torch.Tensor) or ranking.shape[0] != n or ranking[0].numel() != p:
@@ -208,7 +215,8 @@ def sufficient_subset(
                       measure_fn="score_and_top1")
         evaluator, verifier = _evaluators(s, eng, targets)
         return extract_sets(evaluator, s.prep, targets, scores0, lambda present: (scores, None), passes, step,
-                            False, s.thresholds, verifier=verifier, engine=eng.name, refine=refine)
+                            False, s.thresholds, verifier=verifier, engine=eng.name, refine=refine,
+                            refine_budget=refine_budget)
 
 
 def fast_sis(
@@ -231,6 +239,7 @@ def fast_sis(
     seed: int = 0,
     engine: str = "auto",
     refine: bool | str = True,
+    refine_budget: int | None = REFINE_BUDGET,
     incremental: bool | None = None,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
@@ -280,8 +289,11 @@ def fast_sis(
             ``SISResult.engine`` says which engine scored the candidates.
             method="gradient" runs torch ("auto" or "torch" only).
         refine: method="responsibility": True (default): a pixel-exact boundary prefix of
-            the ranking, pruned to a 1-minimal set (removing any one pixel breaks the
-            criterion; costs at least one query per pixel of the result). "boundary": the
+            the ranking, pruned towards a 1-minimal set (removing any one pixel breaks the
+            criterion). Certifying 1-minimality costs at least one query per pixel of the
+            result, so the pruning stops after ``refine_budget`` queries per image (default
+            1000; None: no limit); ``SISResult.minimal`` says whether the set is certified
+            1-minimal (True) or the budget ran out first (False). "boundary": the
             pixel-exact boundary prefix only (about 2 log2(size) queries; not 1-minimal).
             False: ReX's extraction (the first passing prefix in steps of 10).
             ReX-faithful: ``iterations=20, refine=False``.
@@ -306,7 +318,8 @@ def fast_sis(
     method="responsibility", ``order`` ranks the pixels by responsibility,
     ``values`` holds it, ``sis``/``mask`` is the minimal pixel set, ``queries``,
     ``extraction_queries`` and ``refine_queries`` the forward passes of the maps, of the
-    prefix search and of the pruning, ``size_before_refine`` the prefix size before it.
+    prefix search and of the pruning, ``size_before_refine`` the prefix size before it,
+    ``minimal`` whether the pruning certified the set 1-minimal.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -315,7 +328,7 @@ def fast_sis(
         autocast_dtype = check_autocast(autocast)
     if method == "responsibility":
         check_responsibility_options(1 if iterations == "auto" else iterations, 10, 10, seed)
-        _check_refine(refine)
+        _check_refine(refine, refine_budget)
     check_engine(engine)
     if incremental not in (None, True, False):
         raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
@@ -355,7 +368,7 @@ def fast_sis(
                 return maps.view(maps.shape[0], -1), queries
 
             return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds,
-                                verifier=verifier, engine=eng.name, refine=refine)
+                                verifier=verifier, engine=eng.name, refine=refine, refine_budget=refine_budget)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
         pl = choose_incremental(fn, prep, incremental if engine in ("auto", "torch") else False)

@@ -35,13 +35,16 @@ def refined_sets(
     passes: Callable[[int, float, bool], bool],
     starts: list[int | None] | None = None,
     prune: bool = True,
-) -> tuple[list[tuple[torch.Tensor, int, float] | None], list[int], list[int]]:
+    budget: int | None = None,
+) -> tuple[list[tuple[torch.Tensor, int, float, bool | None] | None], list[int], list[int]]:
     """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set
-    (``prune=False``: the boundary prefix itself).
+    (``prune=False``: the boundary prefix itself). ``budget``: the most pruning queries per row (None: no
+    limit); a row that runs out keeps the smaller, still passing set it reached, not certified 1-minimal.
 
     Returns:
-        (per row (the set's features in ranking order, the boundary prefix size, f on the set)
-        or None when even the whole row fails; queries of the boundary search per row; of the pruning).
+        (per row (the set's features in ranking order, the boundary prefix size, f on the set, whether
+        the set is certified 1-minimal: None without pruning) or None when even the whole row fails;
+        queries of the boundary search per row; of the pruning).
     """
     hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes, starts)
     rows = [r for r, h in enumerate(hits) if h is not None]
@@ -49,7 +52,7 @@ def refined_sets(
     q_prune = [0] * len(images)
     if not prune:
         for r in rows:
-            out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1])
+            out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1], None)
         return out, q_boundary, q_prune
     if not rows:
         return out, q_boundary, q_prune
@@ -60,12 +63,13 @@ def refined_sets(
     orders = [torch.argsort(pos[r])[: hits[r][0]].flip(0).tolist() for r in rows]  # least responsible first
     # the boundary's predecessor (prefix k - 1) failed: removing the last pixel is known to fail
     known = [o[0] if hits[r][0] >= 2 else None for o, r in zip(orders, rows)]
-    pruned, f, q = prune_to_minimal(evaluator, sets, orders, [images[r] for r in rows],
-                                    [hits[r][1] for r in rows], lambda j, fj, tj: passes(rows[j], fj, tj), known)
+    pruned, f, q, certified = prune_to_minimal(evaluator, sets, orders, [images[r] for r in rows],
+                                               [hits[r][1] for r in rows], lambda j, fj, tj: passes(rows[j], fj, tj),
+                                               known, budget)
     for j, r in enumerate(rows):
         keep = pruned[j]
         ranked = torch.argsort(pos[r])[: hits[r][0]]
-        out[r] = (ranked[keep[ranked]].cpu(), hits[r][0], f[j])
+        out[r] = (ranked[keep[ranked]].cpu(), hits[r][0], f[j], certified[j])
         q_prune[r] = q[j]
     return out, q_boundary, q_prune
 
@@ -83,6 +87,7 @@ def extract_sets(
     verifier: CandidateEvaluator | None = None,
     engine: str = "torch",
     refine: bool | str = False,
+    refine_budget: int | None = None,
 ) -> list[SISResult]:
     """Per image, a sufficient set from its ranking.
 
@@ -90,7 +95,9 @@ def extract_sets(
     passes (ReX's extraction). refine=True: a pixel-exact boundary prefix
     (:func:`~overinterp_fast.prefix.boundary_prefix`), pruned to a 1-minimal set
     (:func:`~overinterp_fast.minimal.prune_to_minimal`, least-ranked features first).
-    refine="boundary": the pixel-exact boundary prefix, not pruned.
+    refine="boundary": the pixel-exact boundary prefix, not pruned. ``refine_budget``: the most
+    pruning queries per image and round (None: no limit); ``SISResult.minimal`` says whether
+    the pruning finished (the set is certified 1-minimal) or ran out of budget.
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
     (scores float [N, p], queries per image or None[, per image a set size to start the
@@ -121,10 +128,10 @@ def extract_sets(
         if refine:
             warm = None if starts is None else [starts[i] for i in active]
             refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes, warm,
-                                                           prune=refine is True)
+                                                           prune=refine is True, budget=refine_budget)
             if verifier is not None:
                 refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes,
-                                          prune=refine is True)
+                                          prune=refine is True, budget=refine_budget)
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
             counted = CountingEvaluator(evaluator, n)
@@ -157,6 +164,7 @@ def extract_sets(
                     extraction_queries=extraction[r],
                     size_before_refine=None if hit is None or not refine else hit[0],
                     refine_queries=refinement[r] if refine else None,
+                    minimal=None if hit is None or not refine else refined[r][3],
                 )
             )
             if collection and found is not None and 0 < found.numel() < counts[r]:
@@ -191,7 +199,8 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
     return out
 
 
-def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True) -> list:
+def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True,
+                    budget=None) -> list:
     """Check each refined set on the user's model; a row whose set fails there is refined again on it.
 
     Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
@@ -213,13 +222,13 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     for j, (r, fj, tj) in enumerate(zip(todo, f.tolist(), top1.tolist())):
         refinement[r] += 1
         if rows_pass(r, fj, tj):
-            out[r] = (refined[r][0], refined[r][1], fj)
+            out[r] = (refined[r][0], refined[r][1], fj, refined[r][3])
         else:
             again.append(r)
     if again:
         redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
                                       [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
-                                      prune=prune)
+                                      prune=prune, budget=budget)
         for k, r in enumerate(again):
             out[r] = redo[k]
             extraction[r] += q_b[k]

@@ -32,6 +32,10 @@ class SISResult:
             passes of the prefix search (refine=False: steps of 10; refine=True: the boundary search).
         size_before_refine: with refine=True, the boundary prefix size before pruning (None otherwise).
         refine_queries: with refine=True, the forward passes the pruning took (None otherwise).
+        minimal: with refine=True, True when the set is certified 1-minimal (the pruning
+            saw every kept feature's removal fail), False when the pruning ran out of its
+            query budget first (the set passes and is no larger than the boundary prefix,
+            but a single feature may still be removable); None otherwise.
         score: f of the input this round started from (for round 1: the unmasked image).
         threshold: the threshold used.
         collection: with ``collection=True``, every disjoint SIS of the image in the
@@ -56,6 +60,7 @@ class SISResult:
     extraction_queries: int | None = field(default=None)
     size_before_refine: int | None = field(default=None)
     refine_queries: int | None = field(default=None)
+    minimal: bool | None = field(default=None)
 
     @property
     def total_queries(self) -> int | None:

@@ -64,6 +64,7 @@ def test_planted_patch_mps_is_inside_and_one_minimal(rows, cols):
         assert r.sis is not None and r.target == 0
         assert (r.mask & inside).sum() >= 0.95 * r.mask.sum()
         assert_one_minimal(model, img, r.mask, r.target)
+        assert r.minimal is True  # the default budget covers these small sets
         assert r.size <= r.size_before_refine and r.refine_queries > 0 and r.extraction_queries > 0
         assert r.total_queries == r.queries + r.extraction_queries + r.refine_queries
 
@@ -78,6 +79,30 @@ def test_refine_false_is_rex_extraction_and_refine_true_shrinks_it():
         assert torch.equal(a.order, b.order)  # the same ranking
         assert b.size < a.size
         assert_one_minimal(model, img, b.mask, b.target)
+
+
+def test_refine_budget_stops_the_pruning_and_says_so():
+    """A large planted patch: certifying 1-minimality takes more queries than a small budget allows. With the
+    budget the set still passes, is no larger than the boundary prefix and is marked not minimal; without a
+    budget it is 1-minimal (checked pixel by pixel) and marked so."""
+    rows, cols = slice(2, 14), slice(4, 20)
+    model = PatchReader(rows, cols, need=0.5).eval()
+    x = 0.5 + torch.rand(2, 3, 16, 24, generator=torch.Generator().manual_seed(11))
+    kw = dict(method="responsibility", iterations=3)
+    capped = of.fast_sis(model, x, refine_budget=7, **kw)
+    free = of.fast_sis(model, x, refine_budget=None, **kw)
+    none = of.fast_sis(model, x, refine_budget=0, **kw)
+    boundary = of.fast_sis(model, x, refine="boundary", **kw)
+    for img, c, f, z, b in zip(x, capped, free, none, boundary):
+        assert b.minimal is None and f.size > 7  # more pixels than the capped run may test
+        assert c.minimal is False and c.refine_queries <= 7 and top1_on(model, img, c.mask) == c.target
+        assert c.size <= c.size_before_refine == b.size
+        assert z.minimal is False and z.refine_queries == 0 and torch.equal(z.mask, b.mask)
+        assert f.minimal is True and f.refine_queries > 7
+        assert_one_minimal(model, img, f.mask, f.target)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="refine_budget"):
+            of.fast_sis(model, x, refine_budget=bad, **kw)
 
 
 def test_refine_boundary_is_the_exact_boundary_prefix():
