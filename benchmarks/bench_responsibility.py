@@ -231,8 +231,8 @@ def main():
                     help="ReX's batch_size (14: a box's 14 mutants per run; 1: ReX's default)")
     ap.add_argument("--rex-venv", default=REX_VENV)
     ap.add_argument("--refine", choices=("true", "boundary"), default="true",
-                    help="ours: refine=True (1-minimal, the default; at least one query per MPS pixel) or "
-                         "refine='boundary' (the pixel-exact boundary prefix)")
+                    help="ours: refine=True (the default: pruned towards 1-minimal within refine_budget queries) "
+                         "or refine='boundary' (the pixel-exact boundary prefix)")
     ap.add_argument("--faithful", action="store_true", help="also ours with iterations=20, refine=False")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-module reference run")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process cold case")
@@ -315,7 +315,7 @@ def main():
             "ours_queries": r.total_queries, "ours_descent_queries": r.queries,
             "ours_extraction_queries": r.extraction_queries, "ours_refine_queries": r.refine_queries,
             "ours_mps_pixels": r.size, "ours_mps_fraction": r.size / p,
-            "ours_size_before_refine": r.size_before_refine,
+            "ours_size_before_refine": r.size_before_refine, "ours_certified_minimal": r.minimal,
             "ours_sis_score": r.sis_score, "ours_passes_on_model": ok[i],
             "ours_dice_to_rex": statistics.mean(dice(m, r.mask.numpy()) for m in rex_masks),
             "ours_mps_pixels_by_seed": [run["results"][i].size for run in ours_runs],

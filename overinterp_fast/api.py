@@ -368,7 +368,8 @@ def fast_sis(
                 return maps.view(maps.shape[0], -1), queries
 
             return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds,
-                                verifier=verifier, engine=eng.name, refine=refine, refine_budget=refine_budget)
+                                verifier=verifier, engine=eng.name, refine=refine, refine_budget=refine_budget,
+                                refine_scan=10)
     with torch.inference_mode():
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
         pl = choose_incremental(fn, prep, incremental if engine in ("auto", "torch") else False)

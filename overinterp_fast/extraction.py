@@ -36,17 +36,36 @@ def refined_sets(
     starts: list[int | None] | None = None,
     prune: bool = True,
     budget: int | None = None,
+    scan: int | None = None,
 ) -> tuple[list[tuple[torch.Tensor, int, float, bool | None] | None], list[int], list[int]]:
     """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set
     (``prune=False``: the boundary prefix itself). ``budget``: the most pruning queries per row (None: no
     limit); a row that runs out keeps the smaller, still passing set it reached, not certified 1-minimal.
+
+    The boundary: with ``scan`` (an int), the first passing prefix of sizes scan, 2 scan, ... (ReX's
+    extraction: on a criterion that is far from monotone, as the top-1 class of a large model over
+    prefix sizes, this finds the first passing window, which an exponential search jumps over),
+    then bisection inside that last step; without, an exponential search from ``starts``
+    (:func:`~overinterp_fast.prefix.boundary_prefix`, about 2 log2(k) queries).
 
     Returns:
         (per row (the set's features in ranking order, the boundary prefix size, f on the set, whether
         the set is certified 1-minimal: None without pruning) or None when even the whole row fails;
         queries of the boundary search per row; of the pruning).
     """
-    hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes, starts)
+    if scan:
+        counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
+        sizes = [list(range(scan, c, scan)) + [c] if c else [] for c in counts]
+        first = first_passing_prefix(counted, pos, images, sizes, passes)
+        scanned = [counted.counts[i] for i in images]  # one row per image
+        brackets = [None if h is None else (sizes[r][h[0] - 1] if h[0] else 0, sizes[r][h[0]], h[1])
+                    for r, h in enumerate(first)]
+        hits, q_boundary = boundary_prefix(evaluator, pos, images, [c if b else 0 for c, b in zip(counts, brackets)],
+                                           passes, brackets=brackets)
+        hits = [None if b is None else h for h, b in zip(hits, brackets)]
+        q_boundary = [a + b for a, b in zip(scanned, q_boundary)]
+    else:
+        hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes, starts)
     rows = [r for r, h in enumerate(hits) if h is not None]
     out: list[tuple[torch.Tensor, int, float] | None] = [None] * len(images)
     q_prune = [0] * len(images)
@@ -88,6 +107,7 @@ def extract_sets(
     engine: str = "torch",
     refine: bool | str = False,
     refine_budget: int | None = None,
+    refine_scan: int | None = None,
 ) -> list[SISResult]:
     """Per image, a sufficient set from its ranking.
 
@@ -97,7 +117,9 @@ def extract_sets(
     (:func:`~overinterp_fast.minimal.prune_to_minimal`, least-ranked features first).
     refine="boundary": the pixel-exact boundary prefix, not pruned. ``refine_budget``: the most
     pruning queries per image and round (None: no limit); ``SISResult.minimal`` says whether
-    the pruning finished (the set is certified 1-minimal) or ran out of budget.
+    the pruning finished (the set is certified 1-minimal) or ran out of budget. ``refine_scan``:
+    with refine=True, the boundary is found by a scan in steps of ``refine_scan`` and bisection
+    inside the last step (see :func:`refined_sets`); None: by exponential search.
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
     (scores float [N, p], queries per image or None[, per image a set size to start the
@@ -128,10 +150,12 @@ def extract_sets(
         if refine:
             warm = None if starts is None else [starts[i] for i in active]
             refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes, warm,
-                                                           prune=refine is True, budget=refine_budget)
+                                                           prune=refine is True, budget=refine_budget,
+                                                           scan=refine_scan if refine is True else None)
             if verifier is not None:
                 refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes,
-                                          prune=refine is True, budget=refine_budget)
+                                          prune=refine is True, budget=refine_budget,
+                                          scan=refine_scan if refine is True else None)
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
             counted = CountingEvaluator(evaluator, n)
@@ -200,7 +224,7 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
 
 
 def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True,
-                    budget=None) -> list:
+                    budget=None, scan=None) -> list:
     """Check each refined set on the user's model; a row whose set fails there is refined again on it.
 
     Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
@@ -228,7 +252,7 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     if again:
         redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
                                       [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
-                                      prune=prune, budget=budget)
+                                      prune=prune, budget=budget, scan=scan)
         for k, r in enumerate(again):
             out[r] = redo[k]
             extraction[r] += q_b[k]

@@ -149,6 +149,7 @@ def boundary_prefix(
     counts: list[int],
     passes: Callable[[int, float, bool], bool],
     starts: list[int | None] | None = None,
+    brackets: list[tuple[int, int, float] | None] | None = None,
 ) -> tuple[list[tuple[int, float] | None], list[int]]:
     """For each row, a pixel-exact boundary of its ranking: a passing prefix size k whose k - 1 fails.
 
@@ -162,6 +163,8 @@ def boundary_prefix(
     without a query (a pruning pass finds out).
 
     Args: as :func:`first_passing_prefix`, with ``counts[r]`` the row's largest size.
+        brackets: per row, (lo, hi, f on hi) with prefix lo known to fail and hi to pass (e.g. the
+            last two sizes of a scan): only the bisection between them runs. None: search.
 
     Returns:
         (per row (k, f on prefix k) or None when even ``counts[r]`` fails, queries per row).
@@ -174,8 +177,12 @@ def boundary_prefix(
                                                                                        starts[r] // 32)
         for r in range(n) if counts[r] > 0
     }
+    for r, b in enumerate(brackets or []):
+        if b is not None and r in state:
+            st = state[r]
+            st.lo, st.hi, st.f_hi, st.phase = b[0], b[1], b[2], "bisect"
     queries = [0] * n
-    todo = sorted(state)
+    todo = sorted(r for r in state if state[r].hi is None or state[r].hi - state[r].lo > 1)
     while todo:
         rows, sizes = [], []
         for r in todo:

@@ -105,6 +105,38 @@ def test_refine_budget_stops_the_pruning_and_says_so():
             of.fast_sis(model, x, refine_budget=bad, **kw)
 
 
+class CountWindows(nn.Module):
+    """Class 0 wins when the number of unmasked pixels lies in [30, 40) or is at least 200: a criterion far
+    from monotone in the prefix size, whatever the ranking."""
+
+    def forward(self, x):
+        c = (x[:, 0] != 0).flatten(1).sum(1)
+        s = (((c >= 30) & (c < 40)) | (c >= 200)).float() * 2 - 1
+        return torch.stack([s, torch.zeros_like(s)], 1)
+
+
+def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
+    """refine=True finds the first passing window in steps of 10 (ReX's extraction; here sizes 30..39) and the
+    exact boundary inside the last step (30); an exponential search (refine="boundary") jumps over that window
+    (10, 20, 40, 80, 160 fail, 320 passes) and bisects down to 200."""
+    model = CountWindows().eval()
+    x = 0.5 + torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    kw = dict(method="responsibility", iterations=2)
+    scanned = of.fast_sis(model, x, refine_budget=0, **kw)
+    rex = of.fast_sis(model, x, refine=False, **kw)
+    jump = of.fast_sis(model, x, refine="boundary", **kw)
+    for s, r, j in zip(scanned, rex, jump):
+        assert r.size == 30 and s.size_before_refine == s.size == 30 and j.size == 200
+        assert torch.equal(s.sis, s.order[:30]) and s.minimal is False
+        # the scan: sizes 10, 20 (first round of 2 on a CPU), then 30, 40, 50, 60 (a round of 4); the bisection
+        # of (20, 30]: 25, 27, 28, 29 (all fail)
+        assert s.extraction_queries == 6 + 4
+    pruned = of.fast_sis(model, x, refine_budget=None, **kw)
+    for img, r in zip(x, pruned):
+        assert r.size == 30 and r.minimal is True  # every single removal leaves 29 pixels: fails
+        assert_one_minimal(model, img, r.mask, r.target)
+
+
 def test_refine_boundary_is_the_exact_boundary_prefix():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(3, h=12, w=12, seed=4, dtype=torch.float32)
