@@ -140,6 +140,8 @@ def test_check_feature_map_forms():
     assert p == 2 and fm.tolist() == full.tolist()
     fm, p = inputs.check_feature_map(torch.zeros(1, dtype=torch.int64), shape)  # one feature for all
     assert p == 1 and fm.shape == shape and not fm.any()
+    fm, p = inputs.check_feature_map(torch.tensor(0), shape)  # a 0-d map too
+    assert p == 1 and fm.shape == shape and not fm.any()
     # a [1, ...] map that is not [1, *D] is broadcast as it is (not its first index taken)
     fm, p = inputs.check_feature_map(torch.tensor([[0, 1, 2]]), shape)
     assert p == 3 and fm.tolist() == [[[0, 1, 2]] * 2] * 2
@@ -156,6 +158,9 @@ def test_check_mask_value_numbers():
     assert b.dtype == torch.float64 and bool((b == 0.5).all())
     b = inputs.check_mask_value(np.float64(0.25), torch.zeros(3, 4, dtype=torch.float16))
     assert b.shape == (1, 4) and b.dtype == torch.float16 and b.tolist() == [[0.25] * 4]
+    # a number becomes a baseline on the images' device (meta: a second device on any machine)
+    b = inputs.check_mask_value(3, torch.zeros(2, 3, device="meta"))
+    assert b.device.type == "meta" and b.shape == (1, 3)
     for bad in (float("inf"), float("nan"), -float("inf")):
         with pytest.raises(ValueError, match=whole(f"mask_value must be finite, got {bad}")):
             inputs.check_mask_value(bad, x)
@@ -189,6 +194,13 @@ def test_check_mask_value_tensors():
     # N = 1: a [1, *D] baseline is the one image's baseline
     b = inputs.check_mask_value(per[:1], x[:1])
     assert b.shape == (1, 3, 2, 2) and b.tolist() == per[:1].tolist()
+    # N = 1 and a [1, C, 1, 1] baseline: broadcast over the pixels
+    b = inputs.check_mask_value(torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1), x[:1])
+    assert b.shape == (1, 3, 2, 2) and b[0, :, 1, 1].tolist() == [1.0, 2.0, 3.0]
+    # a per-image baseline of one-channel images [N, 1, H, W]
+    one = torch.arange(8, dtype=torch.float64).view(2, 1, 2, 2)
+    b = inputs.check_mask_value(one, torch.zeros(2, 1, 2, 2, dtype=torch.float64))
+    assert b.shape == (2, 1, 2, 2) and b.tolist() == one.tolist()
     # not per channel when the images are not [C, H, W]: a [E] vector broadcast over [L, E]
     b = inputs.check_mask_value(torch.tensor([5.0, 6.0, 7.0]), torch.zeros(2, 2, 3))
     assert b.shape == (1, 2, 3) and b.tolist() == [[[5.0, 6.0, 7.0], [5.0, 6.0, 7.0]]]
@@ -238,6 +250,7 @@ def test_prepare_default_and_given_features():
     assert prep.feature_map.tolist() == [[[0, 1], [2, 3]]] * 3
     assert prep.baseline.shape == (1, 3, 2, 2) and not prep.baseline.any()
     assert prep.feature_mask(torch.tensor([3, 0])).tolist() == [[True, False], [False, True]]
+    assert prep.feature_mask(torch.tensor([1])).dtype == torch.bool
     assert prep.feature_mask(torch.tensor([], dtype=torch.int64)).tolist() == [[False, False], [False, False]]
 
     prep = inputs.prepare(x, features=torch.tensor([[0, 1], [1, 0]]), mask_value=torch.tensor([1.0, 2.0, 3.0]))
