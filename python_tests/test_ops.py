@@ -494,13 +494,22 @@ def patch_gather_case(dtype=torch.float64, seed=0, channels_last=False, with_pat
     valid = torch.cat([lo, lo + torch.randint(0, 5, (b, 2), generator=g)], 1)
     valid[0] = torch.tensor([3, 3, 3, 5])  # empty box
     region_origin = patch_origin + torch.randint(-2, 2, (b, 2), generator=g)
-    if channels_last:
+    region_origin[1] = torch.tensor([0, ww])  # wholly right of the map: all padding
+    region_origin[2] = torch.tensor([-4, 1])  # wholly above it
+    if channels_last == "strided":  # neither layout: a view with x stride 2 (and a strided patch)
+        wide = torch.zeros(n, c, hh, 2 * ww, dtype=dtype)
+        wide[..., ::2] = stored
+        stored = wide[..., ::2]
+        wide_patch = torch.zeros(b, c, ph, 2 * pw, dtype=dtype)
+        wide_patch[..., ::2] = patch
+        patch = wide_patch[..., ::2]
+    elif channels_last:
         stored = stored.contiguous(memory_format=torch.channels_last)
     return stored, image, patch if with_patch else None, patch_origin, valid, region_origin, 4, 5
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.int64])
-@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("channels_last", [False, True, "strided"])
 def test_patch_gather_matches_the_loop_reference(impl, dtype, channels_last):
     counts = []
     for seed in range(3):
@@ -513,7 +522,8 @@ def test_patch_gather_matches_the_loop_reference(impl, dtype, channels_last):
             out, changed = impl("patch_gather")(stored, image, patch, po, valid, ro, h, w, pad)
             want, want_changed = patch_gather_ref(*args, pad_value=pad)
             assert out.dtype == dtype and out.shape == want.shape
-            assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+            assert out.is_contiguous(memory_format=torch.channels_last if channels_last is True
+                                     else torch.contiguous_format)
             torch.testing.assert_close(out, want, rtol=0, atol=0)
             assert changed.tolist() == want_changed.tolist()
             if with_patch:
