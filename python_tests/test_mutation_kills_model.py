@@ -65,6 +65,10 @@ def test_check_targets():
     assert M.check_targets(None, 3, 5, pred) is pred
     t = M.check_targets(1, 3, 5, pred)
     assert t.dtype == torch.int64 and t.tolist() == [1, 1, 1]
+    t = M.check_targets(torch.tensor(2, dtype=torch.int16), 3, 5, pred)  # a 0-d int16 target: int64 [N]
+    assert t.dtype == torch.int64 and t.tolist() == [2, 2, 2]
+    t = M.check_targets([1, 2, 3], 3, 5, pred.to("meta"))  # on the predictions' device
+    assert t.device.type == "meta" and t.dtype == torch.int64
     t = M.check_targets([0, 4, 2], 3, 5, pred)
     assert t.dtype == torch.int64 and t.tolist() == [0, 4, 2]
     t = M.check_targets(torch.tensor([3, 1, 0], dtype=torch.int32), 3, 5, pred)
@@ -97,6 +101,29 @@ def test_model_fn_construction():
     with pytest.raises(ValueError, match=whole(
         "outputs must be one of ('logits', 'probabilities'), got 'logprobs'")):
         M.ModelFn(c, outputs="logprobs")
+
+
+def test_onnx_files_become_onnx_models(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from overinterp_fast.onnx_backend import OnnxModel
+
+    # an identity graph [n, 2] -> [n, 2], written by hand
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    path = tmp_path / "identity.onnx"
+    onnx.save(proto, str(path))
+    for given in (str(path), path):
+        fn = M.ModelFn(given)
+        assert isinstance(fn.model, OnnxModel) and fn.model.device == torch.device("cpu")
+        assert fn.forward(torch.tensor([[0.25, -1.0]])).tolist() == [[0.25, -1.0]]
+    # the device is passed on (meta: a second device on any machine)
+    assert M.ModelFn(str(path), device="meta").model.device == torch.device("meta")
 
 
 def test_check_compatible():
