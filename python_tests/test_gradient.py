@@ -135,3 +135,100 @@ def test_per_image_thresholds_gradient(cnn64, images64):
     assert_same(fast, reference.gradient_sis(cnn64, images64, rel, k=4, collection=True), collection=True)
     assert all(r.sis is not None and r.sis_score >= r.threshold for r in fast)
     assert assert_sets_sufficient(cnn64, images64, fast) == sum(len(r.collection) for r in fast)
+
+
+def test_per_image_baselines_equal_transcription():
+    """A baseline per image ([N, *D]) is indexed by the rows of each round, also when only some images go on."""
+    model = make_cnn(1, h=4, w=4)
+    images = make_images(2, h=4, w=4, seed=11)
+    base = make_images(2, h=4, w=4, seed=12) * 0.5
+    fast = of.fast_sis(model, images, 0.3, method="gradient", k=3, mask_value=base, collection=True)
+    ref = reference.gradient_sis(model, images, 0.3, k=3, mask_value=base, collection=True)
+    assert_same(fast, ref, collection=True)
+    assert len(fast[0].collection) != len(fast[1].collection)  # a round with one of the two images
+    assert assert_sets_sufficient(model, images, fast, baseline=base) == sum(len(r.collection) for r in fast)
+
+
+class _AutocastRecorder(torch.nn.Module):
+    """Logits = bias (weights 0): records, per call, (x requires grad, autocast enabled, autocast dtype)."""
+
+    def __init__(self, p, bias):
+        super().__init__()
+        self.lin = torch.nn.Linear(p, 2)
+        with torch.no_grad():
+            self.lin.weight.zero_()
+            self.lin.bias.copy_(torch.tensor(bias))
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append((x.requires_grad, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None)])
+def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
+    model = _AutocastRecorder(4, [0.3, 0.0]).eval()
+    (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, autocast=autocast)
+    backward = [c for c in model.calls if c[0]]
+    assert len(backward) == 4  # one gradient step per feature (k=1)
+    assert all(c[1] == (autocast is not None) for c in backward)
+    if dtype is not None:
+        assert all(c[2] == dtype for c in backward)
+    assert not any(c[1] for c in model.calls if not c[0])  # FindSIS and the fully masked input: full precision
+    # f during BackSelect: softmax taken in float32 of the logits rounded to the autocast dtype
+    bias0 = torch.tensor(0.3).to(dtype or torch.float32).float()
+    want = float(torch.softmax(torch.stack([bias0, torch.tensor(0.0)]), 0)[0])
+    assert r.values[:-1].tolist() == pytest.approx([want] * 3, abs=1e-7)
+    assert r.order.tolist() == [0, 1, 2, 3]  # all gradients 0: ties to the lowest id
+
+
+class _TTY:
+    """A stderr stand-in that says it is a terminal, so tqdm's disable=None shows the bar."""
+
+    def __init__(self):
+        self.text = []
+
+    def write(self, s):
+        self.text.append(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
+def test_gradient_progress_bar(monkeypatch, progress, shown):
+    import sys
+
+    tty = _TTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", k=2,
+                progress=progress)
+    text = "".join(tty.text)
+    if not shown:
+        assert text == ""
+        return
+    last = text.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("gradient SIS: 100%") and " 3/3 [" in last  # ceil(5 / 2) steps
+    assert "step/s" in last or "s/step" in last
+
+
+@pytest.mark.timeout(30)
+def test_collection_goes_on_after_a_set_of_all_but_one_feature():
+    # f = 0.75 x1 x2 x3 + 0.5 x0 (1 - x1 x2 x3): masking x0 first costs nothing (df/dx0 = 0 at x = 1), then
+    # x1, x2, x3 tie. The first SIS is {1, 2, 3} (3 of the round's 4 features); x0 alone still gives 0.5 = tau,
+    # so a second round runs on it and finds {0}.
+    def model(x):
+        p = x[:, 1] * x[:, 2] * x[:, 3]
+        f = 0.75 * p + 0.5 * x[:, 0] * (1 - p)
+        return torch.stack([f, 1 - f], 1)
+
+    for run in (of.fast_sis, reference.gradient_sis):
+        (r,) = run(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
+                   collection=True) if run is of.fast_sis else run(model, torch.ones(1, 4), 0.5, k=1,
+                                                                     outputs="probabilities", collection=True)
+        assert r.order.tolist() == [0, 1, 2, 3]
+        assert [c.sis.tolist() for c in r.collection] == [[3, 2, 1], [0]]
+        assert [c.score for c in r.collection] == [0.75, 0.5] and [c.sis_score for c in r.collection] == [0.75, 0.5]

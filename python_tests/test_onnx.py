@@ -1,5 +1,7 @@
 """The ONNX Runtime backend: same SIS as the torch model, fixed batch dimensions, clear errors."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -326,3 +328,253 @@ def test_onnx_runtime_out_of_memory_halves_the_batch(cnn32, onnx_path):
 def test_single_onnx_image_without_batch_dimension(onnx_path):
     with pytest.raises(ValueError, match=r"images must have a batch dimension: pass images\[None\]"):
         of.fast_sis(onnx_path, make_images(1, dtype=torch.float32)[0], 0.5)
+
+
+# ------------------------------------------- hand-built ONNX graphs: fast, exact, no torch export
+
+
+def graph_model(path, nodes, inputs, outputs, weights=()):
+    """Save an ONNX graph built with onnx.helper: inputs/outputs are (name, element type, shape) triples."""
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(nodes, "hand_built", [helper.make_tensor_value_info(*a) for a in inputs],
+                              [helper.make_tensor_value_info(*a) for a in outputs],
+                              [numpy_helper.from_array(w.numpy(), name) for name, w in weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return str(path)
+
+
+W43 = torch.tensor([[1.0, 0, -1], [0, 2, 0], [0.5, 0, 1], [0, -1, 0]])  # x [N, 4] @ W43 = logits [N, 3]
+
+
+def matmul_model(path, in_shape=("N", 4), out_shape=("N", 3)):
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    return graph_model(path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", f, list(in_shape))],
+                       [("y", f, list(out_shape))], [("w", W43)])
+
+
+def test_hand_built_model_attributes_describe_and_session_options(tmp_path):
+    import pathlib
+
+    path = matmul_model(tmp_path / "m.onnx")
+    m = OnnxModel(pathlib.Path(path))  # a PathLike
+    assert m.path == path and m.device == torch.device("cpu") and m.fixed_batch is None
+    assert (m.input.name, m.output.name, m.dtype, m.out_dtype) == ("x", "y", torch.float32, torch.float32)
+    assert m.input_shape == ["N", 4] and m._known_classes is None and m._classes() == 3
+    assert m.providers == ["CPUExecutionProvider"]
+    # the default options turn ORT's intra-op spinning off
+    assert m.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert m.describe() == (f"ONNX model {path}: input 'x' tensor(float) ['N', 4], output 'y', "
+                            "providers ['CPUExecutionProvider']")
+    x = torch.tensor([[1.0, 2, 3, 4], [0.5, -1, 0, 2]])
+    assert torch.equal(m(x), x @ W43)
+    assert torch.equal(m(x.t().contiguous().t()), x @ W43)  # a non-contiguous view of the same values
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    m2 = OnnxModel(path, ("CPUExecutionProvider",), session_options=opts)  # a tuple of providers, own options
+    assert m2.session.get_session_options().intra_op_num_threads == 1
+    with pytest.raises(Exception):  # not set: the user's options are taken as given
+        m2.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    s = OnnxModel(sess, device="cuda:1")
+    assert s.session is sess and s.path is None and s.device == torch.device("cuda", 1)
+    assert s.describe().startswith("ONNX model (session): input 'x'")
+
+
+def test_default_and_cuda_providers_by_hand(tmp_path):
+    import types
+
+    m = OnnxModel(matmul_model(tmp_path / "m.onnx"))
+    both = types.SimpleNamespace(get_available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    cpu_only = types.SimpleNamespace(get_available_providers=lambda: ["CPUExecutionProvider"])
+    assert m._default_providers(both) == ["CPUExecutionProvider"]  # cpu images
+    for device, index in (("cuda:1", 1), ("cuda", 0)):
+        m.device = torch.device(device)
+        assert m._default_providers(both) == [
+            ("CUDAExecutionProvider", {"device_id": index, "arena_extend_strategy": "kSameAsRequested"}),
+            "CPUExecutionProvider"]
+        assert m._default_providers(cpu_only) == ["CPUExecutionProvider"]
+
+
+def test_fixed_batch_of_a_hand_built_model_is_chunked_and_padded(tmp_path):
+    m = OnnxModel(matmul_model(tmp_path / "m.onnx", in_shape=(4, 4), out_shape=(4, 3)))
+    assert m.fixed_batch == 4 and m.input_shape == [4, 4]
+    x = torch.arange(36, dtype=torch.float32).view(9, 4) - 17
+    for n in (1, 3, 4, 8, 9):  # under, at, and over the fixed size, exact multiples or not
+        got = m(x[:n])
+        assert got.shape == (n, 3) and torch.equal(got, x[:n] @ W43), n
+    with pytest.raises(TypeError, match=r"^the ONNX model takes torch.float32, got torch.float64$"):
+        m(x.double())
+    assert OnnxModel(matmul_model(tmp_path / "d.onnx", in_shape=(None, 4))).fixed_batch is None
+
+
+def test_pick_and_type_errors_of_hand_built_models(tmp_path):
+    from onnx import TensorProto, helper
+
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    two_out = graph_model(tmp_path / "two_out.onnx", [helper.make_node("MatMul", ["x", "w"], ["a"]),
+                                                      helper.make_node("Add", ["a", "a"], ["b"])],
+                          [("x", f, ["N", 4])], [("a", f, ["N", 3]), ("b", f, ["N", 3])], [("w", W43)])
+    with pytest.raises(ValueError, match=r"^the ONNX model has 2 outputs \['a', 'b'\]; say which holds the "
+                                         r"logits with output_name=$"):
+        OnnxModel(two_out)
+    x = torch.tensor([[1.0, 2, 3, 4]])
+    assert torch.equal(OnnxModel(two_out, output_name="b")(x), 2 * (x @ W43))
+    assert torch.equal(OnnxModel(two_out, output_name="a", input_name="x")(x), x @ W43)
+    with pytest.raises(ValueError, match=r"^the ONNX model has no output named 'c'; its outputs are \['a', 'b'\]$"):
+        OnnxModel(two_out, output_name="c")
+    with pytest.raises(ValueError, match=r"^the ONNX model has no input named 'z'; its inputs are \['x'\]$"):
+        OnnxModel(two_out, input_name="z", output_name="a")
+    two_in = graph_model(tmp_path / "two_in.onnx", [helper.make_node("Add", ["x", "z"], ["y"])],
+                         [("x", f, ["N", 3]), ("z", f, ["N", 3])], [("y", f, ["N", 3])])
+    with pytest.raises(ValueError, match=r"^the ONNX model has 2 inputs \['x', 'z'\]; SIS needs a model with one "
+                                         r"image input$"):
+        OnnxModel(two_in)
+    int_in = graph_model(tmp_path / "int_in.onnx", [helper.make_node("Cast", ["x"], ["y"], to=f)],
+                         [("x", i64, ["N", 3])], [("y", f, ["N", 3])])
+    with pytest.raises(TypeError, match=r"^the ONNX model's input 'x' is tensor\(int64\); a float tensor is needed$"):
+        OnnxModel(int_in)
+    int_out = graph_model(tmp_path / "int_out.onnx", [helper.make_node("Cast", ["x"], ["y"], to=i64)],
+                          [("x", f, ["N", 3])], [("y", i64, ["N", 3])])
+    with pytest.raises(TypeError, match=r"^the ONNX model's output 'y' is tensor\(int64\); SIS needs float scores "
+                                        r"\(logits or probabilities\)$"):
+        OnnxModel(int_out)
+    missing = str(tmp_path / "missing.onnx")
+    with pytest.raises(FileNotFoundError, match=rf"^no ONNX model at {missing!r}$"):
+        OnnxModel(missing)
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("not a model")
+    with pytest.raises(ValueError, match=rf"^{str(bad)!r} could not be loaded as an ONNX model: ") as caught:
+        OnnxModel(bad)
+    assert caught.value.__cause__ is not None
+
+
+def test_check_compatible_messages_by_hand(tmp_path):
+    from onnx import TensorProto
+
+    m = OnnxModel(matmul_model(tmp_path / "m.onnx", in_shape=("N", 4)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # cpu images on a cpu session: no warning
+        m.check_compatible(torch.zeros(2, 4))
+    with pytest.raises(TypeError, match=r"^the ONNX model's input 'x' is tensor\(float\) \(torch.float32\) but the "
+                                        r"images are torch.float64; convert the images \(e.g. "
+                                        r"images.to\(torch.float32\)\)$"):
+        m.check_compatible(torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^images must have a batch dimension: pass images\[None\] \(the ONNX "
+                                         r"model's input 'x' is \['N', 4\], the images have shape \(4,\)\)$"):
+        m.check_compatible(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^the ONNX model's input 'x' has rank 2 \['N', 4\], the images have "
+                                         r"rank 3 \(2, 4, 1\)$"):
+        m.check_compatible(torch.zeros(2, 4, 1))
+    with pytest.raises(ValueError, match=r"^the ONNX model's input 'x' expects size 4 on axis 1 \(\['N', 4\]\); "
+                                         r"the images have shape \(2, 5\)$"):
+        m.check_compatible(torch.zeros(2, 5))
+    graph_model(tmp_path / "c.onnx", [onnx.helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)],
+                [("x", TensorProto.FLOAT, [3, "C", 2, None])], [("y", TensorProto.FLOAT, [])])
+    cube = OnnxModel(str(tmp_path / "c.onnx"))
+    cube.check_compatible(torch.zeros(5, 7, 2, 9))  # the batch and the dynamic axes take any size
+    with pytest.raises(ValueError, match=r"expects size 2 on axis 2 \(\[3, 'C', 2, None\]\)"):
+        cube.check_compatible(torch.zeros(3, 7, 3, 9))
+
+
+def test_onnx_runtime_errors_by_hand(monkeypatch):
+    import builtins
+    import sys
+
+    from overinterp_fast import onnx_backend
+
+    assert onnx_backend._ort_call(lambda a, b: a - b, 5, 2) == 3
+    for text in ("Failed to allocate memory for requested buffer", "CUDA error: OUT OF MEMORY",
+                 "std::bad_alloc", "cudaErrorMemoryAllocation: whatever"):
+        def fail(text=text):
+            raise RuntimeError(f"  {text}\nsecond line")
+
+        with pytest.raises(torch.OutOfMemoryError) as caught:
+            onnx_backend._ort_call(fail)
+        assert str(caught.value) == f"ONNX Runtime could not allocate memory: {text}"
+        assert isinstance(caught.value.__cause__, RuntimeError)
+    other = RuntimeError("Invalid rank for input")
+
+    def fail_other():
+        raise other
+
+    with pytest.raises(RuntimeError) as caught:
+        onnx_backend._ort_call(fail_other)
+    assert caught.value is other
+    real_import = builtins.__import__
+
+    def no_ort(name, *args, **kw):
+        if name == "onnxruntime":
+            raise ImportError("No module named 'onnxruntime'")
+        return real_import(name, *args, **kw)
+
+    monkeypatch.delitem(sys.modules, "onnxruntime")
+    monkeypatch.setattr(builtins, "__import__", no_ort)
+    with pytest.raises(ImportError, match=r"^the ONNX backend needs onnxruntime \(pip install onnxruntime; "
+                                          r"onnxruntime-gpu >= 1.27 for CUDA\)$") as caught:
+        onnx_backend._import_ort()
+    assert isinstance(caught.value.__cause__, ImportError)
+
+
+def test_bound_run_learns_the_class_count_and_checks_the_output_shape(tmp_path):
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    dyn = OnnxModel(matmul_model(tmp_path / "dyn.onnx"))
+    for shape in (["N", "K"], ["N", 0], ["N"], ["N", 3, 1]):  # a class count only from [B, K > 0]
+        dyn.output = type("Declared", (), {"name": "y", "shape": shape})()
+        assert dyn._classes() is None, shape
+    x = torch.tensor([[1.0, 2, 3, 4], [0.5, -1, 0, 2]])
+    got = dyn._run_bound(x.t().contiguous().t().contiguous())
+    assert dyn._known_classes == 3 and dyn._classes() == 3 and torch.equal(got, x @ W43)
+    assert torch.equal(dyn._run_bound(x[:1]), x[:1] @ W43)  # known now: one bound run
+    flat = graph_model(tmp_path / "flat.onnx", [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                       [("x", f, ["N", 4])], [("y", f, ["N"])], [("axes", torch.tensor([1]))])
+    with pytest.raises(ValueError, match=r"^the ONNX model's output 'y' has shape \[2\] for a batch of 2; "
+                                         r"it must be \[B, K\]$"):
+        OnnxModel(flat)._run_bound(x)
+    transposed = graph_model(tmp_path / "t.onnx", [helper.make_node("MatMul", ["x", "w"], ["a"]),
+                                                   helper.make_node("Transpose", ["a"], ["y"], perm=[1, 0])],
+                             [("x", f, ["N", 4])], [("y", f, ["K", "N"])], [("w", W43)])
+    with pytest.raises(ValueError, match=r"has shape \[3, 2\] for a batch of 2; it must be \[B, K\]$"):
+        OnnxModel(transposed)._run_bound(x)
+
+
+class _ExportsDifferently(nn.Module):
+    """x @ W43 in torch; while traced for export, ``shift`` is added or the last logit dropped."""
+
+    def __init__(self, shift=0.0, drop=False):
+        super().__init__()
+        self.shift, self.drop = shift, drop
+
+    def forward(self, x):
+        y = x @ W43
+        if torch.jit.is_tracing() or torch.compiler.is_exporting():
+            y = y[:, :2] if self.drop else y + self.shift
+        return y
+
+
+def test_export_onnx_checks_the_export_at_batch_size_plus_one(tmp_path):
+    example = torch.tensor([[1.0, 2, 3, 1], [2, 1, 0, 0]])  # logits [2.5, 3, 2], [2, 2, -2]; probe [2, 5, 1]
+    path = export_onnx(_ExportsDifferently().eval(), tmp_path / "same.onnx", example, dynamo=False)
+    assert path == str(tmp_path / "same.onnx")
+    m = OnnxModel(path)
+    assert (m.input.name, m.output.name, m.fixed_batch, m._classes()) == ("input", "logits", None, 3)
+    x = torch.arange(20, dtype=torch.float32).view(5, 4)
+    torch.testing.assert_close(m(x), x @ W43)
+    shifted = _ExportsDifferently(shift=0.01).eval()  # off by 1e-2, over 1e-4 * |y| + 1e-5
+    with pytest.raises(ValueError, match=r"^the exported model differs from the torch model at batch size 3: "
+                                         r"max error 0.0(099|100)"):
+        export_onnx(shifted, tmp_path / "shifted.onnx", example, dynamo=False)
+    export_onnx(shifted, tmp_path / "loose.onnx", example, dynamo=False, rtol=0.1)
+    export_onnx(shifted, tmp_path / "abs.onnx", example, dynamo=False, atol=0.02)
+    export_onnx(shifted, tmp_path / "unchecked.onnx", example, dynamo=False, check=False)
+    with pytest.raises(ValueError, match=r"^the exported model differs from the torch model at batch size 3: "
+                                         r"max error shape \(3, 2\)$"):
+        export_onnx(_ExportsDifferently(drop=True).eval(), tmp_path / "drop.onnx", example, dynamo=False)
+    with pytest.raises(ValueError, match=r"^export the model in eval mode \(model.eval\(\)\)$"):
+        export_onnx(_ExportsDifferently().train(), tmp_path / "train.onnx", example, dynamo=False)

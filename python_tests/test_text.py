@@ -270,3 +270,148 @@ def test_entropy_finetune_raises_entropy_on_reduced_inputs():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the original is untouched
     with pytest.raises(ValueError, match="lam"):
         of.text.entropy_finetune(model, (seqs, labels), -1.0)
+
+
+# ---------------------------------------------------- input reduction's pieces by hand (fast; mutation kills)
+
+
+def test_reduction_options_are_checked_with_whole_messages():
+    model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
+    seq = [torch.tensor([2, 3])]
+    bad = [({"beam_size": 0}, r"beam_size must be a positive int, got 0"),
+           ({"beam_size": True}, r"beam_size must be a positive int, got True"),
+           ({"beam_size": 2.0}, r"beam_size must be a positive int, got 2.0"),
+           ({"importance": "saliency"}, r"importance must be one of \('leave_one_out', 'gradient'\), got 'saliency'"),
+           ({"pad_id": -1}, r"pad_id must be a non-negative int, got -1"),
+           ({"pad_id": False}, r"pad_id must be a non-negative int, got False"),
+           ({"pad_id": 1.0}, r"pad_id must be a non-negative int, got 1.0"),
+           ({"batch_size": 0}, r"batch_size must be a positive int or None, got 0"),
+           ({"batch_size": True}, r"batch_size must be a positive int or None, got True"),
+           ({"batch_size": 2.0}, r"batch_size must be a positive int or None, got 2.0")]
+    for kw, msg in bad:
+        with pytest.raises(ValueError, match=f"^{msg}$"):
+            of.input_reduction(model, seq, **kw)
+    for kw in ({"beam_size": 1, "pad_id": 0, "batch_size": None}, {"pad_id": 7, "batch_size": 1}):
+        (r,) = of.input_reduction(model, seq, **kw)
+        assert r.kept.tolist() == [1]
+
+
+def test_reduction_reprs_and_length():
+    model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
+    (r,) = of.input_reduction(model, [torch.tensor([2, 3])], beam_size=1)
+    assert (r.length, r.original_length) == (1, 2)
+    assert repr(r) == ("InputReduction(kept=[1], confidence=0.7311, original_confidence=0.8808, target=1, "
+                       "length 2->1, beam=1, queries=3)")
+    assert repr(r.beam[0]) == "Reduction(kept=[1], confidence=0.7311)"
+
+
+def test_reduction_pads_with_pad_id_behind_the_attention_mask():
+    seen = []
+
+    class Recording(BagOfWords):
+        def forward(self, ids, attention_mask):
+            seen.append(ids[~attention_mask].unique().tolist())
+            return super().forward(ids, attention_mask)
+
+    model = Recording([0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5]).eval()
+    of.input_reduction(model, [torch.tensor([2, 3, 2]), torch.tensor([3])], beam_size=2, pad_id=7,
+                       incremental=False)
+    assert {v for s in seen for v in s} == {7}  # every padded slot holds pad_id (weight 0.5, masked out)
+
+
+class NaNBelow(BagOfWords):
+    """BagOfWords whose logits are NaN on rows shorter than ``short`` tokens."""
+
+    def __init__(self, weights, short):
+        super().__init__(weights)
+        self.short = short
+
+    def forward(self, ids, attention_mask):
+        out = super().forward(ids, attention_mask)
+        bad = attention_mask.sum(1, keepdim=True) < self.short
+        return torch.where(bad, torch.full_like(out, float("nan")), out)
+
+    def deletion_logits(self, ids, attention_mask):
+        rows = [self(torch.cat([ids[:, :i], ids[:, i + 1:]], 1), torch.cat([attention_mask[:, :i],
+                                                                              attention_mask[:, i + 1:]], 1))
+                for i in range(ids.shape[1])]
+        return torch.stack(rows, 1)
+
+
+def test_non_finite_scores_are_refused_with_one_line():
+    seq = [torch.tensor([2, 3, 2, 3])]
+    with pytest.raises(FloatingPointError, match=r"^the model's output on the full sequences contains NaN or inf$"):
+        of.input_reduction(NaNBelow([0.0, 0.0, 1.0, 1.0], short=5).eval(), seq)
+    for incremental in (True, False):  # through deletion_logits, and through rows built one by one
+        with pytest.raises(FloatingPointError, match=r"^the model produced NaN or inf scores on reduced inputs$"):
+            of.input_reduction(NaNBelow([0.0, 0.0, 1.0, 1.0], short=4).eval(), seq, incremental=incremental)
+    with pytest.raises(FloatingPointError, match=r"^the model produced NaN or inf scores on reduced inputs$"):
+        of.input_reduction(NaNBelow([0.0, 0.0, 1.0, 1.0], short=4).eval(), seq, importance="gradient")
+
+    class NaNGradient(BagOfWords):
+        def forward(self, ids, attention_mask):
+            e = self.embedding(ids)[..., 0]
+            s = (torch.sqrt(e - 1.0) * attention_mask).sum(1)  # d sqrt(u) / du at u = 0: inf
+            return torch.stack([-s / 2, s / 2], 1)
+
+    with pytest.raises(FloatingPointError, match=r"^the model produced NaN or inf gradients$"):
+        of.input_reduction(NaNGradient([0.0, 0.0, 1.0, 2.0]).eval(), [torch.tensor([2, 3, 3])], importance="gradient")
+
+
+def test_scorer_chunks_by_tokens_or_rows():
+    from overinterp_fast.text.reduction import _Scorer
+
+    cpu = _Scorer(None, None, torch.device("cpu"))
+    assert (cpu.tokens, cpu.deletion_tokens) == (4096, 1024)
+    gpu = _Scorer(None, None, torch.device("cuda"))  # only the device type is read
+    assert (gpu.tokens, gpu.deletion_tokens) == (1 << 19, 1 << 17)
+    assert list(cpu._chunks([5, 5, 3, 1], 10)) == [(0, 2, 5), (2, 4, 3)]  # 10 // 5 rows, then 10 // 3
+    assert list(cpu._chunks([3, 3, 3], 2)) == [(0, 1, 3), (1, 2, 3), (2, 3, 3)]  # at least one row per chunk
+    assert list(cpu._chunks([0, 0], 1)) == [(0, 1, 1), (1, 2, 1)]  # width at least 1
+    assert list(cpu._chunks([2] * 3000)) == [(0, 2048, 2), (2048, 3000, 2)]  # default: 4096 tokens
+    assert list(_Scorer(None, 2, torch.device("cpu"))._chunks([5, 4, 4, 1], 100)) == [(0, 2, 5), (2, 4, 4)]
+    assert list(cpu._chunks([])) == []
+
+
+def test_delete_bit_words_and_rank_pool_by_hand():
+    from overinterp_fast.text.reduction import _bit_words, _delete, _rank_pool, _stable_order
+
+    t = torch.tensor
+    pos = t([[0, 1, 2, 3], [5, 6, 7, -1]])
+    got = _delete(pos, t([4, 3]), t([0, 0, 1, 1]), t([0, 2, 1, 2]))
+    assert got.tolist() == [[1, 2, 3], [0, 1, 3], [5, 7, -1], [5, 6, -1]]
+    assert _delete(t([[4]]), t([1]), t([0]), t([0])).tolist() == [[-1]]
+    words = _bit_words(t([[0, 61, 62, -1], [1, -1, -1, -1]]), 2)
+    assert words.tolist() == [[(1 << 61) + 1, 1 << 61], [1 << 60, 0]]
+    # keys of the order's entries: 2, 3, 1, 1 (the tied 1 and 3 keep their order)
+    assert _stable_order(t([2, 0, 1, 3]), t([3, 1, 2, 1]), True).tolist() == [0, 2, 1, 3]
+    assert _stable_order(t([2, 0, 1, 3]), t([3, 1, 2, 1]), False).tolist() == [1, 3, 2, 0]
+    # sequence 0: children 0..3 (1 and 2 are the same kept set; 2 scores higher), sequence 1: children 4, 5
+    seq = t([0, 0, 0, 0, 1, 1])
+    f = t([0.5, 0.6, 0.7, 0.7, 0.2, 0.9], dtype=torch.float64)
+    kept = t([[0, 1], [0, 2], [0, 2], [1, 2], [0, 1], [1, 2]])
+    keep = _rank_pool(seq, f, _bit_words(kept, 1), 2)
+    # ties in f (children 2 and 3) go to the lexicographically smaller kept tuple (0, 2)
+    assert keep.tolist() == [2, 3, 5, 4]
+    assert _rank_pool(seq, f, _bit_words(kept, 1), 1).tolist() == [2, 5]
+    assert _rank_pool(seq, f, _bit_words(kept, 1), 3).tolist() == [2, 3, 0, 5, 4]
+
+
+@pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
+def test_reduction_progress_bar(monkeypatch, progress, shown):
+    import sys
+
+    from test_gradient import _TTY
+
+    tty = _TTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
+    of.input_reduction(model, [torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([2, 2, 3])], beam_size=3,
+                       progress=progress)
+    text = "".join(tty.text)
+    if not shown:
+        assert text == ""
+        return
+    last = text.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("input reduction (beam 3): 100%") and " 3/3 [" in last
+    assert "seq/s" in last or "s/seq" in last
