@@ -99,7 +99,7 @@ def score_and_gradient(
 class _Round:
     """One round (BackSelect + FindSIS) of one image, host side."""
 
-    __slots__ = ("image", "order", "blocks", "values", "score", "rank")
+    __slots__ = ("image", "order", "blocks", "values", "score")
 
     def __init__(self, image: int, score: float):
         self.image = image
@@ -107,7 +107,6 @@ class _Round:
         self.blocks = [0]
         self.values: list[float] = []
         self.score = score
-        self.rank: torch.Tensor | None = None  # block index of each feature (-1: not in this round)
 
 
 def gradient_sis(
@@ -181,8 +180,6 @@ def _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar
     nb_max = max((c + k - 1) // k for c in counts)
     bar.total += nb_max
     bar.refresh()
-    rank = torch.full(pres.shape, -1, dtype=torch.int64, device=dev)
-    step = 0
     first_values = True
     while True:
         live = [a for a, c in enumerate(counts) if c > 0]
@@ -207,23 +204,18 @@ def _backselect(fn, prep, targets, present, state, k, grad_runner, autocast, bar
         feats = idx[valid]
         mask[r, feats] = 1
         pres[r, feats] = False
-        rank[r, feats] = step
         chosen = idx.cpu()
         for j, a in enumerate(live):
             st = state[a]
             st.order.append(chosen[j, : take[j]])
             st.blocks.append(st.blocks[-1] + take[j])
             counts[a] -= take[j]
-        step += 1
         bar.update(1)
     # f with every feature masked: the value after each image's last block
     with torch.no_grad():
         f_all = grad_runner.run(len(state), lambda sl: _score_masked(fn, prep, targets, rows[sl]))
     for a, v in enumerate(f_all.tolist()):
         state[a].values.append(v)
-    rank_cpu = rank.cpu()
-    for a, st in enumerate(state):
-        st.rank = rank_cpu[a]
 
 
 def _score_masked(fn, prep, targets, rows) -> torch.Tensor:

@@ -213,6 +213,17 @@ def test_gradient_progress_bar(monkeypatch, progress, shown):
     last = text.replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("gradient SIS: 100%") and " 3/3 [" in last  # ceil(5 / 2) steps
     assert "step/s" in last or "s/step" in last
+    tty.text.clear()  # two rounds (see the next test): 4 steps, then 1; the total grows with each round
+    of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
+                collection=True, progress=progress)
+    assert " 5/5 [" in "".join(tty.text).replace("\r", "\n").strip().splitlines()[-1]
+
+
+def _all_but_one_first(x):
+    """Probabilities [f, 1 - f] with f = 0.75 x1 x2 x3 + 0.5 x0 (1 - x1 x2 x3), for x [N, 4]."""
+    p = x[:, 1] * x[:, 2] * x[:, 3]
+    f = 0.75 * p + 0.5 * x[:, 0] * (1 - p)
+    return torch.stack([f, 1 - f], 1)
 
 
 @pytest.mark.timeout(30)
@@ -220,10 +231,7 @@ def test_collection_goes_on_after_a_set_of_all_but_one_feature():
     # f = 0.75 x1 x2 x3 + 0.5 x0 (1 - x1 x2 x3): masking x0 first costs nothing (df/dx0 = 0 at x = 1), then
     # x1, x2, x3 tie. The first SIS is {1, 2, 3} (3 of the round's 4 features); x0 alone still gives 0.5 = tau,
     # so a second round runs on it and finds {0}.
-    def model(x):
-        p = x[:, 1] * x[:, 2] * x[:, 3]
-        f = 0.75 * p + 0.5 * x[:, 0] * (1 - p)
-        return torch.stack([f, 1 - f], 1)
+    model = _all_but_one_first
 
     for run in (of.fast_sis, reference.gradient_sis):
         (r,) = run(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
@@ -232,3 +240,15 @@ def test_collection_goes_on_after_a_set_of_all_but_one_feature():
         assert r.order.tolist() == [0, 1, 2, 3]
         assert [c.sis.tolist() for c in r.collection] == [[3, 2, 1], [0]]
         assert [c.score for c in r.collection] == [0.75, 0.5] and [c.sis_score for c in r.collection] == [0.75, 0.5]
+
+
+def test_non_finite_score_with_a_finite_gradient_is_refused():
+    # f = 0.75 with all 4 features present, NaN as soon as one is masked; the gradient is 0 (finite) throughout
+    def model(x):
+        full = x.sum(1) > 3.5
+        f = torch.where(full, 0.75 + 0 * x.sum(1), torch.full_like(x[:, 0], float("nan")))
+        return torch.stack([f, 1 - f], 1)
+
+    with pytest.raises(FloatingPointError, match=r"^the model's score or its gradient with respect to the mask is "
+                                                 r"NaN or inf$"):
+        of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities")

@@ -1,5 +1,6 @@
 """The ONNX Runtime backend: same SIS as the torch model, fixed batch dimensions, clear errors."""
 
+import os
 import warnings
 
 import pytest
@@ -578,3 +579,13 @@ def test_export_onnx_checks_the_export_at_batch_size_plus_one(tmp_path):
         export_onnx(_ExportsDifferently(drop=True).eval(), tmp_path / "drop.onnx", example, dynamo=False)
     with pytest.raises(ValueError, match=r"^export the model in eval mode \(model.eval\(\)\)$"):
         export_onnx(_ExportsDifferently().train(), tmp_path / "train.onnx", example, dynamo=False)
+
+
+def test_export_onnx_default_uses_torch_export(tmp_path):
+    path = export_onnx(_ExportsDifferently().eval(), tmp_path / "dyn.onnx", torch.tensor([[1.0, 2, 3, 1], [2, 1, 0, 0]]))
+    assert os.listdir(tmp_path) == ["dyn.onnx"]  # weights inline: no external data file
+    m = OnnxModel(path)
+    assert (m.input.name, m.output.name, m.fixed_batch) == ("input", "logits", None)
+    for n in (1, 5):  # the batch dimension is dynamic
+        x = torch.arange(4 * n, dtype=torch.float32).view(n, 4)
+        torch.testing.assert_close(m(x), x @ W43)

@@ -8,7 +8,10 @@
 # the counts, the score and the surviving mutants. Score = detected / reached, where detected = killed
 # (a test failed) + timeout (the mutant made a test hang; pytest-timeout is off here, mutmut's own limit
 # applies) and reached = every mutant except those no selected test executes ("no tests").
-# MUTATION_DIR (default /tmp/overinterp-mutation) holds the copies; MUTATION_JOBS (default 2) workers.
+# MUTATION_DIR (default /tmp/overinterp-mutation) holds the copies; MUTATION_JOBS (default 2) workers;
+# MUTATION_TIMEOUT (default 2.0) is mutmut's timeout_multiplier: a mutant that hangs is stopped after
+# 2 x MUTATION_TIMEOUT x (the selected tests' own time + 1 s) of CPU (mutmut's default of 15 lets each
+# hanging mutant of a `while True` loop run for a quarter of an hour on a loaded machine).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -31,6 +34,7 @@ also_copy = ["python_tests/"]
 pytest_add_cli_args_test_selection = [${tests%, }]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:timeout", "-q", "-x"]
 process_isolation = "forkserver"
+timeout_multiplier = ${MUTATION_TIMEOUT:-2.0}
 TOML
 cd "$WORK"
 "$PY" -m mutmut run --max-children "${MUTATION_JOBS:-2}" > run.log 2>&1 || { tail -30 run.log; exit 1; }
