@@ -252,3 +252,50 @@ def test_non_finite_score_with_a_finite_gradient_is_refused():
     with pytest.raises(FloatingPointError, match=r"^the model's score or its gradient with respect to the mask is "
                                                  r"NaN or inf$"):
         of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities")
+
+
+def test_autocast_and_k_options_by_hand():
+    from overinterp_fast.gradient import check_autocast, check_k
+
+    for off in (None, False):
+        assert check_autocast(off) is None
+    for name, dtype in (("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("fp16", torch.float16),
+                        ("float16", torch.float16), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)):
+        assert check_autocast(name) is dtype
+    for bad in (True, torch.float32, torch.float64, "int8", 16):
+        with pytest.raises(ValueError, match=rf"^autocast must be None, 'bf16' or 'fp16', got {bad!r}$"):
+            check_autocast(bad)
+    assert check_k(1) == 1 and check_k(7) == 7
+    for bad in (0, -1, True, 2.0, "3"):
+        with pytest.raises(ValueError, match=rf"^k \(features masked per gradient step\) must be a positive int, "
+                                             rf"got {bad!r}$"):
+            check_k(bad)
+
+
+def test_top_k_present_order_by_hand():
+    from overinterp_fast.gradient import top_k_present
+
+    all_present = torch.ones(1, 4, dtype=torch.bool)
+    # float64 keeps differences float32 cannot hold: 1 + 1e-12 > 1
+    g64 = torch.tensor([[1.0, 1.0 + 1e-12, -2.0, 1.0]], dtype=torch.float64)
+    assert top_k_present(g64, all_present, 4).tolist() == [[1, 0, 3, 2]]
+    # float32: neighbouring floats (one unit in the last place apart) stay ordered, positive and negative
+    up, down = float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))), -1.0
+    g32 = torch.tensor([[1.0, up, down, float(torch.nextafter(torch.tensor(down), torch.tensor(0.0)))]])
+    assert top_k_present(g32, all_present, 4).tolist() == [[1, 0, 3, 2]]
+    # only negative gradients, all distinct: descending order of g, whatever the ids
+    neg = torch.tensor([[-3.0, -0.5, -2.0, -0.25, -1.0]])
+    present = torch.tensor([[True, True, True, False, True]])
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        assert top_k_present(neg.to(dtype), present, 4).tolist() == [[1, 4, 2, 0]], dtype
+
+
+def test_a_set_that_fails_its_own_verification_is_not_reported():
+    # f = 0.6 on batches of 2 rows (the initial pass and the backward passes of the 2 images), 0.5 on any other
+    # batch (FindSIS's packed candidates): even the full input fails when verified, so no SIS is reported
+    def model(x):
+        f = torch.full_like(x[:, 0], 0.6 if x.shape[0] == 2 else 0.5) + 0 * x.sum(1)
+        return torch.stack([f, 1 - f], 1)
+
+    res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", k=1, outputs="probabilities")
+    assert [r.score for r in res] == pytest.approx([0.6, 0.6]) and [r.sis for r in res] == [None, None]
