@@ -177,5 +177,6 @@ def test_candidate_evaluator_builds_the_candidates_by_hand():
 
     fn = ModelFn(probs, outputs="probabilities")
     ev = CandidateEvaluator(fn, prep, torch.tensor([0, 1]), runner)
+    assert ev.fn is fn and ev.prep is prep and ev.runner is runner and ev.targets.tolist() == [0, 1]
     f = ev(present, image, row, feature)
     assert f.dtype == torch.float64 and f.tolist() == pytest.approx([1 - 0.69, 0.02, 1 - 0.27], abs=1e-12)
