@@ -107,6 +107,7 @@ def test_collections_of_three_images_by_hand(monkeypatch, batch_size, chunk):
     # the bar: 3 x 21 candidates in round 1; image 0: 1 + 10 (round 2), 1 (round 3's score, which
     # then fails); image 2: 1 + 10. It ends at its total, with every candidate counted once.
     assert bar.first_total == 63 and bar.total == 63 + 11 + 1 + 11 and bar.n == bar.total and bar.closed
+    assert type(bar.first_total) is int and type(bar.total) is int  # a count of candidates, not 63.0
     assert bar.kw == {"unit": "cand", "desc": "exact SIS", "disable": None}
 
 
@@ -167,3 +168,27 @@ def test_non_finite_scores_raise(monkeypatch, collection):
         run(Dyadic(W, nan_at=0.625), images(FULL), [0.375], collection, 4, monkeypatch)
     (r,), _ = run(Dyadic(W, nan_at=0.3), images(FULL), [0.375], collection, 4, monkeypatch)
     assert r.sis.tolist() == [2, 0]  # the planted model is finite when 0.3 never occurs
+
+
+@pytest.mark.timeout(30)
+def test_default_engine_name_and_evaluator(monkeypatch):
+    # no engine, no evaluator: the CandidateEvaluator of fn, reported as "torch"
+    monkeypatch.setattr(exact, "tqdm", Bar)
+    fn = ModelFn(Dyadic(W), outputs="probabilities")
+    x = images(FULL)
+    prep = prepare(x)
+    (r,) = exact.exact_sis(fn, prep, torch.tensor([0]), torch.tensor([1.0], dtype=torch.float64), [0.375],
+                           False, 3, ChunkRunner(100, x.device), None)
+    assert r.engine == "torch" and r.sis.tolist() == [2, 0] and r.target == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_pessimistic_stand_ins_set_is_kept_not_shrunk(monkeypatch):
+    # the stand-in subtracts 0.25: its SIS {2, 0, 5} (0.375 there) gives 0.625 on the user's model, so it
+    # is kept as it is, although {2, 0} would pass there too (the check only ever adds features).
+    # Round 2 on {1, 3, 4} starts at 0.125 on the stand-in: below tau, its 3 + 2 + 1 candidates are
+    # taken off the bar.
+    (r,), bar = run(Dyadic(W), images(FULL), [0.375], True, 5, monkeypatch, stand_in=Dyadic(W, bias=-0.25))
+    assert r.values.tolist() == [0.625, 0.5, 0.375, 0.25, 0.0, -0.25]
+    assert r.sis.tolist() == [2, 0, 5] and r.sis_score == 0.625 and len(r.collection) == 1
+    assert bar.total == 21 + 1 and bar.n == bar.total and type(bar.total) is int
