@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -116,3 +118,8 @@ def assert_sets_sufficient(model, images, results, *, criterion="threshold", bas
                 assert c.sis_score == pytest.approx(f, rel=rel, abs=1e-12), f"image {i}: sis_score is not f(x_S)"
             checked += 1
     return checked
+
+
+def whole_message(msg: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern that matches exactly ``msg`` (anchored, escaped)."""
+    return "^" + re.escape(msg) + "$"

@@ -1,10 +1,15 @@
-"""ChunkRunner's out-of-memory back-off: halving, the same items re-run, memory released in the right order."""
+"""Batch sizes, ChunkRunner's out-of-memory back-off (halving, the same items re-run, memory released in the
+right order) and CandidateEvaluator, with expectations written out by hand."""
 import weakref
 
 import pytest
 import torch
 
-from overinterp_fast.batching import ChunkRunner
+from overinterp_fast.batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
+from overinterp_fast.inputs import prepare
+from overinterp_fast.model import ModelFn
+
+from conftest import whole_message as _whole
 
 
 def test_empty_cache_runs_after_the_failed_batch_is_released(monkeypatch):
@@ -37,17 +42,6 @@ def test_one_item_that_does_not_fit_raises():
 
 
 # ---------------------------------------------------------------------------- by hand, for the mutation score
-import re  # noqa: E402
-
-from overinterp_fast.batching import CandidateEvaluator, auto_batch_size, check_batch_size  # noqa: E402
-from overinterp_fast.inputs import prepare  # noqa: E402
-from overinterp_fast.model import ModelFn  # noqa: E402
-
-
-def _whole(msg):
-    return "^" + re.escape(msg) + "$"
-
-
 def test_auto_batch_size_on_the_cpu():
     # 2^17 elements per forward call, at least 16 and at most 4096 samples, at most the candidates
     assert auto_batch_size(torch.zeros(1, 3, 32, 32), 1000) == 42  # 131072 // 3072

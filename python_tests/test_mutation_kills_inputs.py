@@ -4,7 +4,6 @@ Written for the mutants that the older tests (which go through fast_sis and matc
 by a fragment) let survive: error messages are matched whole (anchored), boundaries of every
 check are probed from both sides, and the Prepared fields are compared element by element.
 """
-import re
 from fractions import Fraction
 
 import numpy as np
@@ -13,9 +12,9 @@ import torch
 
 from overinterp_fast import inputs
 
+from conftest import whole_message as whole
 
-def whole(msg: str) -> str:
-    return "^" + re.escape(msg) + "$"
+
 
 
 # ---------------------------------------------------------------------------- check_images

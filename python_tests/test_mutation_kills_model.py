@@ -6,7 +6,6 @@ planted constant outputs, and each check is probed on both sides of its conditio
 """
 import math
 import pathlib
-import re
 
 import pytest
 import torch
@@ -15,9 +14,9 @@ from torch import nn
 from overinterp_fast import model as M
 from overinterp_fast.batching import ChunkRunner
 
+from conftest import whole_message as whole
 
-def whole(msg: str) -> str:
-    return "^" + re.escape(msg) + "$"
+
 
 
 class Const(nn.Module):
