@@ -589,3 +589,44 @@ def test_export_onnx_default_uses_torch_export(tmp_path):
     for n in (1, 5):  # the batch dimension is dynamic
         x = torch.arange(4 * n, dtype=torch.float32).view(n, 4)
         torch.testing.assert_close(m(x), x @ W43)
+
+
+def test_declared_sizes_and_the_cuda_copy_warning(tmp_path):
+    import types
+
+    m = OnnxModel(matmul_model(tmp_path / "m.onnx"))
+    m.input_shape = ["N", 0, 1, "T"]  # 0 (unknown) takes any size; 1 is a real size
+    m.check_compatible(torch.zeros(2, 5, 1, 3))
+    with pytest.raises(ValueError, match=r"^the ONNX model's input 'x' expects size 1 on axis 2 "):
+        m.check_compatible(torch.zeros(2, 5, 3, 3))
+    for shape, classes in ((["N", 1], 1), (["N", 3], 3)):
+        m.output = type("Declared", (), {"name": "y", "shape": shape})()
+        assert m._classes() == classes
+    # images on CUDA (only their attributes are read) with a CPU-only session: one warning, said whole
+    m = OnnxModel(matmul_model(tmp_path / "m.onnx"))
+    on_gpu = types.SimpleNamespace(dtype=torch.float32, dim=lambda: 2, shape=torch.Size([2, 4]),
+                                   device=torch.device("cuda", 0))
+    with pytest.warns(UserWarning) as caught:
+        m.check_compatible(on_gpu)
+    assert [str(w.message) for w in caught] == [
+        "images are on CUDA but the ONNX session runs on ['CPUExecutionProvider']; every batch is copied to the "
+        "host (install onnxruntime-gpu >= 1.27)"]
+    m.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.check_compatible(on_gpu)
+
+
+class _TracedDifferently(nn.Module):
+    """x @ W43, plus 0.01 only while traced by the TorchScript exporter."""
+
+    def forward(self, x):
+        y = x @ W43
+        return y + 0.01 if torch.jit.is_tracing() else y
+
+
+def test_export_onnx_default_is_torch_export_not_torchscript(tmp_path):
+    example = torch.tensor([[1.0, 2, 3, 1], [2, 1, 0, 0]])
+    export_onnx(_TracedDifferently().eval(), tmp_path / "dyn.onnx", example)  # torch.export: no shift
+    with pytest.raises(ValueError, match="differs from the torch model"):  # the TorchScript exporter: shifted
+        export_onnx(_TracedDifferently().eval(), tmp_path / "ts.onnx", example, dynamo=False)
