@@ -565,6 +565,9 @@ def test_export_onnx_checks_the_export_at_batch_size_plus_one(tmp_path):
     assert path == str(tmp_path / "same.onnx")
     m = OnnxModel(path)
     assert (m.input.name, m.output.name, m.fixed_batch, m._classes()) == ("input", "logits", None, 3)
+    assert (m.input_shape, list(m.output.shape)) == (["batch", 4], ["batch", 3])
+    path13 = export_onnx(_ExportsDifferently().eval(), tmp_path / "op13.onnx", example, dynamo=False, opset_version=13)
+    assert [o.version for o in onnx.load(path13).opset_import if o.domain == ""] == [13]
     x = torch.arange(20, dtype=torch.float32).view(5, 4)
     torch.testing.assert_close(m(x), x @ W43)
     shifted = _ExportsDifferently(shift=0.01).eval()  # off by 1e-2, over 1e-4 * |y| + 1e-5
@@ -596,7 +599,7 @@ def test_export_onnx_default_uses_torch_export(tmp_path, capsys):
             torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
 
 
-def test_declared_sizes_and_the_cuda_copy_warning(tmp_path):
+def test_declared_sizes_and_the_cuda_copy_warning_by_hand(tmp_path):
     import types
 
     m = OnnxModel(matmul_model(tmp_path / "m.onnx"))
