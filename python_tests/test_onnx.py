@@ -638,3 +638,25 @@ def test_export_onnx_default_is_torch_export_not_torchscript(tmp_path):
     export_onnx(_TracedDifferently().eval(), tmp_path / "dyn.onnx", example)  # torch.export: no shift
     with pytest.raises(ValueError, match="differs from the torch model"):  # the TorchScript exporter: shifted
         export_onnx(_TracedDifferently().eval(), tmp_path / "ts.onnx", example, dynamo=False)
+
+
+class _SwapsRowsWhenTraced(nn.Module):
+    """x [B, 2, 3] -> [B, 1]: 0 in torch; while traced, relu(sum of row 1 - sum of row 0) of each sample."""
+
+    def forward(self, x):
+        y = 0 * x.sum((1, 2))[:, None]
+        if torch.jit.is_tracing():
+            y = y + torch.relu(x[:, 1].sum(1) - x[:, 0].sum(1))[:, None]
+        return y
+
+
+def test_export_check_probe_flips_the_last_axis_on_the_cpu_provider_plus_one(tmp_path):
+    # every example sample has its row 0 heavier than row 1: the export agrees with torch on it, and on it
+    # flipped along the last axis (the probe); flipped along axis 1 it would not
+    example = torch.tensor([[[3.0, 2, 1], [0, 1, 0]], [[1.0, 1, 1], [1, 0, 1]]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(_SwapsRowsWhenTraced().eval(), tmp_path / "rows.onnx", example, dynamo=False)
+    assert not [w for w in caught if issubclass(w.category, UserWarning)]  # a provider ORT knows
+    with pytest.raises(ValueError, match="max error 5.0"):  # the check does see the traced difference
+        export_onnx(_SwapsRowsWhenTraced().eval(), tmp_path / "swapped.onnx", example.flip(1), dynamo=False)
