@@ -660,3 +660,37 @@ def test_export_check_probe_flips_the_last_axis_on_the_cpu_provider_plus_one(tmp
     assert not [w for w in caught if issubclass(w.category, UserWarning)]  # a provider ORT knows
     with pytest.raises(ValueError, match="max error 5.0"):  # the check does see the traced difference
         export_onnx(_SwapsRowsWhenTraced().eval(), tmp_path / "swapped.onnx", example.flip(1), dynamo=False)
+
+
+def test_run_dispatch_for_cuda_images_by_hand(tmp_path):
+    """Which path a batch takes: bound to the GPU session, copied to the host and back, or run on the CPU."""
+    log = []
+    host = torch.tensor([[1.0, 2, 3, 4]])
+
+    class OnCuda:  # a batch on CUDA, as far as _run reads it
+        device, dtype = torch.device("cuda", 0), torch.float32
+
+        def contiguous(self):
+            return self
+
+        def cpu(self):
+            log.append("to host")
+            return host
+
+    class Back:
+        def to(self, device):
+            log.append(("back to", device))
+            return "result"
+
+    m = OnnxModel(matmul_model(tmp_path / "m.onnx"))
+    m._run_bound = lambda x: log.append(("bound", x)) or "bound result"
+    x = OnCuda()
+    m.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert m._run(x) == "bound result" and log == [("bound", x)]
+    assert torch.equal(m._run(host), host @ W43) and len(log) == 1  # CPU batches run on the CPU, unbound
+    log.clear()
+    m.providers = ["CPUExecutionProvider"]
+    inner = m._run
+    m._run = lambda t: inner(t) if t is x else (log.append(("run", t)) or Back())
+    assert inner(x) == "result"
+    assert log == ["to host", ("run", host), ("back to", torch.device("cuda", 0))]
