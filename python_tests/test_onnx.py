@@ -694,3 +694,17 @@ def test_run_dispatch_for_cuda_images_by_hand(tmp_path):
     m._run = lambda t: inner(t) if t is x else (log.append(("run", t)) or Back())
     assert inner(x) == "result"
     assert log == ["to host", ("run", host), ("back to", torch.device("cuda", 0))]
+
+
+def test_fixed_batch_of_one_zero_or_none_by_hand(tmp_path):
+    from onnx import TensorProto, helper
+
+    one = OnnxModel(matmul_model(tmp_path / "one.onnx", in_shape=(1, 4), out_shape=(1, 3)))
+    x = torch.tensor([[1.0, 2, 3, 4], [0.5, -1, 0, 2], [2, 0, 0, 1]])
+    assert one.fixed_batch == 1 and torch.equal(one(x), x @ W43)  # three runs of one row
+    assert OnnxModel(matmul_model(tmp_path / "zero.onnx", in_shape=(0, 4), out_shape=(0, 3))).fixed_batch is None
+    f = TensorProto.FLOAT
+    scalar = graph_model(tmp_path / "scalar.onnx", [helper.make_node("Mul", ["x", "w"], ["y"])], [("x", f, [])],
+                         [("y", f, [1, 3])], [("w", torch.ones(1, 3))])
+    m = OnnxModel(scalar)
+    assert m.input_shape == [] and m.fixed_batch is None
