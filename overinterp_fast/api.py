@@ -359,9 +359,7 @@ def fast_sis(
 
             def rank(present):
                 if iterations == "auto":
-                    maps, queries, info = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed,
-                                                              progress)
-                    return maps.view(maps.shape[0], -1), queries, info.sizes
+                    maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed, progress)
                 else:
                     maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10,
                                                            seed, progress)

@@ -33,7 +33,6 @@ def refined_sets(
     images: list[int],
     counts: list[int],
     passes: Callable[[int, float, bool], bool],
-    starts: list[int | None] | None = None,
     prune: bool = True,
     budget: int | None = None,
     scan: int | None = None,
@@ -45,7 +44,7 @@ def refined_sets(
     The boundary: with ``scan`` (an int), the first passing prefix of sizes scan, 2 scan, ... (ReX's
     extraction: on a criterion that is far from monotone, as the top-1 class of a large model over
     prefix sizes, this finds the first passing window, which an exponential search jumps over),
-    then bisection inside that last step; without, an exponential search from ``starts``
+    then bisection inside that last step; without, an exponential search from 10
     (:func:`~overinterp_fast.prefix.boundary_prefix`, about 2 log2(k) queries).
 
     Returns:
@@ -65,7 +64,7 @@ def refined_sets(
         hits = [None if b is None else h for h, b in zip(hits, brackets)]
         q_boundary = [a + b for a, b in zip(scanned, q_boundary)]
     else:
-        hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes, starts)
+        hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes)
     rows = [r for r, h in enumerate(hits) if h is not None]
     out: list[tuple[torch.Tensor, int, float] | None] = [None] * len(images)
     q_prune = [0] * len(images)
@@ -122,8 +121,7 @@ def extract_sets(
     inside the last step (see :func:`refined_sets`); None: by exponential search.
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
-    (scores float [N, p], queries per image or None[, per image a set size to start the
-    boundary search from, or None]). With ``collection``, each set
+    (scores float [N, p], queries per image or None). With ``collection``, each set
     found is masked and the ranking recomputed on the rest, while the rest passes.
     ``passes(image, f, top1)``. With ``verifier`` (the user's model, when ``evaluator``
     runs a stand-in engine named ``engine``), each set is checked there and, where it
@@ -141,15 +139,12 @@ def extract_sets(
     active = list(range(n))
     while active:
         rows = torch.tensor(active, device=dev)
-        ranked = rank_fn(present)
-        scores, queries = ranked[:2]
-        starts = ranked[2] if len(ranked) > 2 else None
+        scores, queries = rank_fn(present)
         pos = ranking_positions(scores[rows].reshape(len(active), p), present[rows])
         counts = present[rows].sum(1).tolist()
         row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
         if refine:
-            warm = None if starts is None else [starts[i] for i in active]
-            refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes, warm,
+            refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes,
                                                            prune=refine is True, budget=refine_budget,
                                                            scan=refine_scan if refine is True else None)
             if verifier is not None:

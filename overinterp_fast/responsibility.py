@@ -28,6 +28,7 @@ first passing prefix of the ranking in steps of 10 pixels, evaluated in batches.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -268,19 +269,20 @@ def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tens
 
 
 AUTO_MAX_ITERATIONS = 20  # iterations="auto" never runs more than ReX's default
+# The stopping rule, chosen from data (benchmarks/auto_rule_data.py, benchmarks/results/README.md "auto rule"):
+# stop an image after iteration t >= AUTO_MIN_ITERATIONS once the AUTO_TOP_FRACTION top-ranked pixels have kept a
+# Dice of at least AUTO_DICE with those of the iteration before for AUTO_PATIENCE iterations in a row.
 AUTO_MIN_ITERATIONS = 2
-AUTO_PATIENCE = 2  # r: stop once the top-ranked set has stayed (Dice >= AUTO_DICE) for r iterations in a row
+AUTO_PATIENCE = 2
 AUTO_DICE = 0.9
+AUTO_TOP_FRACTION = 0.05
 
 
 @dataclass
 class AutoInfo:
-    """What iterations="auto" did per image: iterations run, queries of its size estimate, the size
-    (the boundary prefix of the ranking after AUTO_MIN_ITERATIONS; a warm start for the extraction)."""
+    """What iterations="auto" did per image: the iterations run, and the mutant cache's hits."""
 
     iterations: list[int]
-    check_queries: list[int]
-    sizes: list[int | None]
     cache_hits: int
 
 
@@ -301,29 +303,27 @@ def auto_responsibility(
     patience: int = AUTO_PATIENCE,
     min_dice: float = AUTO_DICE,
     max_iterations: int = AUTO_MAX_ITERATIONS,
+    top_fraction: float = AUTO_TOP_FRACTION,
+    min_iterations: int = AUTO_MIN_ITERATIONS,
 ) -> tuple[torch.Tensor, list[int], AutoInfo]:
     """Responsibility with as many iterations as each image needs: (float64 [N, H, W], queries, AutoInfo).
 
     Iteration t (seed + t, as in :func:`compute_responsibility`) runs for the images not yet
     settled, all in one batched descent, with one mutant cache for all levels and iterations.
-    After ``AUTO_MIN_ITERATIONS`` iterations, one boundary search
-    (:func:`~overinterp_fast.prefix.boundary_prefix`) gives each image's set size K; from then on,
-    after every iteration, the K top-ranked pixels are compared with those of the iteration
-    before (no query), and the image stops once their Dice has been at least ``min_dice`` for
-    ``patience`` iterations in a row, or after ``max_iterations``. ``queries`` per image include
-    the size search's (also in ``AutoInfo.check_queries``).
+    After every iteration, the K = ceil(``top_fraction`` x allowed pixels) top-ranked pixels are
+    compared with those of the iteration before (no query); an image stops after iteration
+    t >= ``min_iterations`` once their Dice has been at least ``min_dice`` for ``patience``
+    iterations in a row, or after ``max_iterations``.
     """
-    from .prefix import boundary_prefix
-
     n, _, h, w = prep.images.shape
     dev = prep.images.device
     total = torch.zeros(n, h, w, dtype=torch.float64, device=dev)
-    queries, checks, runs = [0] * n, [0] * n, [0] * n
+    queries, runs = [0] * n, [0] * n
     cache = MutantCache()
     last: list[torch.Tensor | None] = [None] * n
-    size: list[int | None] = [None] * n
     calm = [0] * n
     active = [i for i in range(n) if bool(present[i].any())]
+    size = [max(1, math.ceil(int(present[i].sum()) * top_fraction)) for i in range(n)]
     bar = tqdm(total=max_iterations, unit="iteration", desc="responsibility",
                disable=None if progress is None else not progress)
     for t in range(max_iterations):
@@ -335,27 +335,16 @@ def auto_responsibility(
             queries[i] += q[i]
             runs[i] += 1
         bar.update(1)
-        if t + 1 < AUTO_MIN_ITERATIONS:
-            continue
         rows = torch.tensor(active, device=dev)
         pos = ranking_positions(total[rows].view(len(active), -1), present[rows])
-        if t + 1 == AUTO_MIN_ITERATIONS:  # the set size, once
-            counts = present[rows].sum(1).tolist()
-            hits, q = boundary_prefix(evaluator, pos, active, counts, lambda r, f, t1: passes(active[r], f, t1))
-            for j, i in enumerate(active):
-                queries[i] += q[j]
-                checks[i] += q[j]
-                size[i] = None if hits[j] is None else hits[j][0]
         still = []
         for j, i in enumerate(active):
-            if size[i] is None:  # even every allowed pixel fails: nothing to settle
-                continue
             top = pos[j] < size[i]
             if last[i] is not None:
                 calm[i] = calm[i] + 1 if _dice(top, last[i]) >= min_dice else 0
             last[i] = top
-            if calm[i] < patience:
+            if t + 1 < min_iterations or calm[i] < patience:
                 still.append(i)
         active = still
     bar.close()
-    return total, queries, AutoInfo(runs, checks, size, cache.hits)
+    return total, queries, AutoInfo(runs, cache.hits)
