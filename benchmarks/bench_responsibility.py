@@ -33,7 +33,9 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   14 (its batched mode: the 14 mutants of a box in one run; same queries and
   the same result as ReX's default of 1, only faster); --rex-batch-size 1 for
   ReX's default.
-- ReX runs with --rex-seeds seeds (seed, seed + 1, ...). Its own variability sets
+- ReX runs with --rex-seeds seeds (seed, seed + 20, ...: ReX's iteration i uses seed + i + 1,
+  so seeds 0 and 1 would share 19 of their 20 iterations and look far more alike than two
+  independent runs; --rex-seed-stride 1 gives that). Its own variability sets
   the quality bar: per photo, the mean Dice between the MPS of two ReX seeds and
   the spread of its MPS sizes (median over photos).
 - Ours: fast_sis(onnx_model, all photos, method="responsibility") with the defaults
@@ -226,7 +228,11 @@ def main():
     ap.add_argument("--photos", nargs="*", default=list(PHOTOS), help=f"some of {list(PHOTOS)}")
     ap.add_argument("--iterations", type=int, default=20, help="ReX's iterations (and ours with --faithful)")
     ap.add_argument("--seed", type=int, default=0, help="first seed (ReX and ours)")
-    ap.add_argument("--rex-seeds", type=int, default=3, help="ReX runs with seeds seed, seed+1, ... (>= 2)")
+    ap.add_argument("--rex-seeds", type=int, default=3,
+                    help="ReX runs with seeds seed, seed + stride, ... (>= 2)")
+    ap.add_argument("--rex-seed-stride", type=int, default=None,
+                    help="distance between ReX's seeds (default: --iterations, so that no two runs share an "
+                         "iteration: ReX's iteration i uses seed + i + 1, so seeds 0 and 1 share 19 of 20)")
     ap.add_argument("--rex-batch-size", type=int, default=14,
                     help="ReX's batch_size (14: a box's 14 mutants per run; 1: ReX's default)")
     ap.add_argument("--rex-venv", default=REX_VENV)
@@ -247,7 +253,8 @@ def main():
     model = load_efficientnet_lite(0)
     images, names, originals = load_photos(224, args.photos)
     n = len(names)
-    seeds = [args.seed + k for k in range(args.rex_seeds)]
+    stride = args.iterations if args.rex_seed_stride is None else args.rex_seed_stride
+    seeds = [args.seed + k * stride for k in range(args.rex_seeds)]
     refine = True if args.refine == "true" else "boundary"
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -272,10 +272,10 @@ AUTO_MAX_ITERATIONS = 20  # iterations="auto" never runs more than ReX's default
 # The stopping rule, chosen from data (benchmarks/auto_rule_data.py, benchmarks/results/README.md "auto rule"):
 # stop an image after iteration t >= AUTO_MIN_ITERATIONS once the AUTO_TOP_FRACTION top-ranked pixels have kept a
 # Dice of at least AUTO_DICE with those of the iteration before for AUTO_PATIENCE iterations in a row.
-AUTO_MIN_ITERATIONS = 2
+AUTO_MIN_ITERATIONS = 6
 AUTO_PATIENCE = 2
-AUTO_DICE = 0.9
-AUTO_TOP_FRACTION = 0.05
+AUTO_DICE = 0.95
+AUTO_TOP_FRACTION = 0.025
 
 
 @dataclass
