@@ -66,7 +66,7 @@ def refined_sets(
     else:
         hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes)
     rows = [r for r, h in enumerate(hits) if h is not None]
-    out: list[tuple[torch.Tensor, int, float] | None] = [None] * len(images)
+    out: list[tuple[torch.Tensor, int, float, bool | None] | None] = [None] * len(images)
     q_prune = [0] * len(images)
     if not prune:
         for r in rows:
