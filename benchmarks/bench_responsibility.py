@@ -192,6 +192,13 @@ def passes_on_model(model, images, results) -> list[bool]:
     return ok
 
 
+def prefix_mask(r, k: int) -> np.ndarray:
+    """The first k pixels of a result's ranking, as a mask of the image's shape."""
+    keep = np.zeros(r.order.numel() if r.mask is None else r.mask.numel(), dtype=bool)
+    keep[r.order[:k].numpy()] = True
+    return keep.reshape(r.mask.shape)
+
+
 def mean_pairwise_dice(masks: list[np.ndarray]) -> float:
     pairs = [(a, b) for i, a in enumerate(masks) for b in masks[i + 1 :]]
     return statistics.mean(dice(a, b) for a, b in pairs) if pairs else float("nan")
@@ -325,6 +332,10 @@ def main():
             "ours_size_before_refine": r.size_before_refine, "ours_certified_minimal": r.minimal,
             "ours_sis_score": r.sis_score, "ours_passes_on_model": ok[i],
             "ours_dice_to_rex": statistics.mean(dice(m, r.mask.numpy()) for m in rex_masks),
+            # the set before the pruning (refine_budget=0 would return it): the boundary prefix
+            "ours_unpruned_dice_to_rex": statistics.mean(dice(m, prefix_mask(r, r.size_before_refine))
+                                                         for m in rex_masks),
+            "ours_unpruned_queries": r.queries + r.extraction_queries,
             "ours_mps_pixels_by_seed": [run["results"][i].size for run in ours_runs],
             "ours_queries_by_seed": [run["results"][i].total_queries for run in ours_runs],
         }
@@ -355,6 +366,8 @@ def main():
         "ours_median_size_before_refine_fraction": med("ours_size_before_refine") / p,
         "rex_seed_to_seed_dice": med("rex_seed_dice"),
         "ours_dice_to_rex": med("ours_dice_to_rex"),
+        "ours_unpruned_dice_to_rex": med("ours_unpruned_dice_to_rex"),
+        "ours_unpruned_median_queries": med("ours_unpruned_queries"),
         "ours_all_pass_on_model": all(ok),
         "rex_session_start_s": rex_runs[0][0]["session_s"], "rex_warmup_s": rex_runs[0][0]["warmup_s"],
         "ours_session_start_s": t_session, "ours_warmup_s": t_warm,
@@ -400,6 +413,9 @@ def main():
     print(f"time per image (min over {len(seeds)} interleaved rounds): ReX {s['rex_time_per_image_s']:.2f} s, "
           f"ours {s['ours_time_per_image_s']:.2f} s -> {s['speed_ratio']:.2f}x;  queries ReX/ours "
           f"{s['query_ratio']:.2f}x (ReX responsibility alone: {s['rex_median_responsibility_queries']:.0f})")
+    print(f"ours before the pruning (the boundary set; refine_budget=0): {s['ours_unpruned_median_queries']:.0f} "
+          f"queries, MPS {100 * s['ours_median_size_before_refine_fraction']:.2f}%, Dice to ReX "
+          f"{s['ours_unpruned_dice_to_rex']:.2f}")
     if faithful is not None:
         print(f"ours in ReX's settings (iterations=20, refine=False): {s['faithful_time_per_image_s']:.2f} s per image, "
               f"{s['faithful_median_queries']:.0f} queries, MPS {100 * s['faithful_median_mps_fraction']:.2f}%, "
