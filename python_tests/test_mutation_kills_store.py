@@ -301,3 +301,14 @@ def test_clear_chunk_ranges_and_share(tmp_path):
         store.chunk_ranges(5, 0)
     assert store.share({5, 1, 3, 2}, 0, 2) == [1, 3] and store.share([5, 1, 3, 2], 1, 2) == [2, 5]
     assert store.share([4, 0, 2], 0, 1) == [0, 2, 4] and store.share([4, 0, 2], 2, 3) == [4]
+
+
+def test_column_types_hold_without_values_and_configurations_with_paths(tmp_path):
+    types = {"image_index": pa.int64(), "name": pa.string(), "label": pa.int64(), "display": pa.binary(),
+             "display_shape": pa.large_list(pa.int64()), "object_mask": pa.binary()}
+    for t in (store.images_table([], [], [], []), store.images_table([3], ["x"], [None], [np.zeros((1, 1), np.uint8)])):
+        assert {f.name: f.type for f in t.schema} == types  # not inferred (an empty or all-null column is null)
+    folder = str(tmp_path)
+    doc = {"format_version": store.FORMAT_VERSION, "config": {"source": str(tmp_path / "images")}}
+    store.write_json(os.path.join(folder, "results.json"), doc)
+    assert store.check_resumable(folder, {"source": tmp_path / "images"}) == doc  # a Path compares as its text
