@@ -312,3 +312,10 @@ def test_column_types_hold_without_values_and_configurations_with_paths(tmp_path
     doc = {"format_version": store.FORMAT_VERSION, "config": {"source": str(tmp_path / "images")}}
     store.write_json(os.path.join(folder, "results.json"), doc)
     assert store.check_resumable(folder, {"source": tmp_path / "images"}) == doc  # a Path compares as its text
+
+
+def test_object_masks_of_any_dtype_come_back_bool():
+    mask = np.array([[0.0, 1.0], [1.0, 0.0]])  # a float mask: packed as its truth values
+    t = store.images_table([0], ["a"], [1], [np.zeros((2, 2, 3), np.uint8)], [mask])
+    (back,) = store.images_from_table(t).object_masks
+    assert back.dtype == bool and back.tolist() == [[False, True], [True, False]]
