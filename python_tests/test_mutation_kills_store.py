@@ -319,3 +319,18 @@ def test_object_masks_of_any_dtype_come_back_bool():
     t = store.images_table([0], ["a"], [1], [np.zeros((2, 2, 3), np.uint8)], [mask])
     (back,) = store.images_from_table(t).object_masks
     assert back.dtype == bool and back.tolist() == [[False, True], [True, False]]
+
+
+def test_single_round_collection_and_sensitivity_of_a_later_model_read_back():
+    r = _result([1, 0], [0.7, 0.2], [0], 3, 0.9, 0.5, sis_score=0.7, shape=(2,))
+    r.collection = [r]  # a collection of one round: the result itself
+    s = _result([0, 1], [0.6, 0.1], [1, 0], 3, 0.8, 0.5, sis_score=0.8, shape=(2,))
+    sens = [None, {"fg_correct": torch.tensor([True]), "bg_correct": torch.tensor([True]),
+                   "p_fg": torch.tensor([0.5], dtype=torch.float64), "p_bg": torch.tensor([0.25], dtype=torch.float64)}]
+    table = store.results_table([[r], [s]], [4], sens)
+    assert table.column("first_in_collection").to_pylist() == [True, False]
+    assert table.column("collection").to_pylist() == [1, None]
+    _, (a, b), back_sens = store.results_from_table(table, 2)
+    assert a[0].collection == [a[0]] and b[0].collection is None
+    assert a[0].mask.dtype == torch.bool and a[0].mask.tolist() == [True, False]
+    assert back_sens[0] is None and back_sens[1]["p_bg"].tolist() == [0.25]
