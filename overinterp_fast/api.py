@@ -8,6 +8,7 @@ import torch
 from dataclasses import dataclass
 
 from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
+from .calibration import exact_job_time
 from .engines import Engine, check_engine, incremental_calibration, incremental_pays, select_engine
 from .exact import exact_sis
 from .incremental import IncrementalEvaluator
@@ -56,10 +57,12 @@ def _setup(model, images, threshold, features, mask_value, outputs, batch_size, 
 
 
 def _engine(s: _Setup, engine: str, targets: torch.Tensor, *, max_rows: int, expected_rows: int,
-            measure_fn: str = "score", exact_shape: tuple[int, int] | None = None) -> Engine:
+            measure_fn: str = "score", exact_shape: tuple[int, int] | None = None,
+            rival_s: float | None = None) -> Engine:
     """The engine and batch size for a job (engines.select_engine); the runner takes that batch size."""
     eng = select_engine(engine, s.fn, s.prep, targets, batch_size=s.batch_size, max_rows=max(1, max_rows),
-                        expected_rows=expected_rows, measure_fn=measure_fn, exact_shape=exact_shape)
+                        expected_rows=expected_rows, measure_fn=measure_fn, exact_shape=exact_shape,
+                        rival_s=rival_s)
     s.runner.chunk = eng.batch_size
     return eng
 
@@ -373,10 +376,11 @@ def fast_sis(
         pl = choose_incremental(fn, prep, incremental if engine in ("auto", "torch") else False)
         eng = None
         if pl is not None:
-            if incremental is None:  # auto: time it against the dense engine
-                eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
-                              exact_shape=(n, p))
             icl = incremental_calibration(pl, fn, prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
+            if incremental is None:  # auto: time it against the dense engine (no ONNX export when it is short)
+                rival = exact_job_time(icl.times, icl.batch_size, n, p) if icl.times else None
+                eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
+                              exact_shape=(n, p), rival_s=rival)
             if eng is None or incremental_pays(pl, icl, eng, (n, p)):
                 runner.chunk = icl.batch_size
                 return exact_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import tempfile
 import warnings
@@ -186,6 +187,7 @@ def select_engine(
     expected_rows: int,
     measure_fn: str = "score",
     exact_shape: tuple[int, int] | None = None,
+    rival_s: float | None = None,
 ) -> Engine:
     """Resolve ``engine`` for a job and choose its batch size.
 
@@ -197,6 +199,8 @@ def select_engine(
         max_rows: the largest batch the job can fill; expected_rows: its total rows.
         measure_fn: "score" or "score_and_top1", what the job computes per row.
         exact_shape: (N, p) for exact SIS (batch size chosen by simulated schedule).
+        rival_s: the predicted job time of another path (exact SIS's incremental scoring), or None:
+            auto exports to ONNX only when both torch and the rival are predicted at AUTO_MIN_JOB_S or more.
     """
     check_engine(engine)
     images = prep.images
@@ -224,7 +228,7 @@ def select_engine(
         return Calibration(batch_size, times, "user", 0.0)
 
     cal = calibrated(name, fn)
-    if weigh_ort and _job_seconds(cal, expected_rows) >= AUTO_MIN_JOB_S:
+    if weigh_ort and min(_job_seconds(cal, expected_rows), math.inf if rival_s is None else rival_s) >= AUTO_MIN_JOB_S:
         try:
             ort_fn = _build("onnxruntime", user, images)
         except EngineUnavailable as why:

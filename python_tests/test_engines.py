@@ -209,3 +209,27 @@ def test_compile_failure_falls_back(monkeypatch):
     msgs = [str(w.message) for w in record if "engine" in str(w.message)]
     assert len(msgs) == 1 and "no compiler here" in msgs[0] and "\n" not in msgs[0]
     assert res[0].engine == "torch"
+
+
+def test_auto_exports_to_onnx_only_when_torch_and_the_rival_path_are_both_long(monkeypatch):
+    """select_engine's rival_s (exact SIS's predicted incremental time): a short rival means no export."""
+    from overinterp_fast.inputs import prepare
+    model = make_cnn(0).float()
+    prep = prepare(make_images(2, dtype=torch.float32))
+    targets = torch.zeros(2, dtype=torch.int64)
+    built = []
+    real = engines._build
+
+    def build(name, user, images):
+        built.append(name)
+        return real(name, user, images)
+
+    monkeypatch.setattr(engines, "_build", build)
+    monkeypatch.setattr(engines, "_job_seconds", lambda cal, rows: 100.0)  # torch predicted long
+    at = engines.AUTO_MIN_JOB_S
+    for rival, exports in ((None, True), (at, True), (at * 0.99, False), (0.5, False)):
+        built.clear()
+        eng = engines.select_engine("auto", ModelFn(model), prep, targets, batch_size=None, max_rows=50,
+                                    expected_rows=500, exact_shape=(2, 25), rival_s=rival)
+        assert ("onnxruntime" in built) == exports, (rival, built)
+        assert eng.name in ("torch", "onnxruntime")
