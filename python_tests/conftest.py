@@ -123,3 +123,34 @@ def assert_sets_sufficient(model, images, results, *, criterion="threshold", bas
 def whole_message(msg: str) -> str:
     """A ``pytest.raises(match=...)`` pattern that matches exactly ``msg`` (anchored, escaped)."""
     return "^" + re.escape(msg) + "$"
+
+
+class FakeTerminal:
+    """A stderr stand-in that says it is a terminal, so tqdm's disable=None shows the bar."""
+
+    def __init__(self):
+        self.text: list[str] = []
+
+    def write(self, s):
+        self.text.append(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+    def last_line(self) -> str:
+        """The last line drawn ('' when nothing was)."""
+        lines = "".join(self.text).replace("\r", "\n").strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def fake_terminal(monkeypatch) -> FakeTerminal:
+    """sys.stderr replaced by a FakeTerminal for the rest of the test (call it in the test's body: pytest's
+    output capture sets sys.stderr again between a fixture's set-up and the test)."""
+    import sys
+
+    tty = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    return tty

@@ -5,7 +5,7 @@ import torch
 import overinterp_fast as of
 from overinterp_fast import reference
 
-from conftest import assert_same_lists, assert_sets_sufficient, make_cnn, make_images
+from conftest import assert_same_lists, assert_sets_sufficient, fake_terminal, make_cnn, make_images
 from test_exact import OOMAbove
 
 
@@ -182,41 +182,21 @@ def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
     assert r.order.tolist() == [0, 1, 2, 3]  # all gradients 0: ties to the lowest id
 
 
-class _TTY:
-    """A stderr stand-in that says it is a terminal, so tqdm's disable=None shows the bar."""
-
-    def __init__(self):
-        self.text = []
-
-    def write(self, s):
-        self.text.append(s)
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return True
-
-
 @pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
 def test_gradient_progress_bar(monkeypatch, progress, shown):
-    import sys
-
-    tty = _TTY()
-    monkeypatch.setattr(sys, "stderr", tty)
+    tty = fake_terminal(monkeypatch)
     of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", k=2,
                 progress=progress)
-    text = "".join(tty.text)
     if not shown:
-        assert text == ""
+        assert "".join(tty.text) == ""
         return
-    last = text.replace("\r", "\n").strip().splitlines()[-1]
+    last = tty.last_line()
     assert last.startswith("gradient SIS: 100%") and " 3/3 [" in last  # ceil(5 / 2) steps
     assert "step/s" in last or "s/step" in last
     tty.text.clear()  # two rounds (see the next test): 4 steps, then 1; the total grows with each round
     of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
                 collection=True, progress=progress)
-    assert " 5/5 [" in "".join(tty.text).replace("\r", "\n").strip().splitlines()[-1]
+    assert " 5/5 [" in tty.last_line()
 
 
 def _all_but_one_first(x):

@@ -11,6 +11,8 @@ from overinterp_fast import reference
 from overinterp_fast.zoo import text as zt
 from overinterp_fast.zoo.text import WordCNN
 
+from conftest import fake_terminal
+
 
 def sig(z):
     return 1.0 / (1.0 + math.exp(-z))
@@ -399,19 +401,13 @@ def test_delete_bit_words_and_rank_pool_by_hand():
 
 @pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
 def test_reduction_progress_bar(monkeypatch, progress, shown):
-    import sys
-
-    from test_gradient import _TTY
-
-    tty = _TTY()
-    monkeypatch.setattr(sys, "stderr", tty)
+    terminal = fake_terminal(monkeypatch)
     model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
     of.input_reduction(model, [torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([2, 2, 3])], beam_size=3,
                        progress=progress)
-    text = "".join(tty.text)
     if not shown:
-        assert text == ""
+        assert "".join(terminal.text) == ""
         return
-    last = text.replace("\r", "\n").strip().splitlines()[-1]
+    last = terminal.last_line()
     assert last.startswith("input reduction (beam 3): 100%") and " 3/3 [" in last
     assert "seq/s" in last or "s/seq" in last
