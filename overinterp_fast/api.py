@@ -1,6 +1,7 @@
 """The public entry points: fast_sis, responsibility, sufficient_subset."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -9,7 +10,8 @@ from dataclasses import dataclass
 
 from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
 from .calibration import exact_job_time
-from .engines import Engine, check_engine, incremental_calibration, incremental_pays, select_engine
+from .engines import (Engine, check_engine, incremental_calibration, incremental_pays, select_engine,
+                      time_small_job)
 from .exact import exact_sis
 from .incremental import IncrementalEvaluator
 from .incremental import choose as choose_incremental
@@ -372,7 +374,9 @@ def fast_sis(
                                 verifier=verifier, engine=eng.name, refine=refine, refine_budget=refine_budget,
                                 refine_scan=10)
     with torch.inference_mode():
+        t0 = time.perf_counter()
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)
+        first_pass_s = time.perf_counter() - t0
         pl = choose_incremental(fn, prep, incremental if engine in ("auto", "torch") else False)
         eng = None
         if pl is not None:
@@ -381,6 +385,7 @@ def fast_sis(
                 rival = exact_job_time(icl.times, icl.batch_size, n, p) if icl.times else None
                 eng = _engine(s, engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
                               exact_shape=(n, p), rival_s=rival)
+                icl, eng = time_small_job(pl, fn, prep, targets, icl, eng, (n, p), first_pass_s)
             if eng is None or incremental_pays(pl, icl, eng, (n, p)):
                 runner.chunk = icl.batch_size
                 return exact_sis(fn, prep, targets, scores0, thresholds=thresholds, collection=collection,

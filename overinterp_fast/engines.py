@@ -18,6 +18,7 @@ on the user's model. An export that fails falls back to torch with one warning.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import math
@@ -41,6 +42,10 @@ from .onnx_backend import OnnxModel, export_onnx
 logger = logging.getLogger(__name__)
 
 ENGINES = ("auto", "torch", "onnxruntime", "compile")
+# incremental=None on a job too small to calibrate (under calibration.MIN_ROWS candidates) but long in
+# seconds (EfficientNet-Lite0 with 49 patches: 1,225 candidates of about 6 ms): both paths are timed at
+# their batch sizes when the job is predicted, from the images' own first forward pass, to take this long.
+SMALL_JOB_TIMING_S = 2.0
 # auto exports to ONNX only when the torch job is predicted to take at least this long:
 # export + session + calibration cost about 0.5-1 s on 2 cores, and a tiny job must not pay it.
 AUTO_MIN_JOB_S = 10.0
@@ -281,3 +286,23 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
     logger.info("overinterp_fast: incremental inference %s (estimated %.2fx the work of a dense pass)",
                 "on" if pays else "off", pl.cost_ratio)
     return pays
+
+
+def time_small_job(pl: incremental.IncrementalPlan, user: ModelFn, prep: Prepared, targets: torch.Tensor,
+                   incr: Calibration, dense: Engine, exact_shape: tuple[int, int],
+                   first_pass_s: float) -> tuple[Calibration, Engine]:
+    """For :func:`incremental_pays` on a job that calibration skipped as small (both paths on their
+    fallback sizes, no user batch size): time one call of each path at its batch size (calibration.measure,
+    one warm-up call, then timed ones within its budget) when the job is predicted to take at least
+    SMALL_JOB_TIMING_S, the prediction being ``first_pass_s`` (the N images' own forward pass) per image
+    times the job's candidates. Otherwise, or for timed jobs, returns (incr, dense) unchanged."""
+    n, p = exact_shape
+    rows = n * p * (p + 1) // 2
+    if incr.source != "fallback" or dense.calibration is None or dense.calibration.source != "fallback":
+        return incr, dense
+    if first_pass_s / max(n, 1) * rows < SMALL_JOB_TIMING_S:
+        return incr, dense
+    d = measure(candidate_probe(dense.fn.score, prep, targets), [dense.batch_size], expected_rows=rows, repeats=1)
+    i = measure(incremental.probe(pl, user, prep, targets), [incr.batch_size], expected_rows=rows, repeats=1)
+    return (Calibration(incr.batch_size, i, "measured", 0.0),
+            dataclasses.replace(dense, calibration=Calibration(dense.batch_size, d, "measured", 0.0)))

@@ -293,3 +293,41 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
         used.clear()
         assert_same_lists(of.fast_sis(model, images, 0.3), want, assert_same_result)
         assert used == ([1] if pays else [])
+
+
+def test_a_small_but_long_job_is_timed_and_a_short_one_goes_by_the_estimate(monkeypatch, caplog):
+    """1 image of 8x8 pixels: 2,080 candidates, under calibration.MIN_ROWS, so no calibration; whether
+    both paths are timed depends on the job's predicted seconds (SMALL_JOB_TIMING_S). Same SIS either way."""
+    from overinterp_fast import calibration, engines
+    calibration.clear_cache()
+    model = seeded(SmallCNN(8), seed=3)
+    images = make_images(1, h=8, w=8, seed=5)
+    want = reference.sis(model, images, 0.3)
+    for limit, word in ((0.0, "timed: predicted"), (float("inf"), "estimated")):
+        monkeypatch.setattr(engines, "SMALL_JOB_TIMING_S", limit)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="overinterp_fast"):
+            got = of.fast_sis(model, images, 0.3)
+        lines = [r.getMessage() for r in caplog.records if "incremental inference" in r.getMessage()]
+        assert len(lines) == 1 and word in lines[0], lines
+        assert_same_lists(got, want, assert_same_result)
+    # the user's batch size: never timed, whatever the job's length
+    monkeypatch.setattr(engines, "SMALL_JOB_TIMING_S", 0.0)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="overinterp_fast"):
+        of.fast_sis(model, images, 0.3, batch_size=64)
+    lines = [r.getMessage() for r in caplog.records if "incremental inference" in r.getMessage()]
+    assert len(lines) == 1 and "estimated" in lines[0], lines
+
+
+def test_time_small_job_leaves_timed_and_user_jobs_alone():
+    from overinterp_fast.calibration import Calibration
+    from overinterp_fast.engines import time_small_job
+    timed = Calibration(16, {16: 1.0}, "measured")
+    fallback = Calibration(16, {}, "fallback")
+    for incr, dense in ((timed, _dense({})), (fallback, _dense(None)), (Calibration(16, {}, "user"), _dense(None))):
+        assert time_small_job(None, None, None, None, incr, dense, (1, 4), 1e9) == (incr, dense)
+    dense = _dense({})
+    dense.calibration.source = "fallback"
+    # fallback on both sides but predicted short: 1e-3 s per image x 10 candidates
+    assert time_small_job(None, None, None, None, fallback, dense, (1, 4), 1e-3) == (fallback, dense)
