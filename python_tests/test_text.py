@@ -411,3 +411,26 @@ def test_reduction_progress_bar(monkeypatch, progress, shown):
     last = terminal.last_line()
     assert last.startswith("input reduction (beam 3): 100%") and " 3/3 [" in last
     assert "seq/s" in last or "s/seq" in last
+
+
+def test_deletion_logits_run_in_chunks_of_1024_tokens_on_a_cpu():
+    """Kills the mutants of ``_Scorer.deletions`` that chunk by the forward pass's 4096 tokens: with rows of
+    300 tokens, deletion_logits gets 1024 // 300 = 3 rows per call (not 4096 // 300 = 13)."""
+
+    class Recorded(BagOfWords):
+        def __init__(self, weights, bias):
+            super().__init__(weights, bias)
+            self.deletion_shapes = []
+
+        def deletion_logits(self, ids, attention_mask):  # row b without token i, built by hand
+            self.deletion_shapes.append(tuple(ids.shape))
+            e = self.embedding(ids)[..., 0] * attention_mask
+            s = e.sum(1, keepdim=True) - e - self.bias  # [B, T]: the row's sum minus token i
+            return torch.stack([-s / 2, s / 2], 2)
+
+    # every token weighs 1 and the bias is 299.5: class 1 on the full rows, class 0 after any deletion, so
+    # the beam stops after one round
+    model = Recorded([0.0, 0.0, 1.0], 299.5).eval()
+    out = of.input_reduction(model, [torch.full((300,), 2)] * 4, beam_size=1)
+    assert model.deletion_shapes == [(3, 300), (1, 300)]  # 4 rows of 300 tokens: 3 per call, then 1
+    assert [(r.length, r.steps, r.queries) for r in out] == [(300, 0, 301)] * 4
