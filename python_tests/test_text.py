@@ -434,3 +434,17 @@ def test_deletion_logits_run_in_chunks_of_1024_tokens_on_a_cpu():
     out = of.input_reduction(model, [torch.full((300,), 2)] * 4, beam_size=1)
     assert model.deletion_shapes == [(3, 300), (1, 300)]  # 4 rows of 300 tokens: 3 per call, then 1
     assert [(r.length, r.steps, r.queries) for r in out] == [(300, 0, 301)] * 4
+
+
+def test_rank_pool_breaks_ties_on_the_first_word_of_a_long_kept_set():
+    """Kept sets over 62 positions span two words; a tie in f goes to the lexicographically smaller tuple, which
+    is decided by word 0 even when word 1 says otherwise (kills the mutants that skip or re-sort a word)."""
+    from overinterp_fast.text.reduction import _bit_words, _rank_pool
+
+    t = torch.tensor
+    # child 0: (1, 62) -> words [1 << 60, 1 << 61]; child 1: (0, 63) -> words [1 << 61, 1 << 60]
+    words = _bit_words(t([[1, 62], [0, 63]]), 2)
+    assert words.tolist() == [[1 << 60, 1 << 61], [1 << 61, 1 << 60]]
+    f = t([0.5, 0.5], dtype=torch.float64)
+    assert _rank_pool(t([0, 0]), f, words, 2).tolist() == [1, 0]  # (0, 63) < (1, 62)
+    assert _rank_pool(t([0, 0]), f, words, 1).tolist() == [1]
