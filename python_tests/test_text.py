@@ -448,3 +448,17 @@ def test_rank_pool_breaks_ties_on_the_first_word_of_a_long_kept_set():
     f = t([0.5, 0.5], dtype=torch.float64)
     assert _rank_pool(t([0, 0]), f, words, 2).tolist() == [1, 0]  # (0, 63) < (1, 62)
     assert _rank_pool(t([0, 0]), f, words, 1).tolist() == [1]
+
+
+def test_delete_and_bit_words_stay_on_their_inputs_device():
+    """Tensors built inside ``_delete`` and ``_bit_words`` follow the input's device (checked on torch's
+    ``meta`` device, which every CPU build has: a tensor made on the CPU instead cannot be combined with it)."""
+    from overinterp_fast.text.reduction import _bit_words, _delete
+
+    def z(*shape):
+        return torch.zeros(shape, dtype=torch.int64, device="meta")
+
+    child = _delete(z(2, 4), z(2), z(3), z(3))
+    assert (child.device.type, tuple(child.shape)) == ("meta", (3, 3))
+    words = _bit_words(z(2, 4), 2)
+    assert (words.device.type, tuple(words.shape)) == ("meta", (2, 2))
