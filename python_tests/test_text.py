@@ -462,3 +462,28 @@ def test_delete_and_bit_words_stay_on_their_inputs_device():
     assert (child.device.type, tuple(child.shape)) == ("meta", (3, 3))
     words = _bit_words(z(2, 4), 2)
     assert (words.device.type, tuple(words.shape)) == ("meta", (2, 2))
+
+
+def test_reduction_defaults_pad_with_0_and_use_the_embedding_given():
+    """pad_id defaults to 0; an ``embedding=`` passed is the one used (here: its vocabulary is checked, on a
+    model with two embeddings where none would be found by itself)."""
+    seen = []
+
+    class Recording(BagOfWords):
+        def forward(self, ids, attention_mask):
+            seen.append(ids[~attention_mask].unique().tolist())
+            return super().forward(ids, attention_mask)
+
+    model = Recording([0.5, 0.5, 1.0, 1.0]).eval()
+    of.input_reduction(model, [torch.tensor([2, 3, 2]), torch.tensor([3])], beam_size=2)
+    assert {v for s in seen for v in s} == {0}
+
+    class TwoEmbeddings(BagOfWords):
+        def __init__(self, weights):
+            super().__init__(weights)
+            self.other = nn.Embedding(10, 1)
+
+    two = TwoEmbeddings([0.0, 0.0, 1.0, 1.0]).eval()
+    assert of.input_reduction(two, [torch.tensor([2, 3])], beam_size=1)[0].original_length == 2
+    with pytest.raises(ValueError, match=r"^sequence 0 has token id 5, outside the vocabulary \[0, 4\)$"):
+        of.input_reduction(two, [torch.tensor([2, 5])], beam_size=1, embedding=two.embedding)
