@@ -487,3 +487,18 @@ def test_reduction_defaults_pad_with_0_and_use_the_embedding_given():
     assert of.input_reduction(two, [torch.tensor([2, 3])], beam_size=1)[0].original_length == 2
     with pytest.raises(ValueError, match=r"^sequence 0 has token id 5, outside the vocabulary \[0, 4\)$"):
         of.input_reduction(two, [torch.tensor([2, 5])], beam_size=1, embedding=two.embedding)
+
+
+def test_reduction_batch_size_is_rows_per_forward_call():
+    rows = []
+
+    class Recording(BagOfWords):
+        def forward(self, ids, attention_mask):
+            rows.append(ids.shape[0])
+            return super().forward(ids, attention_mask)
+
+    model = Recording([0.0, 0.0, 1.0, 1.0]).eval()
+    seqs = [torch.tensor([2, 3, 2]), torch.tensor([3, 3]), torch.tensor([2])]
+    of.input_reduction(model, seqs, beam_size=1, batch_size=2, incremental=False)
+    assert rows[0] == 2 and max(rows) == 2  # the full sequences: 2 rows, then 1; children likewise
+    assert rows[:2] == [2, 1]
