@@ -502,3 +502,16 @@ def test_reduction_batch_size_is_rows_per_forward_call():
     of.input_reduction(model, seqs, beam_size=1, batch_size=2, incremental=False)
     assert rows[0] == 2 and max(rows) == 2  # the full sequences: 2 rows, then 1; children likewise
     assert rows[:2] == [2, 1]
+
+
+def test_reduction_of_63_tokens_uses_two_bit_words():
+    """Position 62 is bit 61 of the second int64 word: a 63-token sequence needs two (kills a word count one
+    short). All weights 1, bias 61.5: one deletion keeps class 1 (f = sig(0.5)), a second one flips it."""
+    model = BagOfWords([0.0, 0.0, 1.0], 61.5).eval()
+    (r,) = of.input_reduction(model, [torch.full((63,), 2)], beam_size=2)
+    # queries: the full row, its 63 deletions, then 62 deletions of each of the 2 beam members (none passes)
+    assert (r.length, r.steps, r.queries) == (62, 1, 1 + 63 + 2 * 62)
+    # all importances tie: positions 0 and 1 are deleted (k_b = 2, lower first); of the two children
+    # (1..62) and (0, 2..62), the lexicographically smaller is reported first
+    assert [b.kept.tolist() for b in r.beam] == [[0, *range(2, 63)], list(range(1, 63))]
+    assert r.confidence == pytest.approx(sig(0.5), rel=1e-12)
