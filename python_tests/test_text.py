@@ -515,3 +515,10 @@ def test_reduction_of_63_tokens_uses_two_bit_words():
     # (1..62) and (0, 2..62), the lexicographically smaller is reported first
     assert [b.kept.tolist() for b in r.beam] == [[0, *range(2, 63)], list(range(1, 63))]
     assert r.confidence == pytest.approx(sig(0.5), rel=1e-12)
+
+
+def test_reduction_target_shape_error_names_sequences():
+    model = BagOfWords([0.0, 0.0, 1.0]).eval()
+    with pytest.raises(ValueError, match=r"^target must be an int or have one entry per sequence \(2\), got shape "
+                                         r"\(3,\)$"):
+        of.input_reduction(model, [torch.tensor([2]), torch.tensor([2, 2])], target=torch.tensor([0, 1, 1]))
