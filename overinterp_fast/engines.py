@@ -155,15 +155,24 @@ def _calibrate(name: str, fn: ModelFn, user: ModelFn, prep: Prepared, targets: t
     images = prep.images
     upper = auto_batch_size(images, 1 << 30) if images.device.type == "cuda" else None
     fallback = auto_batch_size(images, max_rows)
+    key, disk = _calibration_keys(user, prep, name, measure_fn, max_rows, exact_shape)
+    probe = candidate_probe(getattr(fn, measure_fn), prep, targets)
+    n, p = exact_shape if exact_shape is not None else (None, None)
+    return calibrate(key, probe, max_rows=max_rows, expected_rows=expected_rows, fallback=fallback, upper=upper,
+                     images=n, features=p, disk=disk)
+
+
+def _calibration_keys(user: ModelFn, prep: Prepared, name: str, measure_fn: str, max_rows: int,
+                      exact_shape: tuple[int, int] | None) -> tuple[tuple, str | None]:
+    """(the process cache's key, the disk cache's key or None) of a calibration: the model, what is timed
+    (engine and measure), input shape, dtype, device, layout, thread count and the job's shape."""
+    images = prep.images
     model_key = user.model.path if isinstance(user.model, OnnxModel) and user.model.path else id(user.model)
     key = (model_key, name, measure_fn, tuple(images.shape[1:]), images.dtype, str(images.device),
            images.is_contiguous(), torch.get_num_threads(), max_rows,
            None if exact_shape is None else exact_shape)
-    probe = candidate_probe(getattr(fn, measure_fn), prep, targets)
     structure = _structure(user.model)
-    n, p = exact_shape if exact_shape is not None else (None, None)
-    return calibrate(key, probe, max_rows=max_rows, expected_rows=expected_rows, fallback=fallback, upper=upper,
-                     images=n, features=p, disk=None if structure is None else disk_key(structure, *key[1:]))
+    return key, None if structure is None else disk_key(structure, *key[1:])
 
 
 def _structure(model) -> str | None:
@@ -254,13 +263,9 @@ def incremental_calibration(pl: incremental.IncrementalPlan, user: ModelFn, prep
     if batch_size is not None:
         return Calibration(batch_size, {}, "user", 0.0)
     n, p = exact_shape
-    images = prep.images
-    key = (id(user.model), "incremental", tuple(images.shape[1:]), images.dtype, str(images.device),
-           images.is_contiguous(), torch.get_num_threads(), exact_shape)
-    structure = _structure(user.model)
+    key, disk = _calibration_keys(user, prep, "incremental", "score", n * p, exact_shape)
     return calibrate(key, incremental.probe(pl, user, prep, targets), max_rows=n * p,
-                     expected_rows=n * p * (p + 1) // 2, fallback=pl.batch_size(), images=n, features=p,
-                     disk=None if structure is None else disk_key(structure, *key[1:]))
+                     expected_rows=n * p * (p + 1) // 2, fallback=pl.batch_size(), images=n, features=p, disk=disk)
 
 
 def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: Engine,
