@@ -329,7 +329,9 @@ def auto_responsibility(
     for t in range(max_iterations):
         if not active:
             break
-        logs, q = descend(evaluator, prep, present, passes, [(i, seed + t) for i in active], depth, min_box, cache)
+        # no bar per descent: the bar of iterations above stands for them (progress=False silences both)
+        logs, q = descend(evaluator, prep, present, passes, [(i, seed + t) for i in active], depth, min_box, cache,
+                          progress=False)
         for j, i in enumerate(active):
             total[i] += logs[j]
             queries[i] += q[i]
