@@ -154,3 +154,36 @@ def fake_terminal(monkeypatch) -> FakeTerminal:
     tty = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", tty)
     return tty
+
+
+class RuleEvaluator:
+    """A stand-in CandidateEvaluator whose scores come from a rule written in the test.
+
+    ``evaluator(present [R, p], image [C], row [C], feature [C])`` scores candidate c as the set
+    ``present[row[c]]`` without ``feature[c]`` (-1: none; as ``_ops.mask_apply``) of image ``image[c]``:
+    ``rule(image, frozenset of feature ids) -> (f, top1)``.
+    ``seen`` lists (image, number of present features) per candidate, in order; ``sets`` the sets.
+    """
+
+    def __init__(self, rule, device="cpu"):
+        from types import SimpleNamespace
+
+        self.rule = rule
+        self.seen: list[tuple[int, int]] = []
+        self.sets: list[tuple[int, list[int]]] = []
+        self.prep = SimpleNamespace(images=torch.zeros(1, device=device))
+        self.runner = None
+
+    def __call__(self, present, image, row, feature):
+        f, t = [], []
+        for i, r, drop in zip(image.tolist(), row.tolist(), feature.tolist()):
+            ids = frozenset(torch.nonzero(present[r]).flatten().tolist()) - {drop}
+            self.seen.append((i, len(ids)))
+            self.sets.append((i, sorted(ids)))
+            fi, ti = self.rule(i, ids)
+            f.append(fi)
+            t.append(ti)
+        return torch.tensor(f, dtype=torch.float64), torch.tensor(t, dtype=torch.bool)
+
+    def count(self, image: int) -> int:
+        return sum(1 for i, _ in self.seen if i == image)

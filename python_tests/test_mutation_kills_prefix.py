@@ -5,33 +5,16 @@ records every candidate it sees, so the sizes probed, their order and the answer
 sequences derived by hand from the algorithms' descriptions (FindSIS over a ranking; the exponential
 search then bisection of boundary_prefix). Nothing here is computed with the module under test.
 """
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from overinterp_fast.prefix import _Bracket, boundary_prefix, first_passing_prefix, verify_prefix_sets
 
+from conftest import RuleEvaluator
 
-class Recorder:
-    """evaluator(present [C, p], image [C], row [C], feature [C]) -> (f, top-1) from ``rule(image, set) ->
-    (f, top1)``; ``seen`` lists (image, number of present features) per candidate, in order."""
 
-    def __init__(self, rule, device="cpu"):
-        self.rule = rule
-        self.seen = []
-        self.prep = SimpleNamespace(images=torch.zeros(1, device=device))
-
-    def __call__(self, present, image, row, feature):
-        assert row.tolist() == list(range(present.shape[0])) and feature.tolist() == [-1] * present.shape[0]
-        f, t = [], []
-        for keep, i in zip(present.tolist(), image.tolist()):
-            ids = frozenset(j for j, v in enumerate(keep) if v)
-            self.seen.append((i, len(ids)))
-            fi, ti = self.rule(i, ids)
-            f.append(fi)
-            t.append(ti)
-        return torch.tensor(f, dtype=torch.float64), torch.tensor(t)
+def Recorder(rule):
+    return RuleEvaluator(rule)
 
 
 def at_least(need):
