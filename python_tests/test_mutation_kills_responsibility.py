@@ -64,6 +64,9 @@ def test_ranking_positions_by_hand():
     # row 1: all equal; present 0, 2, 4: higher index first -> 4, 2, 0; absent ones at p = 5
     assert pos.tolist()[1] == [2, 5, 1, 5, 0]
     assert pos.dtype == torch.int64
+    # integer scores rank the same way (absent features are set below every score, in float64)
+    ints = ranking_positions(torch.tensor([[3, 1, 3, 2]]), _b(1, 1, 1, 0).view(1, 4))
+    assert ints.tolist() == [[1, 2, 0, 4]]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -317,6 +320,8 @@ def _hand_ranking_top(score: torch.Tensor, present: torch.Tensor, k: int) -> set
     {},
     {"patience": 1, "min_dice": 0.8, "max_iterations": 9, "top_fraction": 0.1, "min_iterations": 2},
     {"patience": 3, "min_dice": 0.5, "max_iterations": 12, "top_fraction": 0.05, "min_iterations": 4},
+    # K = 1 (at least 1 top pixel); seed 11 is one where K = 2 would stop both images an iteration earlier
+    {"patience": 1, "min_dice": 0.5, "max_iterations": 10, "top_fraction": 0.01, "min_iterations": 2, "seed": 11},
 ])
 def test_auto_iterations_follow_the_rule_on_reference_maps(params):
     """Each image's stop, recomputed by hand from the plain transcription's per-iteration maps
@@ -335,7 +340,8 @@ def test_auto_iterations_follow_the_rule_on_reference_maps(params):
     present = torch.ones(3, 64, dtype=torch.bool)
     present[1, :5] = False  # 59 present pixels (none of them read by the model)
     present[2] = False
-    seed = 3
+    params = dict(params)
+    seed = params.pop("seed", 3)
     with torch.inference_mode():
         ev, prep = _evaluator(model, x)
         maps, queries, info = auto_responsibility(ev, prep, present, _top1, 10, 4, seed, False, **params)
@@ -374,7 +380,8 @@ def test_auto_stops_at_min_iterations_and_counts_cache_hits(monkeypatch):
     with torch.inference_mode():
         ev, prep = _evaluator(_Pixels((0, 0)).eval(), x)
         for kw, runs in [({}, 6), ({"min_iterations": 1, "patience": 1}, 2), ({"min_iterations": 1, "patience": 3}, 4),
-                         ({"min_iterations": 3, "patience": 1}, 3), ({"min_iterations": 8, "max_iterations": 5}, 5)]:
+                         ({"min_iterations": 3, "patience": 1}, 3), ({"min_iterations": 8, "max_iterations": 5}, 5),
+                         ({"min_dice": 1.0}, 6)]:  # Dice exactly 1.0 counts as calm (>=)
             maps, queries, info = auto_responsibility(ev, prep, present, _top1, 10, 4, 40, False, **kw)
             assert info.iterations == [runs], kw
             assert queries == [28] and info.cache_hits == 28 * (runs - 1)
