@@ -386,3 +386,11 @@ def test_auto_stops_at_min_iterations_and_counts_cache_hits(monkeypatch):
             assert info.iterations == [runs], kw
             assert queries == [28] and info.cache_hits == 28 * (runs - 1)
             torch.testing.assert_close(maps[0], runs * one, rtol=0, atol=1e-12)
+
+
+def test_descend_of_no_descents_is_an_empty_stack_of_maps():
+    x = torch.ones(2, 1, 4, 5, dtype=torch.float64)
+    with torch.inference_mode():
+        ev, prep = _evaluator(_Pixels((0, 0)).eval(), x)
+        logs, queries = descend(ev, prep, torch.ones(2, 20, dtype=torch.bool), _top1, [], 10, 4, MutantCache())
+    assert logs.shape == (0, 4, 5) and logs.dtype == torch.float64 and queries == [0, 0]
