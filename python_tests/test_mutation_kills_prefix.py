@@ -59,6 +59,7 @@ def test_boundary_prefix_from_a_start_shrinks_by_doubling_strides():
     assert [s for i, s in ev.seen if i == 0] == [64, 62, 58, 50, 34, 2, 18, 10, 6, 4, 5]
     assert [s for i, s in ev.seen if i == 3] == [40]
     assert hits == [(5, 0.05), None, None] and queries == [11, 1, 0]
+    assert type(hits[0][0]) is int  # sizes stay ints (a stride of start / 32 would make them floats)
 
 
 @pytest.mark.timeout(30)
