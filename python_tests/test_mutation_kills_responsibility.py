@@ -160,11 +160,13 @@ _REST = 1 + 7 / 6  # each other quadrant's
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("depth, min_box, levels", [(10, 4, 2), (1, 4, 1), (2, 4, 2), (10, 5, 1), (10, 2, 2)])
+@pytest.mark.parametrize("depth, min_box, levels", [(10, 4, 2), (1, 4, 1), (2, 4, 2), (10, 5, 1), (10, 2, 2),
+                                                     (2, 1, 2)])
 def test_descend_by_hand_on_a_4x4_image(monkeypatch, depth, min_box, levels):
     """Level 1 splits the image at (2, 2) and refines [0] (area 4, the smallest passing); level 2 splits that
     2x2 box at (1, 1) and refines pixel (0, 0) (area 1 < min_box: the descent ends). min_box 5 or depth 1
-    stop after level 1."""
+    stop after level 1; depth 2 with min_box 1 stops after level 2 (a third level would split pixel (0, 0),
+    and the scripted splits have none left: the test fails)."""
     _script(monkeypatch, {7: [(2, 2), (1, 1)]})
     x = torch.ones(1, 1, 4, 4, dtype=torch.float64)
     with torch.inference_mode():
