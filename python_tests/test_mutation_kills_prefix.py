@@ -203,3 +203,29 @@ def test_verify_prefix_sets_continues_in_the_join_order():
     assert sets == [(0, [2, 7]), (0, [0, 2, 5, 7]), (2, [3]), (2, [1, 3])]
     # a row whose sizes all fail: None
     assert verify_prefix_sets(Recorder(rule), [0], [torch.tensor([7, 2])], [[1, 2]], top1, 10) == [None]
+
+
+@pytest.mark.timeout(30)
+def test_boundary_prefix_edge_brackets_counts_and_threshold_passes():
+    """A bracket from 0 (the first scanned size passed) bisects, never shrinks: (0, 20) passing from 3 probes 10,
+    5, 2, 3 (a shrink would probe 10 - 20 -> 1). A bracket (7, 9) with a gap of 2 still probes 8. A row of count 1
+    is searched (its one prefix). passes gets f: a threshold on f (top-1 never set) finds 6."""
+    ev = RuleEvaluator(at_least({0: 3, 1: 8, 2: 1}))
+    hits, queries = boundary_prefix(ev, identity_positions(3, 30), [0, 1, 2], [30, 30, 1], top1,
+                                    brackets=[(0, 20, 0.2), (7, 9, 0.09), None])
+    assert [s for i, s in ev.seen if i == 0] == [10, 5, 2, 3]
+    assert [s for i, s in ev.seen if i == 1] == [8] and [s for i, s in ev.seen if i == 2] == [1]
+    assert hits == [(3, 0.03), (8, 0.08), (1, 0.01)] and queries == [4, 1, 1]
+    ev = RuleEvaluator(lambda i, ids: (len(ids) / 100, False))
+    hits, _ = boundary_prefix(ev, identity_positions(1, 30), [0], [30], lambda r, f, t: f >= 0.06)
+    assert hits == [(6, 0.06)]
+
+
+def test_bracket_keeps_shrinking_when_a_probe_above_the_passing_one_fails():
+    """Several probes per round (GPU): shrinking from 64 with probes 56 (passes), 60 (fails), 62 (passes): the
+    first transition is at 56 with only the assumed empty prefix below it, so the row keeps shrinking (stride
+    2 << 3 = 16); the failure at 60 is above the bracket."""
+    b = _Bracket(64, 100, 2)
+    assert b.update([(64, True, 0.64)]) is False
+    assert b.update([(56, True, 0.56), (60, False, 0.6), (62, True, 0.62)]) is False
+    assert (b.lo, b.hi, b.f_hi, b.phase, b.stride) == (0, 56, 0.56, "shrink", 16)
