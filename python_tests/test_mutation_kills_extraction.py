@@ -24,7 +24,7 @@ def top1(i, f, t):
 
 
 def run(evaluator, scores, *, n=None, p=None, step=1, collection=False, verifier=None, refine=False,
-        refine_budget=None, refine_scan=None, queries=None, ranks=None):
+        refine_budget=None, refine_scan=None, queries=None, ranks=None, passes=top1):
     """extract_sets on images of ones [n, p] (one feature per element) with a fixed ranking ``scores``."""
     n, p = scores.shape
     prep = prepare(torch.ones(n, p, dtype=torch.float64))
@@ -35,7 +35,7 @@ def run(evaluator, scores, *, n=None, p=None, step=1, collection=False, verifier
         return scores, queries
 
     return extract_sets(evaluator, prep, torch.arange(n) + 1, torch.linspace(0.5, 0.9, n, dtype=torch.float64),
-                        rank_fn, top1, step, collection, [0.25 + 0.125 * i for i in range(n)], verifier=verifier,
+                        rank_fn, passes, step, collection, [0.25 + 0.125 * i for i in range(n)], verifier=verifier,
                         engine="stand-in", refine=refine, refine_budget=refine_budget, refine_scan=refine_scan)
 
 
@@ -192,3 +192,41 @@ def test_counting_evaluator_counts_candidates_per_image():
     present = torch.ones(5, 3, dtype=torch.bool)
     f, t = counted(present, torch.tensor([2, 0, 2, 2, 3]), torch.arange(5), torch.full((5,), -1))
     assert counted.counts == [1, 0, 3, 1] and f.shape == (5,) and counted.prep is ev.prep and counted.runner is None
+
+
+@pytest.mark.timeout(30)
+def test_verifier_continues_from_a_later_engine_size_with_a_threshold():
+    """Steps of 2 (sizes 2, 4, ..., 12). Engine: image 0 passes at 4 (index 1); the model needs feature 7 as well:
+    sizes 4, 6 | 8, 10, 12: 8 (index 1 + 2 = 3). Image 1 with a threshold on f (top-1 never set): the engine's share of
+    {0, 1, 2, 3} reaches 0.5 at size 2; the model's share of {0, 5, 6, 7} at size 6 (sizes 2, 4 | 6, 8, 10, 12)."""
+    ev = RuleEvaluator(lambda i, ids: ((len(ids & {0, 2}) / 2, {0, 2} <= ids) if i == 0
+                                       else (len(ids & {0, 1, 2, 3}) / 4, False)))
+    model = RuleEvaluator(lambda i, ids: ((len(ids & {0, 2, 7}) / 3, {0, 2, 7} <= ids) if i == 0
+                                          else (len(ids & {0, 5, 6, 7}) / 4, False)))
+    passes = lambda i, f, t: bool(t) if i == 0 else f >= 0.5  # noqa: E731
+    a, b = run(ev, torch.stack([DESC, DESC]), step=2, verifier=model, passes=passes)
+    assert a.sis.tolist() == list(range(8)) and a.sis_score == 1.0
+    assert b.sis.tolist() == list(range(6)) and b.sis_score == 0.5
+    # chunks of 2, then 4: the rest of the sizes are scored in round 2
+    assert [s for i, s in model.seen if i == 0] == [4, 6, 8, 10, 12]
+    assert [s for i, s in model.seen if i == 1] == [2, 4, 6, 8, 10, 12]
+    assert [r.extraction_queries for r in (a, b)] == [2 + 5, 2 + 6]
+
+
+@pytest.mark.timeout(30)
+def test_verifier_of_refined_sets_keeps_scan_budget_and_threshold():
+    """refine=True with a scan of 10 and a budget of 2: the engine's pruned set fails on the model, and the row is
+    refined again there with the same scan (10, 20 | 30, 40, then 35, 32, 31) and budget (not certified). Image 1
+    passes by a threshold on f on both (f >= 0.5 with 2 of {1, 2, 3, 4}): its set is checked on the model once,
+    and keeps its size before refinement (the engine's boundary, 3: 10, then 1 (fails), 5, 3, 2)."""
+    ev = RuleEvaluator(lambda i, ids: ((len(ids & {3, 17, 25}) / 3, {3, 17, 25} <= ids) if i == 0
+                                       else (len(ids & {1, 2, 3, 4}) / 4, False)))
+    model = RuleEvaluator(lambda i, ids: ((len(ids & {3, 17, 25, 30}) / 4, {3, 17, 25, 30} <= ids) if i == 0
+                                          else (len(ids & {1, 2, 3, 4}) / 4, False)))
+    passes = lambda i, f, t: bool(t) if i == 0 else f >= 0.5  # noqa: E731
+    a, b = run(ev, torch.stack([P40, P40]), refine=True, refine_scan=10, refine_budget=2, verifier=model,
+               passes=passes)
+    assert [s for i, s in model.seen if i == 0][1:8] == [10, 20, 30, 40, 35, 32, 31]  # after the check of its set
+    assert a.size_before_refine == 31 and a.minimal is False and {3, 17, 25, 30} <= set(a.sis.tolist())
+    assert a.refine_queries == (ev.count(0) - 7) + 1 + (model.count(0) - 8) and model.count(0) - 8 <= 2
+    assert b.size_before_refine == 3 and model.count(1) == 1 and b.sis_score == 0.5
