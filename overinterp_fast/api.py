@@ -17,6 +17,7 @@ from .incremental import IncrementalEvaluator
 from .incremental import choose as choose_incremental
 from .extraction import extract_sets
 from .gradient import check_autocast, check_k, gradient_sis
+from .blocks import auto_block, check_block
 from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, initial_predictions, model_memory_format
 from .onnx_backend import OnnxModel
@@ -94,14 +95,16 @@ def _passes(criterion: str, thresholds: list[float]):
 
 
 REFINE = (True, False, "boundary")
-REFINE_BUDGET = 1000  # refine=True: the most pruning queries per image by default (see README, minimal pixel sets)
+REFINE_BUDGET = "auto"  # refine=True: prune sets of up to AUTO_PRUNE_FEATURES features fully, larger ones not
+ITERATIONS = 6  # method="responsibility": descents per image by default (see README, minimal pixel sets)
 
 
 def _check_refine(refine, budget=None) -> None:
     if not any(refine is r or (isinstance(refine, str) and refine == r) for r in REFINE):
         raise ValueError(f"refine must be True, False or 'boundary', got {refine!r}")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-        raise ValueError(f"refine_budget must be an int >= 0 or None, got {budget!r}")
+    if budget is not None and not (isinstance(budget, str) and budget == "auto") and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"refine_budget must be 'auto', an int >= 0 or None, got {budget!r}")
 
 
 def _check_pixels(s: _Setup, what: str) -> None:
@@ -175,7 +178,7 @@ def sufficient_subset(
     batch_size: int | None = None,
     engine: str = "auto",
     refine: bool | str = False,
-    refine_budget: int | None = REFINE_BUDGET,
+    refine_budget: int | str | None = REFINE_BUDGET,
 ) -> list[SISResult]:
     """Turn any ranking (saliency map, gradients, responsibility) into a sufficient set: batched FindSIS.
 
@@ -192,7 +195,8 @@ def sufficient_subset(
             ``step`` unused), pruned to a 1-minimal set (removing any one feature breaks
             the criterion; ``size_before_refine``, ``refine_queries`` report it).
             "boundary": the feature-exact boundary prefix only (no pruning).
-        refine_budget: refine=True: the most pruning queries per image (None: no limit).
+        refine_budget: refine=True: the most pruning queries per image (None: no limit; "auto",
+            the default: no limit for sets of up to 256 features, no pruning of larger ones).
             ``SISResult.minimal`` is True when the set is certified 1-minimal, False when
             the budget ran out first (the set passes and is smaller, but not certified).
 
@@ -240,12 +244,13 @@ def fast_sis(
     k: int = 100,
     autocast: str | torch.dtype | None = None,
     criterion: str | None = None,
-    iterations: int | str = "auto",
+    iterations: int | str = ITERATIONS,
     seed: int = 0,
     engine: str = "auto",
     refine: bool | str = True,
-    refine_budget: int | None = REFINE_BUDGET,
+    refine_budget: int | str | None = REFINE_BUDGET,
     incremental: bool | None = None,
+    block: int | str = "auto",
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -283,9 +288,18 @@ def fast_sis(
             pixel set restores the top-1 class; ``threshold`` is then unused) or
             "threshold" (f >= threshold).
         iterations, seed: method="responsibility": descents per image and their seed.
-            "auto" (default): stop an image's descents once its minimal pixel set has
-            settled (see :func:`~overinterp_fast.responsibility.auto_responsibility`);
-            an int runs that many (ReX: 20).
+            An int runs that many (default 6: about 450 queries per image at 224x224, a
+            quarter of ReX's 20; see README.md "Minimal pixel sets" for the measured
+            trade-off between iterations, queries and agreement with ReX). "auto": stop
+            an image's descents once its top-ranked pixels have settled (see
+            :func:`~overinterp_fast.responsibility.auto_responsibility`; median 13).
+        block: method="responsibility" with refine=True or "boundary": rank the pixels
+            square by square, squares of ``block`` x ``block`` pixels by their mean
+            responsibility (:func:`~overinterp_fast.blocks.block_positions`), and scan
+            the ranking one square at a time (where a square holds 10 pixels or more)
+            before the pixel-exact boundary. "auto" (default): about a 28x28 grid
+            (8 at 224x224, 1 below about 40x40); 1: pixel by pixel. ReX's extraction
+            (refine=False) always ranks pixels.
         engine: what scores the candidates of method="exact"/"responsibility":
             "auto" (default: torch, or ONNX Runtime where the job is long enough and
             it is measured faster), "torch", "onnxruntime" (export once, cached) or
@@ -296,8 +310,10 @@ def fast_sis(
         refine: method="responsibility": True (default): a pixel-exact boundary prefix of
             the ranking, pruned towards a 1-minimal set (removing any one pixel breaks the
             criterion). Certifying 1-minimality costs at least one query per pixel of the
-            result, so the pruning stops after ``refine_budget`` queries per image (default
-            1000; None: no limit); ``SISResult.minimal`` says whether the set is certified
+            result, so the pruning stops after ``refine_budget`` queries per image (None: no
+            limit; "auto", the default: sets of up to 256 pixels are pruned without limit, larger
+            ones are not pruned: at 224x224, where sets hold thousands of pixels, certifying
+            costs more than the whole search); ``SISResult.minimal`` says whether the set is certified
             1-minimal (True) or the budget ran out first (False). "boundary": the
             pixel-exact boundary prefix only (about 2 log2(size) queries; not 1-minimal).
             False: ReX's extraction (the first passing prefix in steps of 10).
@@ -334,6 +350,7 @@ def fast_sis(
     if method == "responsibility":
         check_responsibility_options(1 if iterations == "auto" else iterations, 10, 10, seed)
         _check_refine(refine, refine_budget)
+        check_block(block)
     check_engine(engine)
     if incremental not in (None, True, False):
         raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
@@ -370,9 +387,10 @@ def fast_sis(
                                                            seed, progress)
                 return maps.view(maps.shape[0], -1), queries
 
+            side = auto_block(*prep.images.shape[-2:]) if block == "auto" else block
             return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds,
                                 verifier=verifier, engine=eng.name, refine=refine, refine_budget=refine_budget,
-                                refine_scan=10)
+                                refine_scan=10, block=side)
     with torch.inference_mode():
         t0 = time.perf_counter()
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)

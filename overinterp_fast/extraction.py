@@ -6,10 +6,13 @@ from typing import Callable
 import torch
 
 from .batching import CandidateEvaluator
+from .blocks import block_positions, scan_sizes
 from .inputs import Prepared
 from .minimal import prune_to_minimal
 from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
+
+AUTO_PRUNE_FEATURES = 256  # refine_budget="auto": sets of up to this many features are pruned to 1-minimal
 
 
 class CountingEvaluator:
@@ -34,17 +37,20 @@ def refined_sets(
     counts: list[int],
     passes: Callable[[int, float, bool], bool],
     prune: bool = True,
-    budget: int | None = None,
-    scan: int | None = None,
+    budget: int | str | None = None,
+    scan: int | list[list[int]] | None = None,
 ) -> tuple[list[tuple[torch.Tensor, int, float, bool | None] | None], list[int], list[int]]:
     """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set
     (``prune=False``: the boundary prefix itself). ``budget``: the most pruning queries per row (None: no
     limit); a row that runs out keeps the smaller, still passing set it reached, not certified 1-minimal.
+    "auto": rows whose boundary prefix holds at most ``AUTO_PRUNE_FEATURES`` features are pruned without
+    limit; larger ones keep the boundary prefix (not certified: certifying costs a query per feature).
 
-    The boundary: with ``scan`` (an int), the first passing prefix of sizes scan, 2 scan, ... (ReX's
-    extraction: on a criterion that is far from monotone, as the top-1 class of a large model over
-    prefix sizes, this finds the first passing window, which an exponential search jumps over),
-    then bisection inside that last step; without, an exponential search from 10
+    The boundary: with ``scan``, the first passing prefix of the sizes scan, 2 scan, ... (an int:
+    ReX's extraction) or of the given ascending sizes per row (a list: e.g. the ends of the squares
+    of :func:`~overinterp_fast.blocks.block_positions`); on a criterion that is far from monotone, as
+    the top-1 class of a large model over prefix sizes, a scan finds the first passing window, which
+    an exponential search jumps over. Then bisection inside that last step. Without, an exponential search from 10
     (:func:`~overinterp_fast.prefix.boundary_prefix`, about 2 log2(k) queries).
 
     Returns:
@@ -54,7 +60,7 @@ def refined_sets(
     """
     if scan:
         counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
-        sizes = [list(range(scan, c, scan)) + [c] if c else [] for c in counts]
+        sizes = scan if isinstance(scan, list) else [list(range(scan, c, scan)) + [c] if c else [] for c in counts]
         first = first_passing_prefix(counted, pos, images, sizes, passes)
         scanned = [counted.counts[i] for i in images]  # one row per image
         brackets = [None if h is None else (sizes[r][h[0] - 1] if h[0] else 0, sizes[r][h[0]], h[1])
@@ -68,10 +74,13 @@ def refined_sets(
     rows = [r for r, h in enumerate(hits) if h is not None]
     out: list[tuple[torch.Tensor, int, float, bool | None] | None] = [None] * len(images)
     q_prune = [0] * len(images)
+    unpruned = rows if not prune else [r for r in rows if budget == "auto" and hits[r][0] > AUTO_PRUNE_FEATURES]
+    for r in unpruned:
+        out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1], None if not prune else False)
     if not prune:
-        for r in rows:
-            out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1], None)
         return out, q_boundary, q_prune
+    rows = [r for r in rows if r not in unpruned]
+    budget = None if budget == "auto" else budget
     if not rows:
         return out, q_boundary, q_prune
     dev = pos.device
@@ -105,8 +114,9 @@ def extract_sets(
     verifier: CandidateEvaluator | None = None,
     engine: str = "torch",
     refine: bool | str = False,
-    refine_budget: int | None = None,
+    refine_budget: int | str | None = None,
     refine_scan: int | None = None,
+    block: int | None = None,
 ) -> list[SISResult]:
     """Per image, a sufficient set from its ranking.
 
@@ -119,6 +129,10 @@ def extract_sets(
     the pruning finished (the set is certified 1-minimal) or ran out of budget. ``refine_scan``:
     with refine=True, the boundary is found by a scan in steps of ``refine_scan`` and bisection
     inside the last step (see :func:`refined_sets`); None: by exponential search.
+    ``block`` (refine=True or "boundary", pixel features of [N, C, H, W] images): rank the pixels
+    square by square (:func:`~overinterp_fast.blocks.block_positions`; ``values`` then holds each
+    pixel's square mean, the score it is ranked by) and, where a square holds at least
+    ``refine_scan`` pixels, scan one square at a time instead of steps of ``refine_scan``.
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
     (scores float [N, p], queries per image or None). With ``collection``, each set
@@ -140,17 +154,23 @@ def extract_sets(
     while active:
         rows = torch.tensor(active, device=dev)
         scores, queries = rank_fn(present)
-        pos = ranking_positions(scores[rows].reshape(len(active), p), present[rows])
+        ranked = scores[rows].reshape(len(active), p)
+        scan = refine_scan if refine is True else None
+        if refine and block and block > 1:
+            h, w = prep.images.shape[-2:]
+            pos, ends, ranked = block_positions(ranked, present[rows], h, w, block)
+            if scan and block * block >= scan:
+                scan = [scan_sizes(e) for e in ends]
+        else:
+            pos = ranking_positions(ranked, present[rows])
         counts = present[rows].sum(1).tolist()
         row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
         if refine:
             refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes,
-                                                           prune=refine is True, budget=refine_budget,
-                                                           scan=refine_scan if refine is True else None)
+                                                           prune=refine is True, budget=refine_budget, scan=scan)
             if verifier is not None:
                 refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes,
-                                          prune=refine is True, budget=refine_budget,
-                                          scan=refine_scan if refine is True else None)
+                                          prune=refine is True, budget=refine_budget, scan=scan)
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
             counted = CountingEvaluator(evaluator, n)
@@ -163,7 +183,7 @@ def extract_sets(
                     counted.counts[i] += counted_v.counts[i]
             hits = [None if h is None else (sizes[r][h[0]], h[1]) for r, h in enumerate(hits)]
             extraction = [counted.counts[i] for i in active]
-        pos_cpu, scores_cpu = pos.cpu(), scores[rows].reshape(len(active), p).double().cpu()
+        pos_cpu, scores_cpu = pos.cpu(), ranked.double().cpu()
         nxt = []
         for r, i in enumerate(active):
             order = torch.argsort(pos_cpu[r])[: counts[r]]
@@ -219,7 +239,7 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
 
 
 def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True,
-                    budget=None, scan=None) -> list:
+                    budget=None, scan: int | list[list[int]] | None = None) -> list:
     """Check each refined set on the user's model; a row whose set fails there is refined again on it.
 
     Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
@@ -247,7 +267,8 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     if again:
         redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
                                       [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
-                                      prune=prune, budget=budget, scan=scan)
+                                      prune=prune, budget=budget,
+                                      scan=[scan[r] for r in again] if isinstance(scan, list) else scan)
         for k, r in enumerate(again):
             out[r] = redo[k]
             extraction[r] += q_b[k]
