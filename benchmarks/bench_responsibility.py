@@ -39,7 +39,8 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   the quality bar: per photo, the mean Dice between the MPS of two ReX seeds and
   the spread of its MPS sizes (median over photos).
 - Ours: fast_sis(onnx_model, all photos, method="responsibility") with the defaults
-  (iterations="auto", refine=True) in one call, time / N per image (session start
+  (iterations=6, refine=True, block="auto": squares of 8 pixels at 224x224,
+  refine_budget="auto": sets over 256 pixels are not pruned) in one call, time / N per image (session start
   and a warm-up run apart, as for ReX), once per ReX seed, interleaved with ReX's
   runs (ours with the same seed), so both see the same machine load; times are the
   minimum over these rounds. Queries are all forward passes per image: the descent
@@ -47,6 +48,8 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   (ReX: responsibility and extraction). Every MPS is checked by a plain forward pass
   of the ONNX model (top-1 class on the masked photo = the target).
 - --faithful: ours in ReX's settings too (iterations=20, refine=False), once.
+- --sweep K ...: ours with iterations=K (an int or "auto"; the other options the defaults), once
+  each: the trade-off between queries and agreement with ReX behind the default of 6.
   Also the torch module in the default mode, once (--no-torch skips it).
 - Cold case: a fresh process explaining one photo with the defaults (import, ONNX
   session, the call), timed from the process start.
@@ -247,6 +250,8 @@ def main():
                     help="ours: refine=True (the default: pruned towards 1-minimal within refine_budget queries) "
                          "or refine='boundary' (the pixel-exact boundary prefix)")
     ap.add_argument("--faithful", action="store_true", help="also ours with iterations=20, refine=False")
+    ap.add_argument("--sweep", nargs="*", default=[], metavar="K",
+                    help="also ours with iterations=K for each K (an int or 'auto'), other options the defaults")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-module reference run")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process cold case")
     ap.add_argument("--keep", default=None, help="keep the ONNX model, PNGs and ReX outputs in this folder")
@@ -294,6 +299,13 @@ def main():
             onnx_model.rows = 0
             t, res = run_ours(onnx_model, images, args.seed, iterations=args.iterations, refine=False)
             faithful = {"time_s": t, "results": res, "rows": onnx_model.rows}
+        sweep = []
+        for k in args.sweep:
+            onnx_model.rows = 0
+            it = k if k == "auto" else int(k)
+            t, res = run_ours(onnx_model, images, args.seed, iterations=it, refine=refine)
+            sweep.append({"iterations": it, "time_s": t, "results": res})
+            print(f"sweep iterations={it}: {t / n:.2f} s per image", flush=True)
         t_torch = same_torch = None
         if not args.no_torch:
             counted = CountingTorch(model).eval()
@@ -384,6 +396,17 @@ def main():
         s.update({"faithful_time_per_image_s": faithful["time_s"] / n, "faithful_median_queries": med("faithful_queries"),
                   "faithful_median_mps_fraction": med("faithful_mps_fraction"),
                   "faithful_dice_to_rex": med("faithful_dice_to_rex")})
+    s["sweep"] = []
+    for sw in sweep:
+        res = sw["results"]
+        s["sweep"].append({
+            "iterations": sw["iterations"], "time_per_image_s": sw["time_s"] / n,
+            "median_queries": statistics.median(r.total_queries for r in res),
+            "median_mps_fraction": statistics.median(r.size for r in res) / p,
+            "dice_to_rex": statistics.median(statistics.mean(dice(arr[f"mps{i}"], r.mask.numpy()) for _, arr in rex_runs)
+                                             for i, r in enumerate(res)),
+            "all_pass_on_model": all(passes_on_model(check_model, images, res)),
+        })
     s["targets"] = {
         "queries <= 1/4 of ReX's": s["query_ratio"] >= 4,
         "time >= 4x faster": s["speed_ratio"] >= 4,
@@ -393,7 +416,7 @@ def main():
     }
 
     print(f"\nEfficientNet-Lite0 ONNX, 224x224; ReX 0.4.1: {args.iterations} iterations, depth 10, min box 10, "
-          f"seeds {seeds}; ours: iterations='auto', refine={refine!r}; CPU, {torch.get_num_threads()} threads")
+          f"seeds {seeds}; ours: the defaults (iterations=6, block='auto'), refine={refine!r}; CPU, {torch.get_num_threads()} threads")
     head = (f"{'photo':<11}{'class':<18}{'ReX q':>7}{'ReX MPS%':>9}{'spread%':>8}{'ReX Dice':>9}"
             f"{'ours q':>7}{'(desc+ext+ref)':>17}{'MPS%':>6}{'before%':>8}{'Dice':>6}{'ok':>4}")
     print(head)
@@ -417,9 +440,14 @@ def main():
           f"queries, MPS {100 * s['ours_median_size_before_refine_fraction']:.2f}%, Dice to ReX "
           f"{s['ours_unpruned_dice_to_rex']:.2f}")
     if faithful is not None:
-        print(f"ours in ReX's settings (iterations=20, refine=False): {s['faithful_time_per_image_s']:.2f} s per image, "
+        print(f"ours in ReX's settings (iterations={args.iterations}, refine=False): {s['faithful_time_per_image_s']:.2f} s per image, "
               f"{s['faithful_median_queries']:.0f} queries, MPS {100 * s['faithful_median_mps_fraction']:.2f}%, "
               f"Dice to ReX {s['faithful_dice_to_rex']:.2f}")
+    for sw in s["sweep"]:
+        print(f"ours with iterations={sw['iterations']}: {sw['time_per_image_s']:.2f} s per image, "
+              f"{sw['median_queries']:.0f} queries ({rex_q / sw['median_queries']:.2f}x fewer than ReX), "
+              f"MPS {100 * sw['median_mps_fraction']:.2f}%, Dice to ReX {sw['dice_to_rex']:.2f}, "
+              f"every MPS passes: {sw['all_pass_on_model']}")
     if t_torch is not None:
         print(f"ours with the torch module: {t_torch / n:.2f} s per image (same MPS as on ONNX: {same_torch})")
     if cold is not None:
