@@ -38,7 +38,7 @@ def block_positions(
 
     Squares are the ``block`` x ``block`` tiles of the H x W grid (smaller at the right and
     bottom edges when ``block`` does not divide H or W). A square's score is the mean score of
-    its present pixels. Squares rank by descending score (equal scores: the higher square index
+    its present pixels, rounded to 9 decimals. Squares rank by descending score (equal scores: the higher square index
     first, squares numbered row-major); inside a square, pixels rank by descending score (equal
     scores: the higher pixel index first). With ``block=1`` the ranking is that of
     :func:`~overinterp_fast.responsibility.ranking_positions`.
@@ -62,7 +62,8 @@ def block_positions(
     c = torch.nn.functional.pad(present.view(n, h, w).double(), pad)
     sums = s.view(n, bh, block, bw, block).sum((2, 4)).view(n, -1)
     counts = c.view(n, bh, block, bw, block).sum((2, 4)).view(n, -1)
-    mean = torch.where(counts > 0, sums / counts.clamp(min=1), -torch.inf)  # [n, bh * bw]
+    # rounded to 9 decimals: squares whose sums are equal up to the order of the additions tie
+    mean = torch.where(counts > 0, torch.round(sums / counts.clamp(min=1), decimals=9), -torch.inf)  # [n, bh * bw]
     ys = torch.arange(h, device=dev).view(-1, 1) // block
     xs = torch.arange(w, device=dev).view(1, -1) // block
     square = (ys * bw + xs).view(-1)  # [p] the square of every pixel

@@ -9,7 +9,7 @@ from test_minimal_sets import PatchReader, assert_one_minimal, top1_on
 
 
 def brute_block_ranking(scores, present, h, w, b):
-    """Pure-Python reference: present pixels sorted by (square mean desc, square index desc, score desc, index
+    """Pure-Python reference: present pixels sorted by (square mean rounded to 9 decimals desc, square index desc, score desc, index
     desc); the sizes at which a square ends; every present pixel's square mean."""
     bw = -(-w // b)
     sq = lambda i: (i // w) // b * bw + (i % w) // b  # noqa: E731
@@ -18,7 +18,7 @@ def brute_block_ranking(scores, present, h, w, b):
         if present[i]:
             sums[sq(i)] = sums.get(sq(i), 0.0) + float(scores[i])
             cnts[sq(i)] = cnts.get(sq(i), 0) + 1
-    mean = {s: sums[s] / cnts[s] for s in sums}
+    mean = {s: round(sums[s] / cnts[s], 9) for s in sums}
     order = sorted((i for i in range(h * w) if present[i]), key=lambda i: (-mean[sq(i)], -sq(i), -float(scores[i]), -i))
     ends, total = [], 0
     for s in sorted(mean, key=lambda s: (-mean[s], -s)):
@@ -131,3 +131,17 @@ def test_refine_budget_auto_prunes_small_sets_and_leaves_large_ones():
     for bad in ("none", -3):
         with pytest.raises(ValueError, match="refine_budget must be 'auto', an int >= 0 or None"):
             of.fast_sis(small, x, refine_budget=bad, **kw)
+
+
+def test_defaults_are_six_iterations_ranked_in_auto_squares():
+    """fast_sis(method="responsibility") with no options: the map of 6 iterations (seed 0), ranked in squares of
+    auto_block(H, W) (2 at 64x64: 4 pixels per square, so the scan keeps ReX's steps of 10)."""
+    model = PatchReader(slice(20, 30), slice(30, 44), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(9))
+    r, = of.fast_sis(model, x, method="responsibility")
+    m, = of.responsibility(model, x, iterations=6, seed=0)
+    assert r.queries == m.queries
+    order, _, mean = brute_block_ranking(m.map.view(-1).tolist(), [True] * 4096, 64, 64, 2)
+    assert r.order.tolist() == order
+    assert r.values.tolist() == pytest.approx([mean[i] for i in order], rel=1e-12)
+    assert r.minimal is True and top1_on(model, x[0], r.mask) == r.target
