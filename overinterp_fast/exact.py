@@ -66,13 +66,14 @@ def exact_sis(
     dev = images.device
     n, p = images.shape[0], prep.num_features
     cols = p + 1
-    remaining = torch.full((n, cols), -1, dtype=torch.int64, device=dev)
+    # Every tensor is made on the images' device (new_* / device=dev), never on torch's default device.
+    remaining = images.new_full((n, cols), -1, dtype=torch.int64)
     remaining[:, :p] = torch.arange(p, device=dev)
-    present = torch.ones((n, p), dtype=torch.bool, device=dev)
-    order = torch.full((n, p), -1, dtype=torch.int64, device=dev)
-    values = torch.zeros((n, p), dtype=torch.float64, device=dev)
-    scores = torch.zeros((n, cols), dtype=torch.float64, device=dev)
-    finite = torch.ones((), dtype=torch.bool, device=dev)
+    present = images.new_ones((n, p), dtype=torch.bool)
+    order = images.new_full((n, p), -1, dtype=torch.int64)
+    values = images.new_zeros((n, p), dtype=torch.float64)
+    scores = images.new_zeros((n, cols), dtype=torch.float64)
+    finite = images.new_ones((), dtype=torch.bool)
 
     host_scores = scores0.tolist()
     targets_host = targets.tolist()
@@ -117,13 +118,13 @@ def exact_sis(
             if not collection or sis is None or sis.numel() == 0 or sis.numel() == m:
                 continue
             # Next round: what this round started with, less its SIS.
-            keep = torch.zeros(p, dtype=torch.bool)
-            keep[o] = True
+            keep = torch.zeros_like(present[i])
+            keep[o] = True  # (host indices may index a tensor on any device)
             keep[sis] = False
-            rest = torch.nonzero(keep).flatten()
-            present[i] = keep.to(dev)
+            rest = keep.nonzero().flatten()
+            present[i] = keep
             remaining[i, :p] = -1
-            remaining[i, : rest.numel()] = rest.to(dev)
+            remaining[i, : rest.numel()] = rest
             st.count, st.step = rest.numel(), 0
             bar.total += 1 + st.count * (st.count + 1) // 2
             queue.push(i, p, p + 1, _SCORE)
@@ -154,8 +155,8 @@ def exact_sis(
 
     while queue:
         batch = queue.take(batch_size)
-        img = torch.from_numpy(batch.image).to(dev, non_blocking=True)
-        slot = torch.from_numpy(batch.slot).to(dev, non_blocking=True)
+        img = torch.as_tensor(batch.image, device=dev)
+        slot = torch.as_tensor(batch.slot, device=dev)
         feature = remaining[img, slot]
         f = evaluator(present, img, img, feature)
         scores[img, slot] = f

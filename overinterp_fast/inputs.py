@@ -29,8 +29,8 @@ class Prepared:
     grid_shape: tuple[int, ...]
 
     def feature_mask(self, features: torch.Tensor) -> torch.Tensor:
-        """bool mask over the feature grid, True on ``features`` (int64 [k])."""
-        mask = torch.zeros(self.num_features, dtype=torch.bool)
+        """bool mask over the feature grid, True on ``features`` (int64 [k]), on the device of ``features``."""
+        mask = features.new_zeros(self.num_features, dtype=torch.bool)
         mask[features] = True
         return mask.view(self.grid_shape)
 

@@ -4,6 +4,8 @@
 The model outputs probabilities that are sums of dyadic weights of {0, 1} inputs, so every f is
 exact in float64 and every tie is exact (the lowest feature id is masked first).
 """
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -48,7 +50,8 @@ class Bar:
         self.closed = True
 
 
-def run(model, x, thresholds, collection, batch_size, monkeypatch, progress=None, stand_in=None, chunk=1000):
+def run(model, x, thresholds, collection, batch_size, monkeypatch, progress=None, stand_in=None, chunk=1000,
+        default_device=None):
     Bar.made = []
     monkeypatch.setattr(exact, "tqdm", Bar)
     user = ModelFn(model, outputs="probabilities")
@@ -62,8 +65,10 @@ def run(model, x, thresholds, collection, batch_size, monkeypatch, progress=None
     verifier = None
     if stand_in is not None:
         verifier = CandidateEvaluator(user, prep, targets, runner, measure=user.score_and_top1)
-    res = exact.exact_sis(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress,
-                          verifier=verifier, engine="planted")
+    # default_device: torch's default device while exact_sis runs (only exact_sis: the setup above is the caller's)
+    with contextlib.nullcontext() if default_device is None else torch.device(default_device):
+        res = exact.exact_sis(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress,
+                              verifier=verifier, engine="planted")
     return res, Bar.made[0]
 
 
@@ -192,3 +197,25 @@ def test_a_pessimistic_stand_ins_set_is_kept_not_shrunk(monkeypatch):
     assert r.values.tolist() == [0.625, 0.5, 0.375, 0.25, 0.0, -0.25]
     assert r.sis.tolist() == [2, 0, 5] and r.sis_score == 0.625 and len(r.collection) == 1
     assert bar.total == 21 + 1 and bar.n == bar.total and type(bar.total) is int
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch_size,chunk", [(4, 3), (1000, 1000)])
+def test_every_tensor_is_made_on_the_images_device_not_torchs_default(monkeypatch, batch_size, chunk):
+    """CPU images while torch's default device is ``meta`` (as a user's ``torch.set_default_device("cuda")``
+    would be): a tensor that exact_sis made on the default device instead of the images' one holds no data, so
+    reading it or mixing it with the CPU state fails. The answer is the hand-built one of the test above."""
+    x = images(FULL, HALF, FULL)
+    res, bar = run(Dyadic(W), x, [0.375, 0.8, 0.5], True, batch_size, monkeypatch, chunk=chunk,
+                   default_device="meta")
+    a, b, c = res
+    assert a.order.tolist() == [1, 3, 4, 5, 0, 2] and a.values.tolist() == [0.875, 0.75, 0.625, 0.5, 0.25, 0.0]
+    assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
+    assert [r.order.tolist() for r in a.collection] == [[1, 3, 4, 5, 0, 2], [1, 3, 4, 5]]
+    assert b.order.tolist() == [4, 5, 1, 3, 0, 2] and b.sis is None and b.collection == []
+    assert [r.sis.tolist() for r in c.collection] == [[2, 0], [5, 4, 3, 1]]
+    assert a.collection[1].mask.tolist() == [[False, False, False], [True, True, True]]
+    tensors = [t for r in (a, b, c) for s in [r, *r.collection] for t in (s.order, s.values, s.sis, s.mask)
+               if t is not None]
+    assert {t.device.type for t in tensors} == {"cpu"}
+    assert bar.total == 63 + 11 + 1 + 11 and bar.n == bar.total
