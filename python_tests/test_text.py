@@ -522,3 +522,53 @@ def test_reduction_target_shape_error_names_sequences():
     with pytest.raises(ValueError, match=r"^target must be an int or have one entry per sequence \(2\), got shape "
                                          r"\(3,\)$"):
         of.input_reduction(model, [torch.tensor([2]), torch.tensor([2, 2])], target=torch.tensor([0, 1, 1]))
+
+
+@pytest.mark.parametrize("importance,incremental", [("leave_one_out", True), ("leave_one_out", False),
+                                                    ("gradient", True)])
+def test_reduction_makes_its_tensors_on_the_models_device_not_torchs_default(importance, incremental):
+    """A CPU model while torch's default device is ``meta`` (as a user's ``torch.set_default_device("cuda")``
+    would be): a tensor made on the default device instead of the model's holds no data, so reading it or mixing
+    it with the CPU state fails. The answer is the plain transcription's, computed outside."""
+    model = tiny_cnn(0)
+    seqs = random_sequences(6, seed=3)
+    ref = reference.input_reduction(model, seqs, beam_size=2, importance=importance, embedding=model.embedding)
+    with torch.device("meta"):
+        got = of.input_reduction(model, seqs, beam_size=2, batch_size=3, importance=importance,
+                                 incremental=incremental)
+    assert_same(got, ref)
+    assert {t.device.type for r in got for t in (r.kept, r.ids, *(b.kept for b in r.beam))} == {"cpu"}
+
+
+def test_reduction_beam_size_defaults_to_5():
+    """Ten tokens of weight 1, bias 8.5: nine stay class 1 (f = sig(0.5)), eight do not. Round 1 deletes
+    k_b = min(10 - 3, 5) = 5 positions (all tie: 0..4, lower first); round 2's children all fail, so the beam is
+    round 1's five children, ranked by the kept tuple: deleting position 4 keeps the smallest tuple."""
+    model = BagOfWords([0.0, 0.0, 1.0], 8.5).eval()
+    (r,) = of.input_reduction(model, [torch.full((10,), 2)])
+    assert [b.kept.tolist() for b in r.beam] == [[i for i in range(10) if i != d] for d in (4, 3, 2, 1, 0)]
+    assert all(b.confidence == pytest.approx(sig(0.5), rel=1e-12) for b in r.beam)
+    assert (r.steps, r.queries) == (1, 1 + 10 + 5 * 9)
+
+
+@pytest.mark.parametrize("importance", ["leave_one_out", "gradient"])
+def test_reduction_children_run_in_chunks_of_4096_tokens_on_a_cpu(importance):
+    """With batch_size=None, rows of children of a 67-token sequence (66 tokens each) go 4096 // 66 = 62 to a
+    forward call (rows counted at 68 tokens would give 60). All weights 1, bias 66.5: no deletion keeps class 1,
+    so one round runs: the full row, [the gradient pass,] then the children (LOO: all 67; gradient: k_b = 64)."""
+    calls = []
+
+    class Recording(BagOfWords):
+        def forward(self, ids, attention_mask):
+            calls.append(tuple(ids.shape))
+            return super().forward(ids, attention_mask)
+
+    model = Recording([0.0, 0.0, 1.0], 66.5).eval()
+    (r,) = of.input_reduction(model, [torch.full((67,), 2)], beam_size=64, importance=importance)
+    if importance == "leave_one_out":
+        assert calls == [(1, 67), (62, 66), (5, 66)]
+        assert r.queries == 1 + 67
+    else:
+        assert calls == [(1, 67), (1, 67), (62, 66), (2, 66)]
+        assert r.queries == 1 + 1 + 64
+    assert (r.length, r.steps) == (67, 0)

@@ -250,7 +250,7 @@ def input_reduction(
     # Internal order: longest first (stable), so rows stay in non-increasing length every round.
     perm = sorted(range(n), key=lambda i: -lengths0[i])
     t_max = lengths0[perm[0]]
-    x = torch.full((n, t_max), pad_id, dtype=torch.int64)
+    x = seqs[0].new_full((n, t_max), pad_id)  # int64 on the host (check_sequences), never torch's default device
     for r, i in enumerate(perm):
         x[r, : lengths0[i]] = seqs[i]
     x = x.to(dev)
@@ -311,7 +311,7 @@ def input_reduction(
         slot = torch.arange(w, device=dev)
         with torch.no_grad():
             if importance == "leave_one_out":
-                member = torch.repeat_interleave(torch.arange(ma, device=dev), a_len)
+                member = torch.repeat_interleave(a_len)  # member m repeated a_len[m] times
                 starts = torch.cumsum(a_len, 0) - a_len
                 drop = torch.arange(member.numel(), device=dev) - starts[member]
                 m_ids, m_mask = _rows(x, a_seq, a_pos, pad_id)
