@@ -123,7 +123,7 @@ def exact_sis(
             keep[sis] = False
             rest = keep.nonzero().flatten()
             present[i] = keep
-            remaining[i, :p] = -1
+            # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
             remaining[i, : rest.numel()] = rest
             st.count, st.step = rest.numel(), 0
             bar.total += 1 + st.count * (st.count + 1) // 2

@@ -219,3 +219,18 @@ def test_every_tensor_is_made_on_the_images_device_not_torchs_default(monkeypatc
                if t is not None]
     assert {t.device.type for t in tensors} == {"cpu"}
     assert bar.total == 63 + 11 + 1 + 11 and bar.n == bar.total
+
+
+@pytest.mark.timeout(30)
+def test_float32_images_are_scored_in_float64(monkeypatch):
+    """float32 images and model: the scores and values held inside stay float64 whatever the images' dtype (the
+    update kernel takes float64 only). Every f here is a dyadic sum, exact in float32 too: the hand-built answer
+    of the float64 test."""
+    x = images(FULL, HALF, FULL).float()
+    res, bar = run(Dyadic(W).float(), x, [0.375, 0.8, 0.5], True, 4, monkeypatch, chunk=3)
+    a, b, c = res
+    assert a.values.dtype == torch.float64
+    assert a.order.tolist() == [1, 3, 4, 5, 0, 2] and a.values.tolist() == [0.875, 0.75, 0.625, 0.5, 0.25, 0.0]
+    assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
+    assert b.order.tolist() == [4, 5, 1, 3, 0, 2] and b.sis is None
+    assert [r.sis.tolist() for r in c.collection] == [[2, 0], [5, 4, 3, 1]]
