@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../mask_apply.h"
+#include "launch.cuh"
 
 namespace overinterp_fast {
 namespace {
@@ -40,12 +41,9 @@ at::Tensor mask_apply_cuda(const at::Tensor& base, const at::Tensor& baseline, c
   if (total == 0) return plan.out;
   auto present_c = present.contiguous();
   auto img = cand_image.contiguous(), row = cand_row.contiguous(), feat = cand_feature.contiguous();
-  const int threads = 256;
-  const int64_t max_blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * 32;
-  const int blocks = static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, max_blocks));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, base.scalar_type(), "mask_apply_cuda", [&] {
-    mask_apply_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
+    mask_apply_kernel<scalar_t><<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(
         plan.base.data_ptr<scalar_t>(), plan.baseline.data_ptr<scalar_t>(), plan.baseline.size(0) > 1,
         plan.fm.data_ptr<int64_t>(), present_c.data_ptr<bool>(), img.data_ptr<int64_t>(),
         row.data_ptr<int64_t>(), feat.data_ptr<int64_t>(), static_cast<scalar_t*>(plan.out_flat.data_ptr()),

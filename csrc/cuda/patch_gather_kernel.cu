@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "../patch_gather.h"
+#include "launch.cuh"
 
 namespace overinterp_fast {
 namespace {
@@ -66,12 +67,9 @@ std::tuple<at::Tensor, at::Tensor> patch_gather_cuda(const at::Tensor& stored, c
   if (total == 0) return {plan.out, plan.changed};
   const bool has_patch = plan.patch_h > 0 && plan.patch_w > 0;
   const Strides4 ps = has_patch ? strides4(patch) : Strides4{0, 0, 0, 0};
-  const int threads = 256;
-  const int64_t max_blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * 32;
-  const int blocks = static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, max_blocks));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, stored.scalar_type(), "patch_gather_cuda", [&] {
-    patch_gather_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
+    patch_gather_kernel<scalar_t><<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(
         stored.data_ptr<scalar_t>(), strides4(stored), has_patch ? patch.data_ptr<scalar_t>() : nullptr, ps,
         plan.out.data_ptr<scalar_t>(), strides4(plan.out), plan.image.data_ptr<int64_t>(),
         plan.patch_origin.data_ptr<int64_t>(), plan.valid.data_ptr<int64_t>(),

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../rect_fill.h"
+#include "launch.cuh"
 
 namespace overinterp_fast {
 namespace {
@@ -51,11 +52,6 @@ __global__ void scan_cols_kernel(int64_t* __restrict__ d, int64_t n, int64_t H, 
   }
 }
 
-int blocks_for(int64_t work, int threads) {
-  const int64_t max_blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * 32;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, max_blocks)));
-}
-
 at::Tensor rect_fill_cuda(const at::Tensor& rects, const at::Tensor& owner, const at::Tensor& weights, int64_t n,
                           int64_t height, int64_t width) {
   const c10::cuda::CUDAGuard guard(rects.device());
@@ -64,7 +60,7 @@ at::Tensor rect_fill_cuda(const at::Tensor& rects, const at::Tensor& owner, cons
   if (n == 0 || height == 0 || width == 0) return diff.narrow(1, 0, height).narrow(2, 0, width).contiguous();
   auto rc = rects.contiguous(), oc = owner.contiguous(), wc = weights.contiguous();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int threads = 256;
+  const int threads = kThreadsPerBlock;
   const int64_t R = rects.size(0);
   if (R > 0) {
     corners_kernel<<<blocks_for(R, threads), threads, 0, stream>>>(
