@@ -75,15 +75,13 @@ def floor_run(model, x: torch.Tensor, candidates: int) -> None:
 
 def dense_batch_size(model, images, features) -> int:
     """The batch size fast_sis's dense torch engine runs this job at (its calibration, cached), without a run."""
-    from overinterp_fast.api import _setup
-    from overinterp_fast.engines import select_engine
+    from overinterp_fast.api import _engine, _setup
     from overinterp_fast.model import initial_predictions
     s = _setup(model, images, 0.5, features, 0.0, "logits", None, "exact")
     n, p = s.prep.images.shape[0], s.prep.num_features
-    with torch.inference_mode():
+    with torch.inference_mode():  # fast_sis's own steps for method="exact" with engine="torch"
         targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
-        eng = select_engine("torch", s.fn, s.prep, targets, batch_size=None, max_rows=n * p,
-                            expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
+        eng = _engine(s, "torch", targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2, exact_shape=(n, p))
     return eng.batch_size
 
 
