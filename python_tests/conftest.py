@@ -172,7 +172,7 @@ class RuleEvaluator:
         self.seen: list[tuple[int, int]] = []
         self.sets: list[tuple[int, list[int]]] = []
         self.prep = SimpleNamespace(images=torch.zeros(1, device=device))
-        self.runner = None
+        self.runner = SimpleNamespace(chunk=None)  # read by nothing here; wrappers must pass it on
 
     def __call__(self, present, image, row, feature):
         f, t = [], []

@@ -164,7 +164,7 @@ def test_verifier_continues_past_the_engines_prefix():
 
 @pytest.mark.timeout(30)
 def test_verifier_of_refined_sets_redoes_a_failing_row_on_the_model():
-    """Engine: image 0 needs {3, 17, 25}; the model needs {3, 17, 25, 30} too: the engine's pruned set fails
+    """Engine: image 0 needs {3, 17, 25}; the model needs feature 30 too: the engine's pruned set fails
     there (1 query), and the row is refined again on the model (boundary 31: 10, 20, 40, 30, 35, 32, 31),
     pruned to the four. Image 1 needs {5} on both: its set {5} passes on the model (1 query) with the model's f."""
     ev = RuleEvaluator(needs(i0={3, 17, 25}, i1={5}))
@@ -191,7 +191,7 @@ def test_counting_evaluator_counts_candidates_per_image():
     counted = CountingEvaluator(ev, 4)
     present = torch.ones(5, 3, dtype=torch.bool)
     f, t = counted(present, torch.tensor([2, 0, 2, 2, 3]), torch.arange(5), torch.full((5,), -1))
-    assert counted.counts == [1, 0, 3, 1] and f.shape == (5,) and counted.prep is ev.prep and counted.runner is None
+    assert counted.counts == [1, 0, 3, 1] and f.shape == (5,) and counted.prep is ev.prep and counted.runner is ev.runner
 
 
 @pytest.mark.timeout(30)
@@ -226,7 +226,42 @@ def test_verifier_of_refined_sets_keeps_scan_budget_and_threshold():
     passes = lambda i, f, t: bool(t) if i == 0 else f >= 0.5  # noqa: E731
     a, b = run(ev, torch.stack([P40, P40]), refine=True, refine_scan=10, refine_budget=2, verifier=model,
                passes=passes)
+    # image 1 again, the model now sharing only feature 1 with the engine ({1, 5, 6, 7}): the engine's pruned
+    # set {1, 2} has f 0.25 there, so the row is redone on the model, by the threshold on f: scan 10 passes (20
+    # scored in the same round), bisection of (0, 10): 5 fails ({1}), 7, 6 pass: boundary 6
+    other = RuleEvaluator(lambda i, ids: ((len(ids & {3, 17, 25, 30}) / 4, {3, 17, 25, 30} <= ids) if i == 0
+                                          else (len(ids & {1, 5, 6, 7}) / 4, False)))
+    _, c = run(RuleEvaluator(ev.rule), torch.stack([P40, P40]), refine=True, refine_scan=10, verifier=other,
+               passes=passes)
+    assert [s for i, s in other.seen if i == 1][:6] == [2, 10, 20, 5, 7, 6] and c.size_before_refine == 6
+    assert c.sis.tolist() == [1, 5] and c.sis_score == 0.5 and c.minimal is True
     assert [s for i, s in model.seen if i == 0][1:8] == [10, 20, 30, 40, 35, 32, 31]  # after the check of its set
     assert a.size_before_refine == 31 and a.minimal is False and {3, 17, 25, 30} <= set(a.sis.tolist())
     assert a.refine_queries == (ev.count(0) - 7) + 1 + (model.count(0) - 8) and model.count(0) - 8 <= 2
     assert b.size_before_refine == 3 and model.count(1) == 1 and b.sis_score == 0.5
+
+
+@pytest.mark.timeout(30)
+def test_refine_scan_brackets_from_zero_and_rows_that_never_pass():
+    """refine=True, scan 10. Image 0 needs {0}: size 10 passes at once, bracket (0, 10): 5, 2, 1 pass: boundary 1.
+    Image 1 needs {3} (prefix 4 holds features 0..3): bracket (0, 10): 5 passes, 2 and 3 fail, 4 passes: boundary 4. Image 2 needs feature 99: the
+    scan (10, 20 | 30, 40) fails, no bisection: None after 4 queries. Image 3 needs {0, 1}: the boundary 2 (10,
+    20, 5, 2 pass, 1 fails); removing feature 1 from it is known to fail (prefix 1): that set is probed once."""
+    ev = RuleEvaluator(needs(i0={0}, i1={3}, i2={99}, i3={0, 1}))
+    a, b, c, d = run(ev, torch.stack([P40] * 4), refine=True, refine_scan=10)
+    assert [s for i, s in ev.seen if i == 0][:5] == [10, 20, 5, 2, 1] and a.size_before_refine == 1
+    assert [s for i, s in ev.seen if i == 1][:6] == [10, 20, 5, 2, 3, 4] and b.size_before_refine == 4
+    assert [s for i, s in ev.seen if i == 2] == [10, 20, 30, 40] and c.sis is None and c.extraction_queries == 4
+    assert c.refine_queries == 0 and c.minimal is None and c.size_before_refine is None
+    assert a.sis.tolist() == [0] and b.sis.tolist() == [3] and d.sis.tolist() == [0, 1]
+    assert [r.extraction_queries for r in (a, b, d)] == [5, 6, 5]
+    assert d.size_before_refine == 2 and ev.sets.count((3, [0])) == 1
+
+
+def test_extract_sets_defaults_name_the_torch_engine_and_do_not_refine():
+    ev = RuleEvaluator(needs(i0={0, 4}))
+    prep = prepare(torch.ones(1, 12, dtype=torch.float64))
+    (r,) = extract_sets(ev, prep, torch.tensor([0]), torch.tensor([0.5], dtype=torch.float64),
+                        lambda present: (DESC[None], None), top1, 3, False, [0.5])
+    assert r.engine == "torch" and r.sis.tolist() == list(range(6)) and r.refine_queries is None
+    assert r.size_before_refine is None and r.minimal is None
