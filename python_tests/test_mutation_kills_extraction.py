@@ -265,3 +265,20 @@ def test_extract_sets_defaults_name_the_torch_engine_and_do_not_refine():
                         lambda present: (DESC[None], None), top1, 3, False, [0.5])
     assert r.engine == "torch" and r.sis.tolist() == list(range(6)) and r.refine_queries is None
     assert r.size_before_refine is None and r.minimal is None
+
+
+@pytest.mark.timeout(30)
+def test_collection_of_single_features_by_a_threshold_and_an_empty_set_ends_it():
+    """Image 0 passes by f >= 1/3, f = share of {0, 1, 2} present: rounds {0}, {1}, {2} (sets of one feature go
+    on); what is left scores 2/3 ({1..11}), then 1/3, then 0 (stop). Image 1 passes by top-1 on everything, even
+    the empty set: refine=True prunes its set to nothing, and an empty set ends the collection (masking nothing
+    would give the same round forever)."""
+    g = frozenset({0, 1, 2})
+    ev = RuleEvaluator(lambda i, ids: (len(ids & g) / 3, False) if i == 0 else (0.5, True))
+    passes = lambda i, f, t: f >= 1 / 3 if i == 0 else bool(t)  # noqa: E731
+    a, b = run(ev, torch.stack([DESC, DESC]), collection=True, passes=passes)
+    assert [r.sis.tolist() for r in a.collection] == [[0], [1], [2]]
+    assert [r.score for r in a.collection] == pytest.approx([0.5, 2 / 3, 1 / 3])
+    assert [r.sis_score for r in a.collection] == pytest.approx([1 / 3] * 3)
+    (c,) = run(RuleEvaluator(lambda i, ids: (0.5, True)), DESC[None], collection=True, refine=True)
+    assert c.sis.tolist() == [] and len(c.collection) == 1 and c.size_before_refine == 1
