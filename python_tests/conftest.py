@@ -175,6 +175,7 @@ class RuleEvaluator:
         self.runner = SimpleNamespace(chunk=None)  # read by nothing here; wrappers must pass it on
 
     def __call__(self, present, image, row, feature):
+        assert present.dtype == torch.bool and present.dim() == 2, "mask_apply takes bool [R, p] rows"
         f, t = [], []
         for i, r, drop in zip(image.tolist(), row.tolist(), feature.tolist()):
             ids = frozenset(torch.nonzero(present[r]).flatten().tolist()) - {drop}
