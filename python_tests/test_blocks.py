@@ -145,3 +145,70 @@ def test_defaults_are_six_iterations_ranked_in_auto_squares():
     assert r.order.tolist() == order
     assert r.values.tolist() == pytest.approx([mean[i] for i in order], rel=1e-12)
     assert r.minimal is True and top1_on(model, x[0], r.mask) == r.target
+
+
+def test_square_scan_per_row_and_the_redo_on_the_model_keeps_each_rows_squares():
+    """6x6 images, block 4: squares S0 (rows 0-3, cols 0-3, 16 pixels), S1 (rows 0-3, cols 4-5, 8), S2 (rows 4-5,
+    cols 0-3, 8), S3 (rows 4-5, cols 4-5, 4). Image 0 ranks S3, S1, S2, S0 (square ends 4, 12, 20, 36), image 1 ranks
+    S0, S1, S2, S3 (ends 16, 24, 32, 36); inside a square, the lower pixel index first. The stand-in engine needs
+    pixel 28 (image 0) and pixel 0 (image 1); the model needs {28} and {0, 5}: image 1's set {0} fails there and is
+    redone on the model with image 1's own squares: 16 fails, 24 passes (one round of 2), bisection 20, 18, 17:
+    boundary 18 (S0 and pixels 4, 5), pruned to {0, 5}."""
+    from overinterp_fast.extraction import extract_sets
+    from overinterp_fast.inputs import prepare
+
+    from conftest import RuleEvaluator
+
+    square = [(i // 6) // 4 * 2 + (i % 6) // 4 for i in range(36)]
+    rank0, rank1 = {3: 40, 1: 30, 2: 20, 0: 10}, {0: 40, 1: 30, 2: 20, 3: 10}
+    scores = torch.tensor([[rank[square[i]] - 0.01 * i for i in range(36)] for rank in (rank0, rank1)],
+                          dtype=torch.float64)
+    need = lambda want: lambda i, ids: (len(ids & want[i]) / len(want[i]), want[i] <= ids)  # noqa: E731
+    engine = RuleEvaluator(need({0: {28}, 1: {0}}))
+    model = RuleEvaluator(need({0: {28}, 1: {0, 5}}))
+    prep = prepare(torch.ones(2, 1, 6, 6, dtype=torch.float64))
+    a, b = extract_sets(engine, prep, torch.tensor([1, 1]), torch.ones(2, dtype=torch.float64),
+                        lambda present: (scores, None), lambda i, f, t: bool(t), 10, False, [0.5, 0.5],
+                        verifier=model, engine="stand-in", refine=True, refine_budget=None, refine_scan=10, block=4)
+    assert a.order[:4].tolist() == [28, 29, 34, 35] and a.order[4:12].tolist() == [4, 5, 10, 11, 16, 17, 22, 23]
+    assert b.order[:16].tolist() == [0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15, 18, 19, 20, 21]
+    # the engine's scan of image 0: squares 4 and 12 (one round of 2), then bisection of (0, 4): 2 and 1 pass
+    assert [s for i, s in engine.seen if i == 0][:4] == [4, 12, 2, 1]
+    assert a.size_before_refine == 1 and a.sis.tolist() == [28] and a.minimal is True
+    assert [s for i, s in model.seen if i == 1][:6] == [1, 16, 24, 20, 18, 17]
+    assert b.size_before_refine == 18 and sorted(b.sis.tolist()) == [0, 5] and b.minimal is True
+
+
+def test_refine_budget_auto_prunes_a_set_of_exactly_256_features():
+    """Boundary prefixes of exactly 256 features are pruned (to a certified 1-minimal set); of 257, not."""
+    from overinterp_fast.extraction import refined_sets
+
+    from conftest import RuleEvaluator
+
+    pos = torch.arange(300).view(1, -1)
+    for need, pruned in ((256, True), (257, False)):
+        ev = RuleEvaluator(lambda i, ids, need=need: (len(ids) / 300, len(ids) >= need))
+        out, _, q_prune = refined_sets(ev, pos, [0], [300], lambda r, f, t: bool(t), budget="auto")
+        feats, k, _, minimal = out[0]
+        assert k == need and feats.tolist() == list(range(need))
+        assert minimal is pruned and (q_prune[0] > 0) is pruned
+
+
+def test_block_one_ranks_and_reports_the_raw_map_and_boundary_uses_squares():
+    """block=1: values are the map itself (not square means rounded to 9 decimals); refine="boundary" with squares of
+    4: a pixel-exact boundary prefix of the square ranking (plain forward passes)."""
+    model = PatchReader(slice(4, 12), slice(14, 22), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    m, = of.responsibility(model, x, iterations=3, seed=0)
+    r, = of.fast_sis(model, x, method="responsibility", iterations=3, block=1)
+    assert torch.equal(r.values, m.map.view(-1)[r.order].double())
+    b, = of.fast_sis(model, x, method="responsibility", iterations=3, block=4, refine="boundary")
+    order, _, _ = brute_block_ranking(m.map.view(-1).tolist(), [True] * 1024, 32, 32, 4)
+    assert b.order.tolist() == order and b.minimal is None
+
+    def passes(k):
+        keep = torch.zeros(1024, dtype=torch.bool)
+        keep[torch.tensor(order[:k])] = True
+        return top1_on(model, x[0], keep.view(32, 32)) == b.target
+
+    assert passes(b.size) and not passes(b.size - 1)
