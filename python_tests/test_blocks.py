@@ -212,3 +212,17 @@ def test_block_one_ranks_and_reports_the_raw_map_and_boundary_uses_squares():
         return top1_on(model, x[0], keep.view(32, 32)) == b.target
 
     assert passes(b.size) and not passes(b.size - 1)
+
+
+def test_block_positions_checks_the_grid_and_makes_everything_on_the_scores_device():
+    """A grid that does not match the scores is refused with the whole message; under a meta default device
+    (as torch.set_default_device("cuda") would be for CPU inputs) every tensor is still made beside the scores."""
+    with pytest.raises(ValueError, match=r"^scores have 12 features per row, not H\*W = 15$"):
+        block_positions(torch.zeros(1, 12), torch.ones(1, 12, dtype=torch.bool), 3, 5, 2)
+    s = torch.tensor([[1.0, 2, 0, 0, 5], [3, 4, 0, 9, 0], [0, 0, 0, 0, 0]]).view(1, -1)
+    present = torch.ones(1, 15, dtype=torch.bool)
+    with torch.device("meta"):
+        pos, sizes, key = block_positions(s, present, 3, 5, 2)
+    assert pos.device.type == "cpu" and key.device.type == "cpu"
+    assert pos.view(3, 5).tolist() == [[5, 4, 9, 8, 0], [3, 2, 7, 6, 1], [14, 13, 12, 11, 10]]
+    assert sizes == [[2, 6, 10, 11, 13, 15]] and key.dtype == torch.float64
