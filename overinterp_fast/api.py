@@ -96,7 +96,14 @@ def _passes(criterion: str, thresholds: list[float]):
 
 REFINE = (True, False, "boundary")
 REFINE_BUDGET = "auto"  # refine=True: prune sets of up to AUTO_PRUNE_FEATURES features fully, larger ones not
-ITERATIONS = 6  # method="responsibility": descents per image by default (see README, minimal pixel sets)
+ITERATIONS = 8  # method="responsibility": descents per image by default (see README, minimal pixel sets)
+
+
+def _check_monotone(monotone, none: bool) -> None:
+    allowed = (None, True, False) if none else (True, False)
+    if not any(monotone is v for v in allowed):
+        names = "None, True or False" if none else "True or False"
+        raise ValueError(f"monotone must be {names}, got {monotone!r}")
 
 
 def _check_refine(refine, budget=None) -> None:
@@ -129,6 +136,7 @@ def responsibility(
     batch_size: int | None = None,
     progress: bool | None = None,
     engine: str = "auto",
+    monotone: bool = False,
 ) -> list[ResponsibilityMap]:
     """Causal responsibility maps (paper 002, ReX 0.4.1's algorithm; SPEC.md section 3a). Black box.
 
@@ -141,12 +149,15 @@ def responsibility(
             or when f >= threshold ("threshold").
         batch_size: mutants per forward call (None: calibrated, see README "Batch size").
         engine: "auto", "torch", "onnxruntime" or "compile" (see README "Engines").
+        monotone: False (default): score every mutant, as ReX. True: skip the mutants none of
+            whose supersets passed (see :func:`~overinterp_fast.responsibility.descend`).
 
     Returns:
         One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over
         iterations of log(per-iteration map); rank pixels by it) and the ``queries`` used.
     """
     check_responsibility_options(iterations, depth, min_box, seed)
+    _check_monotone(monotone, none=False)
     check_engine(engine)
     s = _setup(model, images, threshold, None, mask_value, outputs, batch_size, "responsibility")
     _check_pixels(s, "responsibility")
@@ -159,7 +170,7 @@ def responsibility(
         evaluator, _ = _evaluators(s, eng, targets)
         present = torch.ones((n, p), dtype=torch.bool, device=s.prep.images.device)
         maps, queries = compute_responsibility(evaluator, s.prep, present, passes, iterations, depth, min_box,
-                                               seed, progress)
+                                               seed, progress, monotone=monotone)
     return [ResponsibilityMap(maps[i].cpu(), queries[i], int(targets[i]), iterations) for i in range(n)]
 
 
@@ -251,6 +262,7 @@ def fast_sis(
     refine_budget: int | str | None = REFINE_BUDGET,
     incremental: bool | None = None,
     block: int | str = "auto",
+    monotone: bool | None = None,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -288,11 +300,18 @@ def fast_sis(
             pixel set restores the top-1 class; ``threshold`` is then unused) or
             "threshold" (f >= threshold).
         iterations, seed: method="responsibility": descents per image and their seed.
-            An int runs that many (default 6: about 450 queries per image at 224x224, a
-            quarter of ReX's 20; see README.md "Minimal pixel sets" for the measured
-            trade-off between iterations, queries and agreement with ReX). "auto": stop
+            An int runs that many (default 8: about 450 queries per image at 224x224 with
+            ``monotone``, a quarter of ReX's 20; see README.md "Minimal pixel sets" for the
+            measured trade-off between iterations, queries and agreement with ReX). "auto": stop
             an image's descents once its top-ranked pixels have settled (see
             :func:`~overinterp_fast.responsibility.auto_responsibility`; median 13).
+        monotone: method="responsibility": score the mutants of each split in three rounds
+            (3 quadrants kept, then 2, then 1) and take a mutant none of whose scored
+            supersets passed as failing, without a query (see
+            :func:`~overinterp_fast.responsibility.descend`): about 30% fewer descent
+            queries for the same maps where passing is monotone in the pixels kept (on
+            EfficientNet-Lite0, 1.3% of the passing mutants were missed). None (default):
+            on, except with refine=False (ReX's algorithm scores every mutant).
         block: method="responsibility" with refine=True or "boundary": rank the pixels
             square by square, squares of ``block`` x ``block`` pixels by their mean
             responsibility (:func:`~overinterp_fast.blocks.block_positions`), and scan
@@ -351,6 +370,7 @@ def fast_sis(
         check_responsibility_options(1 if iterations == "auto" else iterations, 10, 10, seed)
         _check_refine(refine, refine_budget)
         check_block(block)
+        _check_monotone(monotone, none=True)
     check_engine(engine)
     if incremental not in (None, True, False):
         raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
@@ -379,12 +399,15 @@ def fast_sis(
             eng = _engine(s, engine, targets, max_rows=max_rows, expected_rows=expected, measure_fn="score_and_top1")
             evaluator, verifier = _evaluators(s, eng, targets)
 
+            skip = refine is not False if monotone is None else monotone
+
             def rank(present):
                 if iterations == "auto":
-                    maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed, progress)
+                    maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed, progress,
+                                                           monotone=skip)
                 else:
                     maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10,
-                                                           seed, progress)
+                                                           seed, progress, monotone=skip)
                 return maps.view(maps.shape[0], -1), queries
 
             side = auto_block(*prep.images.shape[-2:]) if block == "auto" else block

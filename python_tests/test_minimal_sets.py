@@ -59,7 +59,7 @@ def test_planted_patch_mps_is_inside_and_one_minimal(rows, cols):
     model = PatchReader(rows, cols).eval()
     g = torch.Generator().manual_seed(rows.start * 31 + cols.start)
     x = 0.5 + torch.rand(3, 3, 24, 32, generator=g)
-    res = of.fast_sis(model, x, method="responsibility")  # the defaults: iterations=6, refine=True, refine_budget="auto" (these sets are small: pruned fully)
+    res = of.fast_sis(model, x, method="responsibility")  # the defaults: iterations=8, monotone, refine=True, refine_budget="auto" (these sets are small: pruned fully)
     inside = torch.zeros(24, 32, dtype=torch.bool)
     inside[rows, cols] = True
     for img, r in zip(x, res):
