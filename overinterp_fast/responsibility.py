@@ -15,6 +15,9 @@ The passing mutant with the smallest unmasked area is refined next: its kept
 quadrants become the active boxes. The descent stops when nothing passes, no
 box can be split, or after ``depth`` levels. The maps of the iterations
 multiply; we rank by the sum of their logarithms, which orders pixels the same.
+With ``monotone=True`` (fast_sis's default outside ReX's extraction) a level scores
+each split's mutants in three rounds (3 quadrants kept, then 2, then 1) and skips
+those whose scored supersets all failed (see :func:`descend`).
 
 Speed comes from the structure: all iterations of all images descend together,
 so each level is one large batch of mutants (mutants of one image that show the
