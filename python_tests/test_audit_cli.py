@@ -10,6 +10,7 @@ from torch import nn
 
 import overinterp_fast as of
 from overinterp_fast.audit.records import load_audit
+from overinterp_fast.audit.store import TABLE_FILE
 from overinterp_fast import reference
 from overinterp_fast.audit.runner import run_audit, thresholds_for
 from overinterp_fast.cli import main
@@ -186,6 +187,14 @@ def test_cli_sis_writes_results_and_figure(image_folder, model_files, tmp_path):
     rec = load_audit(str(out))
     assert rec.models[0].method == "responsibility" and (out / "sis.png").stat().st_size > 1000
     assert all(r.sis is not None and r.queries > 0 for r in rec.models[0].results)
+    # the refinement's record survives the store: boundary search and pruning counted, sets certified or not
+    import pyarrow.parquet as pq
+    rows = pq.read_table(out / TABLE_FILE).to_pylist()
+    for r, row in zip(rec.models[0].results, rows):
+        assert r.extraction_queries > 0 and r.refine_queries is not None and r.minimal in (True, False)
+        assert r.size <= r.size_before_refine
+        assert row["total_queries"] == r.queries + r.extraction_queries + r.refine_queries
+        assert row["minimal"] is r.minimal and row["size_before_refine"] == r.size_before_refine
     # ReX criterion: the MPS alone restores the top-1 class of model b (the ONNX file's torch module)
     x = load_images(str(image_folder), SIDE).x
     assert assert_sets_sufficient(model_files["modules"][1], x, rec.models[0].results, criterion="top1",

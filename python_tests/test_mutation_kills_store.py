@@ -103,6 +103,9 @@ def _models():
     b5 = _result([0, 2, 1, 3], [0.4, 0.3], [1, 3], 2, 0.9, 0.25, blocks=[0, 2, 4], sis_score=0.35, queries=7,
                  shape=(4,))
     other = _result([0, 1], [0.5, 0.4], [1], 2, 0.5, 0.25, sis_score=0.4, shape=(4,))
+    # refined minimal pixel sets: b7's pruning certified it 1-minimal, b5's ran out of budget
+    b7.extraction_queries, b7.refine_queries, b7.size_before_refine, b7.minimal = 6, 9, 3, True
+    b5.extraction_queries, b5.refine_queries, b5.size_before_refine, b5.minimal = 4, 0, 2, False
     b5.collection = [other]  # a collection that does not start with the result itself
     return [[a7, a5], [b7, b5]]
 
@@ -120,6 +123,9 @@ def assert_same_result(a, b):
     assert (a.blocks is None) == (b.blocks is None) and (a.blocks is None or torch.equal(a.blocks, b.blocks))
     assert (a.target, a.score, a.threshold, a.sis_score, a.queries) == (b.target, b.score, b.threshold,
                                                                          b.sis_score, b.queries)
+    assert (a.extraction_queries, a.refine_queries, a.size_before_refine) == (
+        b.extraction_queries, b.refine_queries, b.size_before_refine)
+    assert a.minimal is b.minimal
     assert type(a.target) is int and type(a.score) is float and type(a.threshold) is float
 
 
@@ -141,6 +147,10 @@ def test_results_table_rows_by_hand_and_read_back():
     assert col("blocks") == [None, None, None, [0, 2, 4], [0, 2, 4], None]
     assert col("sis_score") == [0.55, 0.52, None, 0.3, 0.35, 0.4]
     assert col("queries") == [None, None, None, 11, 7, None]
+    assert col("extraction_queries") == [None, None, None, 6, 4, None]
+    assert col("refine_queries") == [None, None, None, 9, 0, None]
+    assert col("size_before_refine") == [None, None, None, 3, 2, None]
+    assert col("minimal") == [None, None, None, True, False, None]
     assert col("fg_correct") == [True, None, False, None, None, None]
     assert col("bg_correct") == [False, None, True, None, None, None]
     assert col("p_fg") == [0.25, None, 0.5, None, None, None] and col("p_bg") == [0.75, None, 0.125, None, None, None]
@@ -150,7 +160,8 @@ def test_results_table_rows_by_hand_and_read_back():
                   "mask_shape": pa.large_list(pa.int64()), "blocks": pa.large_list(pa.int64()),
                   "sis_score": pa.float64(), "queries": pa.int64(), "collection": pa.int32(),
                   "first_in_collection": pa.bool_(), "fg_correct": pa.bool_(), "bg_correct": pa.bool_(),
-                  "p_fg": pa.float64(), "p_bg": pa.float64()}
+                  "p_fg": pa.float64(), "p_bg": pa.float64(), "extraction_queries": pa.int64(),
+                  "refine_queries": pa.int64(), "size_before_refine": pa.int64(), "minimal": pa.bool_()}
     assert {f.name: f.type for f in table.schema} == want_types
     assert json.loads(table.schema.metadata[b"overinterp_fast"]) == {"seconds": [1.5, 2.0]}
     assert json.loads(store.results_table(models, [7, 5]).schema.metadata[b"overinterp_fast"]) == {}
@@ -334,3 +345,15 @@ def test_single_round_collection_and_sensitivity_of_a_later_model_read_back():
     assert a[0].collection == [a[0]] and b[0].collection is None
     assert a[0].mask.dtype == torch.bool and a[0].mask.tolist() == [True, False]
     assert back_sens[0] is None and back_sens[1]["p_bg"].tolist() == [0.25]
+
+
+def test_parts_written_before_the_refinement_columns_read_back_with_them_none():
+    """A results part of an older overinterp_fast has no extraction_queries, refine_queries, size_before_refine
+    or minimal column: it reads back, those fields None, everything else as written."""
+    models = _models()
+    table = store.results_table(models, [7, 5], SENS)
+    old = table.drop_columns(["extraction_queries", "refine_queries", "size_before_refine", "minimal"])
+    _, back, _ = store.results_from_table(old, 2)
+    b7 = back[1][1]
+    assert b7.queries == 11 and b7.sis_score == 0.3
+    assert (b7.extraction_queries, b7.refine_queries, b7.size_before_refine, b7.minimal) == (None, None, None, None)

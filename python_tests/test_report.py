@@ -241,6 +241,9 @@ def test_parquet_table_has_a_row_per_model_and_image(three, tmp_path):
                 assert row["sis_score"] == r.sis_score and row["collection_size"] == len(r.collection or [r])
             assert row["border_fraction"] == (None if math.isnan(border[i]) else border[i])
             assert row["object_fraction"] is None  # no object masks in this record
+            # exact SIS: no query counts and no refinement (the responsibility columns: test_audit_cli.py)
+            assert (row["queries"], row["total_queries"], row["size_before_refine"], row["minimal"]) == (
+                None, None, None, None)
     a = [row for row in table if row["model"] == "cnn A"]
     assert [row["correct"] for row in a] == [True, False, None, None]
     assert a[3]["sis_size"] is None, "model A has no SIS on image 3"

@@ -128,7 +128,13 @@ def _result_schema():
     return {"model_index": i32, "image_index": i64, "round": i32, "target": i64, "score": f64, "threshold": f64,
             "order": pa.large_list(i64), "values": pa.large_list(f64), "sis": pa.large_list(i64),
             "mask_shape": pa.large_list(i64), "blocks": pa.large_list(i64), "sis_score": f64, "queries": i64,
-            "collection": i32, "first_in_collection": b, "fg_correct": b, "bg_correct": b, "p_fg": f64, "p_bg": f64}
+            "collection": i32, "first_in_collection": b, "fg_correct": b, "bg_correct": b, "p_fg": f64, "p_bg": f64,
+            **{k: i64 for k in _COUNTS}, "minimal": b}
+
+
+# method="responsibility" and refined sets: SISResult's query counts and refinement fields, null where unset.
+# Parts written before these columns existed read back with them None.
+_COUNTS = ("extraction_queries", "refine_queries", "size_before_refine")
 
 
 def results_table(per_model: Sequence[Sequence[SISResult]], image_indices: Sequence[int],
@@ -165,6 +171,8 @@ def results_table(per_model: Sequence[Sequence[SISResult]], image_indices: Seque
                 rows["blocks"].append(_np(c.blocks))
                 rows["sis_score"].append(None if c.sis_score is None else float(c.sis_score))
                 rows["queries"].append(c.queries)
+                for key in (*_COUNTS, "minimal"):
+                    rows[key].append(getattr(c, key))
                 top = k == 0
                 rows["collection"].append(len(coll) if top and coll is not None else None)
                 rows["first_in_collection"].append(first if top else None)
@@ -189,7 +197,8 @@ def _result(row: dict, lists: dict[str, np.ndarray | None]) -> SISResult:
                      sis=sis, mask=mask, target=int(row["target"]), score=float(row["score"]),
                      threshold=float(row["threshold"]),
                      blocks=None if lists["blocks"] is None else torch.from_numpy(lists["blocks"].copy()),
-                     sis_score=row["sis_score"], queries=row["queries"])
+                     sis_score=row["sis_score"], queries=row["queries"],
+                     **{k: row.get(k) for k in (*_COUNTS, "minimal")})
 
 
 def results_from_table(table, n_models: int) -> tuple[list[int], list[list[SISResult]], list[dict | None]]:

@@ -19,7 +19,10 @@ sis_size           int64     features in the (first) SIS
 sis_fraction       float64   sis_size / features
 sis_score          float64   f on the SIS alone (the verification pass)
 collection_size    int32     disjoint SIS found (1 without collection=True; 0 without SIS)
-queries            int64     forward passes (responsibility), else null
+queries            int64     forward passes of the ranking's maps (responsibility), else null
+total_queries      int64     every forward pass of the set: maps, extraction, pruning (responsibility)
+size_before_refine int64     refine=True: the boundary prefix's size before pruning, else null
+minimal            bool      refine=True: the set is certified 1-minimal (False: not fully pruned)
 border_fraction    float64   share of the SIS pixels in the outer 10% border (pixel SIS only)
 object_fraction    float64   share of the SIS pixels on the object (with object masks)
 =================  ========  ==============================================================
@@ -48,7 +51,8 @@ def _schema():
     return {"model": string, "method": string, "image": string, "image_index": i32, "label": i64,
             "label_name": string, "target": i64, "target_name": string, "correct": pa.bool_(), "score": f64,
             "threshold": f64, "sis_size": i64, "sis_fraction": f64, "sis_score": f64, "collection_size": i32,
-            "queries": i64, "border_fraction": f64, "object_fraction": f64}
+            "queries": i64, "total_queries": i64, "size_before_refine": i64, "minimal": pa.bool_(),
+            "border_fraction": f64, "object_fraction": f64}
 
 
 def audit_table(record: AuditRecord, first_index: int = 0):
@@ -82,6 +86,9 @@ def audit_table(record: AuditRecord, first_index: int = 0):
             cols["sis_score"].append(r.sis_score)
             cols["collection_size"].append(0 if r.sis is None else len(r.collection or [r]))
             cols["queries"].append(r.queries)
+            cols["total_queries"].append(r.total_queries)
+            cols["size_before_refine"].append(r.size_before_refine)
+            cols["minimal"].append(r.minimal)
             cols["border_fraction"].append(border[i])
             cols["object_fraction"].append(objects[i])
     return pa.table({k: pa.array(v, type=schema[k]) for k, v in cols.items()})
