@@ -61,7 +61,7 @@ faster; median MPS size <= ReX's; median Dice to ReX >= ReX's seed-to-seed Dice.
 Ours is summarized as ReX is, over all its seeds: per photo the median MPS size and
 queries over our seed runs, and the mean Dice over every (our seed, ReX seed) pair;
 then the median over photos. (One seed alone swings the median MPS size of 7 photos
-from 11% to 30% at 6 iterations; the seed-0 figures are printed beside.)
+from 7% to 37% at 6 iterations, window_study.py; the seed-0 figures are printed beside.)
 
 Prints tables and writes benchmarks/results/responsibility_cpu.json.
 """
