@@ -229,8 +229,6 @@ def descend(
                 fk, tk, _ = cache.scores[key]
                 done[si, k] = bool(passes(state[di].image, fk, tk))
                 mutants.append((si, k, di, kept, key, done[si, k]))
-        if not mutants:
-            break
         mutants.sort(key=lambda mu: mu[:2])  # split by split, subsets in SUBSETS order (ties of the best below)
         mutants = [mu[2:] for mu in mutants]
         by_descent: dict[int, list[int]] = {}

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.responsibility import _ROUNDS, SUBSETS, SUPERSETS, MutantCache, compute_responsibility, descend
+from overinterp_fast.responsibility import (_ROUNDS, SUBSETS, SUPERSETS, MutantCache, auto_responsibility,
+                                            compute_responsibility, descend)
 
 from test_minimal_sets import PatchReader
 from test_mutation_kills_responsibility import _HALF, _REST, _blocks, _evaluator, _Pixels, _script, _top1
@@ -170,3 +171,25 @@ def test_fast_sis_turns_monotone_on_except_for_rex_extraction():
     with pytest.raises(ValueError, match="monotone must be True or False"):
         of.responsibility(model, x, monotone=None)
     assert math.isfinite(float(on.map.sum()))
+
+
+@pytest.mark.timeout(30)
+def test_every_mutant_is_scored_unless_asked(monkeypatch):
+    """descend, compute_responsibility and auto_responsibility score all 14 mutants by default (ReX); with
+    monotone=True a level where nothing passes (pixel (0, 0), the only one that counts, not present) costs 4."""
+    x = torch.ones(1, 1, 4, 4, dtype=torch.float64)
+    gone = torch.ones(1, 16, dtype=torch.bool)
+    gone[0, 0] = False
+    with torch.inference_mode():
+        ev, prep = _evaluator(_Pixels((0, 0)).eval(), x)
+        for kw, want in (({}, 14), ({"monotone": True}, 4)):
+            _script(monkeypatch, {0: [(2, 2)]})
+            _, q = compute_responsibility(ev, prep, gone, _top1, 1, 10, 4, 0, False, **kw)
+            assert q == [want]
+            _script(monkeypatch, {0: [(2, 2)]})
+            _, q, info = auto_responsibility(ev, prep, gone, _top1, 10, 4, 0, False, max_iterations=1,
+                                             min_iterations=1, **kw)
+            assert q == [want] and info.iterations == [1]
+            _script(monkeypatch, {0: [(2, 2)]})
+            _, q = descend(ev, prep, gone, _top1, [(0, 0)], 10, 4, MutantCache(), False, **kw)
+            assert q == [want]
