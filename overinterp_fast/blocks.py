@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from .responsibility import order_positions
+
 AUTO_GRID = 784  # block="auto": squares of side round(sqrt(H W / 784)), i.e. about a 28 x 28 grid (8 at 224 x 224)
 SCAN_SQUARES = 64  # the scan steps one square at a time over the first 64 squares of the ranking ...
 SCAN_RATIO = 1.1  # ... then by square ends at least 1.1 times the last size tried
@@ -75,9 +77,7 @@ def block_positions(
     order = order.gather(1, torch.sort(pixel.gather(1, order), dim=1, descending=True, stable=True).indices)
     order = order.gather(1, torch.sort(square[order], dim=1, descending=True, stable=True).indices)
     order = order.gather(1, torch.sort(key.gather(1, order), dim=1, descending=True, stable=True).indices)
-    pos = torch.empty_like(order)
-    pos.scatter_(1, order, torch.arange(p, device=dev).expand(n, p).contiguous())
-    pos = torch.where(present, pos, torch.full_like(pos, p))
+    pos = order_positions(order, present)
     squares = mean.shape[1]
     by_square = squares - 1 - torch.sort(mean.flip(1), dim=1, descending=True, stable=True).indices
     ends = counts.gather(1, by_square).long()

@@ -297,9 +297,15 @@ def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tens
     s = torch.where(present, scores.double(), torch.full_like(scores, -torch.inf, dtype=torch.float64))
     # descending score; equal scores: the higher index first (a stable sort of the reversed features)
     order = torch.sort(s.flip(1), dim=1, descending=True, stable=True).indices
-    order = p - 1 - order
+    return order_positions(p - 1 - order, present)
+
+
+def order_positions(order: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Position of every feature from a ranked order: int64 [n, p], ``order[r, k]`` at position k;
+    features not ``present`` (bool [n, p]) at position p."""
+    n, p = order.shape
     pos = torch.empty_like(order)
-    pos.scatter_(1, order, torch.arange(p, device=scores.device).expand(n, p).contiguous())
+    pos.scatter_(1, order, torch.arange(p, device=order.device).expand(n, p).contiguous())
     return torch.where(present, pos, torch.full_like(pos, p))
 
 
