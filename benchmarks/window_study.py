@@ -27,14 +27,15 @@ import numpy as np
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.api import _engine, _evaluators, _passes, _setup
+from overinterp_fast.api import REFINE_BUDGET, _engine, _evaluators, _passes, _setup
 from overinterp_fast.audit.stats import dice
-from overinterp_fast.blocks import auto_block, block_positions, scan_sizes
-from overinterp_fast.extraction import refined_sets
+from overinterp_fast.blocks import auto_block
+from overinterp_fast.extraction import extract_sets
 from overinterp_fast.model import initial_predictions
 from overinterp_fast.responsibility import MutantCache, descend
 from overinterp_fast.zoo.imagenet import PHOTOS, load_photos
 
+from bench_responsibility import mean_pairwise_dice
 from common import write_results
 
 
@@ -42,10 +43,6 @@ def rex_sets(rex_dir: str, seeds: list[int], n: int) -> list[list[np.ndarray]]:
     """ReX's MPS masks per photo, one per seed (rex{seed}.npz, written by bench_responsibility.py)."""
     arrays = [np.load(os.path.join(rex_dir, f"rex{s}.npz")) for s in seeds]
     return [[a[f"mps{i}"].astype(bool) for a in arrays] for i in range(n)]
-
-
-def mean_pair_dice(masks: list[np.ndarray]) -> float:
-    return statistics.mean(dice(a, b) for i, a in enumerate(masks) for b in masks[i + 1:])
 
 
 def main():
@@ -64,11 +61,11 @@ def main():
     p = h * w
     rex = rex_sets(args.rex_dir, args.rex_seeds, n)
     rex_size = statistics.median(statistics.median(int(m.sum()) for m in ms) for ms in rex) / p
-    rex_dice = statistics.median(mean_pair_dice(ms) for ms in rex)
+    rex_dice = statistics.median(mean_pairwise_dice(ms) for ms in rex)
     s = _setup(of.OnnxModel(os.path.join(args.rex_dir, "efficientnet_lite0.onnx")), images, 0.5, None, 0.0,
                "logits", None, "responsibility")
     passes = _passes("top1", s.thresholds)
-    targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
+    targets, scores0 = initial_predictions(s.fn, s.prep.images, None, s.runner)
     eng = _engine(s, "auto", targets, max_rows=n * 14 * 2, expected_rows=n * 14 * 6 * args.iterations,
                   measure_fn="score_and_top1")
     ev, _ = _evaluators(s, eng, targets)
@@ -89,16 +86,15 @@ def main():
             per = []
             for o in range(args.iterations // T):
                 score = logs[o * T:(o + 1) * T].sum(0).view(n, p)
-                pos, ends, _ = block_positions(score, present, h, w, block)
-                found, qb, qp = refined_sets(ev, pos, list(range(n)), [p] * n, passes, prune=True, budget="auto",
-                                             scan=[scan_sizes(e) for e in ends])
+                # fast_sis's own extraction with its defaults, on the window's map
+                found = extract_sets(ev, s.prep, targets, scores0, lambda present, score=score: (score, None),
+                                     passes, 10, False, s.thresholds, refine=True, refine_budget=REFINE_BUDGET,
+                                     refine_scan=10, block=block)
                 sizes, qs, ds = [], [], []
-                for i in range(n):
-                    m = np.zeros(p, dtype=bool)
-                    m[found[i][0].numpy()] = True
-                    sizes.append(int(m.sum()) / p)
-                    qs.append(int(queries[o * T:(o + 1) * T, i].sum()) + qb[i] + qp[i])
-                    ds.append(statistics.mean(dice(m.reshape(h, w), r) for r in rex[i]))
+                for i, r in enumerate(found):
+                    sizes.append(r.size / p)
+                    qs.append(int(queries[o * T:(o + 1) * T, i].sum()) + r.extraction_queries + r.refine_queries)
+                    ds.append(statistics.mean(dice(r.mask.numpy(), m) for m in rex[i]))
                 per.append({"size": statistics.median(sizes), "queries": statistics.median(qs),
                             "dice": statistics.median(ds)})
             k = len(per)
