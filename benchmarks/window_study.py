@@ -45,6 +45,61 @@ def rex_sets(rex_dir: str, seeds: list[int], n: int) -> list[list[np.ndarray]]:
     return [[a[f"mps{i}"].astype(bool) for a in arrays] for i in range(n)]
 
 
+class Study:
+    """EfficientNet-Lite0 (bench_responsibility.py's kept ONNX file) on the 7 photos, ReX's sets as the bar, and
+    the judgement of one run of ours as bench_responsibility.py makes it."""
+
+    def __init__(self, rex_dir: str, rex_seeds: list[int], expected_rows: int):
+        torch.set_grad_enabled(False)
+        images, self.names, _ = load_photos(224, list(PHOTOS))
+        self.n, _, self.h, self.w = images.shape
+        n, self.p = self.n, self.h * self.w
+        self.rex = rex_sets(rex_dir, rex_seeds, n)
+        self.rex_size = statistics.median(statistics.median(int(m.sum()) for m in ms) for ms in self.rex) / self.p
+        self.rex_dice = statistics.median(mean_pairwise_dice(ms) for ms in self.rex)
+        self.s = _setup(of.OnnxModel(os.path.join(rex_dir, "efficientnet_lite0.onnx")), images, 0.5, None, 0.0,
+                        "logits", None, "responsibility")
+        self.passes = _passes("top1", self.s.thresholds)
+        self.targets, self.scores0 = initial_predictions(self.s.fn, self.s.prep.images, None, self.s.runner)
+        eng = _engine(self.s, "auto", self.targets, max_rows=n * 14 * 2, expected_rows=n * expected_rows,
+                      measure_fn="score_and_top1")
+        self.ev, _ = _evaluators(self.s, eng, self.targets)
+        self.present = torch.ones(n, self.p, dtype=torch.bool)
+        self.block = auto_block(self.h, self.w)
+
+    def judge(self, score: torch.Tensor, descent_queries: list[int], **extraction) -> dict:
+        """One run: its map ``score`` (float64 [n, H*W]) extracted as fast_sis's defaults do (or with the given
+        ``extract_sets`` options); per photo the MPS fraction, the queries (descent + extraction + pruning) and
+        the mean Dice to ReX's sets, and their medians over photos."""
+        opts = {"refine": True, "refine_budget": REFINE_BUDGET, "refine_scan": 10, "block": self.block, **extraction}
+        found = extract_sets(self.ev, self.s.prep, self.targets, self.scores0, lambda present: (score, None),
+                             self.passes, 10, False, self.s.thresholds, **opts)
+        sizes = [r.size / self.p for r in found]
+        qs = [q + r.extraction_queries + (r.refine_queries or 0) for q, r in zip(descent_queries, found)]
+        ds = [statistics.mean(dice(r.mask.numpy(), m) for m in rex) for r, rex in zip(found, self.rex)]
+        return {"size": statistics.median(sizes), "queries": statistics.median(qs), "dice": statistics.median(ds),
+                "sizes": sizes, "photo_queries": qs, "dices": ds}
+
+    def summary(self, runs: list[dict]) -> dict:
+        """Mean and standard error over independent runs of their medians, and the share meeting each target."""
+        k = len(runs)
+        agg = {key: (statistics.mean(x[key] for x in runs),
+                     statistics.stdev(x[key] for x in runs) / k ** 0.5 if k > 1 else float("nan"))
+               for key in ("size", "queries", "dice")}
+        return {"runs": runs, "mean_se": agg, "rex_median_mps_fraction": self.rex_size,
+                "rex_seed_to_seed_dice": self.rex_dice,
+                "share_size_met": sum(x["size"] <= self.rex_size for x in runs) / k,
+                "share_dice_met": sum(x["dice"] >= self.rex_dice for x in runs) / k}
+
+
+def describe(label: str, row: dict) -> str:
+    """One printed line for a summary row."""
+    m = row["mean_se"]
+    return (f"{label}: {len(row['runs']):>2} runs, MPS {100 * m['size'][0]:5.2f}% ± {100 * m['size'][1]:.2f} "
+            f"(<= ReX in {row['share_size_met']:.0%}), queries {m['queries'][0]:5.0f} ± {m['queries'][1]:.0f}, "
+            f"Dice to ReX {m['dice'][0]:.3f} ± {m['dice'][1]:.3f} (>= ReX's in {row['share_dice_met']:.0%})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rex-dir", required=True, help="bench_responsibility.py --keep folder (ONNX file, rex*.npz)")
@@ -55,61 +110,27 @@ def main():
     ap.add_argument("--out", default=None, help="default: benchmarks/results/window_study_cpu.json")
     args = ap.parse_args()
 
-    torch.set_grad_enabled(False)
-    images, names, _ = load_photos(224, list(PHOTOS))
-    n, _, h, w = images.shape
-    p = h * w
-    rex = rex_sets(args.rex_dir, args.rex_seeds, n)
-    rex_size = statistics.median(statistics.median(int(m.sum()) for m in ms) for ms in rex) / p
-    rex_dice = statistics.median(mean_pairwise_dice(ms) for ms in rex)
-    s = _setup(of.OnnxModel(os.path.join(args.rex_dir, "efficientnet_lite0.onnx")), images, 0.5, None, 0.0,
-               "logits", None, "responsibility")
-    passes = _passes("top1", s.thresholds)
-    targets, scores0 = initial_predictions(s.fn, s.prep.images, None, s.runner)
-    eng = _engine(s, "auto", targets, max_rows=n * 14 * 2, expected_rows=n * 14 * 6 * args.iterations,
-                  measure_fn="score_and_top1")
-    ev, _ = _evaluators(s, eng, targets)
-    present = torch.ones(n, p, dtype=torch.bool)
-    block = auto_block(h, w)
-    print(f"ReX ({len(args.rex_seeds)} seeds): median MPS {100 * rex_size:.2f}%, seed-to-seed Dice {rex_dice:.3f}",
-          flush=True)
+    study = Study(args.rex_dir, args.rex_seeds, expected_rows=14 * 6 * args.iterations)
+    n, h, w, p = study.n, study.h, study.w, study.p
+    print(f"ReX ({len(args.rex_seeds)} seeds): median MPS {100 * study.rex_size:.2f}%, seed-to-seed Dice "
+          f"{study.rex_dice:.3f}", flush=True)
 
     all_rows = []
     for monotone in (False, True):
         logs = torch.zeros(args.iterations, n, h, w, dtype=torch.float64)
         queries = np.zeros((args.iterations, n), dtype=int)
         for t in range(args.iterations):
-            lg, q = descend(ev, s.prep, present, passes, [(i, args.seed + t) for i in range(n)], 10, 10,
-                            MutantCache(), progress=False, monotone=monotone)
+            lg, q = descend(study.ev, study.s.prep, study.present, study.passes, [(i, args.seed + t) for i in range(n)],
+                            10, 10, MutantCache(), progress=False, monotone=monotone)
             logs[t], queries[t] = lg, q
         for T in args.windows:
             per = []
             for o in range(args.iterations // T):
                 score = logs[o * T:(o + 1) * T].sum(0).view(n, p)
-                # fast_sis's own extraction with its defaults, on the window's map
-                found = extract_sets(ev, s.prep, targets, scores0, lambda present, score=score: (score, None),
-                                     passes, 10, False, s.thresholds, refine=True, refine_budget=REFINE_BUDGET,
-                                     refine_scan=10, block=block)
-                sizes, qs, ds = [], [], []
-                for i, r in enumerate(found):
-                    sizes.append(r.size / p)
-                    qs.append(int(queries[o * T:(o + 1) * T, i].sum()) + r.extraction_queries + r.refine_queries)
-                    ds.append(statistics.mean(dice(r.mask.numpy(), m) for m in rex[i]))
-                per.append({"size": statistics.median(sizes), "queries": statistics.median(qs),
-                            "dice": statistics.median(ds)})
-            k = len(per)
-            agg = {key: (statistics.mean(x[key] for x in per),
-                         statistics.stdev(x[key] for x in per) / k ** 0.5 if k > 1 else float("nan"))
-                   for key in ("size", "queries", "dice")}
-            row = {"iterations": T, "monotone": monotone, "windows": per, "mean_se": agg,
-                   "rex_median_mps_fraction": rex_size, "rex_seed_to_seed_dice": rex_dice,
-                   "share_size_met": sum(x["size"] <= rex_size for x in per) / k,
-                   "share_dice_met": sum(x["dice"] >= rex_dice for x in per) / k}
+                per.append(study.judge(score, queries[o * T:(o + 1) * T].sum(0).tolist()))
+            row = {"iterations": T, "monotone": monotone, **study.summary(per)}
             all_rows.append(row)
-            print(f"monotone={monotone!s:<5} T={T:<3} windows {k:>2}: MPS {100 * agg['size'][0]:5.2f}% "
-                  f"± {100 * agg['size'][1]:.2f} (<= ReX in {row['share_size_met']:.0%}), queries "
-                  f"{agg['queries'][0]:5.0f} ± {agg['queries'][1]:.0f}, Dice to ReX {agg['dice'][0]:.3f} "
-                  f"± {agg['dice'][1]:.3f} (>= ReX's in {row['share_dice_met']:.0%})", flush=True)
+            print(describe(f"monotone={monotone!s:<5} T={T:<3}", row), flush=True)
     path = write_results("window_study", "cpu", all_rows, args.out)
     print(f"wrote {path}")
 

@@ -86,6 +86,17 @@ def check_responsibility_options(iterations, depth, min_box, seed) -> None:
         raise ValueError(f"seed must be an int, got {seed!r}")
 
 
+def descent_rng(seed: int):
+    """The random source of one descent: split points are drawn from it (``integers``), row then column."""
+    return np.random.default_rng(seed)
+
+
+def skipped(k: int, superset_passed: list[bool]) -> bool:
+    """monotone=True: whether mutant ``SUBSETS[k]`` is taken as failing without a query, given whether each
+    of its supersets ``SUPERSETS[k]`` (same split, scored or taken as failing before it) passed: when none did."""
+    return not any(superset_passed)
+
+
 def _split(box, rng) -> list[tuple[int, int, int, int]]:
     y0, x0, y1, x1 = box
     ys = int(rng.integers(y0, y1 + 1))
@@ -125,11 +136,14 @@ class MutantCache:
 
     Shared by all levels and iterations of one ranking (one set of pixels allowed):
     a mutant that shows the same rectangles of the same image is the same input.
+    ``hits``: mutants found here instead of scored; ``level_queries[l]``: the mutants scored at
+    level l of the descents (0: the whole image split once), all images and iterations together.
     """
 
     def __init__(self):
         self.scores: dict[tuple, tuple[float, bool, int]] = {}  # key -> (f, top-1 correct, pixels kept)
         self.hits = 0
+        self.level_queries: list[int] = []
 
 
 def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: list[int], keys: list[tuple],
@@ -174,12 +188,13 @@ def descend(
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
-    state = [_Descent(i, np.random.default_rng(s), [(0, 0, h, w)]) for i, s in descents]
+    state = [_Descent(i, descent_rng(s), [(0, 0, h, w)]) for i, s in descents]
     queries = [0] * n
     resp_rects: list[tuple[int, int, int, int]] = []
     resp_owner: list[int] = []
     resp_weight: list[int] = []
     bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
+    level = 0
     while any(d.alive for d in state):
         # the splits of this level: (descent, quadrants, the other active boxes)
         splits: list[tuple[int, list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]] = []
@@ -199,6 +214,8 @@ def descend(
         # mutants of this level: (descent, kept quadrants, key). Mutants of one image with the same
         # non-empty rectangles (empty quadrants make these, in this level or before) share one pass.
         mutants: list = []  # (split, subset, descent, kept quadrants, key, passed)
+        if len(cache.level_queries) <= level:
+            cache.level_queries.append(0)
         done: dict[tuple[int, int], bool] = {}  # (split, subset) -> passed (evaluated or inferred)
         for group in _ROUNDS if monotone else (range(len(SUBSETS)),):
             rects, owner, evals, keys = [], [], [], []
@@ -207,7 +224,7 @@ def descend(
             for si, (di, quads, static) in enumerate(splits):
                 d = state[di]
                 for k in group:
-                    if monotone and SUPERSETS[k] and not any(done[si, u] for u in SUPERSETS[k]):
+                    if monotone and SUPERSETS[k] and skipped(k, [done[si, u] for u in SUPERSETS[k]]):
                         done[si, k] = False  # no superset passed: taken as failing, not scored
                         continue
                     kept = [quads[c] for c in SUBSETS[k]]
@@ -220,6 +237,7 @@ def descend(
                         keys.append(key)
                         evals.append(d.image)
                         queries[d.image] += 1
+                        cache.level_queries[level] += 1
                         rects.extend(shown)
                         owner.extend([len(evals) - 1] * len(shown))
                     round_mutants.append((si, k, di, kept, key))
@@ -255,6 +273,7 @@ def descend(
             if d.level >= depth:
                 d.alive = False
         bar.update(1)
+        level += 1
     bar.close()
     logs = _rect_cover(evaluator.runner, resp_rects, resp_owner, resp_weight, len(state), h, w, dev,
                        lambda sl, acc: torch.log1p(acc.double() / _UNIT))
@@ -274,16 +293,17 @@ def compute_responsibility(
     seed: int,
     progress: bool | None,
     monotone: bool = False,
+    cache: MutantCache | None = None,
 ) -> tuple[torch.Tensor, list[int]]:
     """Responsibility of every image's pixels: (float64 [N, H, W], queries per image).
 
     All ``iterations`` descents of every image (seeds seed + t) in one batched descent;
-    see :func:`descend` (and its ``monotone``).
+    see :func:`descend` (and its ``monotone``). ``cache``: the mutant cache to use (None: a new one).
     """
     n, _, h, w = prep.images.shape
     descents = [(i, seed + t) for i in range(n) for t in range(iterations)]
-    logs, queries = descend(evaluator, prep, present, passes, descents, depth, min_box, MutantCache(), progress,
-                            monotone)
+    logs, queries = descend(evaluator, prep, present, passes, descents, depth, min_box,
+                            MutantCache() if cache is None else cache, progress, monotone)
     return logs.view(n, iterations, h, w).sum(1), queries
 
 

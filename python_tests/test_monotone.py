@@ -61,6 +61,7 @@ def test_nothing_passes_costs_the_four_triples_only(monkeypatch):
         _script(monkeypatch, {3: [(2, 2)]})
         logs, queries, cache = _run(_Pixels((0, 0)), monotone, [3], depth=10, present=gone)
         assert queries == [want] and len(cache.scores) == want
+        assert cache.level_queries == [want]  # the first level has no pass: the descent ends there
         assert torch.equal(logs[0], torch.zeros(4, 4, dtype=torch.float64))
 
 
@@ -108,10 +109,12 @@ def test_two_levels_by_hand_keep_rex_map_and_tie_break(monkeypatch):
     superset and all 14 are scored, at both levels; the map is ReX's (worked out in
     test_descend_by_hand_on_a_4x4_image), and the refined mutant is [0] although the rounds score it last."""
     _script(monkeypatch, {7: [(2, 2), (1, 1)]})
-    logs, queries, _ = _run(_Pixels((0, 0)), True, [7], depth=10)
+    logs, queries, cache = _run(_Pixels((0, 0)), True, [7], depth=10)
     want = _blocks(4, 4, ((0, 0, 4, 4), _REST), ((0, 0, 2, 2), _HALF + 7 / 6), ((0, 0, 1, 1), _HALF + 3.5))
     torch.testing.assert_close(logs[0], want, rtol=0, atol=1e-12)
-    assert queries == [28]
+    # level 1: the 14 mutants of the 4x4 split; level 2: the 14 of the 2x2 box (0, 0, 2, 2) split at (1, 1)
+    # (its single-pixel quadrants: min_box 4 stops the descent there, the pixel box has area 1)
+    assert queries == [28] and cache.level_queries == [14, 14]
 
 
 @pytest.mark.timeout(30)
@@ -193,3 +196,22 @@ def test_every_mutant_is_scored_unless_asked(monkeypatch):
             _script(monkeypatch, {0: [(2, 2)]})
             _, q = descend(ev, prep, gone, _top1, [(0, 0)], 10, 4, MutantCache(), False, **kw)
             assert q == [want]
+
+
+@pytest.mark.timeout(60)
+def test_level_queries_add_up_across_descents_sharing_a_cache():
+    """MutantCache.level_queries counts the scored mutants by level, summed over the descents (images,
+    iterations) that share the cache, as auto_responsibility shares it: in all, the queries of every call."""
+    model = PatchReader(slice(3, 9), slice(2, 7), need=0.4).eval()
+    x = torch.ones(2, 1, 12, 12, dtype=torch.float64)
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(2, 144, dtype=torch.bool)
+        cache = MutantCache()
+        _, q1 = descend(ev, prep, present, _top1, [(0, 1), (1, 1)], 3, 2, cache, monotone=True)
+        first = list(cache.level_queries)
+        _, q2 = descend(ev, prep, present, _top1, [(0, 2), (1, 2)], 3, 2, cache, monotone=True)
+    assert sum(first) == sum(q1) and sum(cache.level_queries) == sum(q1) + sum(q2)
+    assert 1 <= len(first) <= 3 and len(cache.level_queries) <= 3  # depth 3
+    assert first[0] >= 2 * 4  # level 0: at least the 4 triples of each image's whole-image split
+    assert all(a >= b for a, b in zip(cache.level_queries, first + [0] * 3))

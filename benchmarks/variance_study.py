@@ -1,0 +1,129 @@
+"""Can a run of the default minimal-pixel-set search be made less noisy for the same queries? Variants, measured.
+
+    cd benchmarks && PYTHONPATH=.. ../.venv/bin/python bench_responsibility.py --keep /tmp/rexkeep   # ReX's sets
+    cd benchmarks && PYTHONPATH=.. ../.venv/bin/python variance_study.py --rex-dir /tmp/rexkeep --runs 10   # ~25 min, 2 cores
+
+window_study.py showed that one run of the defaults (8 monotone iterations) on the 7 photos is noisy,
+and that its mean over runs misses issue 14's size and Dice bars. This script runs independent
+runs (run r: iterations seeded ``--seed`` + 100 r + t, one mutant cache per run, as fast_sis)
+of several variants, interleaved run by run, each judged as window_study.py judges a window
+(the median over photos of MPS size, queries and Dice to ReX's sets). Variants:
+
+- ``default``: fast_sis's defaults.
+- ``sobol``: the split points of the T iterations come from one scrambled Sobol' sequence (scipy.stats.qmc,
+  scrambled with the run's seed) instead of independent generators: iteration t takes point t, and its
+  descent takes the point's coordinates in the order it draws split points (row, then column, box by
+  box, level by level; past 64 coordinates its own generator). Each point is uniform on the unit cube, so
+  each descent has ReX's distribution and the expected map is ReX's; only the iterations' joint spread
+  changes (stratified top-level splits). A variance reduction, if the map's noise comes from the splits.
+- ``pairs-any``: the monotone rule made stronger for pairs only: a pair is taken as failing when either of
+  its two 3-quadrant supersets failed (singles keep the default rule). Fewer queries per iteration, so
+  one more iteration for the budget.
+- ``pixels64``: the default map, ranked pixel by pixel (no squares) and scanned in steps of 64 pixels,
+  bisection inside the last step.
+
+Also printed: where the descents' queries go, per image and iteration by level (level 0 splits the
+whole image).
+
+Writes benchmarks/results/variance_study_cpu.json.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import numpy as np
+import torch
+from scipy.stats import qmc
+
+from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility
+
+from common import write_results
+from window_study import Study, describe
+
+resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
+DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
+SOBOL_DIMS = 64
+
+
+class _PointRng:
+    """A descent's split points from one quasi-random point, then from its own generator."""
+
+    def __init__(self, point: np.ndarray, seed: int):
+        self.point, self.k, self.rest = point, 0, np.random.default_rng(seed)
+
+    def integers(self, lo: int, hi: int) -> int:
+        if self.k < len(self.point):
+            self.k += 1
+            return lo + int(self.point[self.k - 1] * (hi - lo))
+        return int(self.rest.integers(lo, hi))
+
+
+def sobol_rng(first_seed: int, iterations: int, scramble: int):
+    points = qmc.Sobol(d=SOBOL_DIMS, scramble=True, seed=scramble).random_base2(max(0, (iterations - 1).bit_length()))
+
+    def make(seed: int):
+        t = seed - first_seed
+        return _PointRng(points[t], seed) if 0 <= t < iterations else np.random.default_rng(seed)
+    return make
+
+
+def pairs_any(k: int, superset_passed: list[bool]) -> bool:
+    if len(SUBSETS[k]) == 2:
+        return not all(superset_passed)
+    return DEFAULT_SKIP(k, superset_passed)
+
+
+def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -> dict:
+    resp.descent_rng = sobol_rng(seed, iterations, scramble) if variant == "sobol" else DEFAULT_RNG
+    resp.skipped = pairs_any if variant == "pairs-any" else DEFAULT_SKIP
+    cache = MutantCache()
+    try:
+        logs, q = compute_responsibility(study.ev, study.s.prep, study.present, study.passes, iterations, 10, 10,
+                                         seed, False, True, cache)
+    finally:
+        resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
+    extraction = {"block": None, "refine_scan": 64} if variant == "pixels64" else {}
+    out = study.judge(logs.view(study.n, study.p), q, **extraction)
+    out["level_queries"] = [c / (study.n * iterations) for c in cache.level_queries]  # per image and iteration
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rex-dir", required=True, help="bench_responsibility.py --keep folder (ONNX file, rex*.npz)")
+    ap.add_argument("--rex-seeds", type=int, nargs="*", default=[0, 20, 40])
+    ap.add_argument("--seed", type=int, default=6000, help="run r's iterations are seeded seed + 100 r + t")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--variants", nargs="*", default=["default:8", "sobol:8", "pairs-any:9", "pixels64:8"],
+                    help="variant:iterations")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/variance_study_cpu.json")
+    args = ap.parse_args()
+    plan = [(v, int(t)) for v, t in (x.split(":") for x in args.variants)]
+    for v, _ in plan:
+        if v not in ("default", "sobol", "pairs-any", "pixels64"):
+            raise SystemExit(f"unknown variant {v!r}")
+    study = Study(args.rex_dir, args.rex_seeds, expected_rows=14 * 6 * max(t for _, t in plan))
+    print(f"ReX: median MPS {100 * study.rex_size:.2f}%, seed-to-seed Dice {study.rex_dice:.3f}", flush=True)
+    runs: dict[tuple[str, int], list[dict]] = {key: [] for key in plan}
+    torch.set_grad_enabled(False)
+    for r in range(args.runs):
+        for variant, t in plan:
+            one = run(study, variant, t, args.seed + 100 * r, scramble=r)
+            runs[variant, t].append(one)
+            print(f"run {r} {variant}:{t}: MPS {100 * one['size']:5.2f}%, queries {one['queries']:.0f}, "
+                  f"Dice {one['dice']:.3f}", flush=True)
+    rows = []
+    for (variant, t), got in runs.items():
+        row = {"variant": variant, "iterations": t, **study.summary(got)}
+        depth = max(len(g["level_queries"]) for g in got)
+        row["mean_level_queries"] = [round(sum(g["level_queries"][lv] for g in got if lv < len(g["level_queries"]))
+                                           / len(got), 2) for lv in range(depth)]
+        rows.append(row)
+        print(describe(f"{variant}:{t}", row), flush=True)
+        print(f"    descent queries per image and iteration by level: {row['mean_level_queries']}", flush=True)
+    print(f"wrote {write_results('variance_study', 'cpu', rows, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
