@@ -212,6 +212,10 @@ def test_level_queries_add_up_across_descents_sharing_a_cache():
         first = list(cache.level_queries)
         _, q2 = descend(ev, prep, present, _top1, [(0, 2), (1, 2)], 3, 2, cache, monotone=True)
     assert sum(first) == sum(q1) and sum(cache.level_queries) == sum(q1) + sum(q2)
+    given = MutantCache()
+    with torch.inference_mode():
+        _, q3 = compute_responsibility(ev, prep, present, _top1, 2, 3, 2, 1, False, True, given)
+    assert sum(q3) > 0 and sum(given.level_queries) == sum(q3) and len(given.scores) == sum(q3)  # the cache given
     assert 1 <= len(first) <= 3 and len(cache.level_queries) <= 3  # depth 3
     assert first[0] >= 2 * 4  # level 0: at least the 4 triples of each image's whole-image split
     assert all(a >= b for a, b in zip(cache.level_queries, first + [0] * 3))
