@@ -21,6 +21,8 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   one more iteration for the budget.
 - ``pixels64``: the default map, ranked pixel by pixel (no squares) and scanned in steps of 64 pixels,
   bisection inside the last step.
+- ``virtualV`` (e.g. ``virtual100``): fast_sis's ``virtual_iterations=V``: V more descents per image on a
+  surrogate fitted to the mutants the real ones scored (``overinterp_fast/surrogate.py``), at no query.
 
 Also printed: where the descents' queries go, per image and iteration by level (level 0 splits the
 whole image).
@@ -37,6 +39,7 @@ import torch
 from scipy.stats import qmc
 
 from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility
+from overinterp_fast.surrogate import add_virtual_descents
 
 from common import write_results
 from window_study import Study, describe
@@ -83,6 +86,9 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -
                                          seed, False, True, cache)
     finally:
         resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
+    if variant.startswith("virtual"):
+        logs = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
+                                    int(variant[len("virtual"):]), 10, 10, seed)
     extraction = {"block": None, "refine_scan": 64} if variant == "pixels64" else {}
     out = study.judge(logs.view(study.n, study.p), q, **extraction)
     out["level_queries"] = [c / (study.n * iterations) for c in cache.level_queries]  # per image and iteration
@@ -101,7 +107,8 @@ def main():
     args = ap.parse_args()
     plan = [(v, int(t)) for v, t in (x.split(":") for x in args.variants)]
     for v, _ in plan:
-        if v not in ("default", "sobol", "pairs-any", "pixels64"):
+        if v not in ("default", "sobol", "pairs-any", "pixels64") and not (v.startswith("virtual") and
+                                                                           v[len("virtual"):].isdigit()):
             raise SystemExit(f"unknown variant {v!r}")
     study = Study(args.rex_dir, args.rex_seeds, expected_rows=14 * 6 * max(t for _, t in plan))
     print(f"ReX: median MPS {100 * study.rex_size:.2f}%, seed-to-seed Dice {study.rex_dice:.3f}", flush=True)

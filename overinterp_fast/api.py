@@ -21,8 +21,9 @@ from .blocks import auto_block, check_block
 from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, initial_predictions, model_memory_format
 from .onnx_backend import OnnxModel
-from .responsibility import (ResponsibilityMap, auto_responsibility, check_responsibility_options,
+from .responsibility import (MutantCache, ResponsibilityMap, auto_responsibility, check_responsibility_options,
                              compute_responsibility)
+from .surrogate import add_virtual_descents, check_virtual_iterations
 from .results import SISResult
 
 METHODS = ("exact", "gradient", "responsibility")
@@ -137,6 +138,7 @@ def responsibility(
     progress: bool | None = None,
     engine: str = "auto",
     monotone: bool = False,
+    virtual_iterations: int = 0,
 ) -> list[ResponsibilityMap]:
     """Causal responsibility maps (paper 002, ReX 0.4.1's algorithm; SPEC.md section 3a). Black box.
 
@@ -151,6 +153,9 @@ def responsibility(
         engine: "auto", "torch", "onnxruntime" or "compile" (see README "Engines").
         monotone: False (default): score every mutant, as ReX. True: skip the mutants none of
             whose supersets passed (see :func:`~overinterp_fast.responsibility.descend`).
+        virtual_iterations: after the real descents, this many more per image on a surrogate of the
+            criterion fitted to the mutants they scored, at no query, their log maps added
+            (:mod:`overinterp_fast.surrogate`; the map is then an estimate of ReX's). 0 (default): none.
 
     Returns:
         One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over
@@ -158,6 +163,7 @@ def responsibility(
     """
     check_responsibility_options(iterations, depth, min_box, seed)
     _check_monotone(monotone, none=False)
+    check_virtual_iterations(virtual_iterations)
     check_engine(engine)
     s = _setup(model, images, threshold, None, mask_value, outputs, batch_size, "responsibility")
     _check_pixels(s, "responsibility")
@@ -169,8 +175,11 @@ def responsibility(
         eng = _engine(s, engine, targets, max_rows=max_rows, expected_rows=expected, measure_fn="score_and_top1")
         evaluator, _ = _evaluators(s, eng, targets)
         present = torch.ones((n, p), dtype=torch.bool, device=s.prep.images.device)
+        cache = MutantCache()
         maps, queries = compute_responsibility(evaluator, s.prep, present, passes, iterations, depth, min_box,
-                                               seed, progress, monotone=monotone)
+                                               seed, progress, monotone=monotone, cache=cache)
+        maps = add_virtual_descents(maps, cache, evaluator.runner, s.prep, present, passes, virtual_iterations,
+                                    depth, min_box, seed)
     return [ResponsibilityMap(maps[i].cpu(), queries[i], int(targets[i]), iterations) for i in range(n)]
 
 
@@ -263,6 +272,7 @@ def fast_sis(
     incremental: bool | None = None,
     block: int | str = "auto",
     monotone: bool | None = None,
+    virtual_iterations: int = 0,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -312,6 +322,11 @@ def fast_sis(
             queries for the same maps where passing is monotone in the pixels kept (on
             EfficientNet-Lite0, 1.3% of the passing mutants were missed). None (default):
             on, except with refine=False (ReX's algorithm scores every mutant).
+        virtual_iterations: method="responsibility": after the real descents, this many more
+            per image on a surrogate of the criterion (a logistic model per image on the share
+            of each cell of a 14x14 grid kept, fitted to the mutants the real descents scored),
+            at no query; the ranking adds their log maps (:mod:`overinterp_fast.surrogate`).
+            0 (default): none. The sets are extracted and checked on the model as always.
         block: method="responsibility" with refine=True or "boundary": rank the pixels
             square by square, squares of ``block`` x ``block`` pixels by their mean
             responsibility (:func:`~overinterp_fast.blocks.block_positions`), and scan
@@ -371,6 +386,7 @@ def fast_sis(
         _check_refine(refine, refine_budget)
         check_block(block)
         _check_monotone(monotone, none=True)
+        check_virtual_iterations(virtual_iterations)
     check_engine(engine)
     if incremental not in (None, True, False):
         raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
@@ -402,12 +418,15 @@ def fast_sis(
             skip = refine is not False if monotone is None else monotone
 
             def rank(present):
+                cache = MutantCache()
                 if iterations == "auto":
                     maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed, progress,
-                                                           monotone=skip)
+                                                           monotone=skip, cache=cache)
                 else:
                     maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10,
-                                                           seed, progress, monotone=skip)
+                                                           seed, progress, monotone=skip, cache=cache)
+                maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations,
+                                            10, 10, seed)
                 return maps.view(maps.shape[0], -1), queries
 
             side = auto_block(*prep.images.shape[-2:]) if block == "auto" else block

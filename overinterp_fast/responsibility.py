@@ -367,6 +367,7 @@ def auto_responsibility(
     top_fraction: float = AUTO_TOP_FRACTION,
     min_iterations: int = AUTO_MIN_ITERATIONS,
     monotone: bool = False,
+    cache: MutantCache | None = None,
 ) -> tuple[torch.Tensor, list[int], AutoInfo]:
     """Responsibility with as many iterations as each image needs: (float64 [N, H, W], queries, AutoInfo).
 
@@ -376,12 +377,13 @@ def auto_responsibility(
     compared with those of the iteration before (no query); an image stops after iteration
     t >= ``min_iterations`` once their Dice has been at least ``min_dice`` for ``patience``
     iterations in a row, or after ``max_iterations``. ``monotone``: see :func:`descend`.
+    ``cache``: the mutant cache to use (None: a new one).
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
     total = torch.zeros(n, h, w, dtype=torch.float64, device=dev)
     queries, runs = [0] * n, [0] * n
-    cache = MutantCache()
+    cache = MutantCache() if cache is None else cache
     last: list[torch.Tensor | None] = [None] * n
     calm = [0] * n
     active = [i for i in range(n) if bool(present[i].any())]

@@ -1,0 +1,154 @@
+"""Virtual descents on a surrogate of the criterion (overinterp_fast/surrogate.py, virtual_iterations).
+
+Expectations come from the model itself (its real descents), from arithmetic by hand, or from a
+criterion built to be linear in the cell fractions.
+"""
+import pytest
+import torch
+
+import overinterp_fast as of
+from overinterp_fast.responsibility import MutantCache, compute_responsibility
+from overinterp_fast.surrogate import (SEED_OFFSET, Surrogate, add_virtual_descents, cell_fractions, fit_surrogate,
+                                       virtual_descents)
+
+from test_minimal_sets import PatchReader
+from test_mutation_kills_responsibility import _evaluator, _top1
+
+# a 28x28 image of ones; the patch rows 8:16, cols 12:20 is the 2x2-pixel cells (4..7, 6..9) of a 14x14 grid.
+# PatchReader(need=0.4): class 0 (the class of the whole image) while more than 25.6 of its 64 pixels are kept,
+# i.e. while the patch cells' kept fractions sum to more than 6.4 (they are multiples of 1/4: never equal).
+ROWS, COLS = slice(8, 16), slice(12, 20)
+
+
+def _patch_surrogate(runner, n=1, sharp=100.0):
+    weight = torch.zeros(n, 14, 14, dtype=torch.float64)
+    weight[:, 4:8, 6:10] = sharp
+    return Surrogate(weight.view(n, -1), torch.full((n,), -6.4 * sharp, dtype=torch.float64), [None] * n, 14, 28,
+                     28, runner, [float("nan")] * n)
+
+
+def _scored(need, n, iterations, depth, seed):
+    """Real descents of PatchReader(need) on n 28x28 images of ones: (evaluator, prep, present, their cache)."""
+    model = PatchReader(ROWS, COLS, need=need).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(n, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(n, 28 * 28, dtype=torch.bool)
+        cache = MutantCache()
+        compute_responsibility(ev, prep, present, _top1, iterations, depth, 4, seed, False, cache=cache)
+    return ev, prep, present, cache
+
+
+def test_cell_fractions_by_hand():
+    keep = torch.zeros(2, 4, 4, dtype=torch.bool)
+    keep[0, 0, 0] = True  # one pixel of cell (0, 0)
+    keep[0, 2:4, 2:4] = True  # all of cell (1, 1)
+    keep[1, :, 1] = True  # one column: a half of cells (0, 0) and (1, 0)
+    got = cell_fractions(keep.view(2, -1), 4, 4, 2)
+    assert torch.equal(got, torch.tensor([[0.25, 0, 0, 1], [0.5, 0, 0.5, 0]], dtype=torch.float64))
+
+
+@pytest.mark.timeout(60)
+def test_an_exact_surrogate_gives_the_model_s_own_descents():
+    """A surrogate that decides every mutant as the model does (the patch criterion written on the cells) must
+    give exactly the maps of ReX's descents of the model with the same seeds."""
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    x = torch.ones(2, 1, 28, 28, dtype=torch.float64)
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(2, 28 * 28, dtype=torch.bool)
+        want, _ = compute_responsibility(ev, prep, present, _top1, 5, 10, 4, 3, False)
+        got = virtual_descents(_patch_surrogate(ev.runner, 2), prep, present, [0, 1], 5, 10, 4, 3)
+    assert want.abs().sum() > 0 and torch.equal(got, want)
+    with torch.inference_mode():  # an image left out gets zeros
+        one = virtual_descents(_patch_surrogate(ev.runner, 2), prep, present, [1], 5, 10, 4, 3)
+    assert torch.equal(one[1], want[1]) and not one[0].any()
+
+
+@pytest.mark.timeout(60)
+def test_fit_learns_a_criterion_linear_in_the_cells():
+    """The patch criterion is a threshold on a sum of cell fractions: the fitted model gets at least 95% of the
+    real descents' mutants right, and agrees with the model on the mutants of new descents."""
+    ev, prep, present, cache = _scored(0.4, 1, 8, 10, 0)
+    with torch.inference_mode():
+        sur = fit_surrogate(cache, present, lambda i, f, t: bool(t), 1, 28, 28, ev.runner)
+        assert sur.constant == [None] and sur.accuracy[0] >= 0.95
+        fresh = MutantCache()
+        compute_responsibility(ev, prep, present, _top1, 4, 10, 4, 100, False, cache=fresh)
+        keys = list(fresh.scores)
+        keep = torch.zeros(len(keys), 28, 28, dtype=torch.bool)
+        for j, key in enumerate(keys):
+            for y0, x0, y1, x1 in key[1:]:
+                keep[j, y0:y1, x0:x1] = True
+        _, predicted = sur(keep.view(len(keys), -1), torch.zeros(len(keys), dtype=torch.int64), None, None)
+    truth = torch.tensor([fresh.scores[k][1] for k in keys])
+    assert (predicted == truth).double().mean() >= 0.9
+    # the patch cells carry the weight: their mean outweighs every cell outside the patch
+    w = sur.weight.view(14, 14)
+    outside = torch.ones(14, 14, dtype=torch.bool)
+    outside[4:8, 6:10] = False
+    assert w[4:8, 6:10].mean() > 2 * w[outside].max()
+
+
+@pytest.mark.timeout(60)
+def test_one_outcome_gives_a_constant_and_labels_follow_passes():
+    """An image whose scored mutants all passed predicts a pass for any mask; labels come from ``passes``
+    (here: never), not from top-1; an image with no mutant is taken as failing."""
+    ev, prep, present, cache = _scored(0.0, 2, 1, 2, 0)  # need 0: class 0 whatever is kept, every mutant passes
+    with torch.inference_mode():
+        only0 = MutantCache()
+        only0.scores = {k: v for k, v in cache.scores.items() if k[0] == 0}
+        sur = fit_surrogate(only0, present, _top1, 2, 28, 28, ev.runner)
+        assert sur.constant == [True, False] and sur.accuracy[0] == 1.0 and sur.accuracy[1] != sur.accuracy[1]
+        f, ok = sur(torch.zeros(2, 28 * 28, dtype=torch.bool), torch.tensor([0, 1]), None, None)
+        assert ok.tolist() == [True, False] and f.tolist() == [1.0, 0.0]
+        never = fit_surrogate(cache, present, lambda i, f, t: False, 2, 28, 28, ev.runner)
+    assert never.constant == [False, False]
+
+
+@pytest.mark.timeout(120)
+def test_virtual_iterations_cost_no_query_and_change_only_the_ranking():
+    """fast_sis and responsibility with virtual_iterations: the same queries as without, a map that adds the
+    virtual descents of a surrogate fitted to the same run, the same result twice, and an MPS that passes on
+    the model and lies in the patch."""
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    base, = of.responsibility(model, x, iterations=4, seed=2, monotone=True)
+    more, = of.responsibility(model, x, iterations=4, seed=2, monotone=True, virtual_iterations=6)
+    again, = of.responsibility(model, x, iterations=4, seed=2, monotone=True, virtual_iterations=6)
+    assert more.queries == base.queries and not torch.equal(more.map, base.map) and torch.equal(more.map, again.map)
+    with torch.inference_mode():  # the same sum, built from the parts
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(1, 28 * 28, dtype=torch.bool)
+        cache = MutantCache()
+        maps, _ = compute_responsibility(ev, prep, present, _top1, 4, 10, 10, 2, False, monotone=True, cache=cache)
+        want = add_virtual_descents(maps, cache, ev.runner, prep, present, _top1, 6, 10, 10, 2)
+        sur = fit_surrogate(cache, present, _top1, 1, 28, 28, ev.runner)
+        alone = virtual_descents(sur, prep, present, [0], 6, 10, 10, 2 + SEED_OFFSET)
+    torch.testing.assert_close(more.map, want[0], rtol=0, atol=1e-9)
+    torch.testing.assert_close(more.map, base.map + alone[0], rtol=0, atol=1e-9)
+    r0, = of.fast_sis(model, x, method="responsibility", iterations=4, seed=2)
+    r1, = of.fast_sis(model, x, method="responsibility", iterations=4, seed=2, virtual_iterations=6)
+    assert r1.queries == r0.queries and r1.sis is not None
+    mask = r1.mask.any(0) if r1.mask.dim() == 3 else r1.mask
+    with torch.no_grad():
+        assert int(model(torch.where(mask, x[0], torch.zeros(())).unsqueeze(0)).argmax(1)) == r1.target
+    inside = torch.zeros(28, 28, dtype=torch.bool)
+    inside[4:10, 3:9] = True
+    assert (mask & ~inside).sum() == 0
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "10"])
+def test_bad_virtual_iterations_are_refused(bad):
+    model = PatchReader(ROWS, COLS).eval()
+    x = torch.ones(1, 1, 28, 28)
+    with pytest.raises(ValueError, match="virtual_iterations must be an int >= 0"):
+        of.fast_sis(model, x, method="responsibility", virtual_iterations=bad)
+    with pytest.raises(ValueError, match="virtual_iterations must be an int >= 0"):
+        of.responsibility(model, x, virtual_iterations=bad)
+
+
+def test_bad_grid_and_penalty_are_refused():
+    with pytest.raises(ValueError, match="grid must be an int >= 1"):
+        fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, grid=0)
+    with pytest.raises(ValueError, match="l2 must be > 0"):
+        fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, l2=0.0)
