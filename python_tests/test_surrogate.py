@@ -152,3 +152,12 @@ def test_bad_grid_and_penalty_are_refused():
         fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, grid=0)
     with pytest.raises(ValueError, match="l2 must be > 0"):
         fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, l2=0.0)
+
+
+def test_a_mutant_passes_when_its_probability_exceeds_one_half():
+    """Weights 0: the probability is sigmoid(bias) whatever is kept; a pass needs more than 1/2."""
+    bias = torch.tensor([0.1, -0.1, 0.0], dtype=torch.float64)
+    sur = Surrogate(torch.zeros(3, 4, dtype=torch.float64), bias, [None] * 3, 2, 4, 4, None, [float("nan")] * 3)
+    f, ok = sur(torch.ones(3, 16, dtype=torch.bool), torch.arange(3), None, None)
+    torch.testing.assert_close(f, torch.sigmoid(bias))
+    assert ok.tolist() == [True, False, False]
