@@ -148,7 +148,11 @@ class MutantCache:
 
 def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: list[int], keys: list[tuple],
                 present: torch.Tensor, cache: MutantCache, h: int, w: int, dev) -> None:
-    """Score new mutants (rectangles ``rects`` of mutant ``owner``, of images ``evals``) into the cache."""
+    """Score new mutants (rectangles ``rects`` of mutant ``owner``, of images ``evals``) into the cache.
+
+    An evaluator with a ``score_rectangles(rects, owner, images, present)`` method (the surrogate of
+    :mod:`overinterp_fast.surrogate`) scores them from the rectangles; any other gets painted masks.
+    """
     img_all = torch.tensor(evals, dtype=torch.int64, device=dev)
 
     def score(sl: slice, cover: torch.Tensor):
@@ -157,8 +161,13 @@ def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: 
         f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1))
         return torch.stack([f, top1.double(), keep.sum(1).double()], 1)
 
-    parts = _rect_cover(evaluator.runner, rects, owner, None, len(evals), h, w, dev, score)
-    for key, (fk, tk, ak) in zip(keys, torch.cat(parts).tolist()):
+    score_rectangles = getattr(evaluator, "score_rectangles", None)
+    if score_rectangles is not None:  # an evaluator that reads the rectangles itself (surrogate.py): no painting
+        scored = score_rectangles(torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4),
+                                  torch.tensor(owner, dtype=torch.int64, device=dev), img_all, present)
+    else:
+        scored = torch.cat(_rect_cover(evaluator.runner, rects, owner, None, len(evals), h, w, dev, score))
+    for key, (fk, tk, ak) in zip(keys, scored.tolist()):
         cache.scores[key] = (fk, bool(tk), int(ak))
 
 

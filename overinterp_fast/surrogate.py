@@ -10,6 +10,11 @@ ReX's descent runs on the model (every mutant "scored", nothing skipped), with n
 forward pass of the model, and their log maps are added to the real ones. The map is
 then an estimate of ReX's map, not ReX's map: the surrogate errs on some mutants.
 Every set extracted from the ranking is still checked on the model itself.
+
+Speed: the virtual descents never paint a mutant. ``descend`` hands the surrogate the
+rectangles a mutant shows (:meth:`Surrogate.score_rectangles`), and each cell's share is
+read off a summed-area table of the pixels present, four lookups per rectangle and cell
+(:func:`rect_cell_fractions`); the fit reads the cached mutants' rectangles the same way.
 """
 from __future__ import annotations
 
@@ -23,12 +28,63 @@ from .responsibility import MutantCache, descend
 
 GRID = 14  # cells per side: 16 x 16 pixels at 224 x 224
 L2 = 1.0
+RECT_CHUNK = 4096  # mutants scored from their rectangles at once (memory: about R x grid^2 x 40 bytes)
+
+
+def cell_bounds(size: int, grid: int) -> list[int]:
+    """The cells' edges along one side: floor(i * size / grid) for i = 0..grid (cells of size / grid pixels
+    where grid divides size; else some one pixel wider)."""
+    return [i * size // grid for i in range(grid + 1)]
+
+
+def _integral(x: torch.Tensor) -> torch.Tensor:
+    """[B, H, W] -> int64 [B, H+1, W+1] summed-area table (entry (y, x): the sum of x[:, :y, :x])."""
+    return torch.nn.functional.pad(x.long().cumsum(1).cumsum(2), (1, 0, 1, 0))
 
 
 def cell_fractions(keep: torch.Tensor, h: int, w: int, grid: int) -> torch.Tensor:
-    """The fraction of each cell of a grid x grid partition kept: bool [m, H*W] -> float64 [m, grid*grid]
-    (``torch.nn.functional.adaptive_avg_pool2d``'s cells)."""
-    return torch.nn.functional.adaptive_avg_pool2d(keep.view(-1, 1, h, w).double(), grid).flatten(1)
+    """The fraction of each cell (:func:`cell_bounds`) kept: bool [m, H*W] -> float64 [m, grid*grid]."""
+    table = _integral(keep.view(-1, h, w))
+    ys = torch.tensor(cell_bounds(h, grid), device=keep.device)
+    xs = torch.tensor(cell_bounds(w, grid), device=keep.device)
+    corner = table[:, ys][:, :, xs]  # [m, grid+1, grid+1]
+    counts = corner[:, 1:, 1:] - corner[:, :-1, 1:] - corner[:, 1:, :-1] + corner[:, :-1, :-1]
+    area = (ys[1:] - ys[:-1]).view(-1, 1) * (xs[1:] - xs[:-1]).view(1, -1)
+    return (counts.double() / area.clamp(min=1)).flatten(1)
+
+
+def rect_cell_fractions(rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor, table: torch.Tensor,
+                        h: int, w: int, grid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cell_fractions` of mutants given as disjoint rectangles, without painting them.
+
+    rects: int64 [R, 4] (y0, x0, y1, x1); owner: int64 [R], the mutant of each, in [0, m); images: int64 [m],
+    each mutant's image; table: int64 [N, H+1, W+1], :func:`_integral` of the pixels present per image.
+    Returns (float64 [m, grid*grid] the fraction of each cell kept and present, int64 [m] pixels kept and present).
+    """
+    dev = table.device
+    m = images.shape[0]
+    ys = torch.tensor(cell_bounds(h, grid), device=dev)
+    xs = torch.tensor(cell_bounds(w, grid), device=dev)
+    y0, x0, y1, x1 = rects.to(dev).unbind(1)
+    img = images.to(dev)[owner.to(dev)]
+    # each rectangle cut by each cell row and column (empty cuts have Y1 == Y0 or X1 == X0)
+    cy0 = torch.maximum(y0.view(-1, 1), ys[:-1].view(1, -1))
+    cy1 = torch.maximum(torch.minimum(y1.view(-1, 1), ys[1:].view(1, -1)), cy0)
+    cx0 = torch.maximum(x0.view(-1, 1), xs[:-1].view(1, -1))
+    cx1 = torch.maximum(torch.minimum(x1.view(-1, 1), xs[1:].view(1, -1)), cx0)
+    flat_table = table.reshape(-1)
+    base = (img * ((h + 1) * (w + 1))).view(-1, 1, 1)
+
+    def at(yy, xx):  # the tables at the corners (yy [R, grid], xx [R, grid]) -> [R, grid, grid]
+        return flat_table[base + yy.view(-1, grid, 1) * (w + 1) + xx.view(-1, 1, grid)]
+
+    counts = at(cy1, cx1) - at(cy0, cx1) - at(cy1, cx0) + at(cy0, cx0)
+    area = ((ys[1:] - ys[:-1]).view(-1, 1) * (xs[1:] - xs[:-1]).view(1, -1)).clamp(min=1)
+    own = owner.to(dev)
+    fractions = torch.zeros(m, grid * grid, dtype=torch.float64, device=dev).index_add_(
+        0, own, (counts.double() / area).view(-1, grid * grid))
+    kept = torch.zeros(m, dtype=torch.int64, device=dev).index_add_(0, own, counts.sum((1, 2)))
+    return fractions, kept
 
 
 @dataclass
@@ -51,17 +107,43 @@ class Surrogate:
     runner: ChunkRunner
     accuracy: list[float]
 
-    def __call__(self, keep: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor):
-        """The evaluator interface of :func:`~overinterp_fast.responsibility.descend`: (probability of
-        passing float64 [m], predicted to pass bool [m]) for the mutants ``keep`` (bool [m, H*W]) of
-        ``image`` (int64 [m]); ``row``, ``feature`` unused."""
-        x = cell_fractions(keep, self.h, self.w, self.grid).to(self.weight.device)
-        img = image.to(self.weight.device)
+    def predict(self, x: torch.Tensor, img: torch.Tensor) -> torch.Tensor:
+        """Probability of passing, float64 [m], from cell fractions ``x`` (float64 [m, grid*grid]) of images
+        ``img`` (int64 [m])."""
+        x, img = x.to(self.weight.device), img.to(self.weight.device)
         prob = torch.sigmoid((x * self.weight[img]).sum(1) + self.bias[img])
         for i, c in enumerate(self.constant):
             if c is not None:
                 prob = torch.where(img == i, torch.tensor(float(c), dtype=prob.dtype, device=prob.device), prob)
+        return prob
+
+    def __call__(self, keep: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor):
+        """The evaluator interface: (probability of passing float64 [m], predicted to pass bool [m]) for the
+        mutants ``keep`` (bool [m, H*W]) of ``image`` (int64 [m]); ``row``, ``feature`` unused."""
+        prob = self.predict(cell_fractions(keep, self.h, self.w, self.grid), image)
         return prob.to(keep.device), (prob > 0.5).to(keep.device)
+
+    def score_rectangles(self, rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor,
+                         present: torch.Tensor) -> torch.Tensor:
+        """Score mutants given as rectangles, without painting them (what
+        :func:`~overinterp_fast.responsibility.descend` asks of an evaluator that has this method).
+
+        rects: int64 [R, 4] (y0, x0, y1, x1), disjoint within a mutant; owner: int64 [R], non-decreasing, the
+        mutant of each in [0, m); images: int64 [m]; present: bool [N, H*W], the pixels a mutant may keep.
+        Returns float64 [m, 3]: probability of passing, predicted to pass (0 or 1), pixels kept.
+        """
+        m = images.shape[0]
+        table = _integral(present.view(-1, self.h, self.w))
+        owner = owner.to(table.device)
+        starts = torch.searchsorted(owner, torch.arange(0, m + RECT_CHUNK, RECT_CHUNK, device=table.device)).tolist()
+        out = []
+        for k, a in enumerate(range(0, m, RECT_CHUNK)):
+            b = min(a + RECT_CHUNK, m)
+            x, kept = rect_cell_fractions(rects[starts[k]:starts[k + 1]], owner[starts[k]:starts[k + 1]] - a,
+                                          images[a:b], table, self.h, self.w, self.grid)
+            prob = self.predict(x, images[a:b])
+            out.append(torch.stack([prob, (prob > 0.5).double(), kept.double().to(prob.device)], 1))
+        return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.float64)
 
 
 def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int, runner: ChunkRunner,
@@ -76,44 +158,40 @@ def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: 
     by_image: list[list[tuple]] = [[] for _ in range(n)]
     for key, (f, top1, _) in cache.scores.items():
         by_image[key[0]].append((key[1:], bool(passes(key[0], f, top1))))
-    feats, labels, owner = [], [], []
+    rects, owner_r, images, label = [], [], [], []
     for i, rows in enumerate(by_image):
-        if not rows:
-            continue
-        keep = torch.zeros(len(rows), h, w, dtype=torch.bool)
-        for j, (rects, _) in enumerate(rows):
-            for y0, x0, y1, x1 in rects:
-                keep[j, y0:y1, x0:x1] = True
-        keep = keep.view(len(rows), -1) & present[i].cpu()
-        feats.append(cell_fractions(keep, h, w, grid))
-        labels.append(torch.tensor([y for _, y in rows], dtype=torch.float64))
-        owner.append(torch.full((len(rows),), i, dtype=torch.int64))
+        for shown, y in rows:
+            rects.extend(shown)
+            owner_r.extend([len(images)] * len(shown))
+            images.append(i)
+            label.append(y)
     constant: list[bool | None] = [None] * n
     for i, rows in enumerate(by_image):
-        ys = {y for _, y in rows}
-        if len(ys) <= 1:  # nothing to separate: all passed, all failed, or none scored (taken as failing)
-            constant[i] = ys.pop() if ys else False
+        outcomes = {y for _, y in rows}
+        if len(outcomes) <= 1:  # nothing to separate: all passed, all failed, or none scored (taken as failing)
+            constant[i] = outcomes.pop() if outcomes else False
     accuracy = [float("nan")] * n
     with torch.inference_mode(False), torch.enable_grad():  # fast_sis runs under inference mode
         weight = torch.zeros(n, d, dtype=torch.float64, requires_grad=True)
         bias = torch.zeros(n, dtype=torch.float64, requires_grad=True)
-        if feats:
-            _fit(weight, bias, [f.clone() for f in feats], [y.clone() for y in labels], [o.clone() for o in owner],
-                 constant, l2)
-    if feats:
-        x_all, y_all, img_all = torch.cat(feats), torch.cat(labels).bool(), torch.cat(owner)
-        pred = torch.sigmoid((x_all * weight.detach()[img_all]).sum(1) + bias.detach()[img_all]) > 0.5
+        if images:
+            x, _ = rect_cell_fractions(torch.tensor(rects, dtype=torch.int64).view(-1, 4), torch.tensor(owner_r),
+                                       torch.tensor(images), _integral(present.view(n, h, w)).cpu(), h, w, grid)
+            y, img = torch.tensor(label, dtype=torch.float64), torch.tensor(images)
+            _fit(weight, bias, x, y, img, constant, l2)
+    if images:
+        pred = torch.sigmoid((x * weight.detach()[img]).sum(1) + bias.detach()[img]) > 0.5
         for i in range(n):
-            sel = img_all == i
+            sel = img == i
             if sel.any():
                 p_i = pred[sel] if constant[i] is None else torch.full_like(pred[sel], bool(constant[i]))
-                accuracy[i] = float((p_i == y_all[sel]).double().mean())
+                accuracy[i] = float((p_i == y[sel].bool()).double().mean())
     return Surrogate(weight.detach(), bias.detach(), constant, grid, h, w, runner, accuracy)
 
 
-def _fit(weight, bias, feats, labels, owner, constant, l2) -> None:
-    """L2-penalized logistic regression of every fitted image at once (independent problems, one sum)."""
-    x, y, img = torch.cat(feats), torch.cat(labels), torch.cat(owner)
+def _fit(weight, bias, x, y, img, constant, l2) -> None:
+    """L2-penalized logistic regression of every fitted image at once (independent problems, one sum):
+    features x [m, d], labels y [m], image img [m]; images with a ``constant`` are left out."""
     fitted = torch.tensor([c is None for c in constant])[img]
     x, y, img = x[fitted], y[fitted], img[fitted]
     if not len(y):

@@ -161,3 +161,46 @@ def test_a_mutant_passes_when_its_probability_exceeds_one_half():
     f, ok = sur(torch.ones(3, 16, dtype=torch.bool), torch.arange(3), None, None)
     torch.testing.assert_close(f, torch.sigmoid(bias))
     assert ok.tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize("h,w,grid", [(28, 28, 14), (30, 17, 4), (5, 7, 3)])
+def test_cell_fractions_from_rectangles_equal_painted_masks(h, w, grid, monkeypatch):
+    """Mutants as disjoint rectangles (kept quadrants of random splits), some pixels absent: the fractions and
+    pixel counts computed from the rectangles equal those of the painted masks counted cell by cell in plain
+    Python (cells: floor(i * size / grid)); scoring in chunks of 3 mutants changes nothing."""
+    import overinterp_fast.surrogate as sg
+    g = torch.Generator().manual_seed(h * w + grid)
+    n, m = 3, 25
+    present = torch.rand(n, h, w, generator=g) > 0.3
+    images = torch.randint(0, n, (m,), generator=g)
+    rects, owner, keep = [], [], torch.zeros(m, h, w, dtype=torch.bool)
+    for j in range(m):
+        y0, y1 = sorted(torch.randint(0, h + 1, (2,), generator=g).tolist())
+        x0, x1 = sorted(torch.randint(0, w + 1, (2,), generator=g).tolist())
+        ys, xs = int(torch.randint(y0, y1 + 1, (1,), generator=g)), int(torch.randint(x0, x1 + 1, (1,), generator=g))
+        for q in ((y0, x0, ys, xs), (y0, xs, ys, x1), (ys, x0, y1, xs), (ys, xs, y1, x1)):
+            if float(torch.rand(1, generator=g)) < 0.6:
+                rects.append(q)
+                owner.append(j)
+                keep[j, q[0]:q[2], q[1]:q[3]] = True
+    keep &= present[images]
+    yb = [i * h // grid for i in range(grid + 1)]
+    xb = [i * w // grid for i in range(grid + 1)]
+    want = torch.tensor([[keep[j, yb[a]:yb[a + 1], xb[b]:xb[b + 1]].sum().item()
+                          / max(1, (yb[a + 1] - yb[a]) * (xb[b + 1] - xb[b])) for a in range(grid) for b in range(grid)]
+                         for j in range(m)], dtype=torch.float64)
+    rect_t, owner_t = torch.tensor(rects).view(-1, 4), torch.tensor(owner)
+    got, kept = sg.rect_cell_fractions(rect_t, owner_t, images, sg._integral(present), h, w, grid)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sg.cell_fractions(keep.view(m, -1), h, w, grid), want, rtol=0, atol=1e-12)
+    assert kept.tolist() == keep.view(m, -1).sum(1).tolist()
+    sur = Surrogate(torch.linspace(-1, 1, grid * grid, dtype=torch.float64).repeat(n, 1),
+                    torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64), [None, None, True], grid, h, w, None,
+                    [float("nan")] * n)
+    whole = sur.score_rectangles(rect_t, owner_t, images, present.view(n, -1))
+    monkeypatch.setattr(sg, "RECT_CHUNK", 3)
+    chunked = sur.score_rectangles(rect_t, owner_t, images, present.view(n, -1))
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=0)
+    prob, ok = sur(keep.view(m, -1), images, None, None)  # the mask interface agrees
+    torch.testing.assert_close(whole[:, 0], prob, rtol=0, atol=1e-12)
+    assert whole[:, 1].bool().tolist() == ok.tolist() and whole[:, 2].tolist() == kept.double().tolist()
