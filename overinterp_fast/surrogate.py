@@ -42,15 +42,20 @@ def _integral(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x.long().cumsum(1).cumsum(2), (1, 0, 1, 0))
 
 
+def _cells(h: int, w: int, grid: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row edges int64 [grid+1], column edges int64 [grid+1], cell areas int64 [grid, grid], at least 1)."""
+    ys = torch.tensor(cell_bounds(h, grid), device=device)
+    xs = torch.tensor(cell_bounds(w, grid), device=device)
+    return ys, xs, ((ys[1:] - ys[:-1]).view(-1, 1) * (xs[1:] - xs[:-1]).view(1, -1)).clamp(min=1)
+
+
 def cell_fractions(keep: torch.Tensor, h: int, w: int, grid: int) -> torch.Tensor:
     """The fraction of each cell (:func:`cell_bounds`) kept: bool [m, H*W] -> float64 [m, grid*grid]."""
     table = _integral(keep.view(-1, h, w))
-    ys = torch.tensor(cell_bounds(h, grid), device=keep.device)
-    xs = torch.tensor(cell_bounds(w, grid), device=keep.device)
+    ys, xs, area = _cells(h, w, grid, keep.device)
     corner = table[:, ys][:, :, xs]  # [m, grid+1, grid+1]
     counts = corner[:, 1:, 1:] - corner[:, :-1, 1:] - corner[:, 1:, :-1] + corner[:, :-1, :-1]
-    area = (ys[1:] - ys[:-1]).view(-1, 1) * (xs[1:] - xs[:-1]).view(1, -1)
-    return (counts.double() / area.clamp(min=1)).flatten(1)
+    return (counts.double() / area).flatten(1)
 
 
 def rect_cell_fractions(rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor, table: torch.Tensor,
@@ -63,8 +68,7 @@ def rect_cell_fractions(rects: torch.Tensor, owner: torch.Tensor, images: torch.
     """
     dev = table.device
     m = images.shape[0]
-    ys = torch.tensor(cell_bounds(h, grid), device=dev)
-    xs = torch.tensor(cell_bounds(w, grid), device=dev)
+    ys, xs, area = _cells(h, w, grid, dev)
     y0, x0, y1, x1 = rects.to(dev).unbind(1)
     img = images.to(dev)[owner.to(dev)]
     # each rectangle cut by each cell row and column (empty cuts have Y1 == Y0 or X1 == X0)
@@ -79,7 +83,6 @@ def rect_cell_fractions(rects: torch.Tensor, owner: torch.Tensor, images: torch.
         return flat_table[base + yy.view(-1, grid, 1) * (w + 1) + xx.view(-1, 1, grid)]
 
     counts = at(cy1, cx1) - at(cy0, cx1) - at(cy1, cx0) + at(cy0, cx0)
-    area = ((ys[1:] - ys[:-1]).view(-1, 1) * (xs[1:] - xs[:-1]).view(1, -1)).clamp(min=1)
     own = owner.to(dev)
     fractions = torch.zeros(m, grid * grid, dtype=torch.float64, device=dev).index_add_(
         0, own, (counts.double() / area).view(-1, grid * grid))
@@ -179,14 +182,15 @@ def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: 
                                        torch.tensor(images), _integral(present.view(n, h, w)).cpu(), h, w, grid)
             y, img = torch.tensor(label, dtype=torch.float64), torch.tensor(images)
             _fit(weight, bias, x, y, img, constant, l2)
+    surrogate = Surrogate(weight.detach().to(present.device), bias.detach().to(present.device), constant, grid, h, w,
+                          runner, accuracy)
     if images:
-        pred = torch.sigmoid((x * weight.detach()[img]).sum(1) + bias.detach()[img]) > 0.5
+        right = ((surrogate.predict(x, img) > 0.5) == y.to(surrogate.weight.device).bool()).cpu()
         for i in range(n):
             sel = img == i
             if sel.any():
-                p_i = pred[sel] if constant[i] is None else torch.full_like(pred[sel], bool(constant[i]))
-                accuracy[i] = float((p_i == y[sel].bool()).double().mean())
-    return Surrogate(weight.detach(), bias.detach(), constant, grid, h, w, runner, accuracy)
+                accuracy[i] = float(right[sel].double().mean())
+    return surrogate
 
 
 def _fit(weight, bias, x, y, img, constant, l2) -> None:
