@@ -204,3 +204,32 @@ def test_cell_fractions_from_rectangles_equal_painted_masks(h, w, grid, monkeypa
     prob, ok = sur(keep.view(m, -1), images, None, None)  # the mask interface agrees
     torch.testing.assert_close(whole[:, 0], prob, rtol=0, atol=1e-12)
     assert whole[:, 1].bool().tolist() == ok.tolist() and whole[:, 2].tolist() == kept.double().tolist()
+
+
+@pytest.mark.parametrize("chunk", [64, 2])
+def test_newton_fit_equals_scikit_learn(monkeypatch, chunk):
+    """The fit is scikit-learn's LogisticRegression(C=1/l2) (penalty on the weights, not the intercept), image by
+    image, for images with different numbers of mutants, fitted in one problem batch or in chunks of 2; an
+    image with a constant is left untouched."""
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    import overinterp_fast.surrogate as sg
+    monkeypatch.setattr(sg, "FIT_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(5)
+    d, sizes, l2 = 6, [40, 0, 25, 60], 0.7
+    x = torch.rand(sum(sizes), d, generator=gen, dtype=torch.float64)
+    img = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    true_w = torch.randn(len(sizes), d, generator=gen, dtype=torch.float64) * 4
+    z = (x * true_w[img]).sum(1)
+    z = z - torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, img, z)[img] / torch.tensor(sizes)[img]
+    y = (torch.rand(len(img), generator=gen, dtype=torch.float64) < torch.sigmoid(z)).double()
+    constant = [None, False, None, None]
+    weight = torch.full((len(sizes), d), 9.0, dtype=torch.float64)
+    bias = torch.full((len(sizes),), 9.0, dtype=torch.float64)
+    sg._fit(weight, bias, x, y, img, constant, l2)
+    assert weight[1].eq(9).all() and bias[1] == 9  # the constant image: not fitted
+    for i in (0, 2, 3):
+        sel = img == i
+        assert 0 < y[sel].sum() < sel.sum()  # both outcomes
+        ref = sklearn.LogisticRegression(C=1 / l2, tol=1e-12, max_iter=10_000).fit(x[sel].numpy(), y[sel].numpy())
+        assert torch.allclose(weight[i], torch.from_numpy(ref.coef_[0]), atol=1e-6)
+        assert abs(float(bias[i]) - float(ref.intercept_[0])) < 1e-6
