@@ -23,6 +23,9 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   bisection inside the last step.
 - ``virtualV`` (e.g. ``virtual100``): fast_sis's ``virtual_iterations=V``: V more descents per image on a
   surrogate fitted to the mutants the real ones scored (``overinterp_fast/surrogate.py``), at no query.
+- ``scanS`` (e.g. ``scan128``): the square scan tries every one of the first S squares (the default:
+  ``blocks.SCAN_SQUARES``) before its steps of ``blocks.SCAN_RATIO``.
+- parts joined by ``+`` combine: ``virtual40+scan128``.
 
 Also printed: where the descents' queries go, per image and iteration by level (level 0 splits the
 whole image).
@@ -38,6 +41,8 @@ import numpy as np
 import torch
 from scipy.stats import qmc
 
+import overinterp_fast.extraction as extraction_module
+from overinterp_fast.blocks import scan_sizes
 from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility
 from overinterp_fast.surrogate import add_virtual_descents
 
@@ -77,20 +82,40 @@ def pairs_any(k: int, superset_passed: list[bool]) -> bool:
     return DEFAULT_SKIP(k, superset_passed)
 
 
+def parts(variant: str) -> dict[str, int | None]:
+    """``a+virtual40+scan128`` -> {"a": None, "virtual": 40, "scan": 128}; raises SystemExit on an unknown part."""
+    out: dict[str, int | None] = {}
+    for part in variant.split("+"):
+        if part in ("default", "sobol", "pairs-any", "pixels64"):
+            out[part] = None
+        elif part.startswith(("virtual", "scan")) and part.lstrip("virtualscn").isdigit():
+            name = "virtual" if part.startswith("virtual") else "scan"
+            out[name] = int(part[len(name):])
+        else:
+            raise SystemExit(f"unknown variant part {part!r} in {variant!r}")
+    return out
+
+
 def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -> dict:
-    resp.descent_rng = sobol_rng(seed, iterations, scramble) if variant == "sobol" else DEFAULT_RNG
-    resp.skipped = pairs_any if variant == "pairs-any" else DEFAULT_SKIP
+    opts = parts(variant)
+    resp.descent_rng = sobol_rng(seed, iterations, scramble) if "sobol" in opts else DEFAULT_RNG
+    resp.skipped = pairs_any if "pairs-any" in opts else DEFAULT_SKIP
     cache = MutantCache()
     try:
         logs, q = compute_responsibility(study.ev, study.s.prep, study.present, study.passes, iterations, 10, 10,
                                          seed, False, True, cache)
     finally:
         resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
-    if variant.startswith("virtual"):
+    if "virtual" in opts:
         logs = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
-                                    int(variant[len("virtual"):]), 10, 10, seed)
-    extraction = {"block": None, "refine_scan": 64} if variant == "pixels64" else {}
-    out = study.judge(logs.view(study.n, study.p), q, **extraction)
+                                    opts["virtual"], 10, 10, seed)
+    extraction = {"block": None, "refine_scan": 64} if "pixels64" in opts else {}
+    if "scan" in opts:
+        extraction_module.scan_sizes = lambda ends: scan_sizes(ends, squares=opts["scan"])
+    try:
+        out = study.judge(logs.view(study.n, study.p), q, **extraction)
+    finally:
+        extraction_module.scan_sizes = scan_sizes
     out["level_queries"] = [c / (study.n * iterations) for c in cache.level_queries]  # per image and iteration
     return out
 
@@ -107,9 +132,7 @@ def main():
     args = ap.parse_args()
     plan = [(v, int(t)) for v, t in (x.split(":") for x in args.variants)]
     for v, _ in plan:
-        if v not in ("default", "sobol", "pairs-any", "pixels64") and not (v.startswith("virtual") and
-                                                                           v[len("virtual"):].isdigit()):
-            raise SystemExit(f"unknown variant {v!r}")
+        parts(v)
     study = Study(args.rex_dir, args.rex_seeds, expected_rows=14 * 6 * max(t for _, t in plan))
     print(f"ReX: median MPS {100 * study.rex_size:.2f}%, seed-to-seed Dice {study.rex_dice:.3f}", flush=True)
     runs: dict[tuple[str, int], list[dict]] = {key: [] for key in plan}

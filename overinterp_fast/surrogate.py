@@ -209,14 +209,26 @@ def _fit(weight, bias, x, y, img, constant, l2) -> None:
         chunk = torch.tensor(fitted[a:a + FIT_CHUNK])
         sel = torch.isin(img, chunk)
         if sel.any():
-            v = _newton(x[sel], y[sel], torch.searchsorted(chunk, img[sel]), len(chunk), l2)
+            row = torch.searchsorted(chunk, img[sel])
+            v = logistic_newton(x[sel], y[sel], row, len(chunk), ridge(x.shape[1], l2))
             weight[chunk] = v[:, :-1].to(weight.dtype)
             bias[chunk] = v[:, -1].to(bias.dtype)
 
 
-def _newton(x, y, row, k, l2) -> torch.Tensor:
-    """k independent L2-penalised logistic regressions (mutant j belongs to problem ``row[j]``, each problem has
-    mutants): float64 [k, d+1], the weights and (last) the intercept minimising each one's objective."""
+def ridge(d: int, l2: float) -> torch.Tensor:
+    """The penalty matrix of :func:`logistic_newton` for an L2 penalty ``l2`` on d weights, none on the intercept:
+    float64 [d+1, d+1]."""
+    pen = torch.full((d + 1,), float(l2), dtype=torch.float64)
+    pen[d] = 0.0
+    return torch.diag(pen)
+
+
+def logistic_newton(x, y, row, k, penalty) -> torch.Tensor:
+    """k independent penalised logistic regressions: mutant j (features x [m, d], label y [m]) belongs to problem
+    ``row[j]`` (int64 [m], every problem in [0, k) has mutants); each problem minimises its binary cross-entropy
+    plus v' penalty v / 2 (``penalty`` float64 [d+1, d+1], positive semi-definite, positive definite on the
+    weights; the last row and column are the intercept's). Returns float64 [k, d+1]: the weights and (last)
+    the intercept of each."""
     d = x.shape[1]
     order = torch.argsort(row, stable=True)
     counts = torch.bincount(row, minlength=k)
@@ -227,21 +239,20 @@ def _newton(x, y, row, k, l2) -> torch.Tensor:
     ys = torch.zeros(k, xs.shape[1], dtype=torch.float64)
     xs[row[order], col] = torch.cat([x[order], torch.ones(len(row), 1, dtype=torch.float64)], 1)
     ys[row[order], col] = y[order]
-    pen = torch.full((d + 1,), float(l2), dtype=torch.float64)
-    pen[d] = 0.0  # the intercept is not penalised
+    pen = penalty.to(torch.float64)
 
     def objective(v):  # [k, d+1] -> [k]
         z = torch.einsum("kmd,kd->km", xs, v)
         bce = torch.nn.functional.binary_cross_entropy_with_logits(z, ys, reduction="none")
-        return bce.sum(1) + 0.5 * (pen * v * v).sum(1)
+        return bce.sum(1) + 0.5 * ((v @ pen) * v).sum(1)
 
     v = torch.zeros(k, d + 1, dtype=torch.float64)
     cur = objective(v)
     for _ in range(NEWTON_STEPS):
         prob = torch.sigmoid(torch.einsum("kmd,kd->km", xs, v))
-        grad = torch.einsum("kmd,km->kd", xs, prob - ys) + pen * v
+        grad = torch.einsum("kmd,km->kd", xs, prob - ys) + v @ pen
         curv = prob * (1 - prob)
-        hess = torch.einsum("kmd,km,kme->kde", xs, curv, xs) + torch.diag_embed(pen + 1e-12)
+        hess = torch.einsum("kmd,km,kme->kde", xs, curv, xs) + pen + 1e-12 * torch.eye(d + 1, dtype=torch.float64)
         step = torch.linalg.solve(hess, grad.unsqueeze(2)).squeeze(2)
         t = torch.ones(k, 1, dtype=torch.float64)
         new = objective(v - t * step)

@@ -233,3 +233,22 @@ def test_newton_fit_equals_scikit_learn(monkeypatch, chunk):
         ref = sklearn.LogisticRegression(C=1 / l2, tol=1e-12, max_iter=10_000).fit(x[sel].numpy(), y[sel].numpy())
         assert torch.allclose(weight[i], torch.from_numpy(ref.coef_[0]), atol=1e-6)
         assert abs(float(bias[i]) - float(ref.intercept_[0])) < 1e-6
+
+
+def test_newton_with_a_full_penalty_meets_the_optimality_condition():
+    """logistic_newton with a full (non-diagonal) penalty P: at its answer v, each problem's gradient
+    X'(sigmoid(Xv) - y) + Pv vanishes, computed here from the definition."""
+    from overinterp_fast.surrogate import logistic_newton
+    gen = torch.Generator().manual_seed(11)
+    d, sizes = 5, [30, 50]
+    x = torch.rand(sum(sizes), d, generator=gen, dtype=torch.float64)
+    row = torch.repeat_interleave(torch.arange(2), torch.tensor(sizes))
+    y = (torch.rand(len(row), generator=gen, dtype=torch.float64) < x[:, 0]).double()
+    a = torch.randn(d, d, generator=gen, dtype=torch.float64)
+    pen = torch.zeros(d + 1, d + 1, dtype=torch.float64)
+    pen[:d, :d] = a @ a.T + 0.1 * torch.eye(d, dtype=torch.float64)
+    v = logistic_newton(x, y, row, 2, pen)
+    for k in range(2):
+        xk = torch.cat([x[row == k], torch.ones(sizes[k], 1, dtype=torch.float64)], 1)
+        grad = xk.T @ (torch.sigmoid(xk @ v[k]) - y[row == k]) + pen @ v[k]
+        assert grad.abs().max() < 1e-8 and v[k].abs().max() > 1e-3
