@@ -21,9 +21,8 @@ from .blocks import auto_block, check_block
 from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, initial_predictions, model_memory_format
 from .onnx_backend import OnnxModel
-from .responsibility import (MutantCache, ResponsibilityMap, auto_responsibility, check_responsibility_options,
-                             compute_responsibility)
-from .surrogate import add_virtual_descents, check_virtual_iterations
+from .responsibility import ResponsibilityMap, check_responsibility_options
+from .surrogate import check_virtual_iterations, ranking_maps
 from .results import SISResult
 
 METHODS = ("exact", "gradient", "responsibility")
@@ -175,11 +174,8 @@ def responsibility(
         eng = _engine(s, engine, targets, max_rows=max_rows, expected_rows=expected, measure_fn="score_and_top1")
         evaluator, _ = _evaluators(s, eng, targets)
         present = torch.ones((n, p), dtype=torch.bool, device=s.prep.images.device)
-        cache = MutantCache()
-        maps, queries = compute_responsibility(evaluator, s.prep, present, passes, iterations, depth, min_box,
-                                               seed, progress, monotone=monotone, cache=cache)
-        maps = add_virtual_descents(maps, cache, evaluator.runner, s.prep, present, passes, virtual_iterations,
-                                    depth, min_box, seed)
+        maps, queries = ranking_maps(evaluator, s.prep, present, passes, iterations, depth, min_box, seed, progress,
+                                     monotone, virtual_iterations)
     return [ResponsibilityMap(maps[i].cpu(), queries[i], int(targets[i]), iterations) for i in range(n)]
 
 
@@ -418,15 +414,8 @@ def fast_sis(
             skip = refine is not False if monotone is None else monotone
 
             def rank(present):
-                cache = MutantCache()
-                if iterations == "auto":
-                    maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, 10, 10, seed, progress,
-                                                           monotone=skip, cache=cache)
-                else:
-                    maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, 10, 10,
-                                                           seed, progress, monotone=skip, cache=cache)
-                maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations,
-                                            10, 10, seed)
+                maps, queries = ranking_maps(evaluator, prep, present, passes, iterations, 10, 10, seed, progress,
+                                             skip, virtual_iterations)
                 return maps.view(maps.shape[0], -1), queries
 
             side = auto_block(*prep.images.shape[-2:]) if block == "auto" else block

@@ -24,7 +24,7 @@ import torch
 
 from .batching import ChunkRunner
 from .inputs import Prepared
-from .responsibility import MutantCache, descend
+from .responsibility import MutantCache, auto_responsibility, compute_responsibility, descend
 
 GRID = 14  # cells per side: 16 x 16 pixels at 224 x 224
 L2 = 1.0
@@ -307,3 +307,23 @@ def add_virtual_descents(maps: torch.Tensor, cache: MutantCache, runner: ChunkRu
     images = [i for i in range(n) if bool(present[i].any())]
     return maps + virtual_descents(surrogate, prep, present, images, iterations, depth, min_box,
                                    seed + SEED_OFFSET).to(maps.device)
+
+
+def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, iterations: int | str, depth: int,
+                 min_box: int, seed: int, progress: bool | None, monotone: bool,
+                 virtual_iterations: int) -> tuple[torch.Tensor, list[int]]:
+    """The maps fast_sis and responsibility rank by: ``iterations`` real descents per image (an int:
+    :func:`~overinterp_fast.responsibility.compute_responsibility`; "auto":
+    :func:`~overinterp_fast.responsibility.auto_responsibility`) with one mutant cache, then
+    ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`). Returns (float64 [N, H, W], the real
+    descents' queries per image)."""
+    cache = MutantCache()
+    if iterations == "auto":
+        maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, depth, min_box, seed, progress,
+                                               monotone=monotone, cache=cache)
+    else:
+        maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, depth, min_box, seed,
+                                               progress, monotone=monotone, cache=cache)
+    maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations, depth,
+                                min_box, seed)
+    return maps, queries
