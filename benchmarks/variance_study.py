@@ -25,6 +25,8 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   surrogate fitted to the mutants the real ones scored (``overinterp_fast/surrogate.py``), at no query.
 - ``scanS`` (e.g. ``scan128``): the square scan tries every one of the first S squares (the default:
   ``blocks.SCAN_SQUARES``) before its steps of ``blocks.SCAN_RATIO``.
+- ``wA`` with ``virtualV`` (e.g. ``virtual40+w0.1``): the virtual descents' log maps count with weight A
+  (fast_sis: 1) in the sum with the real ones.
 - parts joined by ``+`` combine: ``virtual40+scan128``.
 
 Also printed: where the descents' queries go, per image and iteration by level (level 0 splits the
@@ -82,17 +84,21 @@ def pairs_any(k: int, superset_passed: list[bool]) -> bool:
     return DEFAULT_SKIP(k, superset_passed)
 
 
-def parts(variant: str) -> dict[str, int | None]:
+def parts(variant: str) -> dict[str, int | float | None]:
     """``a+virtual40+scan128`` -> {"a": None, "virtual": 40, "scan": 128}; raises SystemExit on an unknown part."""
-    out: dict[str, int | None] = {}
+    out: dict[str, int | float | None] = {}
     for part in variant.split("+"):
         if part in ("default", "sobol", "pairs-any", "pixels64"):
             out[part] = None
+        elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
+            out["w"] = float(part[1:])
         elif part.startswith(("virtual", "scan")) and part.lstrip("virtualscn").isdigit():
             name = "virtual" if part.startswith("virtual") else "scan"
             out[name] = int(part[len(name):])
         else:
             raise SystemExit(f"unknown variant part {part!r} in {variant!r}")
+    if "w" in out and "virtual" not in out:
+        raise SystemExit(f"{variant!r}: a weight (w) needs virtual descents")
     return out
 
 
@@ -107,8 +113,9 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -
     finally:
         resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
     if "virtual" in opts:
-        logs = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
+        both = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
                                     opts["virtual"], 10, 10, seed)
+        logs = both if "w" not in opts else logs + opts["w"] * (both - logs)
     extraction = {"block": None, "refine_scan": 64} if "pixels64" in opts else {}
     if "scan" in opts:
         extraction_module.scan_sizes = lambda ends: scan_sizes(ends, squares=opts["scan"])
