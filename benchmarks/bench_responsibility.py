@@ -218,15 +218,19 @@ import time, torch, overinterp_fast as of
 from overinterp_fast.zoo.imagenet import load_photos
 x, _, _ = load_photos(224, [{photo!r}])
 t = time.perf_counter()
-r = of.fast_sis({onnx!r}, x, method="responsibility", progress=False)
+r = of.fast_sis({onnx!r}, x, method="responsibility", progress=False{kw})
 print(time.perf_counter() - t, r[0].size, r[0].total_queries)
 """
 
 
-def cold_case(onnx_path: str, photo: str) -> dict:
+def cold_case(onnx_path: str, photo: str, pythonpath: str | None = None, **options) -> dict:
+    """fast_sis(method="responsibility", **options) on one photo in a fresh process (with ``pythonpath``: the
+    overinterp_fast found there): its time in all and in the call, its MPS size and queries."""
+    kw = "".join(f", {k}={v!r}" for k, v in options.items())
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", COLD.format(photo=photo, onnx=onnx_path)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", COLD.format(photo=photo, onnx=onnx_path, kw=kw)], capture_output=True,
+                         text=True, check=True, env=env)
     total = time.perf_counter() - t
     call_s, size, queries = out.stdout.split()
     return {"photo": photo, "process_s": total, "call_s": float(call_s), "mps_pixels": int(size),
