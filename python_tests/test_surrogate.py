@@ -62,6 +62,10 @@ def test_an_exact_surrogate_gives_the_model_s_own_descents():
     with torch.inference_mode():  # an image left out gets zeros
         one = virtual_descents(_patch_surrogate(ev.runner, 2), prep, present, [1], 5, 10, 4, 3)
     assert torch.equal(one[1], want[1]) and not one[0].any()
+    with torch.inference_mode():  # a single descent
+        want1, _ = compute_responsibility(ev, prep, present, _top1, 1, 10, 4, 3, False)
+        got1 = virtual_descents(_patch_surrogate(ev.runner, 2), prep, present, [0, 1], 1, 10, 4, 3)
+    assert want1.abs().sum() > 0 and torch.equal(got1, want1)
 
 
 @pytest.mark.timeout(60)
@@ -72,6 +76,7 @@ def test_fit_learns_a_criterion_linear_in_the_cells():
     with torch.inference_mode():
         sur = fit_surrogate(cache, present, lambda i, f, t: bool(t), 1, 28, 28, ev.runner)
         assert sur.constant == [None] and sur.accuracy[0] >= 0.95
+        assert sur.weight.dtype == sur.bias.dtype == torch.float64
         fresh = MutantCache()
         compute_responsibility(ev, prep, present, _top1, 4, 10, 4, 100, False, cache=fresh)
         keys = list(fresh.scores)
@@ -102,7 +107,9 @@ def test_one_outcome_gives_a_constant_and_labels_follow_passes():
         f, ok = sur(torch.zeros(2, 28 * 28, dtype=torch.bool), torch.tensor([0, 1]), None, None)
         assert ok.tolist() == [True, False] and f.tolist() == [1.0, 0.0]
         never = fit_surrogate(cache, present, lambda i, f, t: False, 2, 28, 28, ev.runner)
+        by_image = fit_surrogate(cache, present, lambda i, f, t: i == 1 and f > -float("inf"), 2, 28, 28, ev.runner)
     assert never.constant == [False, False]
+    assert by_image.constant == [False, True]  # passes sees each mutant's image and score
 
 
 @pytest.mark.timeout(120)
@@ -148,8 +155,11 @@ def test_bad_virtual_iterations_are_refused(bad):
 
 
 def test_bad_grid_and_penalty_are_refused():
-    with pytest.raises(ValueError, match="grid must be an int >= 1"):
-        fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, grid=0)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="grid must be an int >= 1"):
+            fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, grid=bad)
+    one = fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, grid=1)
+    assert one.weight.shape == (1, 1) and one.constant == [False]  # one cell: allowed; no mutant: failing
     with pytest.raises(ValueError, match="l2 must be > 0"):
         fit_surrogate(MutantCache(), torch.ones(1, 4, dtype=torch.bool), _top1, 1, 2, 2, None, l2=0.0)
 
@@ -163,7 +173,7 @@ def test_a_mutant_passes_when_its_probability_exceeds_one_half():
     assert ok.tolist() == [True, False, False]
 
 
-@pytest.mark.parametrize("h,w,grid", [(28, 28, 14), (30, 17, 4), (5, 7, 3)])
+@pytest.mark.parametrize("h,w,grid", [(28, 28, 14), (30, 17, 4), (5, 7, 3), (3, 3, 3), (2, 5, 3)])
 def test_cell_fractions_from_rectangles_equal_painted_masks(h, w, grid, monkeypatch):
     """Mutants as disjoint rectangles (kept quadrants of random splits), some pixels absent: the fractions and
     pixel counts computed from the rectangles equal those of the painted masks counted cell by cell in plain
@@ -204,6 +214,9 @@ def test_cell_fractions_from_rectangles_equal_painted_masks(h, w, grid, monkeypa
     prob, ok = sur(keep.view(m, -1), images, None, None)  # the mask interface agrees
     torch.testing.assert_close(whole[:, 0], prob, rtol=0, atol=1e-12)
     assert whole[:, 1].bool().tolist() == ok.tolist() and whole[:, 2].tolist() == kept.double().tolist()
+    none = torch.zeros(0, dtype=torch.int64)  # no mutant: an empty score table
+    empty = sur.score_rectangles(torch.zeros(0, 4, dtype=torch.int64), none, none, present.view(n, -1))
+    assert empty.shape == (0, 3) and empty.dtype == torch.float64
 
 
 @pytest.mark.parametrize("chunk", [64, 2])
@@ -252,3 +265,73 @@ def test_newton_with_a_full_penalty_meets_the_optimality_condition():
         xk = torch.cat([x[row == k], torch.ones(sizes[k], 1, dtype=torch.float64)], 1)
         grad = xk.T @ (torch.sigmoid(xk @ v[k]) - y[row == k]) + pen @ v[k]
         assert grad.abs().max() < 1e-8 and v[k].abs().max() > 1e-3
+
+
+@pytest.mark.timeout(60)
+def test_fit_counts_only_the_pixels_present():
+    """A mutant keeps its rectangles' pixels that are present: where the top 8 rows (cell rows 0-3 of the
+    14 x 14 grid) are absent, those cells are never kept, so the penalised fit leaves their weights at 0;
+    with every pixel present the same cells get weight."""
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    weights = {}
+    for name, rows_absent in (("all", 0), ("top absent", 8)):
+        with torch.inference_mode():
+            ev, prep = _evaluator(model, torch.ones(1, 1, 28, 28, dtype=torch.float64))
+            present = torch.ones(1, 28, 28, dtype=torch.bool)
+            present[:, :rows_absent] = False
+            present = present.view(1, -1)
+            cache = MutantCache()
+            compute_responsibility(ev, prep, present, _top1, 6, 10, 4, 0, False, cache=cache)
+            sur = fit_surrogate(cache, present, _top1, 1, 28, 28, ev.runner)
+        assert sur.constant == [None]
+        weights[name] = sur.weight.view(14, 14)
+    assert weights["top absent"][:4].eq(0).all() and weights["top absent"][4:].ne(0).any()
+    assert weights["all"][:4].ne(0).any()
+
+
+@pytest.mark.timeout(60)
+def test_virtual_descents_score_every_mutant():
+    """Virtual descents are ReX's (monotone=False): on a surrogate that passes when the patch is mostly
+    removed (not monotone in the pixels kept), they equal descend(monotone=False), which here differs from
+    the monotone descents' map."""
+    from overinterp_fast.responsibility import descend
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(1, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(1, 28 * 28, dtype=torch.bool)
+        sur = _patch_surrogate(ev.runner, 1, sharp=-100.0)  # passes while the patch keeps less than 6.4 cells
+        got = virtual_descents(sur, prep, present, [0], 4, 10, 4, 5)
+        full, _ = descend(sur, prep, present, _top1, [(0, 5 + t) for t in range(4)], 10, 4, MutantCache(),
+                          progress=False, monotone=False)
+        skipping, _ = descend(sur, prep, present, _top1, [(0, 5 + t) for t in range(4)], 10, 4, MutantCache(),
+                              progress=False, monotone=True)
+    assert torch.equal(got[0], full.sum(0)) and not torch.equal(full, skipping)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("iterations", [3, "auto"])
+def test_ranking_maps_adds_virtual_descents_fitted_on_the_run_s_mutants(iterations):
+    """ranking_maps = the real descents (fixed or auto) + the virtual descents of a surrogate fitted to the
+    mutants those real descents scored (one cache), built here from the parts; with one virtual descent too."""
+    from overinterp_fast.responsibility import auto_responsibility
+    from overinterp_fast.surrogate import ranking_maps
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(1, 28 * 28, dtype=torch.bool)
+        for virtual in (1, 5):
+            got, q = ranking_maps(ev, prep, present, _top1, iterations, 10, 4, 7, False, True, virtual)
+            cache = MutantCache()
+            if iterations == "auto":
+                maps, want_q, _ = auto_responsibility(ev, prep, present, _top1, 10, 4, 7, False, monotone=True,
+                                                      cache=cache)
+            else:
+                maps, want_q = compute_responsibility(ev, prep, present, _top1, iterations, 10, 4, 7, False,
+                                                      monotone=True, cache=cache)
+            sur = fit_surrogate(cache, present, _top1, 1, 28, 28, ev.runner)
+            extra = virtual_descents(sur, prep, present, [0], virtual, 10, 4, 7 + SEED_OFFSET)
+            assert q == want_q and extra.abs().sum() > 0
+            torch.testing.assert_close(got, maps + extra, rtol=0, atol=1e-9)
+            assert torch.equal(add_virtual_descents(maps, cache, ev.runner, prep, present, _top1, virtual, 10, 4, 7),
+                               got)
