@@ -146,7 +146,7 @@ class Surrogate:
                                           images[a:b], table, self.h, self.w, self.grid)
             prob = self.predict(x, images[a:b])
             out.append(torch.stack([prob, (prob > 0.5).double(), kept.double().to(prob.device)], 1))
-        return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.float64)
+        return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.float64, device=self.weight.device)
 
 
 def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int, runner: ChunkRunner,
@@ -174,12 +174,16 @@ def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: 
         if len(outcomes) <= 1:  # nothing to separate: all passed, all failed, or none scored (taken as failing)
             constant[i] = outcomes.pop() if outcomes else False
     accuracy = [float("nan")] * n
-    weight = torch.zeros(n, d, dtype=torch.float64)
-    bias = torch.zeros(n, dtype=torch.float64)
+    cpu = torch.device("cpu")  # the fit runs on the host, whatever torch's default device
+    weight = torch.zeros(n, d, dtype=torch.float64, device=cpu)
+    bias = torch.zeros(n, dtype=torch.float64, device=cpu)
     if images:
-        x, _ = rect_cell_fractions(torch.tensor(rects, dtype=torch.int64).view(-1, 4), torch.tensor(owner_r),
-                                   torch.tensor(images), _integral(present.view(n, h, w)).cpu(), h, w, grid)
-        y, img = torch.tensor(label, dtype=torch.float64), torch.tensor(images)
+        x, _ = rect_cell_fractions(torch.tensor(rects, dtype=torch.int64, device=cpu).view(-1, 4),
+                                   torch.tensor(owner_r, dtype=torch.int64, device=cpu),
+                                   torch.tensor(images, dtype=torch.int64, device=cpu),
+                                   _integral(present.view(n, h, w)).cpu(), h, w, grid)
+        y = torch.tensor(label, dtype=torch.float64, device=cpu)
+        img = torch.tensor(images, dtype=torch.int64, device=cpu)
         _fit(weight, bias, x, y, img, constant, l2)
     surrogate = Surrogate(weight.to(present.device), bias.to(present.device), constant, grid, h, w, runner, accuracy)
     if images:
@@ -206,19 +210,19 @@ def _fit(weight, bias, x, y, img, constant, l2) -> None:
     """
     fitted = [i for i, c in enumerate(constant) if c is None]
     for a in range(0, len(fitted), FIT_CHUNK):
-        chunk = torch.tensor(fitted[a:a + FIT_CHUNK])
+        chunk = torch.tensor(fitted[a:a + FIT_CHUNK], dtype=torch.int64, device=img.device)
         sel = torch.isin(img, chunk)
         if sel.any():
             row = torch.searchsorted(chunk, img[sel])
-            v = logistic_newton(x[sel], y[sel], row, len(chunk), ridge(x.shape[1], l2))
+            v = logistic_newton(x[sel], y[sel], row, len(chunk), ridge(x.shape[1], l2, x.device))
             weight[chunk] = v[:, :-1].to(weight.dtype)
             bias[chunk] = v[:, -1].to(bias.dtype)
 
 
-def ridge(d: int, l2: float) -> torch.Tensor:
+def ridge(d: int, l2: float, device=None) -> torch.Tensor:
     """The penalty matrix of :func:`logistic_newton` for an L2 penalty ``l2`` on d weights, none on the intercept:
-    float64 [d+1, d+1]."""
-    pen = torch.full((d + 1,), float(l2), dtype=torch.float64)
+    float64 [d+1, d+1] on ``device`` (None: the CPU)."""
+    pen = torch.full((d + 1,), float(l2), dtype=torch.float64, device=device or torch.device("cpu"))
     pen[d] = 0.0
     return torch.diag(pen)
 
@@ -229,32 +233,32 @@ def logistic_newton(x, y, row, k, penalty) -> torch.Tensor:
     plus v' penalty v / 2 (``penalty`` float64 [d+1, d+1], positive semi-definite, positive definite on the
     weights; the last row and column are the intercept's). Returns float64 [k, d+1]: the weights and (last)
     the intercept of each."""
-    d = x.shape[1]
+    d, dev = x.shape[1], x.device
     order = torch.argsort(row, stable=True)
     counts = torch.bincount(row, minlength=k)
-    col = torch.arange(len(row)) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    col = torch.arange(len(row), device=dev) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
     # padded per problem with rows of zeros (the intercept's column too): they add a constant to the objective
     # and nothing to its gradient or curvature
-    xs = torch.zeros(k, int(counts.max()), d + 1, dtype=torch.float64)  # column d: 1, the intercept's
-    ys = torch.zeros(k, xs.shape[1], dtype=torch.float64)
-    xs[row[order], col] = torch.cat([x[order], torch.ones(len(row), 1, dtype=torch.float64)], 1)
+    xs = torch.zeros(k, int(counts.max()), d + 1, dtype=torch.float64, device=dev)  # column d: 1, the intercept's
+    ys = torch.zeros(k, xs.shape[1], dtype=torch.float64, device=dev)
+    xs[row[order], col] = torch.cat([x[order], torch.ones(len(row), 1, dtype=torch.float64, device=dev)], 1)
     ys[row[order], col] = y[order]
-    pen = penalty.to(torch.float64)
+    pen = penalty.to(dev, torch.float64)
 
     def objective(v):  # [k, d+1] -> [k]
         z = torch.einsum("kmd,kd->km", xs, v)
         bce = torch.nn.functional.binary_cross_entropy_with_logits(z, ys, reduction="none")
         return bce.sum(1) + 0.5 * ((v @ pen) * v).sum(1)
 
-    v = torch.zeros(k, d + 1, dtype=torch.float64)
+    v = torch.zeros(k, d + 1, dtype=torch.float64, device=dev)
     cur = objective(v)
     for _ in range(NEWTON_STEPS):
         prob = torch.sigmoid(torch.einsum("kmd,kd->km", xs, v))
         grad = torch.einsum("kmd,km->kd", xs, prob - ys) + v @ pen
         curv = prob * (1 - prob)
-        hess = torch.einsum("kmd,km,kme->kde", xs, curv, xs) + pen + 1e-12 * torch.eye(d + 1, dtype=torch.float64)
+        hess = torch.einsum("kmd,km,kme->kde", xs, curv, xs) + pen + 1e-12 * torch.eye(d + 1, dtype=torch.float64, device=dev)
         step = torch.linalg.solve(hess, grad.unsqueeze(2)).squeeze(2)
-        t = torch.ones(k, 1, dtype=torch.float64)
+        t = torch.ones(k, 1, dtype=torch.float64, device=dev)
         new = objective(v - t * step)
         for _ in range(40):  # halve the step where it does not decrease the objective
             worse = new > cur

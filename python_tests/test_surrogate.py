@@ -335,3 +335,31 @@ def test_ranking_maps_adds_virtual_descents_fitted_on_the_run_s_mutants(iteratio
             torch.testing.assert_close(got, maps + extra, rtol=0, atol=1e-9)
             assert torch.equal(add_virtual_descents(maps, cache, ev.runner, prep, present, _top1, virtual, 10, 4, 7),
                                got)
+
+
+@pytest.mark.timeout(60)
+def test_surrogate_makes_its_tensors_beside_its_inputs_not_on_torch_s_default_device():
+    """Under a meta default device (as torch.set_default_device("cuda") would be for CPU inputs), the fit, the
+    rectangle scores (also of no mutant) and ranking_maps give what they give outside: a tensor made on meta
+    holds no data, so any tensor made on the default device fails."""
+    from overinterp_fast.surrogate import ranking_maps
+    ev, prep, present, cache = _scored(0.4, 2, 4, 10, 0)
+    rects = torch.tensor([[0, 0, 14, 28], [14, 0, 28, 14], [8, 12, 16, 20]])
+    owner, images = torch.tensor([0, 0, 1]), torch.tensor([0, 1])
+    none = torch.zeros(0, dtype=torch.int64)
+
+    def run():
+        sur = fit_surrogate(cache, present, _top1, 2, 28, 28, ev.runner)
+        scores = sur.score_rectangles(rects, owner, images, present)
+        empty = sur.score_rectangles(torch.zeros(0, 4, dtype=torch.int64), none, none, present)
+        maps, q = ranking_maps(ev, prep, present, _top1, 3, 10, 4, 7, False, True, 4)
+        return sur.weight, sur.bias, scores, empty, maps, q
+
+    with torch.inference_mode():
+        want = run()
+        with torch.device("meta"):
+            got = run()
+    for a, b in zip(got[:5], want[:5]):
+        assert a.device.type == "cpu"
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert got[5] == want[5] and want[0].abs().sum() > 0
