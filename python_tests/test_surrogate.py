@@ -171,6 +171,9 @@ def test_a_mutant_passes_when_its_probability_exceeds_one_half():
     f, ok = sur(torch.ones(3, 16, dtype=torch.bool), torch.arange(3), None, None)
     torch.testing.assert_close(f, torch.sigmoid(bias))
     assert ok.tolist() == [True, False, False]
+    scored = sur.score_rectangles(torch.tensor([[0, 0, 4, 4]] * 3), torch.arange(3), torch.arange(3),
+                                  torch.ones(3, 16, dtype=torch.bool))  # the rectangle interface: the same
+    assert scored[:, 1].tolist() == [1.0, 0.0, 0.0] and scored[:, 2].tolist() == [16.0] * 3
 
 
 @pytest.mark.parametrize("h,w,grid", [(28, 28, 14), (30, 17, 4), (5, 7, 3), (3, 3, 3), (2, 5, 3)])
@@ -219,7 +222,7 @@ def test_cell_fractions_from_rectangles_equal_painted_masks(h, w, grid, monkeypa
     assert empty.shape == (0, 3) and empty.dtype == torch.float64
 
 
-@pytest.mark.parametrize("chunk", [64, 2])
+@pytest.mark.parametrize("chunk", [64, 2, 1])
 def test_newton_fit_equals_scikit_learn(monkeypatch, chunk):
     """The fit is scikit-learn's LogisticRegression(C=1/l2) (penalty on the weights, not the intercept), image by
     image, for images with different numbers of mutants, fitted in one problem batch or in chunks of 2; an
@@ -363,3 +366,14 @@ def test_surrogate_makes_its_tensors_beside_its_inputs_not_on_torch_s_default_de
         assert a.device.type == "cpu"
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert got[5] == want[5] and want[0].abs().sum() > 0
+
+
+def test_ridge_penalises_the_weights_not_the_intercept_on_the_host():
+    """ridge(d, l2): float64 diag(l2, ..., l2, 0) on the CPU (also under another default device), or on the
+    device given."""
+    from overinterp_fast.surrogate import ridge
+    want = torch.diag(torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    with torch.device("meta"):
+        got = ridge(2, 0.5)
+    assert got.device.type == "cpu" and got.dtype == torch.float64 and torch.equal(got, want)
+    assert ridge(2, 0.5, torch.device("meta")).device.type == "meta"
