@@ -257,7 +257,8 @@ def logistic_newton(x, y, row, k, penalty) -> torch.Tensor:
         grad = torch.einsum("kmd,km->kd", xs, prob - ys) + v @ pen
         curv = prob * (1 - prob)
         hess = torch.einsum("kmd,km,kme->kde", xs, curv, xs) + pen + 1e-12 * torch.eye(d + 1, dtype=torch.float64, device=dev)
-        step = torch.linalg.solve(hess, grad.unsqueeze(2)).squeeze(2)
+        # the Hessian is symmetric positive definite (the penalty on the weights, the intercept's curvature)
+        step = torch.cholesky_solve(grad.unsqueeze(2), torch.linalg.cholesky(hess)).squeeze(2)
         t = torch.ones(k, 1, dtype=torch.float64, device=dev)
         new = objective(v - t * step)
         for _ in range(40):  # halve the step where it does not decrease the objective
