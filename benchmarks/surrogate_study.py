@@ -21,23 +21,11 @@ import torch
 from scipy.stats import spearmanr
 
 from overinterp_fast.responsibility import MutantCache, compute_responsibility
-from overinterp_fast.surrogate import (SEED_OFFSET, Surrogate, _integral, logistic_newton, rect_cell_fractions, ridge,
-                                       virtual_descents)
+from overinterp_fast.surrogate import (SEED_OFFSET, Surrogate, logistic_newton, mutant_features, outcome_constants,
+                                       ridge, virtual_descents)
 
 from common import write_results
 from window_study import Study
-
-
-def mutant_data(cache: MutantCache, present, passes, n, h, w, grid):
-    rects, owner, images, label = [], [], [], []
-    for key, (f, top1, _) in cache.scores.items():
-        rects.extend(key[1:])
-        owner.extend([len(images)] * len(key[1:]))
-        images.append(key[0])
-        label.append(bool(passes(key[0], f, top1)))
-    x, _ = rect_cell_fractions(torch.tensor(rects, dtype=torch.int64).view(-1, 4), torch.tensor(owner),
-                               torch.tensor(images), _integral(present.view(n, h, w)), h, w, grid)
-    return x, torch.tensor(label, dtype=torch.float64), torch.tensor(images)
 
 
 def penalty(grid: int, kind: str, strength: float) -> torch.Tensor:
@@ -64,11 +52,8 @@ def penalty(grid: int, kind: str, strength: float) -> torch.Tensor:
 def penalised_fit(x, y, img, n, pen):
     """Per image with both outcomes, :func:`logistic_newton`: (weight [n, d], bias [n], constant per image)."""
     d = x.shape[1]
-    weight, bias, constant = torch.zeros(n, d, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), [None] * n
-    for i in range(n):
-        sel = img == i
-        if not sel.any() or y[sel].min() == y[sel].max():
-            constant[i] = bool(y[sel][0]) if sel.any() else False
+    weight, bias = torch.zeros(n, d, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    constant = outcome_constants(y, img, n)
     fitted = torch.tensor([i for i in range(n) if constant[i] is None])
     sel = torch.isin(img, fitted)
     v = logistic_newton(x[sel], y[sel], torch.searchsorted(fitted, img[sel]), len(fitted), pen)
@@ -129,8 +114,8 @@ def main():
         rows.setdefault("real", []).append(judge_map(logs, q))
         print(f"run {r} real: {rows['real'][-1]}", flush=True)
         for grid in args.grids:
-            x, y, img = mutant_data(cache, study.present, study.passes, n, h, w, grid)
-            xt, yt, imgt = mutant_data(ref_cache, study.present, study.passes, n, h, w, grid)
+            x, y, img = mutant_features(cache, study.present, study.passes, n, h, w, grid)
+            xt, yt, imgt = mutant_features(ref_cache, study.present, study.passes, n, h, w, grid)
             for v in args.variants:
                 kind = "ridge" if v.startswith("ridge") else "smooth"
                 weight, bias, constant = penalised_fit(x, y, img, n, penalty(grid, kind, float(v[len(kind):])))

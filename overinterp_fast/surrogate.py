@@ -149,15 +149,11 @@ class Surrogate:
         return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.float64, device=self.weight.device)
 
 
-def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int, runner: ChunkRunner,
-                  grid: int = GRID, l2: float = L2) -> Surrogate:
-    """Fit :class:`Surrogate` to the mutants of ``cache`` (keys (image, rectangles...)): each mutant keeps its
-    rectangles' pixels that are ``present`` (bool [N, H*W]); its label is ``passes(image, f, top1)``."""
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ValueError(f"grid must be an int >= 1, got {grid!r}")
-    if not l2 > 0:
-        raise ValueError(f"l2 must be > 0, got {l2!r}")
-    d = grid * grid
+def mutant_features(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int,
+                    grid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mutants of ``cache`` (keys (image, rectangles...)), image by image, as the fit sees them, on the host:
+    (float64 [m, grid*grid] the share of each cell kept and ``present`` (bool [N, H*W]), float64 [m] the label
+    ``passes(image, f, top1)`` (1: passes), int64 [m] the image)."""
     by_image: list[list[tuple]] = [[] for _ in range(n)]
     for key, (f, top1, _) in cache.scores.items():
         by_image[key[0]].append((key[1:], bool(passes(key[0], f, top1))))
@@ -168,25 +164,42 @@ def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: 
             owner_r.extend([len(images)] * len(shown))
             images.append(i)
             label.append(y)
-    constant: list[bool | None] = [None] * n
-    for i, rows in enumerate(by_image):
-        outcomes = {y for _, y in rows}
-        if len(outcomes) <= 1:  # nothing to separate: all passed, all failed, or none scored (taken as failing)
-            constant[i] = outcomes.pop() if outcomes else False
-    accuracy = [float("nan")] * n
     cpu = torch.device("cpu")  # the fit runs on the host, whatever torch's default device
-    weight = torch.zeros(n, d, dtype=torch.float64, device=cpu)
-    bias = torch.zeros(n, dtype=torch.float64, device=cpu)
-    if images:
-        x, _ = rect_cell_fractions(torch.tensor(rects, dtype=torch.int64, device=cpu).view(-1, 4),
-                                   torch.tensor(owner_r, dtype=torch.int64, device=cpu),
-                                   torch.tensor(images, dtype=torch.int64, device=cpu),
-                                   _integral(present.view(n, h, w)).cpu(), h, w, grid)
-        y = torch.tensor(label, dtype=torch.float64, device=cpu)
-        img = torch.tensor(images, dtype=torch.int64, device=cpu)
+    img = torch.tensor(images, dtype=torch.int64, device=cpu)
+    x, _ = rect_cell_fractions(torch.tensor(rects, dtype=torch.int64, device=cpu).view(-1, 4),
+                               torch.tensor(owner_r, dtype=torch.int64, device=cpu), img,
+                               _integral(present.view(n, h, w)).cpu(), h, w, grid)
+    return x, torch.tensor(label, dtype=torch.float64, device=cpu), img
+
+
+def outcome_constants(y: torch.Tensor, img: torch.Tensor, n: int) -> list[bool | None]:
+    """Per image, None where its mutants (labels ``y`` [m] of images ``img`` [m]) both pass and fail, else the
+    one outcome they had (no mutant: False): there is nothing to separate, and the surrogate predicts it."""
+    constant: list[bool | None] = [None] * n
+    for i in range(n):
+        outcomes = {bool(v) for v in y[img == i].tolist()}
+        if len(outcomes) <= 1:  # all passed, all failed, or none scored (taken as failing)
+            constant[i] = outcomes.pop() if outcomes else False
+    return constant
+
+
+def fit_surrogate(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int, runner: ChunkRunner,
+                  grid: int = GRID, l2: float = L2) -> Surrogate:
+    """Fit :class:`Surrogate` to the mutants of ``cache`` (keys (image, rectangles...)): each mutant keeps its
+    rectangles' pixels that are ``present`` (bool [N, H*W]); its label is ``passes(image, f, top1)``."""
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"grid must be an int >= 1, got {grid!r}")
+    if not l2 > 0:
+        raise ValueError(f"l2 must be > 0, got {l2!r}")
+    x, y, img = mutant_features(cache, present, passes, n, h, w, grid)
+    constant = outcome_constants(y, img, n)
+    accuracy = [float("nan")] * n
+    weight = torch.zeros(n, grid * grid, dtype=torch.float64, device=x.device)
+    bias = torch.zeros(n, dtype=torch.float64, device=x.device)
+    if len(y):
         _fit(weight, bias, x, y, img, constant, l2)
     surrogate = Surrogate(weight.to(present.device), bias.to(present.device), constant, grid, h, w, runner, accuracy)
-    if images:
+    if len(y):
         right = ((surrogate.predict(x, img) > 0.5) == y.to(surrogate.weight.device).bool()).cpu()
         for i in range(n):
             sel = img == i
