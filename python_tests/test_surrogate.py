@@ -270,6 +270,34 @@ def test_newton_with_a_full_penalty_meets_the_optimality_condition():
         assert grad.abs().max() < 1e-8 and v[k].abs().max() > 1e-3
 
 
+def test_newton_halves_a_step_that_overshoots():
+    """On a nearly separable problem (found by a random search) the full Newton step from the origin raises the
+    objective at some step, computed here with plain torch ops; logistic_newton halves that step and still meets
+    the optimality condition X'(sigmoid(Xv) - y) + Pv = 0."""
+    from overinterp_fast.surrogate import logistic_newton, ridge
+    x = torch.tensor([[-31, 93, 3], [117, -37, -9], [128, 5, 100], [39, 22, -10], [31, -21, 65], [71, 53, 104]],
+                     dtype=torch.float64)
+    y = torch.tensor([0, 0, 0, 1, 1, 0], dtype=torch.float64)
+    pen = ridge(3, 1e-3)
+    xs = torch.cat([x, torch.ones(6, 1, dtype=torch.float64)], 1)
+
+    def objective(v):
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(xs @ v, y, reduction="sum") + v @ pen @ v / 2)
+
+    v, overshoot = torch.zeros(4, dtype=torch.float64), False
+    for _ in range(20):  # plain Newton: does a full step ever raise the objective?
+        prob = torch.sigmoid(xs @ v)
+        step = torch.linalg.solve(xs.T @ (xs * (prob * (1 - prob)).unsqueeze(1)) + pen, xs.T @ (prob - y) + pen @ v)
+        overshoot = objective(v - step) > objective(v)
+        if overshoot:
+            break
+        v = v - step
+    assert overshoot
+    got = logistic_newton(x, y, torch.zeros(6, dtype=torch.int64), 1, pen)[0]
+    grad = xs.T @ (torch.sigmoid(xs @ got) - y) + pen @ got
+    assert grad.abs().max() < 1e-6 and got.abs().max() > 1
+
+
 @pytest.mark.timeout(60)
 def test_fit_counts_only_the_pixels_present():
     """A mutant keeps its rectangles' pixels that are present: where the top 8 rows (cell rows 0-3 of the
