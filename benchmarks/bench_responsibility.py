@@ -50,7 +50,8 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   of the ONNX model (top-1 class on the masked photo = the target).
 - --faithful: ours in ReX's settings too (iterations=20, refine=False), once.
 - --sweep K ...: ours with iterations=K (an int or "auto"; "K,full": with monotone=False, every
-  mutant scored; "K,vV": with virtual_iterations=V; the other options the defaults), once each
+  mutant scored; "K,gG": with gated_iterations=G; "K,vV": with virtual_iterations=V; G and V are 0
+  where not given; the other options the defaults), once each
   (seed --seed): the trade-off between queries and agreement with ReX behind the default of 8.
   Also the torch module in the default mode, once (--no-torch skips it).
 - Cold case: a fresh process explaining one photo with the defaults (import, ONNX
@@ -237,19 +238,24 @@ def cold_case(onnx_path: str, photo: str, pythonpath: str | None = None, **optio
             "queries": int(queries)}
 
 
-def sweep_point(spec: str) -> tuple[int | str, bool, int]:
-    """--sweep's "K[,full][,vV]" -> (iterations, every mutant scored, virtual_iterations)."""
+def sweep_point(spec: str) -> dict:
+    """--sweep's "K[,full][,gG][,vV]" -> fast_sis options: iterations=K, monotone (False with "full"),
+    gated_iterations=G and virtual_iterations=V (0 where not given)."""
     head, *flags = spec.split(",")
-    it = head if head == "auto" else int(head)
-    full, virtual = False, 0
+    opts = {"iterations": head if head == "auto" else int(head), "monotone": True, "gated_iterations": 0,
+            "virtual_iterations": 0}
     for f in flags:
         if f == "full":
-            full = True
-        elif f.startswith("v") and f[1:].isdigit():
-            virtual = int(f[1:])
+            opts["monotone"] = False
+        elif f[:1] in ("g", "v") and f[1:].isdigit():
+            opts["gated_iterations" if f[0] == "g" else "virtual_iterations"] = int(f[1:])
         else:
-            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full or vV)")
-    return it, full, virtual
+            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full, gG or vV)")
+    return opts
+
+
+def describe_options(opts: dict) -> str:
+    return ", ".join(f"{key}={opts[key]}" for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations"))
 
 
 def run_ours(model, images, seed, **kw):
@@ -327,13 +333,10 @@ def main():
         sweep = []
         for k in args.sweep:
             onnx_model.rows = 0
-            it, full, virtual = sweep_point(k)
-            t, res = run_ours(onnx_model, images, args.seed, iterations=it, refine=refine, monotone=not full,
-                              virtual_iterations=virtual)
-            sweep.append({"iterations": it, "monotone": not full, "virtual_iterations": virtual, "time_s": t,
-                          "results": res})
-            print(f"sweep iterations={it}, monotone={not full}, virtual_iterations={virtual}: {t / n:.2f} s per "
-                  f"image", flush=True)
+            opts = sweep_point(k)
+            t, res = run_ours(onnx_model, images, args.seed, refine=refine, **opts)
+            sweep.append({**opts, "time_s": t, "results": res})
+            print(f"sweep {describe_options(opts)}: {t / n:.2f} s per image", flush=True)
         t_torch = same_torch = None
         if not args.no_torch:
             counted = CountingTorch(model).eval()
@@ -437,7 +440,7 @@ def main():
     for sw in sweep:
         res = sw["results"]
         s["sweep"].append({
-            "iterations": sw["iterations"], "monotone": sw["monotone"], "virtual_iterations": sw["virtual_iterations"],
+            **{key: sw[key] for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations")},
             "time_per_image_s": sw["time_s"] / n,
             "median_queries": statistics.median(r.total_queries for r in res),
             "median_mps_fraction": statistics.median(r.size for r in res) / p,
@@ -485,8 +488,7 @@ def main():
               f"{s['faithful_median_queries']:.0f} queries, MPS {100 * s['faithful_median_mps_fraction']:.2f}%, "
               f"Dice to ReX {s['faithful_dice_to_rex']:.2f}")
     for sw in s["sweep"]:
-        print(f"ours with iterations={sw['iterations']}, monotone={sw['monotone']}, virtual_iterations="
-              f"{sw['virtual_iterations']}: {sw['time_per_image_s']:.2f} s per image, "
+        print(f"ours with {describe_options(sw)}: {sw['time_per_image_s']:.2f} s per image, "
               f"{sw['median_queries']:.0f} queries ({rex_q / sw['median_queries']:.2f}x fewer than ReX), "
               f"MPS {100 * sw['median_mps_fraction']:.2f}%, Dice to ReX {sw['dice_to_rex']:.2f}, "
               f"every MPS passes: {sw['all_pass_on_model']}")

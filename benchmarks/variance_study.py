@@ -25,6 +25,9 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   surrogate fitted to the mutants the real ones scored (``overinterp_fast/surrogate.py``), at no query.
 - ``scanS`` (e.g. ``scan128``): the square scan tries every one of the first S squares (the default:
   ``blocks.SCAN_SQUARES``) before its steps of ``blocks.SCAN_RATIO``.
+- ``gatedG`` (e.g. ``gated9``): fast_sis's ``gated_iterations=G``: G more descents per image after the real
+  ones, in which a surrogate refitted before each answers the mutants it is sure of and the model the others
+  (``surrogate.add_gated_descents``); with ``virtualV`` the virtual descents come after them, as in fast_sis.
 - ``wA`` with ``virtualV`` (e.g. ``virtual40+w0.1``): the virtual descents' log maps count with weight A
   (fast_sis: 1) in the sum with the real ones.
 - parts joined by ``+`` combine: ``virtual40+scan128``.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 
 import numpy as np
 import torch
@@ -46,7 +50,7 @@ from scipy.stats import qmc
 import overinterp_fast.extraction as extraction_module
 from overinterp_fast.blocks import scan_sizes
 from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility
-from overinterp_fast.surrogate import add_virtual_descents
+from overinterp_fast.surrogate import add_gated_descents, add_virtual_descents
 
 from common import write_results
 from window_study import Study, describe
@@ -92,8 +96,8 @@ def parts(variant: str) -> dict[str, int | float | None]:
             out[part] = None
         elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
             out["w"] = float(part[1:])
-        elif part.startswith(("virtual", "scan")) and part.lstrip("virtualscn").isdigit():
-            name = "virtual" if part.startswith("virtual") else "scan"
+        elif re.fullmatch(r"(virtual|scan|gated)\d+", part):
+            name = re.match(r"[a-z]+", part).group()
             out[name] = int(part[len(name):])
         else:
             raise SystemExit(f"unknown variant part {part!r} in {variant!r}")
@@ -112,6 +116,9 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -
                                          seed, False, True, cache)
     finally:
         resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
+    if "gated" in opts:
+        logs, q = add_gated_descents(logs, q, cache, study.ev, study.s.prep, study.present, study.passes,
+                                     opts["gated"], seed + iterations, 10, 10, True)
     if "virtual" in opts:
         both = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
                                     opts["virtual"], 10, 10, seed)

@@ -115,8 +115,8 @@ def _rect_cover(runner, rects: list, owner: list, weight: list | None, m: int, h
 
     ``owner[i]`` in [0, m) is the map of rectangle i (any order), ``weight[i]`` its int weight (None: 1).
     """
-    rect_t = torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4)
-    owner_t = torch.tensor(owner, dtype=torch.int64, device=dev)
+    rect_t = torch.as_tensor(rects, dtype=torch.int64, device=dev).view(-1, 4)
+    owner_t = torch.as_tensor(owner, dtype=torch.int64, device=dev)
     weight_t = torch.ones_like(owner_t) if weight is None else torch.tensor(weight, dtype=torch.int64, device=dev)
     owner_t, by_owner = torch.sort(owner_t, stable=True)
     rect_t, weight_t = rect_t[by_owner], weight_t[by_owner]
@@ -136,39 +136,58 @@ class MutantCache:
 
     Shared by all levels and iterations of one ranking (one set of pixels allowed):
     a mutant that shows the same rectangles of the same image is the same input.
-    ``hits``: mutants found here instead of scored; ``level_queries[l]``: the mutants scored at
-    level l of the descents (0: the whole image split once), all images and iterations together.
+    ``hits``: mutants found here instead of scored; ``level_queries[l]``: the mutants the model scored at
+    level l of the descents (0: the whole image split once), all images and iterations together;
+    ``guessed``: the keys whose answer came from a surrogate (:mod:`overinterp_fast.surrogate`), not the model.
     """
 
     def __init__(self):
         self.scores: dict[tuple, tuple[float, bool, int]] = {}  # key -> (f, top-1 correct, pixels kept)
+        self.guessed: set[tuple] = set()  # keys answered by a surrogate, not by the model (no query)
         self.hits = 0
         self.level_queries: list[int] = []
+
+
+def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Tensor, present: torch.Tensor,
+                  h: int, w: int) -> torch.Tensor:
+    """Score m mutants on ``evaluator`` by painting them: rectangles ``rects`` (int64 [R, 4] or a list of
+    4-tuples) of mutant ``owner`` (int64 [R] in [0, m)) of images ``images`` (int64 [m]), each keeping the
+    pixels its rectangles cover that are ``present`` (bool [N, H*W]). Returns float64 [m, 3]: f, top-1 is
+    the target (0 or 1), pixels kept."""
+    dev = images.device
+
+    def score(sl: slice, cover: torch.Tensor):
+        img = images[sl]
+        keep = (cover.view(-1, h * w) > 0) & present[img]
+        f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1))
+        return torch.stack([f.double(), top1.double(), keep.sum(1).double()], 1)
+
+    m = images.shape[0]
+    if m == 0:
+        return torch.zeros(0, 3, dtype=torch.float64, device=dev)
+    return torch.cat(_rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score))
 
 
 def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: list[int], keys: list[tuple],
                 present: torch.Tensor, cache: MutantCache, h: int, w: int, dev) -> None:
     """Score new mutants (rectangles ``rects`` of mutant ``owner``, of images ``evals``) into the cache.
 
-    An evaluator with a ``score_rectangles(rects, owner, images, present)`` method (the surrogate of
-    :mod:`overinterp_fast.surrogate`) scores them from the rectangles; any other gets painted masks.
+    An evaluator with a ``score_rectangles(rects, owner, images, present)`` method (the surrogates of
+    :mod:`overinterp_fast.surrogate`) scores them from the rectangles, and may add a fourth column: 1 where
+    the model was asked, 0 where the answer is the surrogate's (the key goes to ``cache.guessed``); any
+    other evaluator gets painted masks (:func:`score_painted`).
     """
     img_all = torch.tensor(evals, dtype=torch.int64, device=dev)
-
-    def score(sl: slice, cover: torch.Tensor):
-        img = img_all[sl]
-        keep = (cover.view(-1, h * w) > 0) & present[img]
-        f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1))
-        return torch.stack([f, top1.double(), keep.sum(1).double()], 1)
-
     score_rectangles = getattr(evaluator, "score_rectangles", None)
     if score_rectangles is not None:  # an evaluator that reads the rectangles itself (surrogate.py): no painting
         scored = score_rectangles(torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4),
                                   torch.tensor(owner, dtype=torch.int64, device=dev), img_all, present)
     else:
-        scored = torch.cat(_rect_cover(evaluator.runner, rects, owner, None, len(evals), h, w, dev, score))
-    for key, (fk, tk, ak) in zip(keys, scored.tolist()):
-        cache.scores[key] = (fk, bool(tk), int(ak))
+        scored = score_painted(evaluator, rects, owner, img_all, present, h, w)
+    for key, row in zip(keys, scored.tolist()):
+        cache.scores[key] = (row[0], bool(row[1]), int(row[2]))
+        if len(row) > 3 and not row[3]:
+            cache.guessed.add(key)
 
 
 def descend(
@@ -245,13 +264,15 @@ def descend(
                         new.add(key)
                         keys.append(key)
                         evals.append(d.image)
-                        queries[d.image] += 1
-                        cache.level_queries[level] += 1
                         rects.extend(shown)
                         owner.extend([len(evals) - 1] * len(shown))
                     round_mutants.append((si, k, di, kept, key))
             if evals:
                 _score_keys(evaluator, rects, owner, evals, keys, present, cache, h, w, dev)
+                for key in keys:  # a query: the model answered (not a surrogate)
+                    if key not in cache.guessed:
+                        queries[key[0]] += 1
+                        cache.level_queries[level] += 1
             for si, k, di, kept, key in round_mutants:
                 fk, tk, _ = cache.scores[key]
                 done[si, k] = bool(passes(state[di].image, fk, tk))

@@ -1,4 +1,4 @@
-"""Virtual descents: more ReX descents on a surrogate of the model's criterion, at no query (opt-in).
+"""Virtual and gated descents: ReX descents on a surrogate of the model's criterion (opt-in).
 
 The real descents of a ranking score a few hundred mutants per image (kept in the
 :class:`~overinterp_fast.responsibility.MutantCache`). Per image, a logistic model on
@@ -10,6 +10,11 @@ ReX's descent runs on the model (every mutant "scored", nothing skipped), with n
 forward pass of the model, and their log maps are added to the real ones. The map is
 then an estimate of ReX's map, not ReX's map: the surrogate errs on some mutants.
 Every set extracted from the ranking is still checked on the model itself.
+
+Gated descents (:func:`add_gated_descents`, ``gated_iterations``, opt-in) sit between the two: real
+descents in which a surrogate refitted before each answers the mutants it is sure of
+(:class:`GatedEvaluator`, margin :data:`GATE_MARGIN`) and the model the others. Its answers go to
+``MutantCache.guessed``: they are no query, and no fit learns from them.
 
 Speed: the virtual descents never paint a mutant. ``descend`` hands the surrogate the
 rectangles a mutant shows (:meth:`Surrogate.score_rectangles`), and each cell's share is
@@ -24,7 +29,7 @@ import torch
 
 from .batching import ChunkRunner
 from .inputs import Prepared
-from .responsibility import MutantCache, auto_responsibility, compute_responsibility, descend
+from .responsibility import MutantCache, auto_responsibility, compute_responsibility, descend, score_painted
 
 GRID = 14  # cells per side: 16 x 16 pixels at 224 x 224
 L2 = 1.0
@@ -133,7 +138,8 @@ class Surrogate:
 
         rects: int64 [R, 4] (y0, x0, y1, x1), disjoint within a mutant; owner: int64 [R], non-decreasing, the
         mutant of each in [0, m); images: int64 [m]; present: bool [N, H*W], the pixels a mutant may keep.
-        Returns float64 [m, 3]: probability of passing, predicted to pass (0 or 1), pixels kept.
+        Returns float64 [m, 4]: probability of passing, predicted to pass (0 or 1), pixels kept, and 0 (the
+        model was not asked: no query).
         """
         m = images.shape[0]
         table = _integral(present.view(-1, self.h, self.w))
@@ -145,18 +151,21 @@ class Surrogate:
             x, kept = rect_cell_fractions(rects[starts[k]:starts[k + 1]], owner[starts[k]:starts[k + 1]] - a,
                                           images[a:b], table, self.h, self.w, self.grid)
             prob = self.predict(x, images[a:b])
-            out.append(torch.stack([prob, (prob > 0.5).double(), kept.double().to(prob.device)], 1))
-        return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.float64, device=self.weight.device)
+            out.append(torch.stack([prob, (prob > 0.5).double(), kept.double().to(prob.device),
+                                    torch.zeros_like(prob)], 1))
+        return torch.cat(out) if out else torch.zeros(0, 4, dtype=torch.float64, device=self.weight.device)
 
 
 def mutant_features(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int,
                     grid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The mutants of ``cache`` (keys (image, rectangles...)), image by image, as the fit sees them, on the host:
+    """The mutants of ``cache`` (keys (image, rectangles...)) the model scored (not those in ``cache.guessed``),
+    image by image, as the fit sees them, on the host:
     (float64 [m, grid*grid] the share of each cell kept and ``present`` (bool [N, H*W]), float64 [m] the label
     ``passes(image, f, top1)`` (1: passes), int64 [m] the image)."""
     by_image: list[list[tuple]] = [[] for _ in range(n)]
     for key, (f, top1, _) in cache.scores.items():
-        by_image[key[0]].append((key[1:], bool(passes(key[0], f, top1))))
+        if key not in cache.guessed:  # the model's answers only, not a surrogate's
+            by_image[key[0]].append((key[1:], bool(passes(key[0], f, top1))))
     rects, owner_r, images, label = [], [], [], []
     for i, rows in enumerate(by_image):
         for shown, y in rows:
@@ -327,21 +336,88 @@ def add_virtual_descents(maps: torch.Tensor, cache: MutantCache, runner: ChunkRu
                                    seed + SEED_OFFSET).to(maps.device)
 
 
+GATE_MARGIN = 0.05  # a gated descent asks the model where the surrogate's probability lies in (m, 1 - m)
+
+
+class GatedEvaluator:
+    """The evaluator of a gated descent: the surrogate answers the mutants it is sure of, the model the others.
+
+    A mutant whose predicted probability of passing (:meth:`Surrogate.score_rectangles`) is at most ``margin``
+    or at least 1 - ``margin`` takes the surrogate's answer, at no query; every other mutant, and every
+    mutant of an image whose surrogate is a constant (all its mutants had one outcome: nothing was learnt),
+    is painted and scored on ``evaluator`` (the model's).
+    """
+
+    def __init__(self, evaluator, surrogate: Surrogate, margin: float = GATE_MARGIN):
+        if not 0 <= margin <= 0.5:
+            raise ValueError(f"margin must be in [0, 0.5], got {margin!r}")
+        self.evaluator, self.surrogate, self.margin = evaluator, surrogate, margin
+        self.runner = evaluator.runner
+
+    def score_rectangles(self, rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor,
+                         present: torch.Tensor) -> torch.Tensor:
+        """As :meth:`Surrogate.score_rectangles` (float64 [m, 4]), but the model's f, top-1 and pixels kept
+        (fourth column 1: a query) for the mutants the surrogate is unsure of."""
+        out = self.surrogate.score_rectangles(rects, owner, images, present).to(images.device)
+        prob = out[:, 0]
+        fitted = torch.tensor([c is None for c in self.surrogate.constant], device=images.device)[images]
+        ask = ((prob > self.margin) & (prob < 1 - self.margin)) | ~fitted
+        if bool(ask.any()):
+            asked = ask.nonzero().flatten()
+            renumber = torch.full_like(ask, -1, dtype=torch.int64)
+            renumber[asked] = torch.arange(len(asked), device=images.device)
+            owner = owner.to(images.device)
+            mine = renumber[owner] >= 0
+            scored = score_painted(self.evaluator, rects.to(images.device)[mine], renumber[owner[mine]],
+                                   images[asked], present, self.surrogate.h, self.surrogate.w)
+            out[asked] = torch.cat([scored.to(out.device), torch.ones(len(asked), 1, dtype=out.dtype,
+                                                                      device=out.device)], 1)
+        return out
+
+
+def add_gated_descents(maps: torch.Tensor, queries: list[int], cache: MutantCache, evaluator, prep: Prepared,
+                       present: torch.Tensor, passes, iterations: int, first_seed: int, depth: int, min_box: int,
+                       monotone: bool, margin: float = GATE_MARGIN) -> tuple[torch.Tensor, list[int]]:
+    """``iterations`` more descents per image (seeds first_seed + t), each on a :class:`GatedEvaluator` whose
+    surrogate is fitted (:func:`fit_surrogate`) to every mutant the model has scored so far (``cache``, which
+    the descents share). Returns (``maps`` float64 [N, H, W] plus their log maps, ``queries`` plus the model's
+    queries per image)."""
+    n, _, h, w = prep.images.shape
+    queries = list(queries)
+    for t in range(iterations):
+        surrogate = fit_surrogate(cache, present, passes, n, h, w, evaluator.runner)
+        logs, q = compute_responsibility(GatedEvaluator(evaluator, surrogate, margin), prep, present, passes, 1,
+                                         depth, min_box, first_seed + t, False, monotone=monotone, cache=cache)
+        maps = maps + logs.to(maps.device)
+        queries = [a + b for a, b in zip(queries, q)]
+    return maps, queries
+
+
+def check_gated_iterations(gated_iterations) -> None:
+    if isinstance(gated_iterations, bool) or not isinstance(gated_iterations, int) or gated_iterations < 0:
+        raise ValueError(f"gated_iterations must be an int >= 0, got {gated_iterations!r}")
+
+
 def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, iterations: int | str, depth: int,
-                 min_box: int, seed: int, progress: bool | None, monotone: bool,
-                 virtual_iterations: int) -> tuple[torch.Tensor, list[int]]:
+                 min_box: int, seed: int, progress: bool | None, monotone: bool, virtual_iterations: int,
+                 gated_iterations: int = 0) -> tuple[torch.Tensor, list[int]]:
     """The maps fast_sis and responsibility rank by: ``iterations`` real descents per image (an int:
-    :func:`~overinterp_fast.responsibility.compute_responsibility`; "auto":
+    :func:`~overinterp_fast.responsibility.compute_responsibility`, seeds seed + t; "auto":
     :func:`~overinterp_fast.responsibility.auto_responsibility`) with one mutant cache, then
-    ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`). Returns (float64 [N, H, W], the real
-    descents' queries per image)."""
+    ``gated_iterations`` gated ones (an int ``iterations`` only: :func:`add_gated_descents`, seeds
+    seed + iterations + t), then ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`).
+    Returns (float64 [N, H, W], the model's queries per image)."""
     cache = MutantCache()
     if iterations == "auto":
+        if gated_iterations:
+            raise ValueError('gated_iterations needs an int number of iterations, not "auto"')
         maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, depth, min_box, seed, progress,
                                                monotone=monotone, cache=cache)
     else:
         maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, depth, min_box, seed,
                                                progress, monotone=monotone, cache=cache)
+        maps, queries = add_gated_descents(maps, queries, cache, evaluator, prep, present, passes, gated_iterations,
+                                           seed + iterations, depth, min_box, monotone)
     maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations, depth,
                                 min_box, seed)
     return maps, queries

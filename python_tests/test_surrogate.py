@@ -154,6 +154,46 @@ def test_bad_virtual_iterations_are_refused(bad):
         of.responsibility(model, x, virtual_iterations=bad)
 
 
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "10"])
+def test_bad_gated_iterations_are_refused(bad):
+    model = PatchReader(ROWS, COLS).eval()
+    x = torch.ones(1, 1, 28, 28)
+    with pytest.raises(ValueError, match="gated_iterations must be an int >= 0"):
+        of.fast_sis(model, x, method="responsibility", gated_iterations=bad)
+    with pytest.raises(ValueError, match="gated_iterations must be an int >= 0"):
+        of.responsibility(model, x, gated_iterations=bad)
+
+
+def test_gated_iterations_need_an_int_number_of_iterations():
+    from overinterp_fast.surrogate import GatedEvaluator
+    model = PatchReader(ROWS, COLS).eval()
+    x = torch.ones(1, 1, 28, 28)
+    with pytest.raises(ValueError, match="gated_iterations needs an int number of iterations"):
+        of.fast_sis(model, x, method="responsibility", iterations="auto", gated_iterations=2)
+    with pytest.raises(ValueError, match="margin must be in"):
+        GatedEvaluator(type("E", (), {"runner": None})(), None, margin=0.6)
+
+
+@pytest.mark.timeout(120)
+def test_gated_iterations_cost_fewer_queries_than_as_many_real_ones():
+    """responsibility with 3 real + 3 gated descents: fewer queries than 6 real descents and more than 3;
+    fast_sis with them: the same descent queries, and an MPS that passes on the model and lies in the patch."""
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    three, = of.responsibility(model, x, iterations=3, seed=2, monotone=True)
+    six, = of.responsibility(model, x, iterations=6, seed=2, monotone=True)
+    gated, = of.responsibility(model, x, iterations=3, seed=2, monotone=True, gated_iterations=3)
+    assert three.queries < gated.queries < six.queries
+    r, = of.fast_sis(model, x, method="responsibility", iterations=3, gated_iterations=3, seed=2)
+    mask = r.mask.any(0) if r.mask.dim() == 3 else r.mask
+    with torch.no_grad():
+        assert int(model(torch.where(mask, x[0], torch.zeros(())).unsqueeze(0)).argmax(1)) == r.target
+    inside = torch.zeros(28, 28, dtype=torch.bool)
+    inside[4:10, 3:9] = True
+    assert r.sis is not None and (mask & ~inside).sum() == 0
+    assert r.queries == gated.queries  # fast_sis ran the same gated descents (monotone by default)
+
+
 def test_bad_grid_and_penalty_are_refused():
     for bad in (0, True, 1.5):
         with pytest.raises(ValueError, match="grid must be an int >= 1"):
@@ -217,9 +257,10 @@ def test_cell_fractions_from_rectangles_equal_painted_masks(h, w, grid, monkeypa
     prob, ok = sur(keep.view(m, -1), images, None, None)  # the mask interface agrees
     torch.testing.assert_close(whole[:, 0], prob, rtol=0, atol=1e-12)
     assert whole[:, 1].bool().tolist() == ok.tolist() and whole[:, 2].tolist() == kept.double().tolist()
+    assert whole[:, 3].eq(0).all()  # the surrogate's answers: no query
     none = torch.zeros(0, dtype=torch.int64)  # no mutant: an empty score table
     empty = sur.score_rectangles(torch.zeros(0, 4, dtype=torch.int64), none, none, present.view(n, -1))
-    assert empty.shape == (0, 3) and empty.dtype == torch.float64
+    assert empty.shape == (0, 4) and empty.dtype == torch.float64
 
 
 @pytest.mark.parametrize("chunk", [64, 2, 1])
@@ -383,7 +424,7 @@ def test_surrogate_makes_its_tensors_beside_its_inputs_not_on_torch_s_default_de
         sur = fit_surrogate(cache, present, _top1, 2, 28, 28, ev.runner)
         scores = sur.score_rectangles(rects, owner, images, present)
         empty = sur.score_rectangles(torch.zeros(0, 4, dtype=torch.int64), none, none, present)
-        maps, q = ranking_maps(ev, prep, present, _top1, 3, 10, 4, 7, False, True, 4)
+        maps, q = ranking_maps(ev, prep, present, _top1, 3, 10, 4, 7, False, True, 4, 2)
         return sur.weight, sur.bias, scores, empty, maps, q
 
     with torch.inference_mode():
@@ -405,3 +446,143 @@ def test_ridge_penalises_the_weights_not_the_intercept_on_the_host():
         got = ridge(2, 0.5)
     assert got.device.type == "cpu" and got.dtype == torch.float64 and torch.equal(got, want)
     assert ridge(2, 0.5, torch.device("meta")).device.type == "meta"
+
+
+# ---- gated descents (gated_iterations) ----
+
+def _mild_patch_surrogate(runner, n=1):
+    """Passes while the patch cells' kept fractions sum to more than 6.4, with probabilities that never reach
+    0 or 1 in float64 (|logit| <= 16 x 0.5 x 6.4 + ...: weight 0.5)."""
+    return _patch_surrogate(runner, n, sharp=0.5)
+
+
+@pytest.mark.timeout(60)
+def test_gated_descents_with_margin_zero_are_the_model_s_descents():
+    """margin 0: every mutant whose probability is strictly between 0 and 1 (here all) is asked of the model, so
+    the gated descents' maps, queries and cache answers are those of the real descents with the same seeds."""
+    from overinterp_fast.surrogate import GatedEvaluator
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(2, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(2, 28 * 28, dtype=torch.bool)
+        want_cache, got_cache = MutantCache(), MutantCache()
+        want, want_q = compute_responsibility(ev, prep, present, _top1, 3, 10, 4, 11, False, monotone=True,
+                                              cache=want_cache)
+        gated = GatedEvaluator(ev, _mild_patch_surrogate(ev.runner, 2), margin=0.0)
+        got, got_q = compute_responsibility(gated, prep, present, _top1, 3, 10, 4, 11, False, monotone=True,
+                                            cache=got_cache)
+    assert not got_cache.guessed and got_q == want_q and sum(want_q) > 0
+    assert torch.equal(got, want) and got_cache.scores == want_cache.scores
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("margin", [0.2, 0.45])
+def test_gated_descents_ask_the_model_only_where_the_surrogate_is_unsure(margin):
+    """Every mutant a gated descent scored, checked by hand: painted in plain torch, its cell fractions give the
+    surrogate's probability p; where margin < p < 1 - margin the cache holds the model's own f and top-1 (a
+    query), elsewhere the surrogate's p and p > 1/2 (in cache.guessed, no query); the queries per image count
+    the first kind. margin 0.5: nothing is asked, and the descents are the surrogate's own."""
+    from overinterp_fast.surrogate import GatedEvaluator
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(2, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(2, 28 * 28, dtype=torch.bool)
+        present[1, :28 * 4] = False  # image 1: its top 4 rows absent
+        sur = _patch_surrogate(ev.runner, 2, sharp=2.0)
+        cache = MutantCache()
+        _, q = compute_responsibility(GatedEvaluator(ev, sur, margin), prep, present, _top1, 4, 10, 4, 3, False,
+                                      monotone=True, cache=cache)
+        asked = {0: 0, 1: 0}
+        for key, (f, top1, kept) in cache.scores.items():
+            mask = torch.zeros(28, 28, dtype=torch.bool)
+            for y0, x0, y1, x1 in key[1:]:
+                mask[y0:y1, x0:x1] = True
+            mask &= present[key[0]].view(28, 28)
+            frac = mask.double().view(14, 2, 14, 2).mean((1, 3))
+            p = float(torch.sigmoid((frac[4:8, 6:10].sum() - 6.4) * 2.0))
+            assert kept == int(mask.sum())
+            if margin < p < 1 - margin:
+                x = prep.images[key[0]:key[0] + 1] * mask
+                logits = model(x)
+                assert key not in cache.guessed and top1 == bool(logits.argmax(1) == 0)
+                assert f == pytest.approx(float(torch.softmax(logits, 1)[0, 0]), abs=1e-9)
+                asked[key[0]] += 1
+            else:
+                assert key in cache.guessed and f == pytest.approx(p, abs=1e-12) and top1 == (p > 0.5)
+        assert q == [asked[0], asked[1]] and 0 < len(cache.guessed) < len(cache.scores) and sum(q) > 0
+        none_cache = MutantCache()
+        sure, q_sure = compute_responsibility(GatedEvaluator(ev, sur, 0.5), prep, present, _top1, 4, 10, 4, 3,
+                                              False, monotone=True, cache=none_cache)
+        own, _ = compute_responsibility(sur, prep, present, _top1, 4, 10, 4, 3, False, monotone=True)
+    assert q_sure == [0, 0] and none_cache.guessed == set(none_cache.scores) and torch.equal(sure, own)
+
+
+@pytest.mark.timeout(60)
+def test_a_constant_surrogate_is_never_trusted():
+    """An image whose surrogate is a constant (all its mutants had one outcome) has every mutant asked of the
+    model, whatever the margin; the other image is gated."""
+    from overinterp_fast.surrogate import GatedEvaluator
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(2, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(2, 28 * 28, dtype=torch.bool)
+        sur = _patch_surrogate(ev.runner, 2, sharp=2.0)
+        sur.constant = [True, None]
+        cache = MutantCache()
+        _, q = compute_responsibility(GatedEvaluator(ev, sur, 0.5), prep, present, _top1, 3, 10, 4, 0, False,
+                                      monotone=True, cache=cache)
+    assert q[0] > 0 and q[1] == 0
+    assert all(k[0] == 1 for k in cache.guessed) and any(k[0] == 0 for k in cache.scores)
+
+
+def test_the_fit_learns_from_the_model_s_answers_only():
+    """mutant_features leaves out the keys a surrogate answered (cache.guessed)."""
+    from overinterp_fast.surrogate import mutant_features
+    cache = MutantCache()
+    cache.scores[(0, (0, 0, 2, 2))] = (0.9, True, 4)
+    cache.scores[(0, (0, 0, 4, 4))] = (0.2, False, 16)
+    cache.scores[(0, (2, 2, 4, 4))] = (0.8, True, 4)
+    cache.guessed.add((0, (2, 2, 4, 4)))
+    x, y, img = mutant_features(cache, torch.ones(1, 16, dtype=torch.bool), _top1, 1, 4, 4, 2)
+    assert y.tolist() == [1.0, 0.0] and img.tolist() == [0, 0]
+    assert x.tolist() == [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+
+
+@pytest.mark.timeout(120)
+def test_add_gated_descents_refits_before_every_descent(monkeypatch):
+    """Gated descent t (seed first_seed + t) runs on a surrogate fitted to every mutant the model has answered
+    so far, the real descents' and the earlier gated ones' (one cache); the maps add up and the queries are
+    the model's. Built here from the parts."""
+    import overinterp_fast.surrogate as sg
+    from overinterp_fast.surrogate import GatedEvaluator, add_gated_descents, mutant_features
+    fits = []
+    real_fit = sg.fit_surrogate
+
+    def recording_fit(cache, *args, **kw):
+        fits.append(len(cache.scores) - len(cache.guessed))
+        return real_fit(cache, *args, **kw)
+
+    monkeypatch.setattr(sg, "fit_surrogate", recording_fit)
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(1, 28 * 28, dtype=torch.bool)
+        cache = MutantCache()
+        maps, q = compute_responsibility(ev, prep, present, _top1, 3, 10, 4, 7, False, monotone=True, cache=cache)
+        answered = len(cache.scores)
+        got, got_q = add_gated_descents(maps, q, cache, ev, prep, present, _top1, 2, 10, 10, 4, True, margin=0.2)
+        # by hand: the same two steps on a copy of the real descents' cache
+        want_cache = MutantCache()
+        want, want_q = compute_responsibility(ev, prep, present, _top1, 3, 10, 4, 7, False, monotone=True,
+                                              cache=want_cache)
+        for t in range(2):
+            sur = real_fit(want_cache, present, _top1, 1, 28, 28, ev.runner)
+            logs, q_t = compute_responsibility(GatedEvaluator(ev, sur, 0.2), prep, present, _top1, 1, 10, 4, 10 + t,
+                                               False, monotone=True, cache=want_cache)
+            want, want_q = want + logs, [a + b for a, b in zip(want_q, q_t)]
+    assert fits[0] == answered and fits[1] > fits[0] and len(fits) == 2
+    assert got_q == want_q and got_q[0] > q[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.equal(got, maps)
+    assert len(mutant_features(cache, present, _top1, 1, 28, 28, 14)[1]) == len(cache.scores) - len(cache.guessed)
