@@ -316,9 +316,13 @@ def virtual_descents(surrogate: Surrogate, prep: Prepared, present: torch.Tensor
 SEED_OFFSET = 1_000_000  # virtual descent t of a ranking seeded s draws its splits with seed s + SEED_OFFSET + t
 
 
+def _check_count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def check_virtual_iterations(virtual_iterations) -> None:
-    if isinstance(virtual_iterations, bool) or not isinstance(virtual_iterations, int) or virtual_iterations < 0:
-        raise ValueError(f"virtual_iterations must be an int >= 0, got {virtual_iterations!r}")
+    _check_count("virtual_iterations", virtual_iterations)
 
 
 def add_virtual_descents(maps: torch.Tensor, cache: MutantCache, runner: ChunkRunner, prep: Prepared,
@@ -394,8 +398,7 @@ def add_gated_descents(maps: torch.Tensor, queries: list[int], cache: MutantCach
 
 
 def check_gated_iterations(gated_iterations) -> None:
-    if isinstance(gated_iterations, bool) or not isinstance(gated_iterations, int) or gated_iterations < 0:
-        raise ValueError(f"gated_iterations must be an int >= 0, got {gated_iterations!r}")
+    _check_count("gated_iterations", gated_iterations)
 
 
 def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, iterations: int | str, depth: int,

@@ -144,24 +144,15 @@ def test_virtual_iterations_cost_no_query_and_change_only_the_ranking():
     assert (mask & ~inside).sum() == 0
 
 
+@pytest.mark.parametrize("option", ["virtual_iterations", "gated_iterations"])
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "10"])
-def test_bad_virtual_iterations_are_refused(bad):
+def test_bad_virtual_and_gated_iterations_are_refused(option, bad):
     model = PatchReader(ROWS, COLS).eval()
     x = torch.ones(1, 1, 28, 28)
-    with pytest.raises(ValueError, match="virtual_iterations must be an int >= 0"):
-        of.fast_sis(model, x, method="responsibility", virtual_iterations=bad)
-    with pytest.raises(ValueError, match="virtual_iterations must be an int >= 0"):
-        of.responsibility(model, x, virtual_iterations=bad)
-
-
-@pytest.mark.parametrize("bad", [-1, True, 1.5, "10"])
-def test_bad_gated_iterations_are_refused(bad):
-    model = PatchReader(ROWS, COLS).eval()
-    x = torch.ones(1, 1, 28, 28)
-    with pytest.raises(ValueError, match="gated_iterations must be an int >= 0"):
-        of.fast_sis(model, x, method="responsibility", gated_iterations=bad)
-    with pytest.raises(ValueError, match="gated_iterations must be an int >= 0"):
-        of.responsibility(model, x, gated_iterations=bad)
+    with pytest.raises(ValueError, match=f"{option} must be an int >= 0"):
+        of.fast_sis(model, x, method="responsibility", **{option: bad})
+    with pytest.raises(ValueError, match=f"{option} must be an int >= 0"):
+        of.responsibility(model, x, **{option: bad})
 
 
 def test_gated_iterations_need_an_int_number_of_iterations():
