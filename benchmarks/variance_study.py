@@ -130,7 +130,8 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -
         out = study.judge(logs.view(study.n, study.p), q, **extraction)
     finally:
         extraction_module.scan_sizes = scan_sizes
-    out["level_queries"] = [c / (study.n * iterations) for c in cache.level_queries]  # per image and iteration
+    descents = iterations + opts.get("gated", 0)  # the model's queries: real and gated descents
+    out["level_queries"] = [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
     return out
 
 

@@ -168,7 +168,7 @@ def responsibility(
     check_responsibility_options(iterations, depth, min_box, seed)
     _check_monotone(monotone, none=False)
     check_virtual_iterations(virtual_iterations)
-    check_gated_iterations(gated_iterations)
+    check_gated_iterations(gated_iterations, iterations)
     check_engine(engine)
     s = _setup(model, images, threshold, None, mask_value, outputs, batch_size, "responsibility")
     _check_pixels(s, "responsibility")
@@ -398,9 +398,7 @@ def fast_sis(
         check_block(block)
         _check_monotone(monotone, none=True)
         check_virtual_iterations(virtual_iterations)
-        check_gated_iterations(gated_iterations)
-        if gated_iterations and iterations == "auto":
-            raise ValueError('gated_iterations needs an int number of iterations, not iterations="auto"')
+        check_gated_iterations(gated_iterations, iterations)
     check_engine(engine)
     if incremental not in (None, True, False):
         raise ValueError(f"incremental must be None, True or False, got {incremental!r}")

@@ -397,8 +397,12 @@ def add_gated_descents(maps: torch.Tensor, queries: list[int], cache: MutantCach
     return maps, queries
 
 
-def check_gated_iterations(gated_iterations) -> None:
+def check_gated_iterations(gated_iterations, iterations: int | str) -> None:
+    """gated_iterations: an int >= 0, and 0 unless ``iterations`` is an int (gated descents follow a fixed number
+    of real ones)."""
     _check_count("gated_iterations", gated_iterations)
+    if gated_iterations and iterations == "auto":
+        raise ValueError('gated_iterations needs an int number of iterations, not iterations="auto"')
 
 
 def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, iterations: int | str, depth: int,
@@ -407,13 +411,12 @@ def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, itera
     """The maps fast_sis and responsibility rank by: ``iterations`` real descents per image (an int:
     :func:`~overinterp_fast.responsibility.compute_responsibility`, seeds seed + t; "auto":
     :func:`~overinterp_fast.responsibility.auto_responsibility`) with one mutant cache, then
-    ``gated_iterations`` gated ones (an int ``iterations`` only: :func:`add_gated_descents`, seeds
+    ``gated_iterations`` gated ones (an int ``iterations`` only, see :func:`check_gated_iterations`:
+    :func:`add_gated_descents`, seeds
     seed + iterations + t), then ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`).
     Returns (float64 [N, H, W], the model's queries per image)."""
     cache = MutantCache()
-    if iterations == "auto":
-        if gated_iterations:
-            raise ValueError('gated_iterations needs an int number of iterations, not "auto"')
+    if iterations == "auto":  # gated_iterations is 0 here (check_gated_iterations)
         maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, depth, min_box, seed, progress,
                                                monotone=monotone, cache=cache)
     else:
