@@ -106,8 +106,32 @@ def parts(variant: str) -> dict[str, int | float | None]:
     return out
 
 
-def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -> dict:
+def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, maps: dict | None = None) -> dict:
+    """One run of a variant. ``maps``: the maps already computed in this run, keyed by the parts that make them
+    (all but ``scan``, which only changes the extraction): a variant that differs from another only in its scan
+    reuses that one's map and queries (the maps are deterministic in the seeds)."""
     opts = parts(variant)
+    key = (iterations, seed, scramble, tuple(sorted((k, v) for k, v in opts.items() if k != "scan")))
+    if maps is not None and key in maps:
+        logs, q, level_queries = maps[key]
+    else:
+        logs, q, level_queries = ranking(study, opts, iterations, seed, scramble)
+        if maps is not None:
+            maps[key] = (logs, q, level_queries)
+    extraction = {"block": None, "refine_scan": 64} if "pixels64" in opts else {}
+    if "scan" in opts:
+        extraction_module.scan_sizes = lambda ends: scan_sizes(ends, squares=opts["scan"])
+    try:
+        out = study.judge(logs.view(study.n, study.p), q, **extraction)
+    finally:
+        extraction_module.scan_sizes = scan_sizes
+    out["level_queries"] = level_queries
+    return out
+
+
+def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int):
+    """The map of a variant's parts: (float64 [N, H, W], the model's queries per image, the descents' queries per
+    image and descent by level)."""
     resp.descent_rng = sobol_rng(seed, iterations, scramble) if "sobol" in opts else DEFAULT_RNG
     resp.skipped = pairs_any if "pairs-any" in opts else DEFAULT_SKIP
     cache = MutantCache()
@@ -123,16 +147,8 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int) -
         both = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
                                     opts["virtual"], 10, 10, seed)
         logs = both if "w" not in opts else logs + opts["w"] * (both - logs)
-    extraction = {"block": None, "refine_scan": 64} if "pixels64" in opts else {}
-    if "scan" in opts:
-        extraction_module.scan_sizes = lambda ends: scan_sizes(ends, squares=opts["scan"])
-    try:
-        out = study.judge(logs.view(study.n, study.p), q, **extraction)
-    finally:
-        extraction_module.scan_sizes = scan_sizes
     descents = iterations + opts.get("gated", 0)  # the model's queries: real and gated descents
-    out["level_queries"] = [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
-    return out
+    return logs, q, [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
 
 
 def main():
@@ -153,8 +169,9 @@ def main():
     runs: dict[tuple[str, int], list[dict]] = {key: [] for key in plan}
     torch.set_grad_enabled(False)
     for r in range(args.runs):
+        maps: dict = {}  # this run's maps, shared by variants that differ only in their scan
         for variant, t in plan:
-            one = run(study, variant, t, args.seed + 100 * r, scramble=r)
+            one = run(study, variant, t, args.seed + 100 * r, scramble=r, maps=maps)
             runs[variant, t].append(one)
             print(f"run {r} {variant}:{t}: MPS {100 * one['size']:5.2f}%, queries {one['queries']:.0f}, "
                   f"Dice {one['dice']:.3f}", flush=True)

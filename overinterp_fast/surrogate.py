@@ -17,9 +17,12 @@ descents in which a surrogate refitted before each answers the mutants it is sur
 ``MutantCache.guessed``: they are no query, and no fit learns from them.
 
 Speed: the virtual descents never paint a mutant. ``descend`` hands the surrogate the
-rectangles a mutant shows (:meth:`Surrogate.score_rectangles`), and each cell's share is
-read off a summed-area table of the pixels present, four lookups per rectangle and cell
-(:func:`rect_cell_fractions`); the fit reads the cached mutants' rectangles the same way.
+rectangles a mutant shows (:meth:`Surrogate.score_rectangles`). The logistic model is linear in
+the cells' shares, so a mutant's weighted sum is the sum over its pixels of each pixel's share of
+its cell's weight (:meth:`Surrogate.pixel_weights`): four lookups per rectangle in a summed-area
+table of those. The fit needs every cell's share (:func:`rect_cell_fractions`: four lookups per
+rectangle and cell in a table of the pixels present). ``descend`` sums the virtual descents' log
+maps image by image as it paints them (its ``rows``), never holding one map per descent.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from .responsibility import MutantCache, auto_responsibility, compute_responsibi
 
 GRID = 14  # cells per side: 16 x 16 pixels at 224 x 224
 L2 = 1.0
-RECT_CHUNK = 4096  # mutants scored from their rectangles at once (memory: about R x grid^2 x 40 bytes)
+RECT_CHUNK = 4096  # mutants scored from their rectangles at once (memory: two summed-area tables of their images)
 
 
 def cell_bounds(size: int, grid: int) -> list[int]:
@@ -119,11 +122,27 @@ class Surrogate:
         """Probability of passing, float64 [m], from cell fractions ``x`` (float64 [m, grid*grid]) of images
         ``img`` (int64 [m])."""
         x, img = x.to(self.weight.device), img.to(self.weight.device)
-        prob = torch.sigmoid((x * self.weight[img]).sum(1) + self.bias[img])
+        return self._probability((x * self.weight[img]).sum(1), img)
+
+    def _probability(self, z: torch.Tensor, img: torch.Tensor) -> torch.Tensor:
+        """float64 [m]: sigmoid(z + bias) of the mutants' images ``img`` (int64 [m]), from their weighted cell
+        fractions z (float64 [m]); an image's ``constant`` where it has one."""
+        prob = torch.sigmoid(z + self.bias[img])
         for i, c in enumerate(self.constant):
             if c is not None:
                 prob = torch.where(img == i, torch.tensor(float(c), dtype=prob.dtype, device=prob.device), prob)
         return prob
+
+    def pixel_weights(self, images: torch.Tensor) -> torch.Tensor:
+        """float64 [k, H, W]: each pixel's share of its cell's weight (weight / cell area) for the images
+        ``images`` (int64 [k]), so that a mutant's weighted cell fractions are the sum of these over the
+        pixels it keeps."""
+        ys, xs, area = _cells(self.h, self.w, self.grid, self.weight.device)
+        row = torch.bucketize(torch.arange(self.h, device=ys.device), ys[1:], right=True)  # each pixel's cell row
+        col = torch.bucketize(torch.arange(self.w, device=xs.device), xs[1:], right=True)
+        cell = (row.view(-1, 1) * self.grid + col.view(1, -1)).flatten()  # [H*W]
+        per_pixel = self.weight[images.to(self.weight.device)] / area.flatten().to(self.weight.dtype)
+        return per_pixel[:, cell].view(-1, self.h, self.w)
 
     def __call__(self, keep: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor):
         """The evaluator interface: (probability of passing float64 [m], predicted to pass bool [m]) for the
@@ -142,18 +161,31 @@ class Surrogate:
         model was not asked: no query).
         """
         m = images.shape[0]
-        table = _integral(present.view(-1, self.h, self.w))
-        owner = owner.to(table.device)
-        starts = torch.searchsorted(owner, torch.arange(0, m + RECT_CHUNK, RECT_CHUNK, device=table.device)).tolist()
+        dev = self.weight.device
+        owner, images = owner.to(dev), images.to(dev)
+        starts = torch.searchsorted(owner, torch.arange(0, m + RECT_CHUNK, RECT_CHUNK, device=dev)).tolist()
         out = []
         for k, a in enumerate(range(0, m, RECT_CHUNK)):
             b = min(a + RECT_CHUNK, m)
-            x, kept = rect_cell_fractions(rects[starts[k]:starts[k + 1]], owner[starts[k]:starts[k + 1]] - a,
-                                          images[a:b], table, self.h, self.w, self.grid)
-            prob = self.predict(x, images[a:b])
-            out.append(torch.stack([prob, (prob > 0.5).double(), kept.double().to(prob.device),
-                                    torch.zeros_like(prob)], 1))
-        return torch.cat(out) if out else torch.zeros(0, 4, dtype=torch.float64, device=self.weight.device)
+            r0, r1 = starts[k], starts[k + 1]
+            # the weighted fractions z = sum over kept pixels of pixel_weights, and the pixels kept, off summed-area
+            # tables of the chunk's images (a weighted table and a count table): four lookups per rectangle
+            used, local = torch.unique(images[a:b], return_inverse=True)
+            keep = present.to(dev)[used].view(-1, self.h, self.w)
+            weighted = torch.nn.functional.pad((self.pixel_weights(used) * keep).cumsum(1).cumsum(2), (1, 0, 1, 0))
+            count = _integral(keep)
+            y0, x0, y1, x1 = rects[r0:r1].to(dev).unbind(1)
+            img = local[owner[r0:r1] - a]
+
+            def box(table):  # [R]: the table's sum over each rectangle
+                return table[img, y1, x1] - table[img, y0, x1] - table[img, y1, x0] + table[img, y0, x0]
+
+            own = owner[r0:r1] - a
+            z = torch.zeros(b - a, dtype=torch.float64, device=dev).index_add_(0, own, box(weighted))
+            kept = torch.zeros(b - a, dtype=torch.int64, device=dev).index_add_(0, own, box(count))
+            prob = self._probability(z, images[a:b])
+            out.append(torch.stack([prob, (prob > 0.5).double(), kept.double(), torch.zeros_like(prob)], 1))
+        return torch.cat(out) if out else torch.zeros(0, 4, dtype=torch.float64, device=dev)
 
 
 def mutant_features(cache: MutantCache, present: torch.Tensor, passes, n: int, h: int, w: int,
@@ -306,10 +338,10 @@ def virtual_descents(surrogate: Surrogate, prep: Prepared, present: torch.Tensor
     out = torch.zeros(n, h, w, dtype=torch.float64, device=prep.images.device)
     if not images or iterations == 0:
         return out
-    logs, _ = descend(surrogate, prep, present, lambda i, f, top1: bool(top1),
-                      [(i, seed + t) for i in images for t in range(iterations)], depth, min_box, MutantCache(),
-                      progress=False, monotone=False)
-    out[torch.tensor(images, device=out.device)] = logs.view(len(images), iterations, h, w).sum(1).to(out.device)
+    descents = [(i, seed + t) for i in images for t in range(iterations)]
+    logs, _ = descend(surrogate, prep, present, lambda i, f, top1: bool(top1), descents, depth, min_box,
+                      MutantCache(), progress=False, monotone=False, rows=[i for i, _ in descents])
+    out[: logs.shape[0]] = logs.to(out.device)
     return out
 
 
