@@ -201,15 +201,14 @@ def descend(
     cache: MutantCache,
     progress: bool | None = None,
     monotone: bool = False,
-    rows: list[int] | None = None,
+    per_image: bool = False,
 ) -> tuple[torch.Tensor, list[int]]:
     """Run the given descents (image, seed) together: (float64 [D, H, W] log per-iteration maps,
     queries per image of ``prep``).
 
-    ``rows``: the output row of each descent (ints >= 0, one per descent); the log maps of the descents of one
-    row are summed there, descent by descent in the given order, and the maps are float64 [max(rows) + 1, H, W]
-    (rows no descent names stay zero). Memory: one map per row, not per descent (100 descents of a 224 x 224
-    image: 40 MB). None: one row per descent.
+    ``per_image``: the log maps of each image's descents summed, descent by descent in the given order: float64
+    [N, H, W] (zero for an image with no descent). Memory: one map per image, not per descent (100 descents of
+    a 224 x 224 image would hold 40 MB).
 
     ``present``: bool [N, H*W], the pixels that may be kept (others stay masked:
     used by collections). ``passes(image, f, top1) -> bool``.
@@ -222,9 +221,6 @@ def descend(
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
-    if rows is not None and (len(rows) != len(descents) or any(isinstance(r, bool) or not isinstance(r, int) or r < 0
-                                                                for r in rows)):
-        raise ValueError(f"rows must give an int >= 0 for each of the {len(descents)} descents, got {rows!r}")
     state = [_Descent(i, descent_rng(s), [(0, 0, h, w)]) for i, s in descents]
     queries = [0] * n
     resp_rects: list[tuple[int, int, int, int]] = []
@@ -314,8 +310,9 @@ def descend(
         bar.update(1)
         level += 1
     bar.close()
-    row_t = torch.as_tensor(range(len(state)) if rows is None else rows, dtype=torch.int64, device=dev)
-    out = torch.zeros(int(row_t.max()) + 1 if len(row_t) else 0, h, w, dtype=torch.float64, device=dev)
+    row_t = torch.as_tensor([i for i, _ in descents] if per_image else range(len(state)), dtype=torch.int64,
+                            device=dev)
+    out = torch.zeros(n if per_image else len(state), h, w, dtype=torch.float64, device=dev)
 
     def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
         out.index_add_(0, row_t[sl], torch.log1p(acc.double() / _UNIT))
@@ -343,14 +340,9 @@ def compute_responsibility(
     All ``iterations`` descents of every image (seeds seed + t) in one batched descent;
     see :func:`descend` (and its ``monotone``). ``cache``: the mutant cache to use (None: a new one).
     """
-    n, _, h, w = prep.images.shape
-    descents = [(i, seed + t) for i in range(n) for t in range(iterations)]
-    logs, queries = descend(evaluator, prep, present, passes, descents, depth, min_box,
-                            MutantCache() if cache is None else cache, progress, monotone,
-                            rows=[i for i, _ in descents])
-    if logs.shape[0] < n:  # no descent (iterations=0) or none of the last images
-        logs = torch.cat([logs, logs.new_zeros(n - logs.shape[0], h, w)])
-    return logs, queries
+    descents = [(i, seed + t) for i in range(prep.images.shape[0]) for t in range(iterations)]
+    return descend(evaluator, prep, present, passes, descents, depth, min_box,
+                   MutantCache() if cache is None else cache, progress, monotone, per_image=True)
 
 
 def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tensor:

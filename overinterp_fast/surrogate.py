@@ -22,7 +22,7 @@ the cells' shares, so a mutant's weighted sum is the sum over its pixels of each
 its cell's weight (:meth:`Surrogate.pixel_weights`): four lookups per rectangle in a summed-area
 table of those. The fit needs every cell's share (:func:`rect_cell_fractions`: four lookups per
 rectangle and cell in a table of the pixels present). ``descend`` sums the virtual descents' log
-maps image by image as it paints them (its ``rows``), never holding one map per descent.
+maps image by image as it paints them (``per_image``), never holding one map per descent.
 """
 from __future__ import annotations
 
@@ -46,8 +46,16 @@ def cell_bounds(size: int, grid: int) -> list[int]:
 
 
 def _integral(x: torch.Tensor) -> torch.Tensor:
-    """[B, H, W] -> int64 [B, H+1, W+1] summed-area table (entry (y, x): the sum of x[:, :y, :x])."""
-    return torch.nn.functional.pad(x.long().cumsum(1).cumsum(2), (1, 0, 1, 0))
+    """[B, H, W] -> [B, H+1, W+1] summed-area table (entry (y, x): the sum of x[:, :y, :x]); int64 for a bool or
+    integer x, x's dtype for a floating one."""
+    x = x if x.is_floating_point() else x.long()
+    return torch.nn.functional.pad(x.cumsum(1).cumsum(2), (1, 0, 1, 0))
+
+
+def _box_sums(table: torch.Tensor, img, y0, x0, y1, x1) -> torch.Tensor:
+    """The sums over the boxes [y0, y1) x [x0, x1) of images ``img`` from their summed-area tables ``table``
+    ([N, H+1, W+1], :func:`_integral`): four lookups per box; the int64 index tensors broadcast together."""
+    return table[img, y1, x1] - table[img, y0, x1] - table[img, y1, x0] + table[img, y0, x0]
 
 
 def _cells(h: int, w: int, grid: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,8 +69,8 @@ def cell_fractions(keep: torch.Tensor, h: int, w: int, grid: int) -> torch.Tenso
     """The fraction of each cell (:func:`cell_bounds`) kept: bool [m, H*W] -> float64 [m, grid*grid]."""
     table = _integral(keep.view(-1, h, w))
     ys, xs, area = _cells(h, w, grid, keep.device)
-    corner = table[:, ys][:, :, xs]  # [m, grid+1, grid+1]
-    counts = corner[:, 1:, 1:] - corner[:, :-1, 1:] - corner[:, 1:, :-1] + corner[:, :-1, :-1]
+    y0, y1, x0, x1 = ys[:-1].view(1, -1, 1), ys[1:].view(1, -1, 1), xs[:-1].view(1, 1, -1), xs[1:].view(1, 1, -1)
+    counts = _box_sums(table, torch.arange(table.shape[0], device=keep.device).view(-1, 1, 1), y0, x0, y1, x1)
     return (counts.double() / area).flatten(1)
 
 
@@ -84,13 +92,8 @@ def rect_cell_fractions(rects: torch.Tensor, owner: torch.Tensor, images: torch.
     cy1 = torch.maximum(torch.minimum(y1.view(-1, 1), ys[1:].view(1, -1)), cy0)
     cx0 = torch.maximum(x0.view(-1, 1), xs[:-1].view(1, -1))
     cx1 = torch.maximum(torch.minimum(x1.view(-1, 1), xs[1:].view(1, -1)), cx0)
-    flat_table = table.reshape(-1)
-    base = (img * ((h + 1) * (w + 1))).view(-1, 1, 1)
-
-    def at(yy, xx):  # the tables at the corners (yy [R, grid], xx [R, grid]) -> [R, grid, grid]
-        return flat_table[base + yy.view(-1, grid, 1) * (w + 1) + xx.view(-1, 1, grid)]
-
-    counts = at(cy1, cx1) - at(cy0, cx1) - at(cy1, cx0) + at(cy0, cx0)
+    rows, cols = (-1, grid, 1), (-1, 1, grid)  # [R, grid, grid]: each rectangle's cut by each cell
+    counts = _box_sums(table, img.view(-1, 1, 1), cy0.view(rows), cx0.view(cols), cy1.view(rows), cx1.view(cols))
     own = owner.to(dev)
     fractions = torch.zeros(m, grid * grid, dtype=torch.float64, device=dev).index_add_(
         0, own, (counts.double() / area).view(-1, grid * grid))
@@ -172,17 +175,13 @@ class Surrogate:
             # tables of the chunk's images (a weighted table and a count table): four lookups per rectangle
             used, local = torch.unique(images[a:b], return_inverse=True)
             keep = present.to(dev)[used].view(-1, self.h, self.w)
-            weighted = torch.nn.functional.pad((self.pixel_weights(used) * keep).cumsum(1).cumsum(2), (1, 0, 1, 0))
-            count = _integral(keep)
-            y0, x0, y1, x1 = rects[r0:r1].to(dev).unbind(1)
-            img = local[owner[r0:r1] - a]
-
-            def box(table):  # [R]: the table's sum over each rectangle
-                return table[img, y1, x1] - table[img, y0, x1] - table[img, y1, x0] + table[img, y0, x0]
-
+            corners = rects[r0:r1].to(dev).unbind(1)  # y0, x0, y1, x1
             own = owner[r0:r1] - a
-            z = torch.zeros(b - a, dtype=torch.float64, device=dev).index_add_(0, own, box(weighted))
-            kept = torch.zeros(b - a, dtype=torch.int64, device=dev).index_add_(0, own, box(count))
+            img = local[own]
+            z = torch.zeros(b - a, dtype=torch.float64, device=dev).index_add_(
+                0, own, _box_sums(_integral(self.pixel_weights(used) * keep), img, *corners))
+            kept = torch.zeros(b - a, dtype=torch.int64, device=dev).index_add_(
+                0, own, _box_sums(_integral(keep), img, *corners))
             prob = self._probability(z, images[a:b])
             out.append(torch.stack([prob, (prob > 0.5).double(), kept.double(), torch.zeros_like(prob)], 1))
         return torch.cat(out) if out else torch.zeros(0, 4, dtype=torch.float64, device=dev)
@@ -334,15 +333,10 @@ def virtual_descents(surrogate: Surrogate, prep: Prepared, present: torch.Tensor
                      depth: int, min_box: int, seed: int) -> torch.Tensor:
     """ReX's descents on the surrogate: float64 [N, H, W], the sum over ``iterations`` descents of each image in
     ``images`` (seeds seed + t) of their log maps (zeros for the other images). No forward pass of the model."""
-    n, _, h, w = prep.images.shape
-    out = torch.zeros(n, h, w, dtype=torch.float64, device=prep.images.device)
-    if not images or iterations == 0:
-        return out
-    descents = [(i, seed + t) for i in images for t in range(iterations)]
-    logs, _ = descend(surrogate, prep, present, lambda i, f, top1: bool(top1), descents, depth, min_box,
-                      MutantCache(), progress=False, monotone=False, rows=[i for i, _ in descents])
-    out[: logs.shape[0]] = logs.to(out.device)
-    return out
+    logs, _ = descend(surrogate, prep, present, lambda i, f, top1: bool(top1),
+                      [(i, seed + t) for i in images for t in range(iterations)], depth, min_box, MutantCache(),
+                      progress=False, monotone=False, per_image=True)
+    return logs
 
 
 SEED_OFFSET = 1_000_000  # virtual descent t of a ranking seeded s draws its splits with seed s + SEED_OFFSET + t

@@ -262,34 +262,31 @@ def test_mutant_cache_scores_a_repeated_descent_once():
 
 
 
-def test_descend_sums_the_maps_of_each_row(monkeypatch):
-    """rows: each descent's log map is added to its row, in descent order (the maps of rows=None, one per descent,
-    summed by hand); a row no descent names stays zero; the sum is the same when the runner paints one map at a
-    time (its chunks); bad rows are refused."""
+def test_descend_sums_the_maps_of_each_image(monkeypatch):
+    """per_image: each descent's log map is added to its image's map, in descent order (the maps of one row per
+    descent, summed by hand); an image with no descent stays zero; the sum is the same when the runner paints one
+    map at a time (its chunks); no descent at all gives zeros of every image."""
     model = make_cnn(2, torch.float32, h=12, w=12)
-    images = make_images(3, h=12, w=12, seed=5, dtype=torch.float32)
-    descents = [(0, 1), (2, 1), (0, 2), (2, 3), (1, 4)]
+    images = make_images(4, h=12, w=12, seed=5, dtype=torch.float32)
+    descents = [(3, 1), (0, 1), (3, 2), (0, 3), (1, 4)]
     with torch.inference_mode():
         ev, prep = _evaluator(model, images)
-        present = torch.ones(3, 144, dtype=torch.bool)
+        present = torch.ones(4, 144, dtype=torch.bool)
         passes = lambda i, f, t: bool(t)  # noqa: E731
         each, q_each = descend(ev, prep, present, passes, descents, 10, 4, MutantCache())
-        rows = [3, 0, 3, 0, 1]
-        summed, q_sum = descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), rows=rows)
+        summed, q_sum = descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), per_image=True)
+        none, q_none = descend(ev, prep, present, passes, [], 10, 4, MutantCache(), per_image=True)
         monkeypatch.setattr(ev.runner, "chunk", 1)
-        chunked, _ = descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), rows=rows)
-        with pytest.raises(ValueError, match="rows"):
-            descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), rows=rows[:-1])
-        with pytest.raises(ValueError, match="rows"):
-            descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), rows=[0, 1, 2, 3, -1])
+        chunked, _ = descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), per_image=True)
     assert each.shape == (5, 12, 12) and summed.shape == (4, 12, 12) and q_sum == q_each
     want = torch.zeros(4, 12, 12, dtype=torch.float64)
-    for d, r in enumerate(rows):
-        want[r] = want[r] + each[d]
-    assert bool(each.ne(0).any(2).any(1).all())  # every descent left a map, so every row named is non-zero
+    for d, (i, _) in enumerate(descents):
+        want[i] = want[i] + each[d]
+    assert bool(each.ne(0).any(2).any(1).all())  # every descent left a map, so every image named is non-zero
     torch.testing.assert_close(summed, want, rtol=0, atol=0)
     torch.testing.assert_close(chunked, want, rtol=0, atol=0)
     assert summed[2].eq(0).all()
+    assert none.shape == (4, 12, 12) and none.eq(0).all() and q_none == [0] * 4
 
 def test_rect_fill_is_chunked_under_the_out_of_memory_back_off(monkeypatch):
     """rect_fill never paints more maps than the batch size at once; out-of-memory errors halve the
