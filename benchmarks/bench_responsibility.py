@@ -51,7 +51,8 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
 - --faithful: ours in ReX's settings too (iterations=20, refine=False), once.
 - --sweep K ...: ours with iterations=K (an int or "auto"; "K,full": with monotone=False, every
   mutant scored; "K,gG": with gated_iterations=G; "K,vV": with virtual_iterations=V; G and V are 0
-  where not given; the other options the defaults), once each
+  where not given; "K,scan": prefix_search="scan", the scan of the defaults before the guided search;
+  the other options the defaults), once each
   (seed --seed): the trade-off between queries and agreement with ReX behind the default of 8.
   Also the torch module in the default mode, once (--no-torch skips it).
 - Cold case: a fresh process explaining one photo with the defaults (import, ONNX
@@ -239,23 +240,27 @@ def cold_case(onnx_path: str, photo: str, pythonpath: str | None = None, **optio
 
 
 def sweep_point(spec: str) -> dict:
-    """--sweep's "K[,full][,gG][,vV]" -> fast_sis options: iterations=K, monotone (False with "full"),
-    gated_iterations=G and virtual_iterations=V (0 where not given)."""
+    """--sweep's "K[,full][,gG][,vV][,scan]" -> fast_sis options: iterations=K, monotone (False with "full"),
+    gated_iterations=G and virtual_iterations=V (0 where not given), prefix_search="scan" with "scan" (the
+    square scan of the defaults before the guided search; default "guided")."""
     head, *flags = spec.split(",")
     opts = {"iterations": head if head == "auto" else int(head), "monotone": True, "gated_iterations": 0,
-            "virtual_iterations": 0}
+            "virtual_iterations": 0, "prefix_search": "guided"}
     for f in flags:
         if f == "full":
             opts["monotone"] = False
+        elif f == "scan":
+            opts["prefix_search"] = "scan"
         elif f[:1] in ("g", "v") and f[1:].isdigit():
             opts["gated_iterations" if f[0] == "g" else "virtual_iterations"] = int(f[1:])
         else:
-            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full, gG or vV)")
+            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full, gG, vV or scan)")
     return opts
 
 
 def describe_options(opts: dict) -> str:
-    return ", ".join(f"{key}={opts[key]}" for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations"))
+    return ", ".join(f"{key}={opts[key]}" for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations",
+                                                      "prefix_search"))
 
 
 def run_ours(model, images, seed, **kw):

@@ -1,6 +1,7 @@
 """The public entry points: fast_sis, responsibility, sufficient_subset."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -92,6 +93,23 @@ def _passes(criterion: str, thresholds: list[float]):
     if criterion == "top1":
         return lambda i, f, top1: bool(top1)
     return lambda i, f, top1: f >= thresholds[i]
+
+
+def _slack(criterion: str, thresholds: list[float]):
+    """slack(image, f, top1, margin): how far a prefix is from passing, positive when it passes; what guides
+    prefix_search="guided". top1: the margin (the target's log-odds against the strongest other class);
+    threshold: log f - log tau."""
+    if criterion == "top1":
+        return lambda i, f, top1, margin: margin
+    return lambda i, f, top1, margin: math.log(max(f, 1e-300)) - math.log(max(thresholds[i], 1e-300))
+
+
+PREFIX_SEARCHES = ("guided", "scan")
+
+
+def check_prefix_search(prefix_search) -> None:
+    if not isinstance(prefix_search, str) or prefix_search not in PREFIX_SEARCHES:
+        raise ValueError(f"prefix_search must be one of {PREFIX_SEARCHES}, got {prefix_search!r}")
 
 
 REFINE = (True, False, "boundary")
@@ -276,6 +294,7 @@ def fast_sis(
     monotone: bool | None = None,
     virtual_iterations: int = 0,
     gated_iterations: int = 0,
+    prefix_search: str = "guided",
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -399,6 +418,7 @@ def fast_sis(
         _check_monotone(monotone, none=True)
         check_virtual_iterations(virtual_iterations)
         check_gated_iterations(gated_iterations, iterations)
+        check_prefix_search(prefix_search)
     check_engine(engine)
     if incremental not in (None, True, False):
         raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
@@ -437,7 +457,8 @@ def fast_sis(
             side = auto_block(*prep.images.shape[-2:]) if block == "auto" else block
             return extract_sets(evaluator, prep, targets, scores0, rank, passes, 10, collection, thresholds,
                                 verifier=verifier, engine=eng.name, refine=refine, refine_budget=refine_budget,
-                                refine_scan=10, block=side)
+                                refine_scan=10, block=side,
+                                guide=_slack(criterion or "top1", thresholds) if prefix_search == "guided" else None)
     with torch.inference_mode():
         t0 = time.perf_counter()
         targets, scores0 = initial_predictions(fn, prep.images, target, runner)

@@ -101,6 +101,10 @@ class CandidateEvaluator:
         self.runner = runner
         self.measure = measure or fn.score
 
+    def measuring(self, measure: Callable) -> "CandidateEvaluator":
+        """The same candidates, scored by ``measure`` instead (e.g. ``fn.score_top1_margin``)."""
+        return CandidateEvaluator(self.fn, self.prep, self.targets, self.runner, measure=measure)
+
     def __call__(
         self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor
     ) -> torch.Tensor:

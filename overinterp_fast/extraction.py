@@ -8,6 +8,7 @@ import torch
 from .batching import CandidateEvaluator
 from .blocks import block_positions, scan_sizes
 from .inputs import Prepared
+from .guided import guided_first_prefix
 from .minimal import prune_to_minimal
 from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
@@ -39,6 +40,7 @@ def refined_sets(
     prune: bool = True,
     budget: int | str | None = None,
     scan: int | list[list[int]] | None = None,
+    guide: Callable[[int, float, bool, float], float] | None = None,
 ) -> tuple[list[tuple[torch.Tensor, int, float, bool | None] | None], list[int], list[int]]:
     """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set
     (``prune=False``: the boundary prefix itself). ``budget``: the most pruning queries per row (None: no
@@ -51,7 +53,10 @@ def refined_sets(
     of :func:`~overinterp_fast.blocks.block_positions`); on a criterion that is far from monotone, as
     the top-1 class of a large model over prefix sizes, a scan finds the first passing window, which
     an exponential search jumps over. Then bisection inside that last step. Without, an exponential search from 10
-    (:func:`~overinterp_fast.prefix.boundary_prefix`, about 2 log2(k) queries).
+    (:func:`~overinterp_fast.prefix.boundary_prefix`, about 2 log2(k) queries). With ``scan`` an int
+    and ``guide`` (slack(row, f, top1, margin): :func:`~overinterp_fast.guided.guided_first_prefix`),
+    the scan's first passing size is searched for where the slacks of a few tried sizes say it may
+    lie, instead of trying every size up to it.
 
     Returns:
         (per row (the set's features in ranking order, the boundary prefix size, f on the set, whether
@@ -61,8 +66,11 @@ def refined_sets(
     if scan:
         counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
         sizes = scan if isinstance(scan, list) else [list(range(scan, c, scan)) + [c] if c else [] for c in counts]
-        first = first_passing_prefix(counted, pos, images, sizes, passes)
-        scanned = [counted.counts[i] for i in images]  # one row per image
+        if guide is not None and not isinstance(scan, list):
+            first, scanned = guided_first_prefix(evaluator, pos, images, sizes, passes, guide)
+        else:
+            first = first_passing_prefix(counted, pos, images, sizes, passes)
+            scanned = [counted.counts[i] for i in images]  # one row per image
         brackets = [None if h is None else (sizes[r][h[0] - 1] if h[0] else 0, sizes[r][h[0]], h[1])
                     for r, h in enumerate(first)]
         hits, q_boundary = boundary_prefix(evaluator, pos, images, [c if b else 0 for c, b in zip(counts, brackets)],
@@ -117,6 +125,7 @@ def extract_sets(
     refine_budget: int | str | None = None,
     refine_scan: int | None = None,
     block: int | None = None,
+    guide: Callable[[int, float, bool, float], float] | None = None,
 ) -> list[SISResult]:
     """Per image, a sufficient set from its ranking.
 
@@ -133,6 +142,9 @@ def extract_sets(
     square by square (:func:`~overinterp_fast.blocks.block_positions`; ``values`` then holds each
     pixel's square mean, the score it is ranked by) and, where a square holds at least
     ``refine_scan`` pixels, scan one square at a time instead of steps of ``refine_scan``.
+    ``guide`` (refine=True with ``refine_scan``): slack(image, f, top1, margin), positive when a prefix
+    passes; the first passing prefix in steps of ``refine_scan`` (of the square ranking too) is then found
+    by :func:`~overinterp_fast.guided.guided_first_prefix` instead of a scan.
 
     ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
     (scores float [N, p], queries per image or None). With ``collection``, each set
@@ -159,18 +171,21 @@ def extract_sets(
         if refine and block and block > 1:
             h, w = prep.images.shape[-2:]
             pos, ends, ranked = block_positions(ranked, present[rows], h, w, block)
-            if scan and block * block >= scan:
+            if scan and block * block >= scan and guide is None:
                 scan = [scan_sizes(e) for e in ends]
         else:
             pos = ranking_positions(ranked, present[rows])
         counts = present[rows].sum(1).tolist()
         row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
+        row_guide = None if guide is None else (
+            lambda r, f, top1, margin, active=active: guide(active[r], f, top1, margin))
         if refine:
             refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes,
-                                                           prune=refine is True, budget=refine_budget, scan=scan)
+                                                           prune=refine is True, budget=refine_budget, scan=scan,
+                                                           guide=row_guide)
             if verifier is not None:
                 refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes,
-                                          prune=refine is True, budget=refine_budget, scan=scan)
+                                          prune=refine is True, budget=refine_budget, scan=scan, guide=row_guide)
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
             counted = CountingEvaluator(evaluator, n)
@@ -239,7 +254,7 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
 
 
 def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True,
-                    budget=None, scan: int | list[list[int]] | None = None) -> list:
+                    budget=None, scan: int | list[list[int]] | None = None, guide=None) -> list:
     """Check each refined set on the user's model; a row whose set fails there is refined again on it.
 
     Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
@@ -268,7 +283,9 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
         redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
                                       [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
                                       prune=prune, budget=budget,
-                                      scan=[scan[r] for r in again] if isinstance(scan, list) else scan)
+                                      scan=[scan[r] for r in again] if isinstance(scan, list) else scan,
+                                      guide=None if guide is None else (
+                                          lambda k, f, t, m: guide(again[k], f, t, m)))
         for k, r in enumerate(again):
             out[r] = redo[k]
             extraction[r] += q_b[k]

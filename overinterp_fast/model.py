@@ -133,6 +133,18 @@ class ModelFn:
         probs = self.probabilities(out)
         return probs.gather(1, target.view(-1, 1)).view(-1).double(), out.argmax(1) == target
 
+    def score_top1_margin(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
+        """(f float64 [B], bool [B]: the top-1 class is the target, margin float64 [B]: the target's log-odds
+        against the strongest other class, log p_target - max over other classes of log p: positive when the
+        target is the top-1 class. With ``outputs="logits"`` that is the logit difference; with one class, +inf.)"""
+        out = self.forward(x)
+        probs = self.probabilities(out)
+        logp = out.double() if self.outputs == "logits" else probs.double().clamp(min=1e-300).log()
+        t = logp.gather(1, target.view(-1, 1)).view(-1)
+        other = logp.scatter(1, target.view(-1, 1), -torch.inf).amax(1)
+        return probs.gather(1, target.view(-1, 1)).view(-1).double(), out.argmax(1) == target, t - other
+
     def score(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """f for each row of x: float64 [B]. Non-finite values are left for the caller to report."""
         probs = self.probabilities(self.forward(x))

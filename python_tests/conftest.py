@@ -161,30 +161,42 @@ class RuleEvaluator:
 
     ``evaluator(present [R, p], image [C], row [C], feature [C])`` scores candidate c as the set
     ``present[row[c]]`` without ``feature[c]`` (-1: none; as ``_ops.mask_apply``) of image ``image[c]``:
-    ``rule(image, frozenset of feature ids) -> (f, top1)``.
+    ``rule(image, frozenset of feature ids) -> (f, top1)`` or ``(f, top1, margin)``.
     ``seen`` lists (image, number of present features) per candidate, in order; ``sets`` the sets.
+    ``measuring(fn.score_top1_margin)`` (what the guided prefix search asks for) gives the same evaluator
+    returning (f, top1, margin), recording into the same ``seen``.
     """
 
-    def __init__(self, rule, device="cpu"):
+    def __init__(self, rule, device="cpu", margins=False):
         from types import SimpleNamespace
 
         self.rule = rule
+        self.margins = margins
         self.seen: list[tuple[int, int]] = []
         self.sets: list[tuple[int, list[int]]] = []
         self.prep = SimpleNamespace(images=torch.zeros(1, device=device))
         self.runner = SimpleNamespace(chunk=None)  # read by nothing here; wrappers must pass it on
+        self.fn = SimpleNamespace(score_top1_margin="score_top1_margin")
+
+    def measuring(self, measure):
+        assert measure == "score_top1_margin"
+        other = RuleEvaluator(self.rule, margins=True)
+        other.seen, other.sets, other.prep = self.seen, self.sets, self.prep
+        return other
 
     def __call__(self, present, image, row, feature):
         assert present.dtype == torch.bool and present.dim() == 2, "mask_apply takes bool [R, p] rows"
-        f, t = [], []
+        f, t, m = [], [], []
         for i, r, drop in zip(image.tolist(), row.tolist(), feature.tolist()):
             ids = frozenset(torch.nonzero(present[r]).flatten().tolist()) - {drop}
             self.seen.append((i, len(ids)))
             self.sets.append((i, sorted(ids)))
-            fi, ti = self.rule(i, ids)
-            f.append(fi)
-            t.append(ti)
-        return torch.tensor(f, dtype=torch.float64), torch.tensor(t, dtype=torch.bool)
+            out = self.rule(i, ids)
+            f.append(out[0])
+            t.append(out[1])
+            m.append(out[2] if len(out) > 2 else float("nan"))
+        f, t = torch.tensor(f, dtype=torch.float64), torch.tensor(t, dtype=torch.bool)
+        return (f, t, torch.tensor(m, dtype=torch.float64)) if self.margins else (f, t)
 
     def count(self, image: int) -> int:
         return sum(1 for i, _ in self.seen if i == image)

@@ -124,12 +124,14 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
     model = CountWindows().eval()
     x = 0.5 + torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     kw = dict(method="responsibility", iterations=2)
-    scanned = of.fast_sis(model, x, refine_budget=0, **kw)
+    scanned = of.fast_sis(model, x, refine_budget=0, prefix_search="scan", **kw)
+    guided = of.fast_sis(model, x, refine_budget=0, **kw)  # the default: prefix_search="guided"
     rex = of.fast_sis(model, x, refine=False, **kw)
     jump = of.fast_sis(model, x, refine="boundary", **kw)
-    for s, r, j in zip(scanned, rex, jump):
+    for s, g, r, j in zip(scanned, guided, rex, jump):
         assert r.size == 30 and s.size_before_refine == s.size == 30 and j.size == 200
         assert torch.equal(s.sis, s.order[:30]) and s.minimal is False
+        assert g.size_before_refine == g.size == 30 and torch.equal(g.sis, s.sis)
         # the scan: sizes 10, 20 (first round of 2 on a CPU), then 30, 40, 50, 60 (a round of 4); the bisection
         # of (20, 30]: 25, 27, 28, 29 (all fail)
         assert s.extraction_queries == 6 + 4
