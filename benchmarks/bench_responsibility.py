@@ -445,7 +445,8 @@ def main():
     for sw in sweep:
         res = sw["results"]
         s["sweep"].append({
-            **{key: sw[key] for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations")},
+            **{key: sw[key] for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations",
+                                        "prefix_search")},
             "time_per_image_s": sw["time_s"] / n,
             "median_queries": statistics.median(r.total_queries for r in res),
             "median_mps_fraction": statistics.median(r.size for r in res) / p,

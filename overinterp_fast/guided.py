@@ -10,7 +10,9 @@ the target's log-odds against the strongest other class; for a threshold, log f 
 when it passes. Along a ranking the slack moves like a random walk with per-step variance sigma^2 (measured
 on ReX's and our maps: the mean squared change over a lag of L steps grows about as L sigma^2). So
 
-1. every ``GRID``-th size is tried (and the empty and the whole ranking), in rounds, until one passes;
+1. sizes ``GRID`` steps apart (or ``RATIO`` times the size, where that is more) are tried, with the empty
+   prefix and the whole ranking, in rounds of at most ``COARSE_CHUNK`` per row (every size tried past the
+   answer is a forward pass lost), until one passes;
 2. between two tried sizes a < b that both fail, the walk crosses 0 with the probability of a Brownian
    bridge, exp(-2 s(a) s(b) / (sigma^2 (b - a))) (the reflection principle), where sigma^2 is ``SAFETY``
    times the row's pooled estimate: the sum of (s(b) - s(a))^2 over the sum of (b - a), over neighbouring
@@ -34,11 +36,13 @@ import torch
 
 from .batching import CandidateEvaluator
 from .model import check_finite_scores
-from .prefix import FIRST_CHUNK, MAX_CHUNK
+from .prefix import FIRST_CHUNK
 
-GRID = 32  # the coarse scan tries every 32nd size (every 320 pixels in steps of 10)
-SAFETY = 2.0  # the bridge's per-step variance: twice the row's pooled estimate
+GRID = 32  # the coarse scan steps by 32 sizes (320 pixels in steps of 10) ...
+RATIO = 0.1  # ... or by a tenth of the sizes below, where that is more
+SAFETY = 3.0  # the bridge's per-step variance: three times the row's pooled estimate
 EPS = 0.05  # an interval is bisected while a crossing of 0 inside it has probability above 5%
+COARSE_CHUNK = {"cuda": 32}  # the coarse scan's sizes per row and round, at most, per device type; others: 4
 _CLAMP = 1e30  # slacks are clamped to +-1e30 (log 0, a single class)
 
 
@@ -56,10 +60,15 @@ def crossing_probability(sa: float, sb: float, steps: int, sigma2: float) -> flo
 class _Row:
     """Search state of one row: the tried indices (-1: the empty prefix) with (slack, passed, f)."""
 
-    def __init__(self, n: int, grid: int):
+    def __init__(self, n: int, grid: int, ratio: float):
         self.n = n
         self.tried: dict[int, tuple[float, bool, float]] = {}
-        self.coarse = [*range(grid - 1, n - 1, grid), n - 1]  # the coarse scan's indices, ending at the last
+        self.coarse = []  # the coarse scan's indices, ending at the last
+        k = grid - 1
+        while k < n - 1:
+            self.coarse.append(k)
+            k += max(grid, int(ratio * (k + 1)))
+        self.coarse.append(n - 1)
         self.next_coarse = 0
         self.first: int | None = None  # the earliest passing index tried
 
@@ -94,6 +103,7 @@ def guided_first_prefix(
     grid: int = GRID,
     safety: float = SAFETY,
     eps: float = EPS,
+    ratio: float = RATIO,
 ) -> tuple[list[tuple[int, float] | None], list[int]]:
     """For each row: (index into its sizes, f) of the first passing prefix found, or None; and its queries.
 
@@ -101,17 +111,18 @@ def guided_first_prefix(
         ``fn.score_top1_margin`` as its measure), and
         slack: slack(row, f, top1, margin) -> float, positive when the prefix passes, moving about
             continuously with the prefix (e.g. the margin for the top-1 criterion).
-        grid, safety, eps: the search's constants (module docstring).
+        grid, safety, eps, ratio: the search's constants (module docstring).
 
     Returns:
         (per row (index i, f on prefix ``sizes[r][i]``), with ``sizes[r][i - 1]`` tried and failing (or
         i = 0), or None when no tried size passes; the forward passes per row, the empty prefix included).
     """
-    if grid < 1 or safety <= 0 or not 0 < eps < 1:
-        raise ValueError(f"need grid >= 1, safety > 0 and 0 < eps < 1, got {grid}, {safety}, {eps}")
+    if grid < 1 or safety <= 0 or not 0 < eps < 1 or ratio < 0:
+        raise ValueError(f"need grid >= 1, safety > 0, 0 < eps < 1 and ratio >= 0, got {grid}, {safety}, {eps}, "
+                         f"{ratio}")
     dev = pos.device
     measure = evaluator.measuring(evaluator.fn.score_top1_margin)
-    rows = {r: _Row(len(sizes[r]), grid) for r in range(len(images)) if sizes[r]}
+    rows = {r: _Row(len(sizes[r]), grid, ratio) for r in range(len(images)) if sizes[r]}
     queries = [0] * len(images)
     chunk = FIRST_CHUNK.get(dev.type, 2)
     todo: dict[int, list[int]] = {r: [-1] + st.coarse[:chunk] for r, st in rows.items()}
@@ -128,7 +139,7 @@ def guided_first_prefix(
         for (r, k), fi, ti, mi in zip(flat, f.tolist(), top1.tolist(), margin.tolist()):
             queries[r] += 1
             rows[r].add(k, slack(r, fi, ti, mi), passes(r, fi, ti), fi)
-        chunk = min(2 * chunk, MAX_CHUNK.get(dev.type, 32))
+        chunk = min(2 * chunk, COARSE_CHUNK.get(dev.type, 4))
         todo = {}
         for r, st in rows.items():
             if st.first is None and st.next_coarse < len(st.coarse):  # go on scanning

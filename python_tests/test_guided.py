@@ -56,7 +56,8 @@ def test_crossing_probability_at_the_edges():
 
 
 def test_guided_search_follows_the_hand_derived_rounds():
-    """Sizes 10..100 (indices 0..9), grid 4: coarse indices 3, 7, 9, two per round at first on a CPU.
+    """Sizes 10..100 (indices 0..9), grid 4 (ratio 0.1 adds nothing this low), safety 2, eps 0.05: coarse indices
+    3, 7, 9, two per round at first on a CPU, then 4.
     Image 0, slack by count: 0: -3, 20: -3, 40: -3, 50: -1, 60: -0.5, 70: +0.5, 80: +1.
       round 1: the empty prefix, 40, 80 -> 80 passes.
       round 2: sigma^2 = 2 (0^2 + 4^2) / 8 = 4; (-1, 3): exp(-2*9/(4*4)) = 0.32 > 0.05 -> 20; (3, 7) ends at the
@@ -68,7 +69,8 @@ def test_guided_search_follows_the_hand_derived_rounds():
     curve0 = {0: -3, 20: -3, 40: -3, 50: -1, 60: -0.5, 70: 0.5, 80: 1}
     ev = RuleEvaluator(by_count({0: lambda c: curve0[c], 1: lambda c: -5.0}))
     sizes = [list(range(10, 101, 10))] * 2
-    found, queries = guided_first_prefix(ev, identity_positions(2, 100), [0, 1], sizes, top1, margin, grid=4)
+    found, queries = guided_first_prefix(ev, identity_positions(2, 100), [0, 1], sizes, top1, margin, grid=4,
+                                         safety=2.0, eps=0.05)
     assert [s for i, s in ev.seen if i == 0] == [0, 40, 80, 20, 60, 50, 70]
     assert [s for i, s in ev.seen if i == 1] == [0, 40, 80, 100]
     assert ev.seen[:8] == [(0, 0), (0, 40), (0, 80), (1, 0), (1, 40), (1, 80), (0, 20), (0, 60)]
@@ -131,7 +133,7 @@ def test_guided_search_checks_its_constants_and_handles_empty_rows():
     ev = RuleEvaluator(by_count({0: lambda c: 1.0}))
     found, queries = guided_first_prefix(ev, identity_positions(1, 10), [0], [[]], top1, margin)
     assert found == [None] and queries == [0] and ev.seen == []
-    for bad in (dict(grid=0), dict(safety=0.0), dict(eps=0.0), dict(eps=1.0)):
+    for bad in (dict(grid=0), dict(safety=0.0), dict(eps=0.0), dict(eps=1.0), dict(ratio=-0.1)):
         with pytest.raises(ValueError, match="grid"):
             guided_first_prefix(ev, identity_positions(1, 10), [0], [[10]], top1, margin, **bad)
     # a single size: tried with the empty prefix; the answer is index 0
@@ -180,3 +182,15 @@ def test_the_earliest_pass_is_bracketed_even_when_its_slack_disagrees():
     found, queries = guided_first_prefix(ev, identity_positions(1, 100), [0], [list(range(10, 101, 10))], top1,
                                          margin, grid=4)
     assert [s for _, s in ev.seen] == [0, 40, 80, 60, 50] and found == [(4, 0.5)] and queries == [5]
+
+
+def test_the_coarse_scan_steps_by_32_sizes_then_by_a_tenth():
+    """Sizes 10..10000 that all fail with one slack (nothing to bisect): the coarse scan alone, steps of 32 sizes
+    (320 features) up to 3200, then of a tenth of the index below (index 319 + 32 = 351, + 35 = 386, + 38 = 424,
+    ...), and the whole ranking last."""
+    ev = RuleEvaluator(by_count({0: lambda c: -5.0}))
+    found, queries = guided_first_prefix(ev, identity_positions(1, 10000), [0], [list(range(10, 10001, 10))], top1,
+                                         margin)
+    assert [s for _, s in ev.seen] == [0, *range(320, 3201, 320), 3520, 3870, 4250, 4670, 5130, 5640, 6200, 6820,
+                                       7500, 8250, 9070, 9970, 10000]
+    assert found == [None] and queries == [24]
