@@ -182,6 +182,11 @@ def test_the_earliest_pass_is_bracketed_even_when_its_slack_disagrees():
     found, queries = guided_first_prefix(ev, identity_positions(1, 100), [0], [list(range(10, 101, 10))], top1,
                                          margin, grid=4)
     assert [s for _, s in ev.seen] == [0, 40, 80, 60, 50] and found == [(4, 0.5)] and queries == [5]
+    # grid 3 (coarse indices 2, 5, 8, 9): 60 passes; (2, 5) is bisected at 3 (40: fails), then (3, 5) at 4 (50)
+    ev = RuleEvaluator(lambda i, ids: (0.5, len(ids) >= 50, -1.0))
+    found, queries = guided_first_prefix(ev, identity_positions(1, 100), [0], [list(range(10, 101, 10))], top1,
+                                         margin, grid=3)
+    assert [s for _, s in ev.seen] == [0, 30, 60, 40, 50] and found == [(4, 0.5)] and queries == [5]
 
 
 def test_the_coarse_scan_steps_by_32_sizes_then_by_a_tenth():
@@ -194,3 +199,13 @@ def test_the_coarse_scan_steps_by_32_sizes_then_by_a_tenth():
     assert [s for _, s in ev.seen] == [0, *range(320, 3201, 320), 3520, 3870, 4250, 4670, 5130, 5640, 6200, 6820,
                                        7500, 8250, 9070, 9970, 10000]
     assert found == [None] and queries == [24]
+
+
+def test_the_slack_of_each_criterion():
+    """What guides fast_sis's search: the margin for top-1; log f - log tau for a threshold (0 exactly at f = tau)."""
+    from overinterp_fast.api import _slack
+
+    assert _slack("top1", [0.9])(0, 0.2, False, -1.5) == -1.5
+    tau = _slack("threshold", [0.25, 0.5])
+    assert tau(0, 0.5, False, 9.0) == pytest.approx(math.log(2.0)) and tau(1, 0.5, True, 9.0) == 0.0
+    assert tau(1, 0.0, False, 0.0) < -600  # f = 0: very far, not -inf

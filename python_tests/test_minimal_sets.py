@@ -132,6 +132,10 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
         assert r.size == 30 and s.size_before_refine == s.size == 30 and j.size == 200
         assert torch.equal(s.sis, s.order[:30]) and s.minimal is False
         assert g.size_before_refine == g.size == 30 and torch.equal(g.sis, s.sis)
+        # the guided search (margins +-1; sizes 10..250, 256: indices 0..25, the coarse scan only the last):
+        # 0 px and 256 (passes); 130; 60 and 190 (sigma^2 = 3 * 4 / 26: (-1, 12) crosses with p = 0.72); 30 (passes),
+        # 90, 160, 220; then below 30: 10, 20. 11 queries, and the bisection of (20, 30] as above
+        assert g.extraction_queries == 11 + 4
         # the scan: sizes 10, 20 (first round of 2 on a CPU), then 30, 40, 50, 60 (a round of 4); the bisection
         # of (20, 30]: 25, 27, 28, 29 (all fail)
         assert s.extraction_queries == 6 + 4
