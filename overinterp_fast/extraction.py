@@ -64,11 +64,11 @@ def refined_sets(
         queries of the boundary search per row; of the pruning).
     """
     if scan:
-        counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
         sizes = scan if isinstance(scan, list) else [list(range(scan, c, scan)) + [c] if c else [] for c in counts]
         if guide is not None and not isinstance(scan, list):
             first, scanned = guided_first_prefix(evaluator, pos, images, sizes, passes, guide)
         else:
+            counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
             first = first_passing_prefix(counted, pos, images, sizes, passes)
             scanned = [counted.counts[i] for i in images]  # one row per image
         brackets = [None if h is None else (sizes[r][h[0] - 1] if h[0] else 0, sizes[r][h[0]], h[1])

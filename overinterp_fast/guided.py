@@ -37,8 +37,7 @@ from typing import Callable
 import torch
 
 from .batching import CandidateEvaluator
-from .model import check_finite_scores
-from .prefix import FIRST_CHUNK
+from .prefix import FIRST_CHUNK, evaluate_prefixes
 
 GRID = 32  # the coarse scan steps by 32 sizes (320 pixels in steps of 10) ...
 RATIO = 0.1  # ... or by a tenth of the sizes below, where that is more
@@ -75,8 +74,9 @@ class _Row:
         self.first: int | None = None  # the earliest passing index tried
 
     def add(self, k: int, slack: float, passed: bool, f: float) -> None:
-        self.tried[k] = (max(-_CLAMP, min(_CLAMP, slack)), passed and k >= 0, f)
-        if passed and k >= 0 and (self.first is None or k < self.first):
+        passed = passed and k >= 0  # the empty prefix is never the answer
+        self.tried[k] = (max(-_CLAMP, min(_CLAMP, slack)), passed, f)
+        if passed and (self.first is None or k < self.first):
             self.first = k
 
     def midpoints(self, safety: float, eps: float) -> list[int]:
@@ -132,12 +132,8 @@ def guided_first_prefix(
         st.next_coarse = chunk
     while todo:
         flat = [(r, k) for r, ks in todo.items() for k in ks]
-        rows_t = torch.tensor([r for r, _ in flat], device=dev)
-        size_t = torch.tensor([sizes[r][k] if k >= 0 else 0 for r, k in flat], device=dev)
-        present = pos[rows_t] < size_t.view(-1, 1)
-        img_t = torch.tensor([images[r] for r, _ in flat], device=dev)
-        f, top1, margin = measure(present, img_t, torch.arange(len(flat), device=dev), torch.full_like(img_t, -1))
-        check_finite_scores(torch.isfinite(f).all())
+        f, top1, margin = evaluate_prefixes(measure, pos, images, [r for r, _ in flat],
+                                            [sizes[r][k] if k >= 0 else 0 for r, k in flat])
         for (r, k), fi, ti, mi in zip(flat, f.tolist(), top1.tolist(), margin.tolist()):
             queries[r] += 1
             rows[r].add(k, slack(r, fi, ti, mi), passes(r, fi, ti), fi)

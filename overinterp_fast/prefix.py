@@ -22,6 +22,17 @@ FIRST_CHUNK = {"cuda": 8}  # per device type; others: 2
 MAX_CHUNK = {"cuda": 1 << 30}  # per device type; others: 32
 
 
+def evaluate_prefixes(evaluator, pos: torch.Tensor, images: list[int], rows: list[int], sizes: list[int]):
+    """Score candidate c = the prefix of ``sizes[c]`` features of row ``rows[c]``'s ranking (``pos``, image
+    ``images[rows[c]]``) in one call of ``evaluator``; its measure's output (f float64 [C] first, checked finite)."""
+    dev = pos.device
+    present = pos[torch.tensor(rows, device=dev)] < torch.tensor(sizes, device=dev).view(-1, 1)  # [C, p]
+    img_t = torch.tensor([images[r] for r in rows], device=dev)
+    out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
+    check_finite_scores(torch.isfinite(out[0]).all())
+    return out
+
+
 def first_passing_prefix(
     evaluator: CandidateEvaluator,
     pos: torch.Tensor,
@@ -49,12 +60,7 @@ def first_passing_prefix(
             hi = min(lo + chunk, len(sizes[r]))
             rows += [r] * (hi - lo)
             ks += list(range(lo, hi))
-        rows_t = torch.tensor(rows, device=dev)
-        size_t = torch.tensor([sizes[r][k] for r, k in zip(rows, ks)], device=dev)
-        present = pos[rows_t] < size_t.view(-1, 1)  # [C, p]
-        img_t = torch.tensor([images[r] for r in rows], device=dev)
-        f, top1 = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
-        check_finite_scores(torch.isfinite(f).all())
+        f, top1 = evaluate_prefixes(evaluator, pos, images, rows, [sizes[r][k] for r, k in zip(rows, ks)])
         f, top1 = f.tolist(), top1.tolist()
         nxt, at = {}, 0
         for r, lo in todo.items():
@@ -189,11 +195,7 @@ def boundary_prefix(
             c = state[r].probes(k)
             rows += [r] * len(c)
             sizes += c
-        rows_t = torch.tensor(rows, device=dev)
-        present = pos[rows_t] < torch.tensor(sizes, device=dev).view(-1, 1)
-        img_t = torch.tensor([images[r] for r in rows], device=dev)
-        f, top1 = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
-        check_finite_scores(torch.isfinite(f).all())
+        f, top1 = evaluate_prefixes(evaluator, pos, images, rows, sizes)
         seen: dict[int, list[tuple[int, bool, float]]] = {}
         for r, s, fi, ti in zip(rows, sizes, f.tolist(), top1.tolist()):
             queries[r] += 1
