@@ -30,6 +30,11 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   (``surrogate.add_gated_descents``); with ``virtualV`` the virtual descents come after them, as in fast_sis.
 - ``wA`` with ``virtualV`` (e.g. ``virtual40+w0.1``): the virtual descents' log maps count with weight A
   (fast_sis: 1) in the sum with the real ones.
+- ``guided``: the extraction of fast_sis's defaults now (``prefix_search="guided"``: the first passing prefix of the
+  square ranking in steps of 10 pixels, found from the margins, :mod:`overinterp_fast.guided`); without it (and
+  without ``pxguided`` or ``pixels64``), the square scan of the defaults before it.
+- ``pxguided``: the map ranked pixel by pixel (no squares), the first passing prefix in steps of 10 pixels found by
+  the guided search: ReX's extraction of the map, at the guided search's cost.
 - parts joined by ``+`` combine: ``virtual40+scan128``.
 
 Also printed: where the descents' queries go, per image and iteration by level (level 0 splits the
@@ -58,6 +63,7 @@ from window_study import Study, describe
 resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
 DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
 SOBOL_DIMS = 64
+EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64")  # parts that change the extraction, not the map
 
 
 class _PointRng:
@@ -92,7 +98,7 @@ def parts(variant: str) -> dict[str, int | float | None]:
     """``a+virtual40+scan128`` -> {"a": None, "virtual": 40, "scan": 128}; raises SystemExit on an unknown part."""
     out: dict[str, int | float | None] = {}
     for part in variant.split("+"):
-        if part in ("default", "sobol", "pairs-any", "pixels64"):
+        if part in ("default", "sobol", "pairs-any", "pixels64", "guided", "pxguided"):
             out[part] = None
         elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
             out["w"] = float(part[1:])
@@ -108,10 +114,10 @@ def parts(variant: str) -> dict[str, int | float | None]:
 
 def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, maps: dict | None = None) -> dict:
     """One run of a variant. ``maps``: the maps already computed in this run, keyed by the parts that make them
-    (all but ``scan``, which only changes the extraction): a variant that differs from another only in its scan
-    reuses that one's map and queries (the maps are deterministic in the seeds)."""
+    (all but ``EXTRACTION_PARTS``, which only change the extraction): a variant that differs from another only in
+    its extraction reuses that one's map and queries (the maps are deterministic in the seeds)."""
     opts = parts(variant)
-    key = (iterations, seed, scramble, tuple(sorted((k, v) for k, v in opts.items() if k != "scan")))
+    key = (iterations, seed, scramble, tuple(sorted((k, v) for k, v in opts.items() if k not in EXTRACTION_PARTS)))
     if maps is not None and key in maps:
         logs, q, level_queries = maps[key]
     else:
@@ -119,6 +125,10 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, m
         if maps is not None:
             maps[key] = (logs, q, level_queries)
     extraction = {"block": None, "refine_scan": 64} if "pixels64" in opts else {}
+    if "pxguided" in opts:
+        extraction = {"block": None, "guided": True}
+    elif "guided" in opts:
+        extraction = {"guided": True}
     if "scan" in opts:
         extraction_module.scan_sizes = lambda ends: scan_sizes(ends, squares=opts["scan"])
     try:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.api import REFINE_BUDGET, _engine, _evaluators, _passes, _setup
+from overinterp_fast.api import REFINE_BUDGET, _engine, _evaluators, _passes, _setup, _slack
 from overinterp_fast.audit.stats import dice
 from overinterp_fast.blocks import auto_block
 from overinterp_fast.extraction import extract_sets
@@ -67,11 +67,14 @@ class Study:
         self.present = torch.ones(n, self.p, dtype=torch.bool)
         self.block = auto_block(self.h, self.w)
 
-    def judge(self, score: torch.Tensor, descent_queries: list[int], **extraction) -> dict:
-        """One run: its map ``score`` (float64 [n, H*W]) extracted as fast_sis's defaults do (or with the given
-        ``extract_sets`` options); per photo the MPS fraction, the queries (descent + extraction + pruning) and
+    def judge(self, score: torch.Tensor, descent_queries: list[int], guided: bool = False, **extraction) -> dict:
+        """One run: its map ``score`` (float64 [n, H*W]) extracted as fast_sis's defaults did before the guided
+        search (the square scan; ``guided``: as they do now, ``prefix_search="guided"``), or with the given
+        ``extract_sets`` options; per photo the MPS fraction, the queries (descent + extraction + pruning) and
         the mean Dice to ReX's sets, and their medians over photos."""
         opts = {"refine": True, "refine_budget": REFINE_BUDGET, "refine_scan": 10, "block": self.block, **extraction}
+        if guided:
+            opts["guide"] = _slack("top1", self.s.thresholds)
         found = extract_sets(self.ev, self.s.prep, self.targets, self.scores0, lambda present: (score, None),
                              self.passes, 10, False, self.s.thresholds, **opts)
         sizes = [r.size / self.p for r in found]
