@@ -53,6 +53,8 @@ def test_crossing_probability_at_the_edges():
     assert crossing_probability(0.5, -2.0, 5, 1.0) == 1.0  # a passing end counts as 0
     assert crossing_probability(-1.0, -1.0, 5, 0.0) == 0.0  # no variance: a flat line never crosses
     assert crossing_probability(-1.0, -2.0, 4, 0.5) == pytest.approx(math.exp(-2.0))
+    assert crossing_probability(-1.0, 0.5, 10, 1.0) == 1.0  # the other end passing counts as 0 too
+    assert crossing_probability(0.0, -1.0, 4, 0.0) == 1.0  # an end at 0 is certain even with no variance
 
 
 def test_guided_search_follows_the_hand_derived_rounds():
@@ -209,3 +211,57 @@ def test_the_slack_of_each_criterion():
     tau = _slack("threshold", [0.25, 0.5])
     assert tau(0, 0.5, False, 9.0) == pytest.approx(math.log(2.0)) and tau(1, 0.5, True, 9.0) == 0.0
     assert tau(1, 0.0, False, 0.0) < -600  # f = 0: very far, not -inf
+
+
+def test_the_coarse_scan_ends_at_the_last_size_once():
+    """Where the grid lands on the last index or one before it (all sizes fail with one slack: no bisection)."""
+    for n, seen in ((32, [0, 320]), (33, [0, 320, 330])):
+        ev = RuleEvaluator(by_count({0: lambda c: -5.0}))
+        found, queries = guided_first_prefix(ev, identity_positions(1, 10 * n), [0], [list(range(10, 10 * n + 1, 10))],
+                                             top1, margin)
+        assert [c for _, c in ev.seen] == seen and found == [None] and queries == [len(seen)]
+
+
+def test_grid_1_ratio_steps_and_the_first_size_is_tried_at_its_size():
+    """grid 1, ratio 0.5, sizes 10..200 (indices 0..19), all failing: the coarse indices step by max(1, int(0.5 (k +
+    1))): 0, 1, 2, 3, 5, 8, 12, 18, then the last, 19. Then a criterion passing from 10 features: index 0 (10
+    features, not the empty prefix) is the answer, and the slack is given the evaluator's f and top-1."""
+    sizes = [list(range(10, 201, 10))]
+    ev = RuleEvaluator(by_count({0: lambda c: -5.0}))
+    found, queries = guided_first_prefix(ev, identity_positions(1, 200), [0], sizes, top1, margin, grid=1, ratio=0.5)
+    assert [c for _, c in ev.seen] == [0, 10, 20, 30, 40, 60, 90, 130, 190, 200] and found == [None]
+    calls = []
+
+    def spy(r, f, t, m):
+        calls.append((r, f, t))
+        return m
+
+    ev = RuleEvaluator(lambda i, ids: (0.5 + len(ids) / 1000, len(ids) >= 10, len(ids) - 9.5))
+    found, queries = guided_first_prefix(ev, identity_positions(1, 200), [0], sizes, top1, spy, grid=1, ratio=0.0,
+                                         safety=0.5)
+    assert found == [(0, 0.51)] and [c for _, c in ev.seen] == [0, 10, 20] and queries == [3]
+    assert calls == [(0, 0.5, False), (0, 0.51, True), (0, 0.52, True)]
+
+
+def test_the_coarse_rounds_grow_from_the_first_chunk_to_the_device_cap(monkeypatch):
+    """First round: the empty prefix and FIRST_CHUNK coarse sizes; then the chunk doubles up to COARSE_CHUNK (on the
+    CPU 2, then 4; patched: 1, then 2, 4, 8). Sizes 10..1000, grid 4 (coarse indices 3, 7, ..., 51, then steps of a tenth: 56,
+    61, 67, ...); the criterion passes from 400 features (index 39, the 10th coarse size) with one slack everywhere.
+    Rounds: [0, 40], [80, 120], [160 .. 280], [320 .. 620] (400 passes; the rest of the round is spent); then the
+    interval (360, 400) is bisected: 380, then 390, both failing."""
+    import overinterp_fast.guided as guided
+
+    # the defaults on the CPU first: 2, then 4 per round ([0, 40, 80], [120 .. 240], [280 .. 400]): nothing spent
+    ev = RuleEvaluator(lambda i, ids: (0.5, len(ids) >= 400, -1.0))
+    found, queries = guided_first_prefix(ev, identity_positions(1, 1000), [0], [list(range(10, 1001, 10))], top1,
+                                         margin, grid=4)
+    assert [c for _, c in ev.seen] == [0, 40, 80, 120, 160, 200, 240, 280, 320, 360, 400, 380, 390]
+    assert found == [(39, 0.5)] and queries == [13]
+    monkeypatch.setattr(guided, "FIRST_CHUNK", {"cpu": 1})
+    monkeypatch.setattr(guided, "COARSE_CHUNK", {"cpu": 8})
+    ev = RuleEvaluator(lambda i, ids: (0.5, len(ids) >= 400, -1.0))
+    found, queries = guided_first_prefix(ev, identity_positions(1, 1000), [0], [list(range(10, 1001, 10))], top1,
+                                         margin, grid=4)
+    assert [c for _, c in ev.seen] == [0, 40, 80, 120, 160, 200, 240, 280, 320, 360, 400, 440, 480, 520, 570, 620,
+                                       380, 390]
+    assert found == [(39, 0.5)] and queries == [18]
