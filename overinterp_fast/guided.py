@@ -70,8 +70,14 @@ class _Row:
             self.coarse.append(k)
             k += max(grid, int(ratio * (k + 1)))
         self.coarse.append(n - 1)
-        self.next_coarse = 0
+        self.next_coarse = 0  # the coarse scan's next index in ``coarse``
         self.first: int | None = None  # the earliest passing index tried
+
+    def take_coarse(self, chunk: int) -> list[int]:
+        """The coarse scan's next ``chunk`` indices (fewer at its end), marked as taken."""
+        out = self.coarse[self.next_coarse:self.next_coarse + chunk]
+        self.next_coarse += len(out)
+        return out
 
     def add(self, k: int, slack: float, passed: bool, f: float) -> None:
         passed = passed and k >= 0  # the empty prefix is never the answer
@@ -127,9 +133,7 @@ def guided_first_prefix(
     rows = {r: _Row(len(sizes[r]), grid, ratio) for r in range(len(images)) if sizes[r]}
     queries = [0] * len(images)
     chunk = FIRST_CHUNK.get(dev.type, 2)
-    todo: dict[int, list[int]] = {r: [-1] + st.coarse[:chunk] for r, st in rows.items()}
-    for st in rows.values():
-        st.next_coarse = chunk
+    todo: dict[int, list[int]] = {r: [-1] + st.take_coarse(chunk) for r, st in rows.items()}
     while todo:
         flat = [(r, k) for r, ks in todo.items() for k in ks]
         f, top1, margin = evaluate_prefixes(measure, pos, images, [r for r, _ in flat],
@@ -141,8 +145,7 @@ def guided_first_prefix(
         todo = {}
         for r, st in rows.items():
             if st.first is None and st.next_coarse < len(st.coarse):  # go on scanning
-                todo[r] = st.coarse[st.next_coarse:st.next_coarse + chunk]
-                st.next_coarse += chunk
+                todo[r] = st.take_coarse(chunk)
             else:
                 mids = st.midpoints(safety, eps)
                 if mids:
