@@ -17,6 +17,10 @@ pairs, then the median over photos), beside ReX's own extraction of the same map
 ``--pooled``: how far can a better map go? Each seed's set is also judged against the map summed over
 ReX's *other* seeds (40 descents, half the noise of one run's), extracted by the guided search: if the
 Dice bar of issue 14 (ReX's seed-to-seed agreement) measured map noise, such a map would clear it.
+``--consensus B ...``: can the extraction itself be made less noisy? Each seed's map is extracted by the guided
+search over several rankings (pixels, ``None``, and squares of each size B), and per photo the *medoid* of these sets
+is kept (the set with the largest summed Dice to the others: the most typical one, not a lucky narrow window); it
+costs the sum of their extraction queries.
 Writes benchmarks/results/rex_map_extraction_cpu.json.
 """
 from __future__ import annotations
@@ -49,14 +53,15 @@ def rex_maps(rex_dir: str, seeds: list[int], n: int) -> list[torch.Tensor]:
 
 
 def extract(study: Study, score: torch.Tensor, squares: int | None, pixel_step: int | None = None,
-            guided: str | None = None) -> list:
+            guided: str | None = None, block: int | None = None) -> list:
     """The square scan of fast_sis's defaults before the guided search, applied to ``score`` (float64 [n, H*W]),
     one square at a time over the first ``squares`` squares; or (``pixel_step``) the pixels ranked one by one (no
     squares), scanned in steps of ``pixel_step`` pixels, with the pixel-exact boundary inside the last step; or
     (``guided`` "squares": fast_sis's defaults now, "pixels": the pixels ranked one by one) the first prefix in
-    steps of 10 pixels that passes, found by the guided search (``prefix_search="guided"``)."""
+    steps of 10 pixels that passes, found by the guided search (``prefix_search="guided"``); with ``block``, squares
+    of that size instead of fast_sis's."""
     if guided is not None:
-        opts = {"refine_scan": 10, "block": study.block if guided == "squares" else None,
+        opts = {"refine_scan": 10, "block": (block or study.block) if guided == "squares" else None,
                 "guide": _slack("top1", study.s.thresholds)}
     elif pixel_step is not None:
         opts = {"refine_scan": pixel_step, "block": None}
@@ -69,6 +74,49 @@ def extract(study: Study, score: torch.Tensor, squares: int | None, pixel_step: 
                             **opts)
     finally:
         extraction_module.scan_sizes = scan_sizes
+
+
+def judged(sizes: list[list[float]], dices: list[list[float]], queries: list[int]) -> dict:
+    """The figures of one extraction: ``sizes[i]`` photo i's set fractions (one per map), ``dices[i]`` its Dice
+    to the ReX sets it is judged against, ``queries`` every set's extraction queries. Sizes as issue 14 takes
+    ReX's (per photo the median, then the median over photos), Dice per photo the mean, then the median."""
+    per_photo = [statistics.mean(d) for d in dices]
+    k = len(sizes[0])
+    return {"median_mps_fraction": statistics.median(statistics.median(v) for v in sizes),
+            "mean_of_per_seed_medians": statistics.mean(statistics.median(v[s] for v in sizes) for s in range(k)),
+            "dice_to_other_rex_seeds": statistics.median(per_photo), "mean_dice_over_photos": statistics.mean(per_photo),
+            "dice_by_photo": per_photo, "median_extraction_queries": statistics.median(queries),
+            "mean_extraction_queries": statistics.mean(queries), "sizes_by_photo_and_seed": sizes}
+
+
+def medoid(masks: list[np.ndarray]) -> int:
+    """The index of the set with the largest summed Dice to the others (ties: the first)."""
+    score = [sum(dice(a, b) for j, b in enumerate(masks) if j != i) for i, a in enumerate(masks)]
+    return score.index(max(score))
+
+
+def consensus_row(study: Study, maps: list[torch.Tensor], blocks: list[int | None]) -> dict:
+    """Per seed's map and photo, the medoid of the guided search's sets over the rankings ``blocks`` (None: pixels;
+    B: squares of B pixels), judged as :func:`main` judges one extraction against ReX's other seeds."""
+    k = len(maps)
+    sizes = [[] for _ in range(study.n)]
+    dices = [[] for _ in range(study.n)]
+    queries, picked = [], []
+    for s in range(k):
+        found = [extract(study, maps[s], None, guided="pixels" if b is None else "squares", block=b) for b in blocks]
+        for i in range(study.n):
+            masks = [f[i].mask.numpy() for f in found]
+            j = medoid(masks)
+            picked.append(blocks[j])
+            sizes[i].append(found[j][i].size / study.p)
+            queries.append(sum(f[i].extraction_queries + (f[i].refine_queries or 0) for f in found))
+            dices[i] += [dice(masks[j], study.rex[i][t]) for t in range(k) if t != s]
+    row = {"extraction": f"ours, medoid of the guided search over {blocks} (None: pixels)", "maps": "single",
+           "consensus_blocks": blocks, "picked": picked, **judged(sizes, dices, queries)}
+    print(f"ours, medoid over {blocks}: median MPS {100 * row['median_mps_fraction']:.2f}%, Dice to ReX's other "
+          f"seeds {row['dice_to_other_rex_seeds']:.3f} (mean over photos {row['mean_dice_over_photos']:.3f}), "
+          f"extraction queries median {row['median_extraction_queries']:.0f}", flush=True)
+    return row
 
 
 def main():
@@ -85,6 +133,9 @@ def main():
     ap.add_argument("--pooled", action="store_true",
                     help="also: each seed's set against the map pooled (summed) over ReX's other seeds, extracted "
                          "by the guided searches: a map with less noise than one run of ReX's")
+    ap.add_argument("--consensus", nargs="*", default=None, metavar="B",
+                    help="also: per photo the medoid of the guided search's sets over the pixel ranking ('none') "
+                         "and squares of each size B (e.g. none 2 4 8 16)")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/rex_map_extraction_cpu.json")
     args = ap.parse_args()
     study = Study(args.rex_dir, args.rex_seeds, expected_rows=0)
@@ -101,6 +152,8 @@ def main():
             + [(f"pixels, steps of {t}", "single", {"squares": None, "pixel_step": t}) for t in args.pixel_steps]
             + [(f"{g}, guided search", mode, {"squares": None, "guided": g})
                for mode in (("single", "pooled") if args.pooled else ("single",)) for g in args.guided])
+    if args.consensus:
+        rows.append(consensus_row(study, maps, [None if b == "none" else int(b) for b in args.consensus]))
     for label, mode, opts in plan:
         sizes = [[] for _ in range(study.n)]
         dices = [[] for _ in range(study.n)]
@@ -109,23 +162,15 @@ def main():
             others = [t for t in range(k) if t != s]
             if mode == "single":  # seed s's map, against the other seeds' sets
                 found = extract(study, maps[s], **opts)
-                judged = others
+                against = others
             else:  # the other seeds' maps summed, against seed s's set
                 found = extract(study, sum(maps[t] for t in others), **opts)
-                judged = [s]
+                against = [s]
             for i, r in enumerate(found):
                 sizes[i].append(r.size / study.p)
                 queries.append(r.extraction_queries + (r.refine_queries or 0))
-                dices[i] += [dice(r.mask.numpy(), study.rex[i][t]) for t in judged]
-        per_photo = [statistics.mean(d) for d in dices]
-        row = {"extraction": f"ours, {label}", "maps": mode, **opts,
-               "median_mps_fraction": statistics.median(statistics.median(v) for v in sizes),
-               "mean_of_per_seed_medians": statistics.mean(statistics.median(sizes[i][s] for i in range(study.n))
-                                                           for s in range(k)),
-               "dice_to_other_rex_seeds": statistics.median(per_photo),
-               "mean_dice_over_photos": statistics.mean(per_photo), "dice_by_photo": per_photo,
-               "median_extraction_queries": statistics.median(queries), "mean_extraction_queries":
-                   statistics.mean(queries), "sizes_by_photo_and_seed": sizes}
+                dices[i] += [dice(r.mask.numpy(), study.rex[i][t]) for t in against]
+        row = {"extraction": f"ours, {label}", "maps": mode, **opts, **judged(sizes, dices, queries)}
         rows.append(row)
         which = "each seed's map" if mode == "single" else "the other seeds' maps pooled"
         print(f"ours, {label} ({which}): median MPS "
