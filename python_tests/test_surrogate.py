@@ -159,7 +159,8 @@ def test_gated_iterations_need_an_int_number_of_iterations():
     from overinterp_fast.surrogate import GatedEvaluator
     model = PatchReader(ROWS, COLS).eval()
     x = torch.ones(1, 1, 28, 28)
-    with pytest.raises(ValueError, match="gated_iterations needs an int number of iterations"):
+    whole = r'^gated_iterations needs an int number of iterations, not iterations="auto"$'
+    with pytest.raises(ValueError, match=whole):
         of.fast_sis(model, x, method="responsibility", iterations="auto", gated_iterations=2)
     with pytest.raises(ValueError, match="margin must be in"):
         GatedEvaluator(type("E", (), {"runner": None})(), None, margin=0.6)
@@ -577,3 +578,78 @@ def test_add_gated_descents_refits_before_every_descent(monkeypatch):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert not torch.equal(got, maps)
     assert len(mutant_features(cache, present, _top1, 1, 28, 28, 14)[1]) == len(cache.scores) - len(cache.guessed)
+
+
+def test_gating_trusts_a_probability_of_exactly_margin_or_one_minus_margin():
+    """The surrogate answers where p <= margin or p >= 1 - margin, both ends included: weights 0 make p =
+    sigmoid(bias), exactly 0.75 and 0.25 here (bias +-log 3), so margin 0.25 answers both mutants at no query,
+    and a margin a hair smaller asks the model (its f and top-1, checked with a plain forward pass)."""
+    import math
+    from overinterp_fast.surrogate import GatedEvaluator
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(2, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(2, 28 * 28, dtype=torch.bool)
+        bias = torch.tensor([math.log(3), -math.log(3)], dtype=torch.float64)
+        sur = Surrogate(torch.zeros(2, 196, dtype=torch.float64), bias, [None, None], 14, 28, 28, ev.runner,
+                        [float("nan")] * 2)
+        rects = torch.tensor([[0, 0, 28, 28], [0, 0, 14, 28]], dtype=torch.int64)  # image 0 whole; image 1, top half
+        owner = images = torch.tensor([0, 1])
+        sure = GatedEvaluator(ev, sur, 0.25).score_rectangles(rects, owner, images, present)
+        unsure = GatedEvaluator(ev, sur, 0.25 - 1e-9).score_rectangles(rects, owner, images, present)
+        top = torch.zeros(1, 1, 28, 28, dtype=torch.float64)
+        top[..., :14, :] = 1.0
+        logits = model(torch.cat([torch.ones(1, 1, 28, 28, dtype=torch.float64), top]))
+    assert sure.tolist() == [[0.75, 1.0, 784.0, 0.0], [0.25, 0.0, 392.0, 0.0]]
+    assert unsure[:, 1:].tolist() == [[1.0, 784.0, 1.0], [1.0, 392.0, 1.0]]  # class 0 both: 48 patch pixels kept
+    assert logits.argmax(1).tolist() == [0, 0]
+    torch.testing.assert_close(unsure[:, 0], torch.softmax(logits, 1)[:, 0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.timeout(120)
+def test_gated_descents_follow_the_monotone_option():
+    """margin 0 never trusts the surrogate (no p is exactly 0 or 1 here), so 2 real + 2 gated descents are the
+    model's own 4 descents (seeds 7..10, one cache), with monotone=True or False as asked; the monotone ones cost
+    fewer queries."""
+    from overinterp_fast.surrogate import add_gated_descents
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    total = {}
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(1, 28 * 28, dtype=torch.bool)
+        for monotone in (True, False):
+            cache = MutantCache()
+            maps, q = compute_responsibility(ev, prep, present, _top1, 2, 10, 4, 7, False, monotone=monotone,
+                                             cache=cache)
+            got, got_q = add_gated_descents(maps, q, cache, ev, prep, present, _top1, 2, 9, 10, 4, monotone,
+                                            margin=0.0)
+            want, want_q = compute_responsibility(ev, prep, present, _top1, 4, 10, 4, 7, False, monotone=monotone,
+                                                  cache=MutantCache())
+            assert not cache.guessed and got_q == want_q
+            torch.testing.assert_close(got, want)
+            total[monotone] = got_q[0]
+    assert total[True] < total[False]
+
+
+def test_ranking_maps_passes_monotone_to_the_gated_descents(monkeypatch):
+    """ranking_maps hands its monotone option to add_gated_descents (as it does to the real descents)."""
+    import inspect
+    import overinterp_fast.surrogate as sg
+    from overinterp_fast.surrogate import ranking_maps
+    seen = []
+    real = sg.add_gated_descents
+
+    def spy(*args, **kw):
+        seen.append(inspect.signature(real).bind(*args, **kw).arguments["monotone"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sg, "add_gated_descents", spy)
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+        present = torch.ones(1, 28 * 28, dtype=torch.bool)
+        for monotone in (True, False):
+            ranking_maps(ev, prep, present, _top1, 2, 10, 4, 5, False, monotone, 0, gated_iterations=1)
+    assert seen == [True, False]
