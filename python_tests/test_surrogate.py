@@ -540,6 +540,16 @@ def test_the_fit_learns_from_the_model_s_answers_only():
     assert x.tolist() == [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 
 
+def _patch_run():
+    """PatchReader(rows 4:10, cols 3:9, need 0.4) on one random 28x28 RGB image (seed 3): (evaluator, prep,
+    present: every pixel)."""
+    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
+    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, x)
+    return ev, prep, torch.ones(1, 28 * 28, dtype=torch.bool)
+
+
 @pytest.mark.timeout(120)
 def test_add_gated_descents_refits_before_every_descent(monkeypatch):
     """Gated descent t (seed first_seed + t) runs on a surrogate fitted to every mutant the model has answered
@@ -555,11 +565,8 @@ def test_add_gated_descents_refits_before_every_descent(monkeypatch):
         return real_fit(cache, *args, **kw)
 
     monkeypatch.setattr(sg, "fit_surrogate", recording_fit)
-    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
-    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    ev, prep, present = _patch_run()
     with torch.inference_mode():
-        ev, prep = _evaluator(model, x)
-        present = torch.ones(1, 28 * 28, dtype=torch.bool)
         cache = MutantCache()
         maps, q = compute_responsibility(ev, prep, present, _top1, 3, 10, 4, 7, False, monotone=True, cache=cache)
         answered = len(cache.scores)
@@ -612,12 +619,9 @@ def test_gated_descents_follow_the_monotone_option():
     model's own 4 descents (seeds 7..10, one cache), with monotone=True or False as asked; the monotone ones cost
     fewer queries."""
     from overinterp_fast.surrogate import add_gated_descents
-    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
-    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
     total = {}
+    ev, prep, present = _patch_run()
     with torch.inference_mode():
-        ev, prep = _evaluator(model, x)
-        present = torch.ones(1, 28 * 28, dtype=torch.bool)
         for monotone in (True, False):
             cache = MutantCache()
             maps, q = compute_responsibility(ev, prep, present, _top1, 2, 10, 4, 7, False, monotone=monotone,
@@ -645,11 +649,8 @@ def test_ranking_maps_passes_monotone_to_the_gated_descents(monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(sg, "add_gated_descents", spy)
-    model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
-    x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    ev, prep, present = _patch_run()
     with torch.inference_mode():
-        ev, prep = _evaluator(model, x)
-        present = torch.ones(1, 28 * 28, dtype=torch.bool)
         for monotone in (True, False):
             ranking_maps(ev, prep, present, _top1, 2, 10, 4, 5, False, monotone, 0, gated_iterations=1)
     assert seen == [True, False]
