@@ -119,6 +119,19 @@ def consensus_row(study: Study, maps: list[torch.Tensor], blocks: list[int | Non
     return row
 
 
+def consensus_block(text: str) -> int | None:
+    """--consensus's B: "none" (the pixels ranked one by one) or squares of an int B >= 2 pixels."""
+    if text == "none":
+        return None
+    try:
+        b = int(text)
+    except ValueError:
+        b = 0
+    if b < 2:
+        raise argparse.ArgumentTypeError(f"a ranking is 'none' (pixels) or a square size >= 2, got {text!r}")
+    return b
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rex-dir", required=True, help="bench_responsibility.py --keep folder (ONNX file, rex*.npz)")
@@ -133,7 +146,7 @@ def main():
     ap.add_argument("--pooled", action="store_true",
                     help="also: each seed's set against the map pooled (summed) over ReX's other seeds, extracted "
                          "by the guided searches: a map with less noise than one run of ReX's")
-    ap.add_argument("--consensus", nargs="*", default=None, metavar="B",
+    ap.add_argument("--consensus", nargs="*", type=consensus_block, default=None, metavar="B",
                     help="also: per photo the medoid of the guided search's sets over the pixel ranking ('none') "
                          "and squares of each size B (e.g. none 2 4 8 16)")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/rex_map_extraction_cpu.json")
@@ -153,7 +166,7 @@ def main():
             + [(f"{g}, guided search", mode, {"squares": None, "guided": g})
                for mode in (("single", "pooled") if args.pooled else ("single",)) for g in args.guided])
     if args.consensus:
-        rows.append(consensus_row(study, maps, [None if b == "none" else int(b) for b in args.consensus]))
+        rows.append(consensus_row(study, maps, args.consensus))
     for label, mode, opts in plan:
         sizes = [[] for _ in range(study.n)]
         dices = [[] for _ in range(study.n)]
