@@ -84,7 +84,8 @@ def judged(sizes: list[list[float]], dices: list[list[float]], queries: list[int
     k = len(sizes[0])
     return {"median_mps_fraction": statistics.median(statistics.median(v) for v in sizes),
             "mean_of_per_seed_medians": statistics.mean(statistics.median(v[s] for v in sizes) for s in range(k)),
-            "dice_to_other_rex_seeds": statistics.median(per_photo), "mean_dice_over_photos": statistics.mean(per_photo),
+            "dice_to_other_rex_seeds": statistics.median(per_photo),
+            "mean_dice_over_photos": statistics.mean(per_photo),
             "dice_by_photo": per_photo, "median_extraction_queries": statistics.median(queries),
             "mean_extraction_queries": statistics.mean(queries), "sizes_by_photo_and_seed": sizes}
 
