@@ -35,7 +35,12 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   without ``pxguided`` or ``pixels64``), the square scan of the defaults before it.
 - ``pxguided``: the map ranked pixel by pixel (no squares), the first passing prefix in steps of 10 pixels found by
   the guided search: ReX's extraction of the map, at the guided search's cost.
+- ``full``: monotone=False (every mutant scored, as ReX; ``full:20`` is ReX's algorithm with ReX's 20 descents).
 - parts joined by ``+`` combine: ``virtual40+scan128``.
+
+Also printed, per run and variant: "at ReX's sizes", the Dice of the ranking the extraction used, cut at each ReX
+set's own size (``window_study.oracle_size_dice``: how well the map ranks, apart from where the search stops), and
+once, ReX's own figure (each seed's map cut at the other seeds' sizes).
 
 Also printed: where the descents' queries go, per image and iteration by level (level 0 splits the
 whole image).
@@ -47,6 +52,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import statistics
 
 import numpy as np
 import torch
@@ -54,11 +60,12 @@ from scipy.stats import qmc
 
 import overinterp_fast.extraction as extraction_module
 from overinterp_fast.blocks import scan_sizes
-from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility
+from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility, ranking_positions
 from overinterp_fast.surrogate import add_gated_descents, add_virtual_descents
 
 from common import write_results
-from window_study import Study, describe
+from rex_map_extraction import rex_maps
+from window_study import Study, describe, oracle_size_dice
 
 resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
 DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
@@ -98,7 +105,7 @@ def parts(variant: str) -> dict[str, int | float | None]:
     """``a+virtual40+scan128`` -> {"a": None, "virtual": 40, "scan": 128}; raises SystemExit on an unknown part."""
     out: dict[str, int | float | None] = {}
     for part in variant.split("+"):
-        if part in ("default", "sobol", "pairs-any", "pixels64", "guided", "pxguided"):
+        if part in ("default", "sobol", "pairs-any", "pixels64", "guided", "pxguided", "full"):
             out[part] = None
         elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
             out["w"] = float(part[1:])
@@ -147,18 +154,30 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
     cache = MutantCache()
     try:
         logs, q = compute_responsibility(study.ev, study.s.prep, study.present, study.passes, iterations, 10, 10,
-                                         seed, False, True, cache)
+                                         seed, False, "full" not in opts, cache)
     finally:
         resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
     if "gated" in opts:
         logs, q = add_gated_descents(logs, q, cache, study.ev, study.s.prep, study.present, study.passes,
-                                     opts["gated"], seed + iterations, 10, 10, True)
+                                     opts["gated"], seed + iterations, 10, 10, "full" not in opts)
     if "virtual" in opts:
         both = add_virtual_descents(logs, cache, study.ev.runner, study.s.prep, study.present, study.passes,
                                     opts["virtual"], 10, 10, seed)
         logs = both if "w" not in opts else logs + opts["w"] * (both - logs)
     descents = iterations + opts.get("gated", 0)  # the model's queries: real and gated descents
     return logs, q, [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
+
+
+def rex_oracle_dice(study: Study, rex_dir: str, seeds: list[int]) -> float:
+    """ReX's agreement with itself apart from where its prefix search stops: each seed's map ranked pixel by pixel
+    (as ReX ranks it), cut at each other seed's set size (:func:`~window_study.oracle_size_dice`); the median over
+    photos of the mean over ordered pairs of seeds."""
+    per_photo = [[] for _ in range(study.n)]
+    for s, m in enumerate(rex_maps(rex_dir, seeds, study.n)):
+        orders = torch.argsort(ranking_positions(m, study.present), dim=1)
+        for i, d in enumerate(oracle_size_dice(list(orders), study.rex, study.h, study.w, skip=s)):
+            per_photo[i].append(d)
+    return statistics.median(statistics.mean(v) for v in per_photo)
 
 
 def main():
@@ -175,7 +194,9 @@ def main():
     for v, _ in plan:
         parts(v)
     study = Study(args.rex_dir, args.rex_seeds, expected_rows=14 * 6 * max(t for _, t in plan))
-    print(f"ReX: median MPS {100 * study.rex_size:.2f}%, seed-to-seed Dice {study.rex_dice:.3f}", flush=True)
+    rex_oracle = rex_oracle_dice(study, args.rex_dir, args.rex_seeds)
+    print(f"ReX: median MPS {100 * study.rex_size:.2f}%, seed-to-seed Dice {study.rex_dice:.3f}, at the other seeds' "
+          f"sizes {rex_oracle:.3f}", flush=True)
     runs: dict[tuple[str, int], list[dict]] = {key: [] for key in plan}
     torch.set_grad_enabled(False)
     for r in range(args.runs):
@@ -184,10 +205,10 @@ def main():
             one = run(study, variant, t, args.seed + 100 * r, scramble=r, maps=maps)
             runs[variant, t].append(one)
             print(f"run {r} {variant}:{t}: MPS {100 * one['size']:5.2f}%, queries {one['queries']:.0f}, "
-                  f"Dice {one['dice']:.3f}", flush=True)
+                  f"Dice {one['dice']:.3f} (at ReX's sizes {one['oracle_dice']:.3f})", flush=True)
     rows = []
     for (variant, t), got in runs.items():
-        row = {"variant": variant, "iterations": t, **study.summary(got)}
+        row = {"variant": variant, "iterations": t, **study.summary(got), "rex_oracle_dice": rex_oracle}
         depth = max(len(g["level_queries"]) for g in got)
         row["mean_level_queries"] = [round(sum(g["level_queries"][lv] for g in got if lv < len(g["level_queries"]))
                                            / len(got), 2) for lv in range(depth)]

@@ -71,7 +71,8 @@ class Study:
         """One run: its map ``score`` (float64 [n, H*W]) extracted as fast_sis's defaults did before the guided
         search (the square scan; ``guided``: as they do now, ``prefix_search="guided"``), or with the given
         ``extract_sets`` options; per photo the MPS fraction, the queries (descent + extraction + pruning) and
-        the mean Dice to ReX's sets, and their medians over photos."""
+        the mean Dice to ReX's sets, and their medians over photos; ``oracle_dice``: the same Dice for the ranking
+        the extraction used, cut at each ReX set's size (:func:`oracle_size_dice`)."""
         opts = {"refine": True, "refine_budget": REFINE_BUDGET, "refine_scan": 10, "block": self.block, **extraction}
         if guided:
             opts["guide"] = _slack("top1", self.s.thresholds)
@@ -80,27 +81,49 @@ class Study:
         sizes = [r.size / self.p for r in found]
         qs = [q + r.extraction_queries + (r.refine_queries or 0) for q, r in zip(descent_queries, found)]
         ds = [statistics.mean(dice(r.mask.numpy(), m) for m in rex) for r, rex in zip(found, self.rex)]
+        oracle = oracle_size_dice([r.order for r in found], self.rex, self.h, self.w)
         return {"size": statistics.median(sizes), "queries": statistics.median(qs), "dice": statistics.median(ds),
-                "sizes": sizes, "photo_queries": qs, "dices": ds}
+                "oracle_dice": statistics.median(oracle), "sizes": sizes, "photo_queries": qs, "dices": ds,
+                "oracle_dices": oracle}
 
     def summary(self, runs: list[dict]) -> dict:
         """Mean and standard error over independent runs of their medians, and the share meeting each target."""
         k = len(runs)
         agg = {key: (statistics.mean(x[key] for x in runs),
                      statistics.stdev(x[key] for x in runs) / k ** 0.5 if k > 1 else float("nan"))
-               for key in ("size", "queries", "dice")}
+               for key in ("size", "queries", "dice", "oracle_dice") if all(key in x for x in runs)}
         return {"runs": runs, "mean_se": agg, "rex_median_mps_fraction": self.rex_size,
                 "rex_seed_to_seed_dice": self.rex_dice,
                 "share_size_met": sum(x["size"] <= self.rex_size for x in runs) / k,
                 "share_dice_met": sum(x["dice"] >= self.rex_dice for x in runs) / k}
 
 
+def oracle_size_dice(orders: list[torch.Tensor], rex: list[list[np.ndarray]], h: int, w: int,
+                     skip: int | None = None) -> list[float]:
+    """Per photo, the mean Dice to ReX's sets of a ranking cut at each ReX set's own size: ``orders[i]`` (int64,
+    features most responsible first) cut to the top ``|rex[i][t]|`` features, against ``rex[i][t]`` (t != ``skip``).
+    How well a ranking agrees with ReX's sets when its extraction is given ReX's set size: its agreement apart from
+    where a prefix search stops."""
+    out = []
+    for order, masks in zip(orders, rex):
+        ds = []
+        for t, m in enumerate(masks):
+            if t == skip:
+                continue
+            top = np.zeros(h * w, dtype=bool)
+            top[order[: int(m.sum())].numpy()] = True
+            ds.append(dice(top.reshape(h, w), m))
+        out.append(statistics.mean(ds))
+    return out
+
+
 def describe(label: str, row: dict) -> str:
     """One printed line for a summary row."""
     m = row["mean_se"]
+    oracle = f", at ReX's sizes {m['oracle_dice'][0]:.3f} ± {m['oracle_dice'][1]:.3f}" if "oracle_dice" in m else ""
     return (f"{label}: {len(row['runs']):>2} runs, MPS {100 * m['size'][0]:5.2f}% ± {100 * m['size'][1]:.2f} "
             f"(<= ReX in {row['share_size_met']:.0%}), queries {m['queries'][0]:5.0f} ± {m['queries'][1]:.0f}, "
-            f"Dice to ReX {m['dice'][0]:.3f} ± {m['dice'][1]:.3f} (>= ReX's in {row['share_dice_met']:.0%})")
+            f"Dice to ReX {m['dice'][0]:.3f} ± {m['dice'][1]:.3f} (>= ReX's in {row['share_dice_met']:.0%}){oracle}")
 
 
 def main():
