@@ -156,6 +156,11 @@ def fake_terminal(monkeypatch) -> FakeTerminal:
     return tty
 
 
+def top1(row, f, t):
+    """The top-1 criterion as the prefix searches and the pruning take it: ``passes(row, f, top1)``."""
+    return bool(t)
+
+
 class RuleEvaluator:
     """A stand-in CandidateEvaluator whose scores come from a rule written in the test.
 

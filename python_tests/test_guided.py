@@ -11,7 +11,7 @@ from overinterp_fast.guided import crossing_probability, guided_first_prefix
 from overinterp_fast.model import ModelFn
 from overinterp_fast.prefix import first_passing_prefix
 
-from conftest import RuleEvaluator, make_cnn, make_images
+from conftest import RuleEvaluator, make_cnn, make_images, top1
 from test_minimal_sets import top1_on
 
 
@@ -25,10 +25,6 @@ def by_count(curves):
 
 def identity_positions(rows, p):
     return torch.arange(p).repeat(rows, 1)
-
-
-def top1(r, f, t):
-    return bool(t)
 
 
 def margin(r, f, t, m):

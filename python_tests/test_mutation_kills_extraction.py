@@ -10,17 +10,13 @@ import torch
 from overinterp_fast.extraction import CountingEvaluator, extract_sets
 from overinterp_fast.inputs import prepare
 
-from conftest import RuleEvaluator
+from conftest import RuleEvaluator, top1
 
 
 def needs(**by_image):
     """rule(image, ids): f = share of the image's needed features present; top-1 when all are."""
     want = {int(k[1:]): frozenset(v) for k, v in by_image.items()}
     return lambda i, ids: (len(ids & want[i]) / len(want[i]), want[i] <= ids)
-
-
-def top1(i, f, t):
-    return bool(t)
 
 
 def run(evaluator, scores, *, n=None, p=None, step=1, collection=False, verifier=None, refine=False,

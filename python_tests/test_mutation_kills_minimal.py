@@ -14,7 +14,7 @@ import torch
 
 from overinterp_fast.minimal import prune_to_minimal
 
-from conftest import RuleEvaluator
+from conftest import RuleEvaluator, top1
 
 
 class Rounds(RuleEvaluator):
@@ -27,10 +27,6 @@ class Rounds(RuleEvaluator):
     def __call__(self, present, image, row, feature):
         self.calls.append(int(image.numel()))
         return super().__call__(present, image, row, feature)
-
-
-def top1(r, f, t):
-    return bool(t)
 
 
 def needs(essential):

@@ -10,7 +10,7 @@ import torch
 
 from overinterp_fast.prefix import _Bracket, boundary_prefix, first_passing_prefix, verify_prefix_sets
 
-from conftest import RuleEvaluator
+from conftest import RuleEvaluator, top1
 
 
 def Recorder(rule):
@@ -25,10 +25,6 @@ def at_least(need):
 def identity_positions(rows, p):
     """pos[r, j] = j: prefix k keeps features 0 .. k-1."""
     return torch.arange(p).repeat(rows, 1)
-
-
-def top1(r, f, t):
-    return bool(t)
 
 
 # ---------------------------------------------------------------------------------------------- boundary_prefix
