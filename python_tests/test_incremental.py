@@ -331,3 +331,102 @@ def test_time_small_job_leaves_timed_and_user_jobs_alone():
     dense.calibration.source = "fallback"
     # fallback on both sides but predicted short: 1e-3 s per image x 10 candidates
     assert time_small_job(None, None, None, None, fallback, dense, (1, 4), 1e-3) == (fallback, dense)
+
+
+def test_per_channel_features_and_per_image_baselines():
+    """Features that differ from channel to channel (the engine masks by the feature map of every channel) and
+    one baseline per image (each image's candidates take their own): three images, so no single baseline row
+    can stand in for the others."""
+    model = seeded(DepthwiseSeparable(), seed=5)
+    images = make_images(3, h=6, w=6, seed=9)
+    c = torch.arange(3).view(3, 1, 1)
+    r = torch.arange(6) // 3
+    features = c * 4 + (r.view(1, -1, 1) * 2 + r.view(1, 1, -1))  # [3, 6, 6]: 3x3 blocks, one feature per channel
+    baselines = torch.randn(3, 3, 6, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        full = torch.softmax(model(images), 1)
+        on_baseline = torch.softmax(model(baselines), 1).gather(1, full.argmax(1, keepdim=True)).view(-1)
+    tau = (on_baseline + 0.8 * (full.max(1).values - on_baseline)).tolist()  # above what the baseline alone scores
+    res = compare(model, images, tau, features=features, mask_value=baselines)
+    assert any(r.sis is not None and r.sis.numel() > 1 for r in res)
+
+
+class Oblong(nn.Module):
+    """Non-square kernels, strides, dilations and paddings on a non-square image: rows and columns differ."""
+
+    def __init__(self, classes=4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, (3, 1), stride=(2, 1), padding=(1, 0))
+        self.conv2 = nn.Conv2d(6, 6, (1, 3), dilation=(1, 2), padding=(0, 2))
+        self.pool = nn.MaxPool2d((2, 3), stride=(1, 2), padding=(1, 1))
+        self.avg = nn.AvgPool2d((1, 2))
+        self.fc = nn.Linear(6, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return 3 * self.fc(self.avg(self.pool(x)).mean((2, 3)))
+
+
+def test_oblong_kernels_strides_and_images():
+    model = seeded(Oblong(), seed=5)
+    images = make_images(2, h=9, w=6, seed=10)
+    pl = incremental.plan(ModelFn(model), prepare(images))
+    assert [st.kind for st in pl.steps].count("window") == 4
+    tau = float(scores_of(model, images).min()) * 0.9
+    compare(model, images, tau)
+
+
+def test_timm_tf_same_padding():
+    """timm's Conv2dSame pads by the input size (more on the bottom and right): strides 1 and 2, odd and even
+    sizes, kernels 3 and 5, so the top/left padding is 1 and 2 (7x10 in)."""
+    layers = pytest.importorskip("timm.layers")
+
+    class Same(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = layers.Conv2dSame(3, 4, 3, stride=1)
+            self.conv2 = layers.Conv2dSame(4, 4, 5, stride=2)
+            self.conv3 = layers.Conv2dSame(4, 4, 5, stride=1)
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return 3 * self.fc(self.conv3(torch.relu(self.conv2(torch.relu(self.conv1(x))))).mean((2, 3)))
+
+    model = seeded(Same(), seed=6)
+    images = make_images(2, h=7, w=10, seed=11)
+    pl = incremental.plan(ModelFn(model), prepare(images))
+    assert [st.kind for st in pl.steps if st.node.name.startswith("conv")] == ["window"] * 3
+    # TF "same": total padding max((ceil(n / s) - 1) s + k - n, 0), the smaller half on top/left
+    assert [st.pad for st in pl.steps if st.kind == "window"] == [(1, 1), (2, 1), (2, 2)]  # conv2: rows 7 -> 4 (total 3x2+5-7 = 4), columns 10 -> 5 (4x2+5-10 = 3)
+    tau = float(scores_of(model, images).min()) * 0.9
+    compare(model, images, tau)
+
+
+def test_base_runs_only_when_an_images_present_row_changed(monkeypatch):
+    """Candidates come in batches of 7 across images and steps; an image's current input is run again (a base
+    run) exactly when a batch reaches it with a present row other than the one its activations belong to."""
+    model = seeded(SmallCNN(6), seed=7)
+    images = make_images(3, h=6, w=6, seed=12)
+    seen, based = [], []
+    real_call, real_base = incremental.IncrementalEvaluator.__call__, incremental.IncrementalEngine.base
+
+    def call(self, present, image, row, feature):
+        seen.extend((i, tuple(present[i].tolist())) for i in torch.unique(image).tolist())
+        return real_call(self, present, image, row, feature)
+
+    def base(self, rows, x, targets):
+        based.extend(rows.tolist())
+        return real_base(self, rows, x, targets)
+
+    monkeypatch.setattr(incremental.IncrementalEvaluator, "__call__", call)
+    monkeypatch.setattr(incremental.IncrementalEngine, "base", base)
+    tau = float(scores_of(model, images).min()) * 0.9
+    got = of.fast_sis(model, images, tau, incremental=True, batch_size=7)
+    last, expected = {}, {}
+    for i, row in seen:
+        if last.get(i) != row:
+            expected[i] = expected.get(i, 0) + 1
+        last[i] = row
+    assert {i: based.count(i) for i in set(based)} == expected
+    assert len(seen) > sum(expected.values())  # some batches found their images' activations current
+    assert_same_lists(got, reference.sis(model, images, tau), assert_same_result)
