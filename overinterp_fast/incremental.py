@@ -689,7 +689,10 @@ class IncrementalEngine:
                 rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
                 rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
                 region, chg = gather(a, origin, rh, rw, st.pad_value)
-                states[node] = _Win(st.fn(region), chg)
+                out = st.fn(region)
+                if tuple(out.shape[2:]) != (g.wh, g.ww):  # the region must give exactly the window
+                    raise AssertionError(f"{node.name}: window {tuple(out.shape[2:])}, planned {(g.wh, g.ww)}")
+                states[node] = _Win(out, chg)
             elif st.kind == "alias":
                 (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
                 states[node] = states[a]

@@ -3,6 +3,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import overinterp_fast as of
@@ -352,18 +353,26 @@ def test_per_channel_features_and_per_image_baselines():
 
 
 class Oblong(nn.Module):
-    """Non-square kernels, strides, dilations and paddings on a non-square image: rows and columns differ."""
+    """Non-square kernels, strides, dilations and paddings on a non-square image (rows and columns differ);
+    max pooling with padding on maps with negative values (the padding must be -inf); pointwise ops with a
+    parameter as argument and as keyword, and a keyword that changes the result; a sum with a branch whose
+    change always dies (a ReLU of values far below 0): the sum changes when either side does."""
 
     def __init__(self, classes=4):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 6, (3, 1), stride=(2, 1), padding=(1, 0))
-        self.conv2 = nn.Conv2d(6, 6, (1, 3), dilation=(1, 2), padding=(0, 2))
+        self.conv2 = nn.Conv2d(6, 6, (3, 3), dilation=(1, 2), padding=(1, 2))
+        self.dead = nn.Conv2d(6, 6, 1)
         self.pool = nn.MaxPool2d((2, 3), stride=(1, 2), padding=(1, 1))
         self.avg = nn.AvgPool2d((1, 2))
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6).view(1, 6, 1, 1))
+        self.shift = nn.Parameter(torch.linspace(-0.3, 0.3, 6).view(1, 6, 1, 1))
         self.fc = nn.Linear(6, classes)
 
     def forward(self, x):
-        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        x = F.leaky_relu(self.conv1(x), negative_slope=0.5)
+        x = torch.add(self.conv2(x) * self.scale, other=self.shift)
+        x = torch.relu(self.dead(x) - 1e3) + x
         return 3 * self.fc(self.avg(self.pool(x)).mean((2, 3)))
 
 
@@ -371,7 +380,13 @@ def test_oblong_kernels_strides_and_images():
     model = seeded(Oblong(), seed=5)
     images = make_images(2, h=9, w=6, seed=10)
     pl = incremental.plan(ModelFn(model), prepare(images))
-    assert [st.kind for st in pl.steps].count("window") == 4
+    k = {st.node.name: st.kind for st in pl.steps}
+    assert [k[n] for n in ("conv1", "conv2", "dead", "pool", "avg")] == ["window"] * 5
+    assert [k[n] for n in ("leaky_relu", "mul", "add", "sub", "relu")] == ["pointwise"] * 5
+    assert k["add_1"] == "merge"
+    with torch.no_grad():  # the pooled maps hold negative values, so the padding value matters
+        assert (torch.add(model.conv2(F.leaky_relu(model.conv1(images), 0.5)) * model.scale, other=model.shift)
+                < 0).any()
     tau = float(scores_of(model, images).min()) * 0.9
     compare(model, images, tau)
 
