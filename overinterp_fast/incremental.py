@@ -557,10 +557,10 @@ def _fold_batch_norms(steps: list[_Step], values: dict, dependent: set, consts: 
 
 
 def _channel_pad(args, kwargs) -> bool:
-    """F.pad that pads only the channel dimension of a 4-D map, with a constant."""
+    """F.pad that pads only the channel dimension of a 4-D map, in any mode (each position is padded on its
+    own, so a window pads as the whole map does). torch.fx passes ``pad`` second, the mode by keyword."""
     pad = args[1] if len(args) > 1 else kwargs.get("pad")
-    mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
-    return mode == "constant" and len(pad) == 6 and tuple(pad[:4]) == (0, 0, 0, 0)
+    return len(pad) == 6 and tuple(pad[:4]) == (0, 0, 0, 0)
 
 
 def _cat_dim(args, kwargs) -> int:

@@ -356,7 +356,8 @@ class Oblong(nn.Module):
     """Non-square kernels, strides, dilations and paddings on a non-square image (rows and columns differ);
     max pooling with padding on maps with negative values (the padding must be -inf); pointwise ops with a
     parameter as argument and as keyword, and a keyword that changes the result; a sum with a branch whose
-    change always dies (a ReLU of values far below 0): the sum changes when either side does."""
+    change always dies (a ReLU of values far below 0): the sum changes when either side does; channels padded by
+    replication, concatenated by a positional dim."""
 
     def __init__(self, classes=4):
         super().__init__()
@@ -367,12 +368,13 @@ class Oblong(nn.Module):
         self.avg = nn.AvgPool2d((1, 2))
         self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6).view(1, 6, 1, 1))
         self.shift = nn.Parameter(torch.linspace(-0.3, 0.3, 6).view(1, 6, 1, 1))
-        self.fc = nn.Linear(6, classes)
+        self.fc = nn.Linear(14, classes)
 
     def forward(self, x):
         x = F.leaky_relu(self.conv1(x), negative_slope=0.5)
         x = torch.add(self.conv2(x) * self.scale, other=self.shift)
         x = torch.relu(self.dead(x) - 1e3) + x
+        x = torch.cat([F.pad(x, (0, 0, 0, 0, 1, 1), mode="replicate"), torch.tanh(x)], 1)  # 8 + 6 channels
         return 3 * self.fc(self.avg(self.pool(x)).mean((2, 3)))
 
 
@@ -383,7 +385,8 @@ def test_oblong_kernels_strides_and_images():
     k = {st.node.name: st.kind for st in pl.steps}
     assert [k[n] for n in ("conv1", "conv2", "dead", "pool", "avg")] == ["window"] * 5
     assert [k[n] for n in ("leaky_relu", "mul", "add", "sub", "relu")] == ["pointwise"] * 5
-    assert k["add_1"] == "merge"
+    assert k["add_1"] == "merge" and k["pad"] == "pointwise" and k["tanh"] == "pointwise"
+    assert k["cat"] == "merge"  # dim given by position
     with torch.no_grad():  # the pooled maps hold negative values, so the padding value matters
         assert (torch.add(model.conv2(F.leaky_relu(model.conv1(images), 0.5)) * model.scale, other=model.shift)
                 < 0).any()
