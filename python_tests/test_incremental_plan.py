@@ -76,17 +76,12 @@ def test_each_node_is_classified_as_the_docstring_says():
     }
 
 
-class Geometric(nn.Module):
+class Geometric(Planned):
     """Windowed kinds only, so the plan's boxes can be compared with where each map really changes."""
 
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.conv2 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
         self.conv3 = nn.Conv2d(8, 6, 3, padding=2, dilation=2, groups=2)
-        self.pool = nn.MaxPool2d(3, stride=1, padding=1)
-        self.avg = nn.AvgPool2d(2)
         self.fc = nn.Linear(6, 3)
 
     def forward(self, x):
