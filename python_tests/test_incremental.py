@@ -86,6 +86,11 @@ class Untraceable(nn.Module):
         return self.inner(x)
 
 
+def kinds(pl) -> dict:
+    """{node name: kind} of an incremental plan."""
+    return {st.node.name: st.kind for st in pl.steps}
+
+
 def scores_of(model, images):
     with torch.no_grad():
         return torch.softmax(model(images), 1).max(1).values
@@ -382,7 +387,7 @@ def test_oblong_kernels_strides_and_images():
     model = seeded(Oblong(), seed=5)
     images = make_images(2, h=9, w=6, seed=10)
     pl = incremental.plan(ModelFn(model), prepare(images))
-    k = {st.node.name: st.kind for st in pl.steps}
+    k = kinds(pl)
     assert [k[n] for n in ("conv1", "conv2", "dead", "pool", "avg")] == ["window"] * 5
     assert [k[n] for n in ("leaky_relu", "mul", "add", "sub", "relu")] == ["pointwise"] * 5
     assert k["add_1"] == "merge" and k["pad"] == "pointwise" and k["tanh"] == "pointwise"

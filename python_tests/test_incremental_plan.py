@@ -16,7 +16,7 @@ from overinterp_fast import incremental
 from overinterp_fast.inputs import prepare
 from overinterp_fast.model import ModelFn
 
-from test_incremental import seeded
+from test_incremental import kinds, seeded
 
 SPATIAL = ("input", "window", "pointwise", "alias", "merge")
 
@@ -47,10 +47,6 @@ class Planned(nn.Module):
 def plan_of(model, images, features=None):
     prep = prepare(images, features=features)
     return incremental.plan(ModelFn(model), prep), prep
-
-
-def kinds(pl):
-    return {st.node.name: st.kind for st in pl.steps}
 
 
 def test_each_node_is_classified_as_the_docstring_says():

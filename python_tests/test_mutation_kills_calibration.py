@@ -13,18 +13,10 @@ from overinterp_fast import calibration
 from overinterp_fast.calibration import (LADDER, JOB_CALL_OVERHEAD_S, calibrate, choose, exact_calls,
                                          exact_job_time, ladder, measure)
 
-from test_calibration import FakeClock
+from test_calibration import FakeClock, fresh_cache  # noqa: F401  (autouse: a clean calibration cache)
 
-COST = {16: 3.0, 32: 4.0, 64: 6.0, 128: 10.0}
+COST = {16: 3.0, 32: 4.0, 64: 6.0, 128: 10.0}  # also the times measure returns when every size is measured
 SIZES = [16, 32, 64, 128]
-ALL = {16: 3.0, 32: 4.0, 64: 6.0, 128: 10.0}
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache():
-    calibration.clear_cache()
-    yield
-    calibration.clear_cache()
 
 
 def clock_at_1000(cost=COST.get):
@@ -46,7 +38,7 @@ def test_the_whole_ladder_then_the_two_best_per_row_again():
     two best, timed once more."""
     times, calls = run(1000.0)
     assert calls == [16] * 3 + [32] * 3 + [64] * 3 + [128] * 3 + [128, 64]
-    assert times == ALL
+    assert times == COST
 
 
 def test_a_prediction_equal_to_the_budget_still_runs():
@@ -54,7 +46,7 @@ def test_a_prediction_equal_to_the_budget_still_runs():
     runs (69 s); 128 is timed again (79 s); then 79 > 75 stops the re-timing before 64."""
     times, calls = run(75.0)
     assert calls == [16] * 3 + [32] * 3 + [64] * 3 + [128] * 4
-    assert times == ALL
+    assert times == COST
 
 
 def test_a_prediction_over_the_budget_ends_the_ladder():
@@ -68,7 +60,7 @@ def test_re_timing_stops_only_past_the_budget():
     """Budget 79: 128 runs (75 <= 79), is timed again at 69 s (to 79 s); 79 is not past 79, so 64 too."""
     times, calls = run(79.0)
     assert calls == [16] * 3 + [32] * 3 + [64] * 3 + [128] * 3 + [128, 64]
-    assert times == ALL
+    assert times == COST
 
 
 def test_the_budget_shrinks_to_a_fraction_of_the_predicted_job():
@@ -77,18 +69,18 @@ def test_the_budget_shrinks_to_a_fraction_of_the_predicted_job():
     timed again."""
     times, calls = run(1000.0, expected_rows=3200, budget_fraction=0.25)
     assert calls == [16] * 3 + [32] * 3 + [64] * 3 + [128] * 3
-    assert times == ALL
+    assert times == COST
 
 
 def test_start_runs_up_from_the_first_size_at_or_above_it_then_down():
     """start=64: 64, 128, then 32 (predicted from 64, its nearest: 48 + 3 x 6 x 32/64 = 57) and 16."""
     times, calls = run(1000.0, start=64)
     assert calls == [64] * 3 + [128] * 3 + [32] * 3 + [16] * 3 + [128, 64]
-    assert times == ALL
+    assert times == COST
     # start above every size: the largest first, then down
     times, calls = run(1000.0, start=500)
     assert calls == [128] * 3 + [64] * 3 + [32] * 3 + [16] * 3 + [128, 64]
-    assert times == ALL
+    assert times == COST
 
 
 def test_out_of_memory_ends_the_ladder_and_keeps_what_was_measured():
