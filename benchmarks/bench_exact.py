@@ -183,8 +183,8 @@ import overinterp_fast as of
 from overinterp_fast import calibration
 from overinterp_fast.zoo.cifar import SmallCNN
 torch.manual_seed(0)
-model = SmallCNN({size}).eval()
-x = torch.randn(1, 3, {size}, {size}, generator=torch.Generator().manual_seed(1))
+model = SmallCNN({size}).eval().to("{device}")
+x = torch.randn(1, 3, {size}, {size}, generator=torch.Generator().manual_seed(1)).to("{device}")
 TAU = {tau}
 t1 = time.perf_counter()
 res = {call}
@@ -198,14 +198,15 @@ print(json.dumps({{"call_s": t2 - t1, "process_s": t2 - t0, "import_s": t1 - t0,
 """
 
 
-def run_cold(size: int, rounds: int, names: list[str], tau: float) -> dict:
+def run_cold(size: int, rounds: int, names: list[str], tau: float, device: str = "cpu") -> dict:
     """Each contender ``rounds`` times, each run a fresh process; order rotated per round."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
     runs = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[: r % len(names)]:
-            code = COLD_CHILD.format(size=size, tau=tau, call=COLD_CONTENDERS[k], is_ref=k == "reference")
+            code = COLD_CHILD.format(size=size, tau=tau, call=COLD_CONTENDERS[k], is_ref=k == "reference",
+                                    device=device)
             t = time.perf_counter()
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             rec = json.loads(out.stdout.strip().splitlines()[-1])
@@ -216,7 +217,7 @@ def run_cold(size: int, rounds: int, names: list[str], tau: float) -> dict:
     best = {k: min(x["call_s"] for x in v) for k, v in runs.items()}
     best_process = {k: min(x["process_s"] for x in v) for k, v in runs.items()}
     sis = {k: v[0]["sis"] for k, v in runs.items()}
-    row = {"config": f"cold-cnn{size}-px-1", "size": size, "images": 1, "features": size * size,
+    row = {"config": f"cold-cnn{size}-px-1", "device": device, "size": size, "images": 1, "features": size * size,
            "candidates": size * size * (size * size + 1) // 2, "threshold": tau, "rounds": rounds, "runs": runs,
            "call_s": best, "process_s": best_process,
            "same_sis": {k: sis[k] == sis.get("reference", sis[k]) for k in sis}}
@@ -229,14 +230,14 @@ def run_cold(size: int, rounds: int, names: list[str], tau: float) -> dict:
 def main_cold(args):
     names = args.cold_contenders or list(COLD_CONTENDERS)
     print(f"cold single-image case: SmallCNN, 1 x 3 x {args.cold_size}^2, pixels, tau {args.tau}, "
-          f"{args.rounds} rounds, fresh process per run")
-    row = run_cold(args.cold_size, args.rounds, names, args.tau)
+          f"{args.rounds} rounds, fresh process per run, {args.device}")
+    row = run_cold(args.cold_size, args.rounds, names, args.tau, args.device)
     print(f"{'contender':<13}{'call s':>9}{'process s':>11}{'/reference':>12}{'/batch576':>11}{'same SIS':>10}")
     for k in names:
         print(f"{k:<13}{row['call_s'][k]:>9.2f}{row['process_s'][k]:>11.2f}"
               f"{row.get('over_reference', {}).get(k, math.nan):>12.3f}"
               f"{row.get('over_batch576', {}).get(k, math.nan):>11.3f}{str(row['same_sis'][k]):>10}")
-    out = write_results("exact_cold", "cpu", [row], args.out)
+    out = write_results("exact_cold", args.device, [row], args.out)
     print(f"wrote {out}")
 
 

@@ -410,7 +410,11 @@ def test_kernels_equal_pure_versions_cuda():
                 got = [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
                 want = [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
                 out, ref = _ops.kernel(name)(*got), spec.fn(*want)
-                assert (out is None and ref is None) or (out.stride() == ref.stride() and torch.equal(out, ref))
+                # None (in-place ops), one tensor, or a tuple of tensors (patch_gather: windows, changed)
+                outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
+                assert len(outs) == len(refs)
+                for o, r in zip(outs, refs):
+                    assert (o is None and r is None) or (o.stride() == r.stride() and torch.equal(o, r))
                 assert all(torch.equal(a, b) for a, b in zip(got, want) if isinstance(a, torch.Tensor))
     args = random_case("cuda")
     assert torch.equal(_ops.kernel("mask_apply")(*args).cpu(), mask_apply_ref(*random_case()))
