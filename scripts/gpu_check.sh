@@ -46,7 +46,9 @@ if [[ " $STEPS " == *" build "* ]]; then
   # The image's first g++ on PATH, /opt/gcc/bin/g++, links libstdc++ statically into the extension; the
   # extension's copy of std::ostream then crashed (SIGSEGV) formatting any number into an error message,
   # e.g. "cand_image 10 out of range", while torch's own libstdc++ worked (seen at stop 30).
-  [ -x /usr/bin/g++ ] && export CC="${CC:-/usr/bin/gcc}" CXX="${CXX:-/usr/bin/g++}"
+  # The image also sets CC=/opt/gcc/bin/gcc (torch passes it to nvcc as -ccbin), so both are overridden;
+  # GPU_CHECK_CC / GPU_CHECK_CXX name others.
+  [ -x /usr/bin/g++ ] && export CC="${GPU_CHECK_CC:-/usr/bin/gcc}" CXX="${GPU_CHECK_CXX:-/usr/bin/g++}"
   FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="$(nproc)" \
     $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
