@@ -21,7 +21,7 @@ from .inputs import Prepared
 from .model import ModelFn, check_finite_scores
 from .prefix import verify_prefix_sets
 from .results import SISResult, first_with_collection
-from .schedule import CandidateQueue
+from .schedule import CandidateQueue, upload
 
 _STEP, _SCORE = 0, 1
 
@@ -155,21 +155,22 @@ def exact_sis(
 
     while queue:
         batch = queue.take(batch_size)
-        img = torch.as_tensor(batch.image, device=dev)
-        slot = torch.as_tensor(batch.slot, device=dev)
+        stepped = [i for i, tag in batch.completed if tag == _STEP]
+        scored = [i for i, tag in batch.completed if tag == _SCORE]
+        # every index this step needs, in one host-to-device transfer (schedule.upload)
+        img, slot, rows, counts, steps = upload(dev, batch.image, batch.slot, stepped,
+                                                [state[i].count for i in stepped], [state[i].step for i in stepped])
         feature = remaining[img, slot]
         f = evaluator(present, img, img, feature)
         scores[img, slot] = f
         finite &= torch.isfinite(f).all()
-        stepped = [i for i, tag in batch.completed if tag == _STEP]
-        scored = [i for i, tag in batch.completed if tag == _SCORE]
         ended = []
         if stepped:
             _ops.backselect_update(
                 scores,
-                torch.tensor(stepped, device=dev),
-                torch.tensor([state[i].count for i in stepped], device=dev),
-                torch.tensor([state[i].step for i in stepped], device=dev),
+                rows,
+                counts,
+                steps,
                 remaining,
                 present,
                 order,

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -67,3 +68,22 @@ class CandidateQueue:
         if not images:
             return Batch(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
         return Batch(np.concatenate(images), np.concatenate(slots), completed)
+
+
+def upload(device: torch.device, *parts) -> tuple[torch.Tensor, ...]:
+    """Host index lists or arrays -> int64 [len(part)] tensors on ``device``, in one transfer.
+
+    The batch loops build their index lists on the host at every step. A copy from pageable host memory to a
+    GPU makes the host wait until every kernel queued before it has run, so one copy per list stalled each
+    step several times (seen on an H100 at stop 30: exact SIS ran 7-10x slower than its bare forward passes).
+    Here all parts travel in one pinned, non-blocking copy on the current stream, which orders it before
+    the kernels that read it; the caching host allocator keeps the pinned block until the copy is done. On
+    the CPU the parts are views of one new tensor.
+    """
+    arrays = [np.asarray(part, dtype=np.int64).reshape(-1) for part in parts]
+    flat = torch.from_numpy(np.concatenate(arrays)) if arrays else torch.zeros(0, dtype=torch.int64)
+    if device.type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        flat = flat.to(device)
+    return torch.split(flat, [a.size for a in arrays])

@@ -2,10 +2,12 @@ import numpy as np
 import pytest
 
 from overinterp_fast.findsis import find_sis
-from overinterp_fast.schedule import CandidateQueue
+from overinterp_fast.schedule import CandidateQueue, upload
 from overinterp_fast import reference
 
 import torch
+
+from conftest import cuda
 
 
 def test_queue_fills_batches_and_reports_completions():
@@ -70,3 +72,25 @@ def test_find_sis_edge_cases():
     assert find_sis(order, torch.tensor([0.5, 0.4, 0.3, 0.2, 0.1]), 0.9).tolist() == [3, 1, 0, 2, 4]
     # stop at the first value (from the end) reaching tau; that feature is not taken
     assert find_sis(order, torch.tensor([0.99, 0.95, 0.91, 0.5, 0.1]), 0.9).tolist() == [3, 1]
+
+
+def test_upload_gives_each_part_as_int64_views_of_one_tensor():
+    parts = upload(torch.device("cpu"), np.array([3, 1, 4]), [], [1, 5], (9,))
+    assert [t.tolist() for t in parts] == [[3, 1, 4], [], [1, 5], [9]]
+    assert all(t.dtype == torch.int64 and t.device.type == "cpu" for t in parts)
+    # one transfer: every part lies in the same storage
+    assert len({t.untyped_storage().data_ptr() for t in parts}) == 1
+    assert upload(torch.device("cpu")) == ()
+
+
+@cuda
+def test_upload_to_cuda_copies_without_waiting_for_the_gpu():
+    dev = torch.device("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        parts = upload(dev, np.arange(5), [7, 8])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [t.device.type for t in parts] == ["cuda", "cuda"]
+    assert [t.tolist() for t in parts] == [[0, 1, 2, 3, 4], [7, 8]]
