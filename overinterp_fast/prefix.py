@@ -17,6 +17,7 @@ import torch
 
 from .batching import CandidateEvaluator
 from .model import check_finite_scores
+from .schedule import upload
 
 FIRST_CHUNK = {"cuda": 8}  # per device type; others: 2
 MAX_CHUNK = {"cuda": 1 << 30}  # per device type; others: 32
@@ -26,8 +27,8 @@ def evaluate_prefixes(evaluator, pos: torch.Tensor, images: list[int], rows: lis
     """Score candidate c = the prefix of ``sizes[c]`` features of row ``rows[c]``'s ranking (``pos``, image
     ``images[rows[c]]``) in one call of ``evaluator``; its measure's output (f float64 [C] first, checked finite)."""
     dev = pos.device
-    present = pos[torch.tensor(rows, device=dev)] < torch.tensor(sizes, device=dev).view(-1, 1)  # [C, p]
-    img_t = torch.tensor([images[r] for r in rows], device=dev)
+    rows_t, sizes_t, img_t = upload(dev, rows, sizes, [images[r] for r in rows])  # one host-to-device copy
+    present = pos[rows_t] < sizes_t.view(-1, 1)  # [C, p]
     out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
     check_finite_scores(torch.isfinite(out[0]).all())
     return out
