@@ -12,8 +12,8 @@ Decoding, resizing (shorter side, PIL bicubic, then a centre crop) and normalizi
 processes does them in parallel and only a chunk of images is in memory at a time.
 
 - A folder whose subfolders hold the images is read as torchvision's ImageFolder: the classes
-  are the subfolder names in sorted order (class i = the i-th name), the images sorted within
-  each class; an image's name is its path inside the folder without the extension
+  are the subfolder names in sorted order (class i = the i-th name; hidden folders, whose names start
+  with ".", such as .ipynb_checkpoints, are not classes), the images sorted within each class; an image's name is its path inside the folder without the extension
   ("cat/0001"). A flat folder is read as before: files sorted by name, labels from
   ``labels_file`` ({name: class}).
 - ``dataset="cifar10"`` (or ``"cifar100"``) reads the python batches that
@@ -200,15 +200,14 @@ def open_folder(folder: str, size: int, mean=MEAN, std=STD, grey: bool = False,
     flat = _image_files(folder)
     classes = None if flat else _class_folders(folder)
     if classes:
-        from torchvision.datasets import DatasetFolder  # ImageFolder's layout, with our extensions
+        from torchvision.datasets.folder import make_dataset  # ImageFolder's layout, with our extensions
 
         try:
-            tree = DatasetFolder(folder, loader=str, extensions=IMAGE_EXTENSIONS)
+            samples = make_dataset(folder, {c: i for i, c in enumerate(classes)}, extensions=IMAGE_EXTENSIONS)
         except FileNotFoundError as exc:  # a class folder without images
             raise ValueError(f"{folder!r}: {str(exc).splitlines()[0]}") from None
-        assert tree.classes == classes, (tree.classes, classes)
-        paths = [p for p, _ in tree.samples]
-        labels: list[int | None] = [int(c) for _, c in tree.samples]
+        paths = [p for p, _ in samples]
+        labels: list[int | None] = [int(c) for _, c in samples]
         names = [os.path.splitext(os.path.relpath(p, folder))[0].replace(os.sep, "/") for p in paths]
         if labels_file is not None:
             raise ValueError("--labels applies to a flat folder; an ImageFolder's labels are its class folders")
@@ -290,14 +289,22 @@ def open_images(source: str | None = None, size: int | None = None, mean=MEAN, s
 
 
 def read_labels(path: str | None, names: list[str]) -> list[int | None]:
-    """Labels from a JSON file {image name (with or without extension): class index}; None where absent."""
+    """Labels from a JSON file {image name (with or without its image extension): class index}; None where absent.
+
+    A key as written names an image before the same key without its extension: {"a.jpg": 1} labels the image
+    named "a.jpg" (the file a.jpg.png) if there is one, else the image "a" (the file a.jpg).
+    """
     if path is None:
         return [None] * len(names)
     with open(path) as fh:
         table = json.load(fh)
     if not isinstance(table, dict):
         raise ValueError(f"labels file {path!r} must hold a JSON object {{image name: class index}}")
-    table = {os.path.splitext(k)[0]: v for k, v in table.items()}
+    # a key names an image with or without its image extension; a key as written wins ("a.jpg" names the file
+    # a.jpg.png before a.jpg), and a name may hold dots of its own ("img.001" is the file img.001.png)
+    stripped = {os.path.splitext(k)[0]: v for k, v in table.items()
+                if os.path.splitext(k)[1].lower() in IMAGE_EXTENSIONS}
+    table = {**stripped, **table}
     out = []
     for n in names:
         v = table.get(n)

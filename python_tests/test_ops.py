@@ -255,6 +255,70 @@ def test_every_extension_op_has_a_pure_version_and_a_self_check_case():
         assert PURE_OPS[name].sample(torch.device("cpu"), torch.Generator().manual_seed(0))
 
 
+def sample_cases(name, seeds=(_ops._SELF_CHECK_SEED, 1, 2)):
+    return [case for seed in seeds
+            for case in PURE_OPS[name].sample(torch.device("cpu"), torch.Generator().manual_seed(seed))]
+
+
+def test_self_check_cases_reach_every_branch_of_the_kernels():
+    """The self-check (and the kernel-against-pure tests that reuse its cases) is only as good as its cases:
+    each op's cases must hold every layout, dtype and edge its kernels branch on, within the valid ranges."""
+    cases = sample_cases("mask_apply")
+    seen = set()
+    for base, baseline, fm, present, img, row, feat in cases:
+        n, p = base.shape[0], present.shape[1]
+        seen |= {base.dtype, ("channels_last", ops_torch.is_channels_last(base)), ("per_image", baseline.shape[0] > 1)}
+        assert fm.shape == base.shape[1:] and img.shape == row.shape == feat.shape and img.numel() > n
+        assert 0 <= int(img.min()) and int(img.max()) < n and 0 <= int(row.min()) and int(row.max()) < len(present)
+        assert int(feat.min()) == -1 and int(feat.max()) < p and bool((feat >= 0).any())  # -1: nothing removed
+        assert 0 <= int(fm.min()) and int(fm.max()) < p and present.any() and not present.all()
+        assert len(set(fm.flatten().tolist())) > 1 and bool((baseline != base[:1]).all())
+    assert seen == {torch.float32, torch.float16, ("channels_last", True), ("channels_last", False),
+                    ("per_image", True), ("per_image", False)}
+
+    for scores, rows, counts, steps, remaining, present, order, values in sample_cases("backselect_update"):
+        n, p = present.shape
+        assert scores.shape == remaining.shape == (n, p + 1) and order.shape == values.shape == (n, p)
+        assert 0 < rows.numel() < n and len(set(rows.tolist())) == rows.numel()  # some rows, not all
+        assert counts.tolist() == [int(present[r].sum()) for r in rows.tolist()]
+        assert int(counts.min()) >= 1 and 0 <= int(steps.min()) and int(steps.max()) < p
+        for r in range(n):
+            k = int(present[r].sum())
+            ids = remaining[r, :k]
+            assert sorted(ids.tolist()) == sorted(present[r].nonzero().flatten().tolist())
+            assert bool((remaining[r, k:] == -1).all())
+        scored = [scores[r, :c] for r, c in zip(rows.tolist(), counts.tolist())]
+        assert any(int((s == s.max()).sum()) > 1 for s in scored)  # exact ties among the best scores
+        assert bool((order == -1).all()) and bool((values == 0).all())
+
+    for rects, owner, weights, n, h, w in sample_cases("rect_fill"):
+        y0, x0, y1, x1 = rects.unbind(1)
+        assert bool(((y0 < 0) | (x0 < 0)).any()) and bool(((y1 > h) | (x1 > w)).any())  # clipped at every side
+        assert bool(((y0 >= y1) | (x0 >= x1)).any())  # empty or inverted
+        inside = (y0 >= 0) & (x0 >= 0) & (y1 <= h) & (x1 <= w) & (y0 < y1) & (x0 < x1)
+        assert bool(inside.any()) and set(owner.tolist()) == set(range(n))
+        assert bool((weights < 0).any()) and bool((weights > 1).any()) and bool((weights == 0).any())
+
+    seen = set()
+    for stored, image, patch, origin, valid, region, height, width, pad in sample_cases("patch_gather"):
+        b, (_, _, hh, ww) = image.numel(), stored.shape
+        seen |= {("channels_last", ops_torch.is_channels_last(stored)), ("patch", patch.numel() > 0), ("pad", pad)}
+        assert stored.dtype == torch.float64 and 0 <= int(image.min()) and int(image.max()) < stored.shape[0]
+        assert origin.shape == region.shape == (b, 2) and valid.shape == (b, 4)
+        assert bool((region < 0).any()) and bool((region[:, 0] + height > hh).any())  # windows leave the map
+        if patch.numel() > 0:
+            assert patch.shape[:2] == (b, stored.shape[1])
+            assert bool((origin < 0).any())  # patches hanging over the map's edge
+            ph, pw = patch.shape[2:]
+            narrower = (valid[:, 0] > origin[:, 0]) | (valid[:, 2] < origin[:, 0] + ph)
+            assert bool(narrower.any()) and bool((~narrower).any())  # valid cuts some patches, not all
+            under = torch.tensor([stored[i, :, max(y, 0):y + ph, max(x, 0):x + pw].numel() > 0
+                                 for i, (y, x) in zip(image.tolist(), origin.tolist())])
+            assert bool(under.all())
+    assert seen == {("channels_last", True), ("channels_last", False), ("patch", True), ("patch", False),
+                    ("pad", 0.0), ("pad", -math.inf)}
+
+
 @pytest.fixture
 def fresh_choices(monkeypatch):
     """Forget earlier choices, self-check on the CPU too (as on each CUDA device), restore afterwards."""
