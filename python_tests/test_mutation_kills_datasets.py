@@ -264,3 +264,52 @@ def test_dataset_errors(tmp_path):
     (folder / "batches.meta").write_bytes(b"garbage")
     with pytest.raises(ValueError, match=r"^cannot read '.*batches\.meta' as a CIFAR python batch: "):
         ds.open_images(dataset="cifar10", data_dir=str(tmp_path))
+
+
+def test_direct_calls_default_to_rgb_and_the_test_split(tmp_path):
+    save(tmp_path / "a.png", rgb(8, 8))
+    assert ds.open_folder(str(tmp_path), 8)[0]["x"].shape == (3, 8, 8)
+    assert ds.open_bundled(8)[0]["x"].shape == (3, 8, 8)
+    data = RNG.integers(0, 256, (2, 3072), dtype=np.uint8)
+    write_batches(tmp_path / "cifar-10-batches-py", {"test_batch": {"data": data, "labels": [1, 2]}},
+                  "batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
+    src = ds.open_dataset("cifar10", str(tmp_path))
+    assert src.image_labels == [1, 2] and src[0]["x"].shape == (3, 32, 32)
+
+
+def test_grey_reaches_every_source(tmp_path):
+    data = RNG.integers(0, 256, (1, 3072), dtype=np.uint8)
+    write_batches(tmp_path / "cifar-10-batches-py", {"test_batch": {"data": data, "labels": [1]}},
+                  "batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
+    photo = data[0].reshape(3, 32, 32).transpose(1, 2, 0)
+    for src in (ds.open_images(dataset="cifar10", data_dir=str(tmp_path), grey=True),
+                ds.open_dataset("cifar10", str(tmp_path), grey=True)):
+        item = src[0]
+        assert item["x"].shape == (1, 32, 32) and src.grey
+        assert np.array_equal(item["display"], np.asarray(Image.fromarray(photo).convert("L")))
+    for src in (ds.open_images("bundled", 8, grey=True), ds.open_bundled(8, grey=True)):
+        assert src.grey and src[0]["x"].shape == (1, 8, 8) and src[0]["display"].shape == (8, 8)
+
+
+def test_python2_batches_decode_as_latin1(tmp_path):
+    """The CIFAR batches were pickled by Python 2: their str are bytes, which decode as Latin-1 (torchvision's
+    encoding). A meta file written here by hand with Python 2 opcodes (SHORT_BINSTRING) and a non-ASCII name."""
+    data = RNG.integers(0, 256, (1, 3072), dtype=np.uint8)
+    folder = tmp_path / "cifar-10-batches-py"
+    write_batches(folder, {"test_batch": {"data": data, "labels": [0]}}, "batches.meta", {})
+
+    def binstring(b: bytes) -> bytes:
+        return b"U" + bytes([len(b)]) + b
+
+    meta = (b"\x80\x02}" + binstring(b"label_names") + b"](" + binstring(b"caf\xe9") + binstring(b"dog")
+            + b"es.")
+    (folder / "batches.meta").write_bytes(meta)
+    assert ds.open_images(dataset="cifar10", data_dir=str(tmp_path)).classes == ["caf\u00e9", "dog"]
+
+
+def test_labels_refused_for_an_image_folder(tmp_path):
+    (tmp_path / "c").mkdir()
+    save(tmp_path / "c" / "a.png", rgb(8, 8))
+    with pytest.raises(ValueError, match=r"^--labels applies to a flat folder; an ImageFolder's labels are its "
+                                         r"class folders$"):
+        ds.open_images(str(tmp_path), 8, labels_file="labels.json")

@@ -53,7 +53,11 @@ def test_torch_files_of_every_kind(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(torch.jit.trace(net, x), str(tmp_path / "traced.ts"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         scripted = loading.load_model(str(tmp_path / "traced.ts")).model
+    # loaded by torch.jit.load directly, not through torch.load's TorchScript detour, which warns
+    assert not [w for w in seen if "dispatching to" in str(w.message)], [str(w.message) for w in seen]
     assert isinstance(scripted, torch.jit.ScriptModule)
     torch.testing.assert_close(scripted(x), expect)
     exported = torch.export.export(net, (x,))

@@ -319,6 +319,36 @@ def test_self_check_cases_reach_every_branch_of_the_kernels():
                     ("pad", 0.0), ("pad", -math.inf)}
 
 
+def test_self_check_cases_are_reproducible_and_use_every_index():
+    """The cases come from the generator alone (a failed self-check can be replayed), and the self-check's own
+    seed reaches every image, row and feature id, a row's last feature and empty windows."""
+    for name in PURE_OPS:
+        a, b, other = (sample_cases(name, (seed,)) for seed in (_ops._SELF_CHECK_SEED, _ops._SELF_CHECK_SEED, 1))
+        assert len(a) == len(b) == len(other)
+        for ca, cb, co in zip(a, b, other):
+            for xa, xb in zip(ca, cb):
+                assert type(xa) is type(xb)
+                assert torch.equal(xa, xb) if isinstance(xa, torch.Tensor) else xa == xb
+        assert any(not torch.equal(xa, xo) for ca, co in zip(a, other) for xa, xo in zip(ca, co)
+                   if isinstance(xa, torch.Tensor) and xa.shape == xo.shape)
+    seed = (_ops._SELF_CHECK_SEED,)
+    for base, baseline, fm, present, img, row, feat in sample_cases("mask_apply", seed):
+        assert set(img.tolist()) == set(range(base.shape[0])) and set(row.tolist()) == set(range(len(present)))
+        assert set(fm.flatten().tolist()) == set(range(present.shape[1]))
+    (case,) = sample_cases("backselect_update", seed)
+    assert 1 in case[2].tolist()  # a row whose last remaining feature goes
+    combos = set()
+    for stored, image, patch, origin, valid, *_ in sample_cases("patch_gather", seed):
+        combos.add((ops_torch.is_channels_last(stored), patch.numel() > 0))
+        assert set(image.tolist()) == set(range(stored.shape[0]))
+        assert bool(((valid[:, 2] <= valid[:, 0]) | (valid[:, 3] <= valid[:, 1])).any())  # empty valid windows
+        if patch.numel():
+            ph, pw = patch.shape[2:]
+            same = patch == stored[image][:, :, :ph, :pw]
+            assert bool(same.any()) and not bool(same.all())  # patch values equal to the stored ones, and not
+    assert combos == {(False, True), (True, True), (False, False)}
+
+
 @pytest.fixture
 def fresh_choices(monkeypatch):
     """Forget earlier choices, self-check on the CPU too (as on each CUDA device), restore afterwards."""
