@@ -13,9 +13,9 @@ processes does them in parallel and only a chunk of images is in memory at a tim
 
 - A folder whose subfolders hold the images is read as torchvision's ImageFolder: the classes
   are the subfolder names in sorted order (class i = the i-th name; hidden folders, whose names start
-  with ".", such as .ipynb_checkpoints, are not classes), the images sorted within each class; an image's name is its path inside the folder without the extension
-  ("cat/0001"). A flat folder is read as before: files sorted by name, labels from
-  ``labels_file`` ({name: class}).
+  with ".", such as .ipynb_checkpoints, are not classes), the images sorted within each class;
+  an image's name is its path inside the folder without the extension ("cat/0001"). A flat
+  folder is read as before: files sorted by name, labels from ``labels_file`` ({name: class}).
 - ``dataset="cifar10"`` (or ``"cifar100"``) reads the python batches that
   ``torchvision.datasets.CIFAR10(root, download=True)`` stores under ``root/cifar-10-batches-py``
   (``data_batch_1..5`` = train, ``test_batch`` = test; ``batches.meta`` names the classes).
