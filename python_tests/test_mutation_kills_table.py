@@ -35,8 +35,7 @@ def record() -> AuditRecord:
                    minimal=True, sis_score=0.9),
             result([19], 5, queries=300, extraction_queries=20, minimal=False, sis_score=0.6),
             result(None, 1, queries=100)]
-    objects = [np.zeros((10, 10), bool)] * 3
-    objects[0] = np.zeros((10, 10), bool)
+    objects = [np.zeros((10, 10), bool) for _ in range(3)]
     objects[0][5, 5] = True  # pixel 55
     return AuditRecord("t", ["a", "b", "c"], displays, [2, None, 7], {2: "two", 5: "five", 7: "seven"},
                        [ModelRecord("m", "responsibility", resp)], object_masks=objects)
