@@ -158,12 +158,20 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
                      "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()})
     counts = None
     if wants_transfer(transfer, len(models), method):
-        counts = []
-        for res in results:
-            subsets, _ = pixel_subsets(images, res, fraction, mask_value)
-            counts.append([int((predict(models[b], subsets)[0] == (torch.tensor(labels) if known
-                                                                  else predictions[b])).sum()) for b in models])
+        reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
+        counts = transfer_counts(models, results, images, reference, fraction, mask_value)
     return ChunkResult(results, seconds, sens, counts)
+
+
+def transfer_counts(models: Mapping[str, object], results: Sequence[Sequence], images: torch.Tensor,
+                    reference: Mapping[str, torch.Tensor], fraction: float, mask_value) -> list[list[int]]:
+    """counts [A][B]: the images that model B classifies as ``reference[B]`` (int64 [N]) on the pixel subsets
+    (last ``fraction`` of backward selection) of ``results[A]`` (one SISResult per image of ``images``)."""
+    counts = []
+    for res in results:
+        subsets, _ = pixel_subsets(images, res, fraction, mask_value)
+        counts.append([int((predict(models[b], subsets)[0] == reference[b]).sum()) for b in models])
+    return counts
 
 
 def sensitivity_summary(cols: dict, sigma, reference: str) -> dict:
@@ -187,10 +195,7 @@ def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord],
     ``reference[B]``: int64 [N] the classes B is scored against (true labels, or B's own full-image
     predictions; ``reference_name`` says which). Returns the ``AuditRecord.transfer`` dict (rows: A, cols: B).
     """
-    counts = []
-    for rec in records:
-        subsets, _ = pixel_subsets(images, rec.results, fraction, mask_value)
-        counts.append([int((predict(models[b], subsets)[0] == reference[b]).sum()) for b in models])
+    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, mask_value)
     out = transfer_summary(counts, images.shape[0], list(models), fraction, reference_name)
     out["rows"] = [r.name for r in records]
     return out

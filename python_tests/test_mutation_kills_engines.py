@@ -1,0 +1,307 @@
+"""engines.py's decisions checked piece by piece: what each calibration is asked for, when incremental scoring is
+predicted to pay, when a small job is timed, the compiled model's check, the export cache and its keys.
+
+Both scoring paths give the same SIS (test_incremental.py, test_engines.py), so a wrong decision here only costs
+time; these tests pin the decisions themselves, with the timings and probes replaced by recorders."""
+import dataclasses
+import logging
+import math
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from overinterp_fast import calibration, engines, incremental
+from overinterp_fast.calibration import Calibration
+from overinterp_fast.inputs import prepare
+from overinterp_fast.model import ModelFn
+
+from conftest import make_cnn, make_images, whole_message
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    engines.clear_cache()
+    calibration.clear_cache()
+    yield
+    engines.clear_cache()
+    calibration.clear_cache()
+
+
+def _job(n=2, dtype=torch.float32):
+    model = make_cnn(0, dtype)
+    prep = prepare(make_images(n, dtype=dtype))
+    return model, ModelFn(model), prep, torch.zeros(n, dtype=torch.int64)
+
+
+def _plan(ratio=0.3, batch=96):
+    return types.SimpleNamespace(cost_ratio=ratio, batch_size=lambda: batch)
+
+
+def _engine(name="torch", times=None, source="measured", batch=64):
+    cal = None if source is None else Calibration(batch, dict(times or {}), source, 0.0)
+    return engines.Engine(name, object(), batch, cal, verify=False)
+
+
+# ---------- incremental_pays
+
+
+def test_incremental_pays_by_the_plan_estimate_when_nothing_was_timed(caplog):
+    caplog.set_level(logging.INFO, logger="overinterp_fast.engines")
+    at = incremental.AUTO_MAX_COST_RATIO
+    timed = {16: 0.01, 64: 0.03}
+    for incr_times, dense in (({}, _engine(times=timed)),                      # incremental not timed
+                              (timed, _engine(source=None)),                   # the user's batch size
+                              (timed, _engine(times={}, source="fallback"))):  # the dense side not timed
+        incr = Calibration(32, dict(incr_times), "measured" if incr_times else "fallback", 0.0)
+        assert engines.incremental_pays(_plan(at), incr, dense, (2, 25)) is True
+        assert engines.incremental_pays(_plan(at * 1.001), incr, dense, (2, 25)) is False
+        assert engines.incremental_pays(_plan(0.0), incr, dense, (2, 25)) is True
+    assert "incremental inference on (estimated 0.50x the work of a dense pass)" in caplog.text
+    assert "incremental inference off (estimated 0.50x the work of a dense pass)" in caplog.text
+
+
+def test_incremental_pays_by_timing_includes_the_base_runs(caplog):
+    """Timed on both sides: the incremental job's calls plus one dense pass of the N images per step (p steps)
+    against the dense job's calls, each at its own batch size."""
+    caplog.set_level(logging.INFO, logger="overinterp_fast.engines")
+    n, p = 3, 40
+    dense_times = {16: 0.016, 64: 0.064, 256: 0.256}  # 1 ms a row
+    dense = _engine(times=dense_times, batch=256)
+    t_dense = calibration.exact_job_time(dense_times, 256, n, p)
+    base = 0.003 * p  # n = 3 rows per step at 1 ms a row (call_time interpolates linearly through 0)
+    # incremental per-row cost chosen so that its calls take t_dense - base, -+ 1%
+    for scale, pays in ((0.99, True), (1.01, False)):
+        lo, hi = 0.0, 1e-2
+        for _ in range(60):  # bisect the per-row cost whose calls take scale * (t_dense - base)
+            mid = (lo + hi) / 2
+            times = {16: 16 * mid, 64: 64 * mid, 256: 256 * mid}
+            if calibration.exact_job_time(times, 256, n, p) < scale * (t_dense - base):
+                lo = mid
+            else:
+                hi = mid
+        incr = Calibration(256, {16: 16 * lo, 64: 64 * lo, 256: 256 * lo}, "measured", 0.0)
+        assert engines.incremental_pays(_plan(0.0 if not pays else 9.0), incr, dense, (n, p)) is pays
+    assert "incremental inference on (timed: predicted" in caplog.text
+    assert "incremental inference off (timed: predicted" in caplog.text and "dense, torch)" in caplog.text
+
+
+# ---------- time_small_job
+
+
+def test_time_small_job_times_both_paths_only_when_both_are_untimed_and_the_job_is_long(monkeypatch):
+    model, user, prep, targets = _job()
+    n, p = 2, 25
+    rows = n * p * (p + 1) // 2  # 650
+    calls = []
+
+    def fake_measure(probe, sizes, *, expected_rows, repeats):
+        calls.append((probe, list(sizes), expected_rows, repeats))
+        return {sizes[0]: 0.5 if probe == "dense probe" else 0.25}
+
+    monkeypatch.setattr(engines, "measure", fake_measure)
+    monkeypatch.setattr(engines, "candidate_probe", lambda fn, pr, tg: "dense probe" if fn == user.score else None)
+    monkeypatch.setattr(engines.incremental, "probe", lambda pl, fn, pr, tg: "incremental probe")
+    dense = engines.Engine("torch", user, 48, Calibration(48, {}, "fallback", 0.0), verify=False)
+    incr = Calibration(96, {}, "fallback", 0.0)
+    long_s = engines.SMALL_JOB_TIMING_S * n / rows  # the first pass's time at which the job is predicted long
+    got_incr, got_dense = engines.time_small_job(_plan(), user, prep, targets, incr, dense, (n, p), long_s)
+    assert calls == [("dense probe", [48], rows, 1), ("incremental probe", [96], rows, 1)]
+    assert got_incr == Calibration(96, {96: 0.25}, "measured", 0.0)
+    assert got_dense == dataclasses.replace(dense, calibration=Calibration(48, {48: 0.5}, "measured", 0.0))
+    assert got_dense.fn is user and got_dense.batch_size == 48
+    # unchanged: a job predicted shorter, or either side already timed, or the user's batch size
+    calls.clear()
+    for args in ((incr, dense, long_s * 0.99),
+                 (Calibration(96, {96: 0.1}, "measured", 0.0), dense, long_s * 10),
+                 (incr, dataclasses.replace(dense, calibration=Calibration(48, {48: 1.0}, "cached", 0.0)), 1.0),
+                 (incr, dataclasses.replace(dense, calibration=None), 1.0)):
+        out = engines.time_small_job(_plan(), user, prep, targets, args[0], args[1], (n, p), args[2])
+        assert out[0] is args[0] and out[1] is args[1]
+    assert calls == []
+    # no images: the prediction divides by max(n, 1)
+    assert engines.time_small_job(_plan(), user, prep, targets, incr, dense, (0, p), 0.0) == (incr, dense)
+
+
+# ---------- what each calibration is asked for
+
+
+def test_incremental_calibration_asks_for_the_exact_job(monkeypatch):
+    model, user, prep, targets = _job()
+    seen = {}
+
+    def fake_calibrate(key, probe, **kw):
+        seen.update(key=key, probe=probe, **kw)
+        return Calibration(77, {77: 0.1}, "measured", 0.0)
+
+    monkeypatch.setattr(engines, "calibrate", fake_calibrate)
+    monkeypatch.setattr(engines.incremental, "probe", lambda pl, fn, pr, tg: ("probe", pl.cost_ratio, fn, tg))
+    pl = _plan(0.25, batch=123)
+    assert engines.incremental_calibration(pl, user, prep, targets, batch_size=40, exact_shape=(2, 25)) == \
+        Calibration(40, {}, "user", 0.0)
+    assert seen == {}  # the user's size is not timed
+    cal = engines.incremental_calibration(pl, user, prep, targets, batch_size=None, exact_shape=(2, 25))
+    assert cal == Calibration(77, {77: 0.1}, "measured", 0.0)
+    key, disk = engines._calibration_keys(user, prep, "incremental", "score", 50, (2, 25))
+    assert seen == {"key": key, "probe": ("probe", 0.25, user, targets), "max_rows": 50,
+                    "expected_rows": 2 * 25 * 26 // 2, "fallback": 123, "images": 2, "features": 25, "disk": disk}
+    assert key[1:3] == ("incremental", "score")
+
+
+def test_dense_calibration_asks_for_the_job(monkeypatch):
+    model, user, prep, targets = _job(3)
+    seen = {}
+
+    def fake_calibrate(key, probe, **kw):
+        seen.update(key=key, probe=probe, **kw)
+        return Calibration(8, {}, "fallback", 0.0)
+
+    monkeypatch.setattr(engines, "calibrate", fake_calibrate)
+    monkeypatch.setattr(engines, "candidate_probe", lambda fn, pr, tg: ("probe", fn, tg))
+    monkeypatch.setattr(engines, "auto_batch_size", lambda images, total: ("auto", total))
+    engines._calibrate("torch", user, user, prep, targets, "score_and_top1", 30, 900, (3, 25))
+    key, disk = engines._calibration_keys(user, prep, "torch", "score_and_top1", 30, (3, 25))
+    assert seen == {"key": key, "probe": ("probe", user.score_and_top1, targets), "max_rows": 30,
+                    "expected_rows": 900, "fallback": ("auto", 30), "upper": None, "images": 3, "features": 25,
+                    "disk": disk}
+    seen.clear()
+    engines._calibrate("torch", user, user, prep, targets, "score", 30, 900, None)
+    assert seen["images"] is None and seen["features"] is None and seen["probe"][1] == user.score
+
+
+def test_calibration_keys_name_what_the_speed_depends_on(tmp_path):
+    model, user, prep, targets = _job()
+    key, disk = engines._calibration_keys(user, prep, "torch", "score", 50, (2, 25))
+    assert key == (id(model), "torch", "score", (3, 5, 5), torch.float32, "cpu", True, torch.get_num_threads(), 50,
+                   (2, 25))
+    assert disk == calibration.disk_key(engines._structure(model), *key[1:])
+    key2, _ = engines._calibration_keys(user, prep, "torch", "score", 50, None)
+    assert key2[-1] is None and key2[:-1] == key[:-1]
+    cl = prepare(make_images(2, dtype=torch.float32).contiguous(memory_format=torch.channels_last))
+    assert engines._calibration_keys(user, cl, "torch", "score", 50, None)[0][6] is False
+    # a plain callable: nothing identifies it across processes, so no disk key
+    fn = ModelFn(lambda x: model(x))
+    assert engines._calibration_keys(fn, prep, "torch", "score", 50, None)[1] is None
+    # an ONNX file: its path is the key
+    from overinterp_fast import export_onnx
+    from overinterp_fast.onnx_backend import OnnxModel
+
+    path = export_onnx(model, str(tmp_path / "m.onnx"), make_images(2, dtype=torch.float32))
+    onnx = OnnxModel(path)
+    okey, odisk = engines._calibration_keys(ModelFn(onnx), prep, "onnxruntime", "score", 50, None)
+    assert okey[0] == path and odisk is not None
+    import os
+
+    assert engines._structure(onnx) == f"onnx:{path}:{os.path.getsize(path)}:{onnx.input_shape}"
+
+
+def test_structure_changes_with_layers_and_shapes_not_with_values():
+    a, b = make_cnn(0, torch.float32), make_cnn(1, torch.float32)
+    assert engines._structure(a) == engines._structure(b)  # same layers and shapes, other weights
+    wide = make_cnn(0, torch.float32, width=4)
+    assert engines._structure(wide) != engines._structure(a)
+    assert engines._structure(a.double()) != engines._structure(make_cnn(0, torch.float32))
+    assert engines._structure(a).startswith("conftest.SmallCNN:")
+    assert engines._structure(lambda x: x) is None
+
+
+def test_job_seconds_takes_the_cheapest_measured_row():
+    cal = Calibration(64, {16: 0.032, 64: 0.064, 256: 0.512}, "measured", 0.0)
+    assert engines._job_seconds(cal, 1000) == pytest.approx(1.0)  # 1 ms a row at 64
+    assert engines._job_seconds(Calibration(64, {}, "fallback", 0.0), 1000) == 0.0
+
+
+# ---------- the engine cache and the compiled model's check
+
+
+def test_fingerprint_follows_in_place_changes_and_replacements():
+    model = make_cnn(0, torch.float32)
+    before = engines._fingerprint(model)
+    assert engines._fingerprint(model) == before
+    with torch.no_grad():
+        model.conv1.weight.add_(0.0)  # in place: the version counter moves
+    moved = engines._fingerprint(model)
+    assert moved != before
+    model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+    assert engines._fingerprint(model) != moved
+    bn = nn.BatchNorm1d(3).eval()
+    fp = engines._fingerprint(bn)
+    bn.running_mean.fill_(1.0)  # buffers count too
+    assert engines._fingerprint(bn) != fp
+
+
+def test_exports_are_cached_per_model_shape_and_weights(monkeypatch):
+    model, user, prep, targets = _job()
+    exports = []
+    real = engines._export
+
+    def counting(m, example, device):
+        exports.append(tuple(example.shape))
+        return real(m, example, device)
+
+    monkeypatch.setattr(engines, "_export", counting)
+    first = engines._build("onnxruntime", user, prep.images)
+    assert engines._build("onnxruntime", user, prep.images) is first and exports == [(2, 3, 5, 5)]
+    assert first.outputs == user.outputs and type(first.model).__name__ == "OnnxModel"
+    # another batch of the same image shape: the same export (the key is the shape of one image)
+    assert engines._build("onnxruntime", user, make_images(5, dtype=torch.float32)) is first
+    with torch.no_grad():
+        model.head.weight.mul_(2)  # other weights
+    again = engines._build("onnxruntime", user, prep.images)
+    assert again is not first and exports == [(2, 3, 5, 5), (2, 3, 5, 5)]
+    x = prep.images
+    torch.testing.assert_close(again.forward(x), model(x), rtol=1e-4, atol=1e-5)  # the new weights
+    engines.clear_cache()
+    engines._build("onnxruntime", user, prep.images)
+    assert len(exports) == 3
+
+
+def test_an_unavailable_engine_is_remembered_with_a_short_reason(monkeypatch):
+    model, user, prep, targets = _job()
+    tries = []
+
+    def failing(m, example, device):
+        tries.append(1)
+        raise RuntimeError("x" * 300 + "\nsecond line")
+
+    monkeypatch.setattr(engines, "_export", failing)
+    for _ in range(2):
+        with pytest.raises(engines.EngineUnavailable) as err:
+            engines._build("onnxruntime", user, prep.images)
+        assert str(err.value) == "RuntimeError: " + "x" * 200
+    assert tries == [1]  # the failure is cached like a success
+
+    def silent(m, example, device):
+        raise ValueError("")
+
+    monkeypatch.setattr(engines, "_export", silent)
+    with pytest.raises(engines.EngineUnavailable, match=whole_message("ValueError: ValueError")):
+        engines._build("onnxruntime", user, make_images(1, h=7, w=7, dtype=torch.float32))
+    with pytest.raises(engines.EngineUnavailable, match="is not a torch.nn.Module"):
+        engines._build("onnxruntime", ModelFn(lambda x: model(x)), prep.images)
+
+
+def test_compiled_model_must_match_the_model(monkeypatch):
+    x32 = make_images(2, dtype=torch.float32)
+    x64 = make_images(2)
+
+    class Off(nn.Module):
+        def __init__(self, inner, eps):
+            super().__init__()
+            self.inner, self.eps = inner, eps
+
+        def forward(self, x):
+            return self.inner(x) + self.eps
+
+    for dtype, x, ok, bad in ((torch.float32, x32, 5e-5, 5e-3), (torch.float64, x64, 5e-11, 5e-7)):
+        model = make_cnn(0, dtype)
+        for eps, passes in ((ok, True), (bad, False)):
+            monkeypatch.setattr(torch, "compile", lambda m, eps=eps: Off(m, eps))
+            if passes:
+                compiled = engines._compile(model, x)
+                assert isinstance(compiled, Off) and compiled.inner is model
+            else:
+                with pytest.raises(ValueError, match=r"the compiled model differs from the model: max error "
+                                   + f"{eps:.3g}".replace("+", r"\+")):
+                    engines._compile(model, x)
