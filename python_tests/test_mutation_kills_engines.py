@@ -5,7 +5,7 @@ Both scoring paths give the same SIS (test_incremental.py, test_engines.py), so 
 time; these tests pin the decisions themselves, with the timings and probes replaced by recorders."""
 import dataclasses
 import logging
-import math
+import os
 import types
 
 import pytest
@@ -58,8 +58,9 @@ def test_incremental_pays_by_the_plan_estimate_when_nothing_was_timed(caplog):
         assert engines.incremental_pays(_plan(at), incr, dense, (2, 25)) is True
         assert engines.incremental_pays(_plan(at * 1.001), incr, dense, (2, 25)) is False
         assert engines.incremental_pays(_plan(0.0), incr, dense, (2, 25)) is True
-    assert "incremental inference on (estimated 0.50x the work of a dense pass)" in caplog.text
-    assert "incremental inference off (estimated 0.50x the work of a dense pass)" in caplog.text
+    messages = {r.getMessage() for r in caplog.records}
+    assert "overinterp_fast: incremental inference on (estimated 0.50x the work of a dense pass)" in messages
+    assert "overinterp_fast: incremental inference off (estimated 0.50x the work of a dense pass)" in messages
 
 
 def test_incremental_pays_by_timing_includes_the_base_runs(caplog):
@@ -83,18 +84,21 @@ def test_incremental_pays_by_timing_includes_the_base_runs(caplog):
                 hi = mid
         incr = Calibration(256, {16: 16 * lo, 64: 64 * lo, 256: 256 * lo}, "measured", 0.0)
         assert engines.incremental_pays(_plan(0.0 if not pays else 9.0), incr, dense, (n, p)) is pays
-    assert "incremental inference on (timed: predicted" in caplog.text
-    assert "incremental inference off (timed: predicted" in caplog.text and "dense, torch)" in caplog.text
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all(m.endswith(" s dense, torch)") for m in messages)
+    assert messages[0].startswith("overinterp_fast: incremental inference on (timed: predicted ")
+    assert messages[1].startswith("overinterp_fast: incremental inference off (timed: predicted ")
 
 
 # ---------- time_small_job
 
 
 def test_time_small_job_times_both_paths_only_when_both_are_untimed_and_the_job_is_long(monkeypatch):
-    model, user, prep, targets = _job()
-    n, p = 2, 25
-    rows = n * p * (p + 1) // 2  # 650
+    model, user, prep, targets = _job(3)
+    n, p = 3, 25
+    rows = n * p * (p + 1) // 2  # 975
     calls = []
+    pl = _plan()
 
     def fake_measure(probe, sizes, *, expected_rows, repeats):
         calls.append((probe, list(sizes), expected_rows, repeats))
@@ -102,11 +106,12 @@ def test_time_small_job_times_both_paths_only_when_both_are_untimed_and_the_job_
 
     monkeypatch.setattr(engines, "measure", fake_measure)
     monkeypatch.setattr(engines, "candidate_probe", lambda fn, pr, tg: "dense probe" if fn == user.score else None)
-    monkeypatch.setattr(engines.incremental, "probe", lambda pl, fn, pr, tg: "incremental probe")
+    monkeypatch.setattr(engines.incremental, "probe",
+                        lambda *a: "incremental probe" if a == (pl, user, prep, targets) else None)
     dense = engines.Engine("torch", user, 48, Calibration(48, {}, "fallback", 0.0), verify=False)
     incr = Calibration(96, {}, "fallback", 0.0)
     long_s = engines.SMALL_JOB_TIMING_S * n / rows  # the first pass's time at which the job is predicted long
-    got_incr, got_dense = engines.time_small_job(_plan(), user, prep, targets, incr, dense, (n, p), long_s)
+    got_incr, got_dense = engines.time_small_job(pl, user, prep, targets, incr, dense, (n, p), long_s)
     assert calls == [("dense probe", [48], rows, 1), ("incremental probe", [96], rows, 1)]
     assert got_incr == Calibration(96, {96: 0.25}, "measured", 0.0)
     assert got_dense == dataclasses.replace(dense, calibration=Calibration(48, {48: 0.5}, "measured", 0.0))
@@ -120,8 +125,13 @@ def test_time_small_job_times_both_paths_only_when_both_are_untimed_and_the_job_
         out = engines.time_small_job(_plan(), user, prep, targets, args[0], args[1], (n, p), args[2])
         assert out[0] is args[0] and out[1] is args[1]
     assert calls == []
-    # no images: the prediction divides by max(n, 1)
-    assert engines.time_small_job(_plan(), user, prep, targets, incr, dense, (0, p), 0.0) == (incr, dense)
+    # no images: the prediction divides by max(n, 1), so the first pass's time counts whole
+    calls.clear()
+    engines.time_small_job(pl, user, prep, targets, incr, dense, (0, p), 1.0)
+    assert calls == []  # 0 rows
+    one = engines.SMALL_JOB_TIMING_S / (p * (p + 1) // 2)
+    engines.time_small_job(pl, user, prep, targets, incr, dense, (1, p), one)
+    assert len(calls) == 2
 
 
 # ---------- what each calibration is asked for
@@ -305,3 +315,134 @@ def test_compiled_model_must_match_the_model(monkeypatch):
                 with pytest.raises(ValueError, match=r"the compiled model differs from the model: max error "
                                    + f"{eps:.3g}".replace("+", r"\+")):
                     engines._compile(model, x)
+
+
+# ---------- select_engine with the timings replaced
+
+
+class _Recorder:
+    """Stands in for engines._calibrate, engines.measure and the ONNX export: fixed times per engine."""
+
+    def __init__(self, monkeypatch, user: ModelFn, per_row: dict, fail_export: bool = False):
+        self.per_row, self.calibrated, self.measured, self.built = per_row, [], [], []
+        real = engines._build
+
+        def build(name, user, images):
+            self.built.append(name)
+            if name == "onnxruntime" and not isinstance(user.model, engines.OnnxModel):
+                if fail_export:
+                    raise engines.EngineUnavailable("RuntimeError: no exporter")
+                return ModelFn(user.model)  # a stand-in: any fn that is not the user's
+            return real(name, user, images)
+
+        def calibrate(name, fn, user, prep, targets, measure_fn, max_rows, expected_rows, exact_shape):
+            self.calibrated.append((name, measure_fn, max_rows, expected_rows, exact_shape))
+            t = self.per_row.get(name)
+            return Calibration(32, {} if t is None else {32: 32 * t}, "measured" if t else "fallback", 0.0)
+
+        def measure(probe, sizes, *, expected_rows):  # probe: the engine's name, from candidate_probe below
+            self.measured.append((probe, list(sizes), expected_rows))
+            return {sizes[0]: sizes[0] * self.per_row[probe]}
+
+        monkeypatch.setattr(engines, "_build", build)
+        monkeypatch.setattr(engines, "_calibrate", calibrate)
+        monkeypatch.setattr(engines, "measure", measure)
+        # the probe of a bound method of the user's ModelFn times torch; any other, the stand-in
+        monkeypatch.setattr(engines, "candidate_probe",
+                            lambda fn, prep, targets: "torch" if fn.__self__ is user else "onnxruntime")
+
+
+def test_auto_keeps_the_engine_with_the_lower_predicted_job_time(monkeypatch):
+    model, user, prep, targets = _job()
+    rows = 20_000  # 20 s at 1 ms a row: long enough to weigh ONNX Runtime
+    for ort_per_row, chosen in ((0.5e-3, "onnxruntime"), (1e-3, "torch"), (2e-3, "torch"), (None, "torch")):
+        rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": ort_per_row})
+        eng = engines.select_engine("auto", user, prep, targets, batch_size=None, max_rows=500, expected_rows=rows,
+                                    measure_fn="score_and_top1", exact_shape=(2, 25))
+        assert rec.built == ["torch", "onnxruntime"]
+        assert rec.calibrated == [("torch", "score_and_top1", 500, rows, (2, 25)),
+                                  ("onnxruntime", "score_and_top1", 500, rows, (2, 25))]
+        assert eng.name == chosen and (eng.fn is user) == (chosen == "torch") and eng.verify == (chosen != "torch")
+        assert eng.batch_size == 32 and eng.calibration is not None
+        assert eng.calibration.times == ({32: 32 * ort_per_row} if chosen == "onnxruntime" else {32: 32e-3})
+
+
+def test_onnx_runtime_is_weighed_only_for_auto_float32_torch_modules_on_long_jobs(monkeypatch):
+    model, user, prep, targets = _job()
+    cases = [("torch", user, prep, 20_000),                          # the user named the engine
+             ("auto", user, prep, 9_000),                            # 9 s at 1 ms a row: too short
+             ("auto", ModelFn(lambda x: model(x)), prep, 20_000)]    # a plain callable
+    for engine, fn, pr, rows in cases:
+        rec = _Recorder(monkeypatch, fn, {"torch": 1e-3, "onnxruntime": 1e-6})
+        eng = engines.select_engine(engine, fn, pr, targets, batch_size=None, max_rows=500, expected_rows=rows)
+        assert "onnxruntime" not in rec.built and eng.name == "torch", (engine, rows)
+    model64, user64, prep64, _ = _job(dtype=torch.float64)  # float64: ORT's CPU kernels are not the point
+    rec = _Recorder(monkeypatch, user64, {"torch": 1e-3, "onnxruntime": 1e-6})
+    engines.select_engine("auto", user64, prep64, targets, batch_size=None, max_rows=500, expected_rows=20_000)
+    assert rec.built == ["torch"]
+    rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 1e-6})  # exactly AUTO_MIN_JOB_S: weighed
+    rows = int(engines.AUTO_MIN_JOB_S / 1e-3)
+    assert engines.select_engine("auto", user, prep, targets, batch_size=None, max_rows=500,
+                                 expected_rows=rows).name == "onnxruntime"
+
+
+def test_the_users_batch_size_is_kept_and_timed_only_to_compare_engines(monkeypatch):
+    model, user, prep, targets = _job()
+    rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 0.5e-3})
+    eng = engines.select_engine("auto", user, prep, targets, batch_size=40, max_rows=500, expected_rows=20_000)
+    assert rec.calibrated == [] and rec.measured == [("torch", [40], 20_000), ("onnxruntime", [40], 20_000)]
+    assert eng.name == "onnxruntime" and eng.batch_size == 40 and eng.calibration is None and eng.verify
+    # a job under calibration.MIN_ROWS rows is not timed at all: torch, the user's size
+    rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 0.5e-3})
+    eng = engines.select_engine("auto", user, prep, targets, batch_size=40, max_rows=500,
+                                expected_rows=calibration.MIN_ROWS - 1)
+    assert rec.measured == [] and eng.name == "torch" and eng.batch_size == 40 and eng.calibration is None
+    # an engine the user named: their size, untimed
+    rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 0.5e-3})
+    eng = engines.select_engine("torch", user, prep, targets, batch_size=40, max_rows=500, expected_rows=20_000)
+    assert rec.measured == [] and eng.name == "torch" and eng.calibration is None and not eng.verify
+
+
+def test_a_failed_export_under_auto_warns_once_and_keeps_torch(monkeypatch):
+    model, user, prep, targets = _job()
+    _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 1e-6}, fail_export=True)
+    with pytest.warns(UserWarning) as record:
+        eng = engines.select_engine("auto", user, prep, targets, batch_size=None, max_rows=500, expected_rows=20_000)
+    assert [str(w.message) for w in record] == [
+        "engine='auto': the ONNX export failed (RuntimeError: no exporter); running the torch model"]
+    assert eng.name == "torch" and eng.fn is user
+
+
+def test_engine_errors_on_an_onnx_model_are_exact(tmp_path):
+    from overinterp_fast import export_onnx
+    from overinterp_fast.onnx_backend import OnnxModel
+
+    model = make_cnn(0, torch.float32)
+    path = export_onnx(model, str(tmp_path / "m.onnx"), make_images(2, dtype=torch.float32))
+    user = ModelFn(OnnxModel(path))
+    x = make_images(2, dtype=torch.float32)
+    for name in ("torch", "compile"):
+        with pytest.raises(ValueError, match=whole_message(
+                f"engine={name!r} needs a torch model; this one is ONNX (use engine='auto' or 'onnxruntime')")):
+            engines._build(name, user, x)
+    assert engines._build("onnxruntime", user, x) is user
+    with pytest.raises(engines.EngineUnavailable, match=whole_message("function is not a torch.nn.Module")):
+        engines._build("compile", ModelFn(lambda t: model(t)), x)
+    import onnxruntime as ort
+
+    session = OnnxModel(ort.InferenceSession(path, providers=["CPUExecutionProvider"]))
+    assert engines._structure(session) == f"onnx:None::{session.input_shape}"
+
+
+def test_exports_go_to_one_private_folder(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(engines, "_TMP", None)
+    model = make_cnn(0, torch.float32)
+    x = make_images(2, dtype=torch.float32)
+    a = engines._export(model, x, torch.device("cpu"))
+    b = engines._export(model, x, torch.device("cpu"))
+    folder = os.path.dirname(a.path)
+    assert os.path.dirname(b.path) == folder and os.path.basename(folder).startswith("overinterp_fast_onnx_")
+    assert [os.path.basename(a.path), os.path.basename(b.path)] == [f"model_{id(model):x}_0.onnx",
+                                                                   f"model_{id(model):x}_1.onnx"]
+    assert os.listdir(tmp_path) == []  # nothing written where the user runs
