@@ -348,8 +348,12 @@ class _Recorder:
         monkeypatch.setattr(engines, "_calibrate", calibrate)
         monkeypatch.setattr(engines, "measure", measure)
         # the probe of a bound method of the user's ModelFn times torch; any other, the stand-in
-        monkeypatch.setattr(engines, "candidate_probe",
-                            lambda fn, prep, targets: "torch" if fn.__self__ is user else "onnxruntime")
+        def probe(fn, prep, targets):
+            self.probed.append((prep, targets))
+            return "torch" if fn.__self__ is user else "onnxruntime"
+
+        self.probed = []
+        monkeypatch.setattr(engines, "candidate_probe", probe)
 
 
 def test_auto_keeps_the_engine_with_the_lower_predicted_job_time(monkeypatch):
@@ -391,7 +395,13 @@ def test_the_users_batch_size_is_kept_and_timed_only_to_compare_engines(monkeypa
     rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 0.5e-3})
     eng = engines.select_engine("auto", user, prep, targets, batch_size=40, max_rows=500, expected_rows=20_000)
     assert rec.calibrated == [] and rec.measured == [("torch", [40], 20_000), ("onnxruntime", [40], 20_000)]
+    assert all(pr is prep and tg is targets for pr, tg in rec.probed) and len(rec.probed) == 2
     assert eng.name == "onnxruntime" and eng.batch_size == 40 and eng.calibration is None and eng.verify
+    # exactly calibration.MIN_ROWS rows: timed (4 s at 1 ms a row: too short to export)
+    rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 0.5e-3})
+    eng = engines.select_engine("auto", user, prep, targets, batch_size=40, max_rows=500,
+                                expected_rows=calibration.MIN_ROWS)
+    assert rec.measured == [("torch", [40], calibration.MIN_ROWS)] and eng.name == "torch"
     # a job under calibration.MIN_ROWS rows is not timed at all: torch, the user's size
     rec = _Recorder(monkeypatch, user, {"torch": 1e-3, "onnxruntime": 0.5e-3})
     eng = engines.select_engine("auto", user, prep, targets, batch_size=40, max_rows=500,
@@ -446,3 +456,34 @@ def test_exports_go_to_one_private_folder(monkeypatch, tmp_path):
     assert [os.path.basename(a.path), os.path.basename(b.path)] == [f"model_{id(model):x}_0.onnx",
                                                                    f"model_{id(model):x}_1.onnx"]
     assert os.listdir(tmp_path) == []  # nothing written where the user runs
+
+
+def test_built_engines_keep_the_outputs_kind_and_are_keyed_by_channels(monkeypatch):
+    """A model that reads probabilities keeps outputs="probabilities" on every engine; a compiled model is the
+    one torch.compile returned (here a stand-in); an export is per image shape, channels included."""
+
+    class Probs(nn.Module):
+        def forward(self, x):
+            return torch.softmax(8 * x.mean((2, 3)), 1)  # any channel count: one class per channel
+
+    model = Probs().eval()
+    user = ModelFn(model, outputs="probabilities")
+    x3 = make_images(2, dtype=torch.float32)
+    compiled = []
+
+    def fake_compile(m):
+        compiled.append(m)
+        return nn.Sequential(m).eval()
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    built = engines._build("compile", user, x3)
+    assert compiled == [model] and isinstance(built.model, nn.Sequential) and built.model[0] is model
+    assert built.outputs == "probabilities"
+    ort3 = engines._build("onnxruntime", user, x3)
+    assert ort3.outputs == "probabilities"
+    torch.testing.assert_close(ort3.score(x3, torch.zeros(2, dtype=torch.int64)),
+                               user.score(x3, torch.zeros(2, dtype=torch.int64)), rtol=1e-4, atol=1e-6)
+    x1 = make_images(2, c=1, dtype=torch.float32)
+    ort1 = engines._build("onnxruntime", user, x1)  # other channels, same height and width: another export
+    assert ort1 is not ort3
+    torch.testing.assert_close(ort1.forward(x1), model(x1), rtol=1e-4, atol=1e-6)
