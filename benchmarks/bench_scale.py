@@ -84,8 +84,11 @@ def child(args) -> None:
         results, names, labels, displays = [], [], [], []
         for a, b in store.chunk_ranges(len(src), args.chunk):
             c = collate([src[i] for i in range(a, b)])
+            # run_stored_audit's defaults for everything the stored mode does not set
             done = runner.audit_chunk({"cnn": model}, c["x"], c["labels"], True, engine=None, batch_size=batch,
-                                      **opts)
+                                      threshold_mode="auto", collection=False, transfer=True, fraction=0.05,
+                                      mask_value=0.0, autocast=None, progress=False, object_masks=None,
+                                      noise_sigma=0.25, value_range=None, **opts)
             results += done.results[0]
             names += [src.image_names[i] for i in c["index"]]
             labels += c["labels"]

@@ -202,3 +202,23 @@ def test_run_audit_with_labels_records_the_label_reference_and_classes():
     # the 25% subset of image 0 keeps its last-ranked pixel; against the labels (1, 4) at most image 0 is right
     assert all(0 <= v <= 0.5 for row in rec.transfer["accuracy"] for v in row)
     assert not math.isnan(rec.transfer["accuracy"][0][0])
+
+
+def test_audit_progress_bar_per_model(monkeypatch):
+    """progress=True: a bar named "audit" counting models, with the model's name; False: nothing; None: only on a
+    terminal (fast_sis's own bars follow the same switch)."""
+    from conftest import fake_terminal
+
+    x = torch.stack([torch.full((1, 2, 2), 2.0), torch.full((1, 2, 2), -2.0)])
+    displays = np.zeros((2, 2, 2), np.uint8)
+
+    def run(progress):
+        tty = fake_terminal(monkeypatch)
+        runner.run_audit({"first": ByMean().eval(), "second": ByLast().eval()}, x, ["p", "q"], displays,
+                         threshold=0.5, transfer=False, progress=progress)
+        return "".join(tty.text)
+
+    shown = run(True)
+    assert "audit: 100%" in shown and "2/2" in shown and "model/s" in shown and "second" in shown
+    assert run(False) == ""
+    assert "audit: 100%" in run(None)  # the fake stderr says it is a terminal

@@ -125,16 +125,16 @@ def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
 
 
 def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool, *,
-                threshold: float = 0.9, threshold_mode: str = "auto", method: str = "exact", k: int = 100,
-                collection: bool = False, transfer: bool = True, fraction: float = 0.05, mask_value: float = 0.0,
-                autocast: str | None = None, batch_size: int | None = None, engine: str | None = "auto",
-                progress: bool | None = None, object_masks: torch.Tensor | None = None, noise_sigma: float | torch.Tensor = 0.25,
-                value_range: tuple | None = None) -> ChunkResult:
+                threshold: float, threshold_mode: str, method: str, k: int, collection: bool, transfer: bool,
+                fraction: float, mask_value: float, autocast: str | None, batch_size: int | None, engine: str | None,
+                progress: bool | None, object_masks: torch.Tensor | None, noise_sigma: float | torch.Tensor,
+                value_range: tuple | None) -> ChunkResult:
     """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
 
     ``known``: accuracies are measured against the labels (all known) rather than each model's own
     full-image prediction. ``engine``: :func:`fast_sis`'s, or None for :func:`fixed_engine` per model (never
-    chosen by timing). The other arguments are :func:`run_audit`'s.
+    chosen by timing). The other arguments are :func:`run_audit`'s (no defaults here: the in-memory and the
+    stored audit each pass all of them, so that their defaults live in one place each).
     """
     results, seconds, sens, predictions = [], [], [], {}
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
@@ -290,8 +290,9 @@ def run_audit(
     known = all(lab is not None for lab in labels)
     chunk = audit_chunk(models, images, labels, known, threshold=threshold, threshold_mode=threshold_mode,
                         method=method, k=k, collection=collection, transfer=transfer, fraction=fraction,
-                        mask_value=mask_value, autocast=autocast, batch_size=batch_size, progress=progress,
-                        object_masks=object_masks, noise_sigma=noise_sigma, value_range=value_range)
+                        mask_value=mask_value, autocast=autocast, batch_size=batch_size, engine="auto",
+                        progress=progress, object_masks=object_masks, noise_sigma=noise_sigma,
+                        value_range=value_range)
     options = model_options(method, threshold, threshold_mode, mask_value, k, autocast)
     records = []
     for name, results, seconds, sens in zip(models, chunk.results, chunk.seconds, chunk.sensitivity):
