@@ -62,6 +62,7 @@ def test_predict_in_batches_returns_top1_and_its_probability_on_the_cpu():
 
 def test_plain_json_values():
     assert runner._plain(0.25) == 0.25 and isinstance(runner._plain(0.25), float)
+    assert runner._plain(0.1) == 0.1 and runner._plain([0.1, 0.3]) == [0.1, 0.3]  # float64: no float32 rounding
     assert runner._plain(torch.full((3, 1, 1), 0.5)) == 0.5  # one value repeated: a number
     assert runner._plain(torch.tensor([[0.1], [0.2], [0.1]])) == pytest.approx([0.1, 0.2, 0.1])
 
@@ -222,3 +223,43 @@ def test_audit_progress_bar_per_model(monkeypatch):
     assert "audit: 100%" in shown and "2/2" in shown and "model/s" in shown and "second" in shown
     assert run(False) == ""
     assert "audit: 100%" in run(None)  # the fake stderr says it is a terminal
+
+
+def test_audit_chunk_passes_every_option_on(monkeypatch):
+    """fast_sis and noise_sensitivity replaced by recorders: what each model's work is asked for, by hand."""
+    import time
+
+    calls, sens = [], []
+
+    def fake_sis(model, images, taus, **kw):
+        calls.append((model, taus, kw))
+        return [_order_result([0, 1, 2, 3]) for _ in range(images.shape[0])]
+
+    def fake_sensitivity(model, images, masks, truth, sigma, low, high):
+        sens.append((truth.tolist(), sigma, low, high))
+        n = images.shape[0]
+        return {"correct_fg": torch.ones(n, dtype=torch.bool), "correct_bg": torch.zeros(n, dtype=torch.bool),
+                "p_fg": torch.full((n,), 0.75), "p_bg": torch.full((n,), 0.25)}
+
+    monkeypatch.setattr(runner, "fast_sis", fake_sis)
+    monkeypatch.setattr(runner, "noise_sensitivity", fake_sensitivity)
+    x = torch.stack([torch.full((1, 2, 2), 2.0), torch.full((1, 2, 2), -2.0)])  # ByMean: classes 1, 0
+    masks = torch.ones(2, 2, 2, dtype=torch.bool)
+    models = {"m": ByMean().eval()}
+    opts = dict(threshold=0.9, threshold_mode="absolute", method="gradient", k=7, collection=True, transfer=False,
+                fraction=0.25, mask_value=0.5, autocast="bf16", batch_size=5, progress=False, object_masks=masks,
+                noise_sigma=0.3)
+    t0 = time.perf_counter()
+    done = runner.audit_chunk(models, x, [0, 0], True, engine=None, value_range=(-1.0, 1.0), **opts)
+    wall = time.perf_counter() - t0
+    ((model, taus, kw),) = calls
+    assert model is models["m"] and taus == [0.9, 0.9]
+    assert kw == {"method": "gradient", "k": 7, "collection": True, "mask_value": 0.5, "autocast": "bf16",
+                  "batch_size": 5, "engine": "torch", "progress": False}  # engine None: fixed_engine's
+    assert 0 <= done.seconds[0] <= wall and done.transfer is None
+    assert sens == [([0, 0], 0.3, -1.0, 1.0)]  # known labels: the truth is the labels, not the predictions
+    assert done.sensitivity[0]["fg_correct"].tolist() == [True, True]
+    calls.clear(), sens.clear()
+    runner.audit_chunk(models, x, [None, None], False, engine="onnxruntime", value_range=None, **opts)
+    assert calls[0][2]["engine"] == "onnxruntime"
+    assert sens == [([1, 0], 0.3, None, None)]  # unknown labels: each model's own predictions, no clipping
