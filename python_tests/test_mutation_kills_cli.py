@@ -155,3 +155,58 @@ def test_main_errors_are_one_line_with_exit_code_2(monkeypatch, capsys):
         cli.main(["sis", "--model", "m", "--out", "o"])
     assert cli.main(["digits-pipeline", "--fraction", "0"]) == 2
     assert capsys.readouterr().err == "overinterp-fast: error: --fraction must be above 0\n"
+
+
+def _rejects(argv) -> bool:
+    try:
+        cli.build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code == 2
+    return False
+
+
+def test_parser_choices_types_and_required_options(capsys):
+    """Every choice the README names is accepted and spelt exactly; numbers come back as numbers; --model and
+    --out are required where the README says so."""
+    base = {"sis": ["sis", "--model", "m", "--out", "o"], "audit": ["audit", "--model", "m", "--out", "o"]}
+    choices = {"--method": ("exact", "gradient", "responsibility"), "--threshold-mode": ("auto", "absolute", "relative"),
+               "--dataset": ("cifar10", "cifar100"), "--split": ("test", "train")}
+    for cmd, argv in base.items():
+        p = cli.build_parser()
+        for opt, values in choices.items():
+            dest = opt[2:].replace("-", "_")
+            for v in values:
+                assert getattr(p.parse_args(argv + [opt, v]), dest) == v, (cmd, opt, v)
+            assert _rejects(argv + [opt, values[0].upper()]) and _rejects(argv + [opt, "other"]), (cmd, opt)
+        a = p.parse_args(argv + ["--size", "32", "--k", "64", "--threshold", "0.5", "--select", "0:10",
+                                 "--labels", "l.json", "--class-names", "c.txt", "--data-dir", "d", "--grey",
+                                 "--collection", "--quiet", "--device", "cuda:1", "--std", "0.25"])
+        assert (a.size, a.k, a.threshold, a.select, a.labels, a.class_names, a.data_dir) == \
+            (32, 64, 0.5, "0:10", "l.json", "c.txt", "d")
+        assert a.grey and a.collection and a.quiet and a.device == "cuda:1" and a.std == [0.25]
+        assert _rejects([cmd, "--out", "o"]) and _rejects([cmd, "--model", "m"])  # both required
+        assert _rejects(argv + ["--size", "0"]) and _rejects(argv + ["--limit", "x"])
+    assert not hasattr(cli.build_parser().parse_args(base["sis"]), "ensemble")  # audit's options only
+    a = cli.build_parser().parse_args(base["audit"] + ["--ensemble", "--restart", "--fraction", "0.1", "--title", "T",
+                                                       "--object-masks", "om", "--noise-sigma", "0.2",
+                                                       "--chunk-size", "8", "--batch-size", "3", "--workers", "0",
+                                                       "--gallery", "5"])
+    assert a.ensemble and a.restart and (a.fraction, a.title, a.object_masks, a.noise_sigma) == (0.1, "T", "om", 0.2)
+    assert (a.chunk_size, a.batch_size, a.workers, a.gallery) == (8, 3, 0, 5)
+    r = cli.build_parser().parse_args(["reduce", "--out", "o", "--model", "m.pt", "--text", "t.txt", "--limit", "3",
+                                       "--beam-size", "1", "--importance", "gradient", "--quiet"])
+    assert (r.model, r.text, r.limit, r.beam_size, r.importance, r.quiet) == ("m.pt", "t.txt", 3, 1, "gradient", True)
+    assert _rejects(["reduce", "--out", "o", "--importance", "attention"]) and _rejects(["reduce"])
+    for name in ("exact", "onnx", "gradient", "responsibility", "scale"):
+        assert cli.build_parser().parse_args(["bench", name]).name == name
+    assert _rejects(["bench", "text"]) and _rejects([])
+    d = cli.build_parser().parse_args(["demo", "--out", "x", "--images", "3", "--threshold", "0.5", "--no-reference",
+                                       "--no-imagenet", "--no-text", "--k", "9", "--device", "cuda"])
+    assert (d.out, d.images, d.threshold, d.no_reference, d.no_imagenet, d.no_text, d.k, d.device) == \
+        ("x", 3, 0.5, True, True, True, 9, "cuda")
+    g = cli.build_parser().parse_args(["digits-pipeline", "--fraction", "0.1", "--train", "60", "--test", "30",
+                                       "--epochs", "2", "--out", "r.json"])
+    assert (g.fraction, g.train, g.test, g.epochs, g.out) == (0.1, 60, 30, 2, "r.json")
+    rep = cli.build_parser().parse_args(["report", "f", "--out", "r.html", "--gallery", "3"])
+    assert (rep.folder, rep.out, rep.gallery) == ("f", "r.html", 3)
+    capsys.readouterr()
