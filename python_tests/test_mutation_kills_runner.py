@@ -2,6 +2,7 @@
 ensemble, the exact-SIS size guard, the options and engines recorded, transfer counts against labels, the
 sensitivity summary and run_audit's argument checks. test_audit_cli.py runs whole audits."""
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -263,3 +264,73 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     runner.audit_chunk(models, x, [None, None], False, engine="onnxruntime", value_range=None, **opts)
     assert calls[0][2]["engine"] == "onnxruntime"
     assert sens == [([1, 0], 0.3, None, None)]  # unknown labels: each model's own predictions, no clipping
+
+
+def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
+    """audit_chunk replaced by a recorder: run_audit's documented defaults reach it, and its results become the
+    record (options, sensitivity with the noise sigma, transfer with the fraction)."""
+    seen = []
+
+    def fake_chunk(models, images, labels, known, **kw):
+        seen.append(kw)
+        n = images.shape[0]
+        sens = {"fg_correct": np.ones(n, bool), "bg_correct": np.zeros(n, bool), "p_fg": np.full(n, 0.5),
+                "p_bg": np.full(n, 0.5)}
+        return runner.ChunkResult([[_order_result([0, 1, 2, 3])] * n for _ in models], [0.0] * len(models),
+                                  [sens if kw["object_masks"] is not None else None for _ in models],
+                                  [[n] * len(models) for _ in models])
+
+    monkeypatch.setattr(runner, "audit_chunk", fake_chunk)
+    x = torch.zeros(2, 1, 2, 2)
+    displays = np.zeros((2, 2, 2), np.uint8)
+    rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays)
+    assert seen[0] == {"threshold": 0.9, "threshold_mode": "auto", "method": "exact", "k": 100, "collection": False,
+                       "transfer": True, "fraction": 0.05, "mask_value": 0.0, "autocast": None, "batch_size": None,
+                       "engine": "auto", "progress": None, "object_masks": None, "noise_sigma": 0.25,
+                       "value_range": None}
+    assert rec.title == "Overinterpretation audit" and rec.transfer["fraction"] == 0.05
+    assert rec.models[0].options == {"threshold": 0.9, "threshold_mode": "auto", "mask_value": 0.0}
+    masks = np.ones((2, 2, 2), bool)
+    rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays, threshold=0.7,
+                           threshold_mode="relative", method="gradient", k=9, collection=True, fraction=0.5,
+                           mask_value=0.25, autocast="fp16", batch_size=4, progress=False, object_masks=masks,
+                           noise_sigma=0.125, value_range=(0.0, 1.0))
+    kw = seen[1]
+    assert torch.equal(kw.pop("object_masks"), torch.ones(2, 2, 2, dtype=torch.bool))
+    assert kw == {"threshold": 0.7, "threshold_mode": "relative", "method": "gradient", "k": 9, "collection": True,
+                  "transfer": True, "fraction": 0.5, "mask_value": 0.25, "autocast": "fp16", "batch_size": 4,
+                  "engine": "auto", "progress": False, "noise_sigma": 0.125, "value_range": (0.0, 1.0)}
+    assert rec.models[1].options == {"threshold": 0.7, "threshold_mode": "relative", "mask_value": 0.25, "k": 9,
+                                     "autocast": "fp16"}
+    assert rec.models[0].method == "gradient" and rec.models[0].sensitivity["sigma"] == 0.125
+    assert rec.models[0].sensitivity["reference"] == "full-image predictions"
+    assert rec.transfer["fraction"] == 0.5 and rec.transfer["accuracy"] == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_run_info_fields(monkeypatch):
+    import platform
+
+    monkeypatch.setattr(sys, "argv", ["overinterp-fast", "audit", "--quiet"])
+    info = runner.run_info("cpu", "2 images", {"extra": 1, "device": "overridden"})
+    assert set(info) == {"date", "command", "device", "torch", "python", "machine", "images", "extra"}
+    assert info["command"] == "overinterp-fast audit --quiet" and info["device"] == "overridden"
+    assert info["python"] == platform.python_version() and info["machine"] == platform.machine()
+    assert info["images"] == "2 images" and info["torch"] == torch.__version__ and len(info["date"]) == 19
+    assert runner.run_info(torch.device("cpu"), "x", None)["device"] == "cpu"
+
+
+def test_stored_audit_engine_for_onnx_models_is_onnxruntime(monkeypatch, tmp_path):
+    """engine=None (the stored audit's): fixed_engine of each model, so an ONNX model runs on ONNX Runtime."""
+    from overinterp_fast import export_onnx
+    from overinterp_fast.onnx_backend import OnnxModel
+
+    engines_seen = []
+    monkeypatch.setattr(runner, "fast_sis", lambda model, images, taus, **kw: engines_seen.append(kw["engine"])
+                        or [_order_result([0, 1, 2, 3])] * images.shape[0])
+    x = torch.stack([torch.full((1, 2, 2), 2.0), torch.full((1, 2, 2), -2.0)])
+    onnx = OnnxModel(export_onnx(ByMean().eval(), str(tmp_path / "m.onnx"), x))
+    runner.audit_chunk({"onnx": onnx, "torch": ByMean().eval()}, x, [0, 1], True, threshold=0.5,
+                       threshold_mode="auto", method="exact", k=100, collection=False, transfer=False, fraction=0.05,
+                       mask_value=0.0, autocast=None, batch_size=None, engine=None, progress=False,
+                       object_masks=None, noise_sigma=0.25, value_range=None)
+    assert engines_seen == ["onnxruntime", "torch"]
