@@ -36,6 +36,7 @@ def test_parser_defaults():
     assert a.threshold_mode == "auto" and a.fraction == 0.05 and a.chunk_size == 64 and a.noise_sigma == 0.1
     assert a.workers == 2 and a.gallery == 24 and a.device == "cpu" and a.split == "test" and a.k is None
     assert a.images is None and a.batch_size is None and not a.restart and not a.ensemble and not a.quiet
+    assert a.title == "Overinterpretation audit" and p.prog == "overinterp-fast"
     s = p.parse_args(["sis", "--model", "m.onnx", "--out", "o", "--mean", "0.1,0.2,0.3", "--limit", "5"])
     assert s.model == "m.onnx" and s.mean == [0.1, 0.2, 0.3] and s.limit == 5 and s.std is None
     d = p.parse_args(["demo"])
@@ -197,6 +198,8 @@ def test_parser_choices_types_and_required_options(capsys):
                                        "--beam-size", "1", "--importance", "gradient", "--quiet"])
     assert (r.model, r.text, r.limit, r.beam_size, r.importance, r.quiet) == ("m.pt", "t.txt", 3, 1, "gradient", True)
     assert _rejects(["reduce", "--out", "o", "--importance", "attention"]) and _rejects(["reduce"])
+    assert cli.build_parser().parse_args(["reduce", "--out", "o", "--importance", "leave_one_out"]).importance == \
+        "leave_one_out"
     for name in ("exact", "onnx", "gradient", "responsibility", "scale"):
         assert cli.build_parser().parse_args(["bench", name]).name == name
     assert _rejects(["bench", "text"]) and _rejects([])
