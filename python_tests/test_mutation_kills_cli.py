@@ -112,13 +112,20 @@ def test_print_table_rows_and_summary(capsys):
                                  "      -", "        -"])
     assert len(lines) == 3
     # more rows than ``most``: one summary line per model (the median of the sizes with a SIS)
-    rec = _record({"m": [_result([0]), _result([0, 1, 2, 3]), _result([0, 1]), _result(None)],
-                   "none": [_result(None)] * 4})
-    cli._print_table(rec, most=7)  # 8 rows
-    assert capsys.readouterr().out.splitlines() == ["m: 3 of 4 images have a SIS; median size 10.0%",
-                                                    "none: 0 of 4 images have a SIS; median size -"]
-    cli._print_table(rec, most=8)
-    assert len(capsys.readouterr().out.splitlines()) == 9  # the header and 8 rows
+    rec = _record({"m": [_result([0]), _result([0, 1, 2, 3]), _result([0, 1]), _result(None), _result([0, 1, 2])],
+                   "none": [_result(None)] * 5})
+    cli._print_table(rec, most=9)  # 10 rows; sizes 5%, 10%, 15%, 20%: the upper median
+    assert capsys.readouterr().out.splitlines() == ["m: 4 of 5 images have a SIS; median size 15.0%",
+                                                    "none: 0 of 5 images have a SIS; median size -"]
+    cli._print_table(rec, most=10)
+    assert len(capsys.readouterr().out.splitlines()) == 11  # the header and 10 rows
+    # the default: a table up to 60 rows
+    rec = _record({"m": [_result([0])] * 30, "n": [_result([0])] * 30})
+    cli._print_table(rec)
+    assert len(capsys.readouterr().out.splitlines()) == 61
+    rec = _record({"m": [_result([0])] * 61})
+    cli._print_table(rec)
+    assert capsys.readouterr().out.splitlines() == ["m: 61 of 61 images have a SIS; median size 5.0%"]
 
 
 def test_bench_finds_the_script_and_passes_the_arguments(monkeypatch, tmp_path):
@@ -140,6 +147,10 @@ def test_bench_finds_the_script_and_passes_the_arguments(monkeypatch, tmp_path):
     (tmp_path / "benchmarks" / "bench_scale.py").write_text("")
     calls.clear()
     assert cli._bench("scale", []) == 7 and calls == [[sys.executable, missing]]
+    calls.clear()  # a leading "--" (argparse leaves one when the user writes two) is dropped, only that one
+    assert cli._bench("scale", ["--", "--", "--rounds", "1"]) == 7
+    assert cli._bench("scale", ["--rounds", "--"]) == 7
+    assert calls == [[sys.executable, missing, "--", "--rounds", "1"], [sys.executable, missing, "--rounds", "--"]]
 
 
 def test_main_errors_are_one_line_with_exit_code_2(monkeypatch, capsys):
