@@ -117,23 +117,27 @@ def _write_chunks(folder, rec, bounds):
     os.makedirs(folder, exist_ok=True)
     for c, (a, b) in enumerate(bounds):
         idx = range(a, b)
+        masks = None if rec.object_masks is None else rec.object_masks[a:b]
         store.commit_chunk(folder, c, store.images_table(idx, rec.image_names[a:b], rec.labels[a:b],
-                                                         rec.displays[a:b], None),
+                                                         rec.displays[a:b], masks),
                            store.results_table([m.results[a:b] for m in rec.models], idx))
     doc = records.complete_doc(rec, {}, 2)
-    store.write_json(os.path.join(folder, "results.json"), dict(doc, object_masks=False))
+    store.write_json(os.path.join(folder, "results.json"), doc)
     return doc
 
 
 def test_chunks_are_read_in_order_and_must_cover_the_images(tmp_path):
-    rec = _record(3, objects=False)
+    rec = _record(3)
+    rec.object_masks = [np.eye(3, 4, k=i, dtype=bool) for i in range(3)]  # one mask per image, all different
     folder = str(tmp_path / "a")
     doc = _write_chunks(folder, rec, [(0, 2), (2, 3)])
     got = list(records.iter_chunks(folder, doc))
     assert [c[0].indices for c in got] == [[0, 1], [2]] and [c[0].names for c in got] == [["img0", "img1"], ["img2"]]
     back = records.load_audit(folder)
     assert back.image_names == rec.image_names and back.labels == [1, None, 0]
+    assert [m.tolist() for m in back.object_masks] == [m.tolist() for m in rec.object_masks]  # every chunk's
     _same_results(back.models[0].results, rec.models[0].results)
+    rec = _record(3, objects=False)
     # one image short: the last chunk missing
     short = str(tmp_path / "short")
     doc = _write_chunks(short, rec, [(0, 2)])
@@ -141,10 +145,10 @@ def test_chunks_are_read_in_order_and_must_cover_the_images(tmp_path):
         list(records.iter_chunks(short, doc))
     # a gap: the first chunk's results part removed (chunk 0 not committed), so chunk 1 comes first
     gap = str(tmp_path / "gap")
-    doc = _write_chunks(gap, rec, [(0, 2), (2, 3)])
+    doc = _write_chunks(gap, rec, [(0, 1), (1, 3)])
     os.remove(store.part_path(gap, 0, "results"))
     assert store.committed_chunks(gap) == {1}
-    with pytest.raises(ValueError, match=whole_message(f"{gap!r}: chunk 1 starts at image [2], expected 0")):
+    with pytest.raises(ValueError, match=whole_message(f"{gap!r}: chunk 1 starts at image [1], expected 0")):
         list(records.iter_chunks(gap, doc))
 
 
@@ -159,3 +163,22 @@ def test_load_audit_errors(tmp_path):
     with pytest.raises(ValueError, match=whole_message(
             f"the audit in {folder!r} is not complete (1 chunks committed); rerun the same command to continue it")):
         records.load_audit(folder)
+
+
+def test_chunk_record_of_one_chunk(tmp_path):
+    rec = _record(3)
+    folder = str(tmp_path / "c")
+    doc = _write_chunks(folder, rec, [(0, 2), (2, 3)])
+    (images, per_model, _, _), _ = list(records.iter_chunks(folder, doc))
+    part = records.chunk_record(doc, images, per_model, {0: "zero"})
+    assert part.title == "T" and part.image_names == ["img0", "img1"] and part.labels == [1, None]
+    assert [m.name for m in part.models] == ["a", "b"] and [m.method for m in part.models] == ["exact", "gradient"]
+    assert part.models[0].options == {"threshold": 0.5} and part.models[1].options == {}
+    assert part.class_names == {0: "zero"} and len(part.object_masks) == 2
+    assert [d.tolist() for d in part.displays] == [d.tolist() for d in rec.displays[:2]]
+    _same_results(part.models[0].results, rec.models[0].results[:2])
+    # an older results.json without a title or options: an empty title, empty options
+    bare = dict(doc, models=[{"name": m["name"], "method": m["method"]} for m in doc["models"]])
+    del bare["title"]
+    part = records.chunk_record(bare, images, per_model, {})
+    assert part.title == "" and [m.options for m in part.models] == [{}, {}]
