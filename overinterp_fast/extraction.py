@@ -12,6 +12,7 @@ from .guided import guided_first_prefix
 from .minimal import prune_to_minimal
 from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
+from .schedule import upload
 
 AUTO_PRUNE_FEATURES = 256  # refine_budget="auto": sets of up to this many features are pruned to 1-minimal
 
@@ -92,8 +93,7 @@ def refined_sets(
     if not rows:
         return out, q_boundary, q_prune
     dev = pos.device
-    rows_t = torch.tensor(rows, device=dev)
-    k_t = torch.tensor([hits[r][0] for r in rows], device=dev)
+    rows_t, k_t = upload(dev, rows, [hits[r][0] for r in rows])  # one host-to-device copy
     sets = pos[rows_t] < k_t.view(-1, 1)
     orders = [torch.argsort(pos[r])[: hits[r][0]].flip(0).tolist() for r in rows]  # least responsible first
     # the boundary's predecessor (prefix k - 1) failed: removing the last pixel is known to fail

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from . import _ops
 from .batching import CandidateEvaluator
 from .inputs import Prepared
+from .schedule import upload
 
 SUBSETS = [[c for c in range(4) if s >> c & 1] for s in range(1, 15)]  # the 14 non-empty proper subsets
 # monotone=True: for each subset, the indices of its proper supersets among SUBSETS, and the rounds of a level
@@ -177,12 +178,12 @@ def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: 
     the model was asked, 0 where the answer is the surrogate's (the key goes to ``cache.guessed``); any
     other evaluator gets painted masks (:func:`score_painted`).
     """
-    img_all = torch.tensor(evals, dtype=torch.int64, device=dev)
     score_rectangles = getattr(evaluator, "score_rectangles", None)
     if score_rectangles is not None:  # an evaluator that reads the rectangles itself (surrogate.py): no painting
-        scored = score_rectangles(torch.tensor(rects, dtype=torch.int64, device=dev).view(-1, 4),
-                                  torch.tensor(owner, dtype=torch.int64, device=dev), img_all, present)
-    else:
+        img_all, rect_t, owner_t = upload(dev, evals, rects, owner)  # one host-to-device copy
+        scored = score_rectangles(rect_t.view(-1, 4), owner_t, img_all, present)
+    else:  # score_painted uploads the rectangles itself (_rect_cover)
+        (img_all,) = upload(dev, evals)
         scored = score_painted(evaluator, rects, owner, img_all, present, h, w)
     for key, row in zip(keys, scored.tolist()):
         cache.scores[key] = (row[0], bool(row[1]), int(row[2]))
