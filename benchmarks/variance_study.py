@@ -36,6 +36,9 @@ of several variants, interleaved run by run, each judged as window_study.py judg
 - ``pxguided``: the map ranked pixel by pixel (no squares), the first passing prefix in steps of 10 pixels found by
   the guided search: ReX's extraction of the map, at the guided search's cost.
 - ``full``: monotone=False (every mutant scored, as ReX; ``full:20`` is ReX's algorithm with ReX's 20 descents).
+- ``blurS`` (e.g. ``blur6``): the map (the descents' summed log maps) smoothed by a Gaussian of S pixels
+  (scipy.ndimage.gaussian_filter, edges repeated) before the extraction ranks it. A variance reduction bought with
+  bias: neighbouring pixels' responsibilities are pooled.
 - parts joined by ``+`` combine: ``virtual40+scan128``.
 
 Also printed, per run and variant: "at ReX's sizes", the Dice of the ranking the extraction used, cut at each ReX
@@ -56,6 +59,7 @@ import statistics
 
 import numpy as np
 import torch
+from scipy.ndimage import gaussian_filter
 from scipy.stats import qmc
 
 import overinterp_fast.extraction as extraction_module
@@ -70,7 +74,7 @@ from window_study import Study, describe, oracle_size_dice
 resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
 DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
 SOBOL_DIMS = 64
-EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64")  # parts that change the extraction, not the map
+EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64", "blur")  # parts applied after the descents' map
 
 
 class _PointRng:
@@ -109,7 +113,7 @@ def parts(variant: str) -> dict[str, int | float | None]:
             out[part] = None
         elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
             out["w"] = float(part[1:])
-        elif re.fullmatch(r"(virtual|scan|gated)\d+", part):
+        elif re.fullmatch(r"(virtual|scan|gated|blur)\d+", part):
             name = re.match(r"[a-z]+", part).group()
             out[name] = int(part[len(name):])
         else:
@@ -121,7 +125,7 @@ def parts(variant: str) -> dict[str, int | float | None]:
 
 def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, maps: dict | None = None) -> dict:
     """One run of a variant. ``maps``: the maps already computed in this run, keyed by the parts that make them
-    (all but ``EXTRACTION_PARTS``, which only change the extraction): a variant that differs from another only in
+    (all but ``EXTRACTION_PARTS``, which only change the extraction or smooth the map): a variant that differs from another only in
     its extraction reuses that one's map and queries (the maps are deterministic in the seeds)."""
     opts = parts(variant)
     key = (iterations, seed, scramble, tuple(sorted((k, v) for k, v in opts.items() if k not in EXTRACTION_PARTS)))
@@ -131,6 +135,8 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, m
         logs, q, level_queries = ranking(study, opts, iterations, seed, scramble)
         if maps is not None:
             maps[key] = (logs, q, level_queries)
+    if "blur" in opts:
+        logs = blurred(logs.view(study.n, study.h, study.w), opts["blur"])
     extraction = {"block": None, "refine_scan": 64} if "pixels64" in opts else {}
     if "pxguided" in opts:
         extraction = {"block": None, "guided": True}
@@ -166,6 +172,11 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
         logs = both if "w" not in opts else logs + opts["w"] * (both - logs)
     descents = iterations + opts.get("gated", 0)  # the model's queries: real and gated descents
     return logs, q, [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
+
+
+def blurred(logs: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Each image's map (float64 [n, H, W]) smoothed by a Gaussian of ``sigma`` pixels, edges repeated."""
+    return torch.from_numpy(np.stack([gaussian_filter(m.numpy(), sigma, mode="nearest") for m in logs]))
 
 
 def rex_oracle_dice(study: Study, rex_dir: str, seeds: list[int]) -> float:
