@@ -117,11 +117,12 @@ REFINE_BUDGET = "auto"  # refine=True: prune sets of up to AUTO_PRUNE_FEATURES f
 ITERATIONS = 8  # method="responsibility": descents per image by default (see README, minimal pixel sets)
 
 
-def _check_monotone(monotone, none: bool) -> None:
+def _check_flag(name: str, value, none: bool) -> None:
+    """``value`` must be True or False (or None, with ``none``): the objects themselves, not 1 or 0."""
     allowed = (None, True, False) if none else (True, False)
-    if not any(monotone is v for v in allowed):
+    if not any(value is v for v in allowed):
         names = "None, True or False" if none else "True or False"
-        raise ValueError(f"monotone must be {names}, got {monotone!r}")
+        raise ValueError(f"{name} must be {names}, got {value!r}")
 
 
 def _check_refine(refine, budget=None) -> None:
@@ -184,7 +185,7 @@ def responsibility(
         iterations of log(per-iteration map); rank pixels by it) and the ``queries`` used.
     """
     check_responsibility_options(iterations, depth, min_box, seed)
-    _check_monotone(monotone, none=False)
+    _check_flag("monotone", monotone, none=False)
     check_virtual_iterations(virtual_iterations)
     check_gated_iterations(gated_iterations, iterations)
     check_engine(engine)
@@ -424,13 +425,12 @@ def fast_sis(
         check_responsibility_options(1 if iterations == "auto" else iterations, 10, 10, seed)
         _check_refine(refine, refine_budget)
         check_block(block)
-        _check_monotone(monotone, none=True)
+        _check_flag("monotone", monotone, none=True)
         check_virtual_iterations(virtual_iterations)
         check_gated_iterations(gated_iterations, iterations)
         check_prefix_search(prefix_search)
     check_engine(engine)
-    if incremental not in (None, True, False):
-        raise ValueError(f"incremental must be None, True or False, got {incremental!r}")
+    _check_flag("incremental", incremental, none=True)
     if incremental and engine not in ("auto", "torch"):
         raise ValueError(f"incremental=True runs the torch model; engine must be 'auto' or 'torch', got {engine!r}")
     if method == "gradient" and engine not in ("auto", "torch"):

@@ -83,8 +83,8 @@ def check_responsibility_options(iterations, depth, min_box, seed) -> None:
     for name, v, lo in (("iterations", iterations, 1), ("depth", depth, 1), ("min_box", min_box, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's generators take seeds >= 0
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
 
 
 def descent_rng(seed: int):

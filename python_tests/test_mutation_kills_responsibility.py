@@ -75,13 +75,14 @@ def test_ranking_positions_by_hand():
     ((2.0, 10, 10, 0), "iterations must be an int >= 1, got 2.0"),
     ((1, 0, 10, 0), "depth must be an int >= 1, got 0"),
     ((1, 1, 0, 0), "min_box must be an int >= 1, got 0"),
-    ((1, 1, 1, 1.5), "seed must be an int, got 1.5"),
-    ((1, 1, 1, False), "seed must be an int, got False"),
+    ((1, 1, 1, 1.5), "seed must be an int >= 0, got 1.5"),
+    ((1, 1, 1, False), "seed must be an int >= 0, got False"),
+    ((1, 1, 1, -1), "seed must be an int >= 0, got -1"),
 ])
 def test_option_errors_whole_message(args, message):
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         check_responsibility_options(*args)
-    check_responsibility_options(1, 1, 1, -3)  # the smallest valid values pass
+    check_responsibility_options(1, 1, 1, 0)  # the smallest valid values pass
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -396,3 +397,17 @@ def test_descend_of_no_descents_is_an_empty_stack_of_maps():
         ev, prep = _evaluator(_Pixels((0, 0)).eval(), x)
         logs, queries = descend(ev, prep, torch.ones(2, 20, dtype=torch.bool), _top1, [], 10, 4, MutantCache())
     assert logs.shape == (0, 4, 5) and logs.dtype == torch.float64 and queries == [0, 0]
+
+
+def test_reference_checks_its_options_with_the_same_messages():
+    from conftest import make_cnn, make_images
+
+    from overinterp_fast import reference
+    model, x = make_cnn(0), make_images(1)
+    for kw, message in (({"seed": -1}, "seed must be an int >= 0, got -1"),
+                        ({"seed": 1.0}, "seed must be an int >= 0, got 1.0"),
+                        ({"iterations": 0}, "iterations must be an int >= 1, got 0"),
+                        ({"depth": True}, "depth must be an int >= 1, got True"),
+                        ({"min_box": 0}, "min_box must be an int >= 1, got 0")):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            reference.responsibility(model, x, **kw)
