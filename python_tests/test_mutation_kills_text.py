@@ -1,0 +1,186 @@
+"""text/sis.py and text/mitigation.py checked by hand: token_sis's checks with whole messages and what it hands
+fast_sis per length group (a recorder in fast_sis's place), the float-to-id wrapper, and entropy_finetune's
+checks, reductions, padding, step count and loss written out. test_text.py runs both end to end."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from overinterp_fast import api
+from overinterp_fast.text import mitigation
+from overinterp_fast.text.reduction import InputReduction, Reduction
+from overinterp_fast.text.sis import _IdsFromFloat, token_sis
+from overinterp_fast.text.model import TextModelFn
+
+from conftest import whole_message
+
+
+class Weights(nn.Module):
+    """Two classes; logit difference = sum over attended positions of the token's weight (float64)."""
+
+    def __init__(self, weights):
+        super().__init__()
+        self.embedding = nn.Embedding(len(weights), 1).double()
+        with torch.no_grad():
+            self.embedding.weight[:, 0] = torch.tensor(weights, dtype=torch.float64)
+
+    def forward(self, ids, attention_mask):
+        s = (self.embedding(ids)[..., 0] * attention_mask).sum(1)
+        return torch.stack([-s / 2, s / 2], 1)
+
+
+def test_token_sis_checks_with_whole_messages():
+    model = Weights([0.0] * 6).eval()
+    seqs = [torch.tensor([2, 3]), torch.tensor([4])]
+    for bad in (-1, 6, True, 1.0, None):
+        with pytest.raises(ValueError, match=whole_message(
+                f"mask_id must be a token id in the vocabulary [0, 6), got {bad!r}")):
+            token_sis(model, seqs, mask_id=bad)
+    token_sis(model, seqs, 0.5, mask_id=0)
+    token_sis(model, seqs, 0.5, mask_id=5)
+    def unknown_vocabulary(ids, mask):
+        return torch.zeros(ids.shape[0], 2, dtype=torch.float64)
+
+    with pytest.raises(ValueError, match=whole_message(
+            "mask_id must be a token id in the vocabulary [0, inf), got -2")):
+        token_sis(unknown_vocabulary, seqs, mask_id=-2)
+    token_sis(unknown_vocabulary, seqs, 0.5, mask_id=10 ** 6)  # no vocabulary known: any id
+    with pytest.raises(ValueError, match=whole_message("threshold must be a number or have one entry per sequence (2)")):
+        token_sis(model, seqs, [0.5, 0.5, 0.5], mask_id=1)
+    with pytest.raises(ValueError, match=whole_message(
+            "target must be an int or have one entry per sequence (2), got shape (3,)")):
+        token_sis(model, seqs, mask_id=1, target=torch.tensor([0, 1, 1]))
+
+
+def test_token_sis_groups_by_length_and_passes_every_option(monkeypatch):
+    calls = []
+
+    def fake_fast_sis(fn, rows, taus, **kw):
+        calls.append({"fn": fn, "rows": rows, "taus": taus, **kw})
+        return [f"result of row {r.tolist()}" for r in rows]
+
+    monkeypatch.setattr(api, "fast_sis", fake_fast_sis)
+    model = Weights([0.0] * 9).eval()
+    seqs = [torch.tensor([2, 3, 4]), torch.tensor([5]), torch.tensor([6, 7, 8]), torch.tensor([1, 2])]
+    out = token_sis(model, seqs, [0.1, 0.2, 0.3, 0.4], mask_id=7, target=torch.tensor([1, 0, 0, 1]),
+                    collection=True, batch_size=3, progress=False)
+    assert out == ["result of row [2.0, 3.0, 4.0]", "result of row [5.0]", "result of row [6.0, 7.0, 8.0]",
+                   "result of row [1.0, 2.0]"]
+    assert [c["rows"].tolist() for c in calls] == [[[5.0]], [[1.0, 2.0]], [[2.0, 3.0, 4.0], [6.0, 7.0, 8.0]]]
+    assert all(c["rows"].dtype == torch.float64 for c in calls)  # float64 holds every id exactly
+    assert [c["taus"].tolist() for c in calls] == [[0.2], [0.4], [0.1, 0.3]]
+    assert [c["target"].tolist() for c in calls] == [[0], [1], [1, 0]]
+    for c in calls:
+        assert c["mask_value"] == 7.0 and isinstance(c["mask_value"], float)
+        assert c["collection"] is True and c["batch_size"] == 3 and c["progress"] is False
+        assert isinstance(c["fn"], _IdsFromFloat) and c["fn"].fn.model is model
+    calls.clear()
+    token_sis(model, seqs[:2], mask_id=0, target=1)  # one target for all; the defaults
+    assert [c["target"].tolist() for c in calls] == [1, 1]
+    assert [c["taus"].tolist() for c in calls] == [[0.9], [0.9]]
+    assert all(c["collection"] is False and c["batch_size"] is None and c["progress"] is None for c in calls)
+    calls.clear()
+    token_sis(model, seqs[:1], 0.5, mask_id=0)
+    assert calls[0]["target"] is None and calls[0]["taus"].dtype == torch.float64
+
+
+def test_ids_from_float_rounds_and_attends_everywhere():
+    seen = []
+
+    def model(ids, mask):
+        seen.append((ids, mask))
+        return torch.zeros(ids.shape[0], 2)
+
+    wrapper = _IdsFromFloat(TextModelFn(model))
+    wrapper(torch.tensor([[2.9999999, 4.0000001, 0.4]], dtype=torch.float64))
+    ids, mask = seen[0]
+    assert ids.tolist() == [[3, 4, 0]] and ids.dtype == torch.int64
+    assert mask.dtype == torch.bool and mask.tolist() == [[True, True, True]]
+
+
+def test_entropy_finetune_checks_with_whole_messages():
+    model = Weights([0.0, 1.0, -1.0])
+    seqs = [torch.tensor([1, 2])]
+    with pytest.raises(ValueError, match=whole_message(
+            "data must be (sequences, labels [N]) with N >= 1; got 1 sequences and labels of shape (2,)")):
+        mitigation.entropy_finetune(model, (seqs, torch.tensor([0, 1])), 1.0)
+    with pytest.raises(ValueError, match=whole_message(
+            "data must be (sequences, labels [N]) with N >= 1; got 0 sequences and labels of shape (0,)")):
+        mitigation.entropy_finetune(model, ([], torch.tensor([], dtype=torch.int64)), 1.0)
+    for bad in (-0.5, "1", None):
+        with pytest.raises(ValueError, match=whole_message(f"lam must be a number >= 0, got {bad!r}")):
+            mitigation.entropy_finetune(model, (seqs, torch.tensor([1])), bad)
+
+
+def _fake_reduction(kept_lists):
+    beam = [Reduction(torch.tensor(k), 0.5) for k in kept_lists]
+    return InputReduction(beam[0].kept, beam[0].kept, 0.5, 0.9, 1, beam, 1, 1, 2)
+
+
+def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
+    model = Weights([0.0, 1.0, -1.0, 2.0]).train()
+    seqs = [torch.tensor([1, 2, 3]), torch.tensor([3]), torch.tensor([2, 2])]
+    labels = torch.tensor([1, 0, 1])
+    seen = {}
+
+    def fake_reduction(m, to_reduce, *, beam_size, pad_id, progress):
+        seen.update(training=m.training, n=len(to_reduce), beam_size=beam_size, pad_id=pad_id, progress=progress)
+        return [_fake_reduction([[0, 2]])] + [_fake_reduction([[0]]) for _ in to_reduce[1:]]
+
+    monkeypatch.setattr(mitigation, "input_reduction", fake_reduction)
+    res = mitigation.entropy_finetune(model, (seqs, labels), 2.0, beam_size=3, epochs=1, lr=0.0, batch=8,
+                                      pad_id=0, reduce_limit=1, progress=False)
+    assert seen == {"training": False, "n": 1, "beam_size": 3, "pad_id": 0, "progress": False}
+    assert model.training  # the caller's mode comes back
+    assert res.reduced_examples == 1 and res.steps == 1 and not res.model.training and res.model is not model
+    # one batch of all three (lr 0: the model does not move): CE over them minus 2 x the entropy of the only
+    # reduced example, tokens [1, 3] (kept positions 0 and 2 of the first sequence): logit difference 3
+    s = torch.tensor([1.0 + (-1.0) + 2.0, 2.0, -2.0], dtype=torch.float64)
+    ce = torch.nn.functional.cross_entropy(torch.stack([-s / 2, s / 2], 1), labels).item()
+    p = 1 / (1 + math.exp(-3.0))
+    entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    assert res.final_loss == pytest.approx(ce - 2.0 * entropy, rel=1e-12)
+    # lam = 0: the log-likelihood alone
+    res0 = mitigation.entropy_finetune(model, (seqs, labels), 0, epochs=2, lr=0.0, batch=2)
+    assert res0.final_loss == pytest.approx(_ce_of_last_batch(seqs, labels, seed=0, epochs=2, batch=2), rel=1e-12)
+    assert res0.steps == 2 * 2 and res0.reduced_examples == 3  # every sequence reduced (no limit): one beam each
+    # the defaults: beam 5, pad 0
+    mitigation.entropy_finetune(model.eval(), (seqs, labels), 1.0, lr=0.0)
+    assert seen["beam_size"] == 5 and seen["pad_id"] == 0 and seen["progress"] is None and seen["n"] == 3
+    assert not model.training
+
+
+def _ce_of_last_batch(seqs, labels, seed, epochs, batch):
+    """The loss of the last batch of the seeded shuffles, written out: weights 1, -1, 2 for ids 1, 2, 3."""
+    g = torch.Generator().manual_seed(seed)
+    w = {0: 0.0, 1: 1.0, 2: -1.0, 3: 2.0}
+    for _ in range(epochs):
+        perm = torch.randperm(len(seqs), generator=g).tolist()
+    last = perm[(len(seqs) - 1) // batch * batch:]
+    s = torch.tensor([sum(w[int(t)] for t in seqs[i]) for i in last], dtype=torch.float64)
+    return torch.nn.functional.cross_entropy(torch.stack([-s / 2, s / 2], 1), labels[last]).item()
+
+
+def test_entropy_finetune_pads_with_pad_id(monkeypatch):
+    class ReadsPads(nn.Module):
+        """Counts the pad id wherever it is, attended or not: pads must be pad_id."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+            self.pads = []
+
+        def forward(self, ids, attention_mask):
+            self.pads.append(int((ids == 9).sum()))
+            s = self.w * ids.shape[1] * torch.ones(ids.shape[0], dtype=torch.float64)
+            return torch.stack([-s, s], 1)
+
+    model = ReadsPads()
+    monkeypatch.setattr(mitigation, "input_reduction",
+                        lambda m, to_reduce, **kw: [_fake_reduction([[0]]) for _ in to_reduce])
+    res = mitigation.entropy_finetune(model, ([torch.tensor([1, 2, 3]), torch.tensor([1])], torch.tensor([0, 1])),
+                                      1.0, pad_id=9, lr=0.0)
+    # the tuned copy saw one regular batch (2 pads behind the short sequence) and one reduced batch of two
+    # one-token reductions (no pads); the original model ran nothing (input_reduction is the recorder)
+    assert res.model.pads == [2, 0] and model.pads == []
