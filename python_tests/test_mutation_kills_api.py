@@ -115,14 +115,14 @@ def test_check_pixels_messages():
 # ---------------------------------------------------------------- _setup
 
 def test_setup_batch_size_device_and_runner(monkeypatch):
-    model, x = make_cnn(0), make_images(3)
+    model, x = make_cnn(0), make_images(2)
     seen = []
     monkeypatch.setattr(api, "auto_batch_size", lambda images, total_candidates: seen.append(
         (images.shape, total_candidates)) or 11)
-    s = api._setup(model, x, [0.5, 0.6, 0.7], None, 0.0, "probabilities", None, "exact")
-    assert seen == [(x.shape, 3 * 25)]  # every candidate of the job: images x features
+    s = api._setup(model, x, [0.5, 0.6], None, 0.0, "probabilities", None, "exact")
+    assert seen == [(x.shape, 2 * 25)]  # every candidate of the job: images x features
     assert s.runner.chunk == 11 and s.runner.device == x.device and s.batch_size is None
-    assert s.thresholds == [0.5, 0.6, 0.7] and s.fn.outputs == "probabilities" and s.fn.model is model
+    assert s.thresholds == [0.5, 0.6] and s.fn.outputs == "probabilities" and s.fn.model is model
     s = api._setup(model, x, 0.5, None, 0.0, "logits", 5, "exact")
     assert len(seen) == 1 and s.runner.chunk == 5 and s.batch_size == 5  # the user's size: no guess
     assert s.fn.outputs == "logits"
@@ -166,30 +166,41 @@ class Recorder:
             monkeypatch.setattr(api, name, getattr(self, name))
 
     def select_engine(self, engine, user, prep, targets, **kw):
-        self.engines.append({"engine": engine, "user": user, **kw})
+        self.engines.append({"engine": engine, "user": user, "prep": prep, "targets": targets, **kw})
         fn = ModelFn(user.model, outputs=user.outputs) if self.verify else user
         return Engine("onnxruntime" if self.verify else "torch", fn, self.batch, None, self.verify)
 
     def ranking_maps(self, evaluator, prep, present, passes, *args):
-        self.maps.append({"evaluator": evaluator, "present": present, "passes": passes, "args": args})
+        self.maps.append({"evaluator": evaluator, "prep": prep, "present": present, "passes": passes, "args": args})
         n, _, h, w = prep.images.shape
         maps = torch.arange(n * h * w, dtype=torch.float64).view(n, h, w)
         return maps, [100 + i for i in range(n)]
 
     def extract_sets(self, evaluator, prep, targets, scores0, rank_fn, passes, step, collection, thresholds, **kw):
         present = torch.ones(prep.images.shape[0], prep.num_features, dtype=torch.bool)
-        self.extracts.append({"evaluator": evaluator, "targets": targets, "scores0": scores0,
+        self.extracts.append({"evaluator": evaluator, "prep": prep, "targets": targets, "scores0": scores0,
                               "ranked": rank_fn(present), "passes": passes, "step": step, "collection": collection,
                               "thresholds": thresholds, **kw})
         return SENTINEL
 
     def exact_sis(self, fn, prep, targets, scores0, **kw):
-        self.exacts.append({"fn": fn, "targets": targets, **kw})
+        self.exacts.append({"fn": fn, "prep": prep, "targets": targets, "scores0": scores0, **kw})
         return SENTINEL
 
     def gradient_sis(self, fn, prep, targets, scores0, **kw):
-        self.gradients.append({"fn": fn, "targets": targets, "scores0": scores0, **kw})
+        self.gradients.append({"fn": fn, "prep": prep, "targets": targets, "scores0": scores0, **kw})
         return SENTINEL
+
+
+def _check_evaluator(ev, fn_model, prep, targets, chunk=7):
+    """A CandidateEvaluator on ``prep`` scoring (f, top-1) of ``targets`` with ``fn_model``, ``chunk`` rows a call."""
+    assert isinstance(ev, CandidateEvaluator) and ev.fn.model is fn_model and ev.prep is prep
+    assert ev.targets.tolist() == targets and ev.runner.chunk == chunk and ev.measure == ev.fn.score_and_top1
+
+
+def _scores0(model, x, targets):
+    with torch.no_grad():
+        return torch.softmax(model(x), 1)[torch.arange(len(targets)), targets].double()
 
 
 def _top(model, x):
@@ -204,6 +215,10 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
                       virtual_iterations=30, gated_iterations=2, refine_budget=40, collection=True)
     assert out is SENTINEL
     (eng,) = rec.engines
+    assert eng["targets"].tolist() == _top(model, x) and eng["prep"] is rec.maps[0]["prep"]
+    assert eng["prep"] is rec.extracts[0]["prep"] and torch.equal(eng["prep"].images, x)
+    assert bool((eng["prep"].baseline == 0).all())  # mask_value 0 by default
+    _check_evaluator(rec.extracts[0]["evaluator"], model, eng["prep"], _top(model, x))
     assert eng["engine"] == "auto" and eng["batch_size"] is None and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 5 * 14, 2 * 5 * 14 * 6)
     assert eng["exact_shape"] is None and eng["rival_s"] is None
@@ -233,7 +248,12 @@ def test_fast_sis_responsibility_criterion_block_scan_and_monotone(monkeypatch):
     rec = Recorder(monkeypatch, verify=True)
     model, x = make_cnn(0), make_images(2)
     of.fast_sis(model, x, [0.3, 0.6], method="responsibility", criterion="threshold", block=2,
-                prefix_search="scan", refine="boundary", monotone=False, engine="onnxruntime", batch_size=4)
+                prefix_search="scan", refine="boundary", monotone=False, engine="onnxruntime", batch_size=4,
+                target=torch.tensor([3, 1]), mask_value=0.5)
+    assert rec.engines[0]["targets"].tolist() == [3, 1] and rec.extracts[0]["targets"].tolist() == [3, 1]
+    torch.testing.assert_close(rec.extracts[0]["scores0"].double(), _scores0(model, x, [3, 1]), rtol=1e-12, atol=0)
+    assert bool((rec.extracts[0]["prep"].baseline == 0.5).all())
+    _check_evaluator(rec.extracts[0]["verifier"], model, rec.extracts[0]["prep"], [3, 1])
     assert rec.engines[0]["engine"] == "onnxruntime" and rec.engines[0]["batch_size"] == 4
     (m,), (e,) = rec.maps, rec.extracts
     assert m["args"] == (8, 10, 10, 0, None, False, 0, 0)  # the defaults: 8 iterations, seed 0, no surrogate
@@ -278,7 +298,10 @@ def test_responsibility_passes_every_option(monkeypatch):
     assert m["args"] == (3, 4, 2, 9, False, True, 5, 1)
     assert m["evaluator"].runner.chunk == 7 and m["evaluator"].measure == m["evaluator"].fn.score_and_top1
     assert m["passes"](0, 0.25, False) and not m["passes"](1, 0.24, True)
-    assert m["present"].shape == (2, 25) and bool(m["present"].all())
+    assert m["present"].shape == (2, 25) and m["present"].dtype == torch.bool and bool(m["present"].all())
+    assert eng["targets"].tolist() == _top(model, x) and eng["prep"] is m["prep"]
+    assert bool((m["prep"].baseline == 0).all())
+    _check_evaluator(m["evaluator"], model, m["prep"], _top(model, x))
     assert [type(r) for r in got] == [ResponsibilityMap] * 2
     top = _top(model, x)
     for i, r in enumerate(got):
@@ -286,8 +309,9 @@ def test_responsibility_passes_every_option(monkeypatch):
         assert r.map.flatten().tolist() == list(range(25 * i, 25 * i + 25))
         assert r.queries == 100 + i and r.target == top[i] and isinstance(r.target, int) and r.iterations == 3
     # the defaults: ReX's 20 iterations, depth 10, min_box 10, seed 0, every mutant scored, top-1 criterion
-    of.responsibility(model, x, target=torch.tensor([1, 2]))
+    of.responsibility(model, x, target=torch.tensor([1, 2]), mask_value=0.25)
     assert rec.maps[1]["args"] == (20, 10, 10, 0, None, False, 0, 0)
+    assert rec.engines[1]["targets"].tolist() == [1, 2] and bool((rec.maps[1]["prep"].baseline == 0.25).all())
     assert rec.maps[1]["passes"](0, 0.0, True) is True and rec.maps[1]["passes"](0, 1.0, False) is False
     assert rec.engines[1]["engine"] == "auto" and rec.engines[1]["batch_size"] is None
     assert [r.target for r in of.responsibility(model, x, target=torch.tensor([1, 2]))] == [1, 2]
@@ -305,7 +329,8 @@ def test_responsibility_argument_checks():
         of.responsibility(model, x, gated_iterations=-1)
     with pytest.raises(ValueError, match="criterion must be one of"):
         of.responsibility(model, x, criterion="top5")
-    with pytest.raises(ValueError, match=r"images \[N, C, H, W\] with the default pixel features"):
+    with pytest.raises(ValueError, match=whole_message(
+            "responsibility works on images [N, C, H, W] with the default pixel features (features=None)")):
         of.responsibility(lambda v: v[:, :3], x.flatten(1))
     with pytest.raises(ValueError, match="iterations"):
         of.responsibility(model, x, iterations=0)
@@ -318,6 +343,10 @@ def test_sufficient_subset_passes_every_option(monkeypatch):
     out = of.sufficient_subset(model, x, ranking, [0.2, 0.3], step=3, refine=True, refine_budget=None)
     assert out is SENTINEL
     (eng,), (e,) = rec.engines, rec.extracts
+    assert eng["targets"].tolist() == _top(model, x) == e["targets"].tolist() and eng["batch_size"] is None
+    assert eng["prep"] is e["prep"] and bool((e["prep"].baseline == 0).all())
+    torch.testing.assert_close(e["scores0"].double(), _scores0(model, x, _top(model, x)), rtol=1e-12, atol=0)
+    _check_evaluator(e["evaluator"], model, e["prep"], _top(model, x))
     rounds = 9  # ceil(25 / 3)
     assert eng["engine"] == "auto" and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * rounds, 2 * rounds)
@@ -339,6 +368,39 @@ def test_sufficient_subset_passes_every_option(monkeypatch):
     assert rec.extracts[1]["passes"](0, 0.0, True) is True
     of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), 0.5, step=4)
     assert (rec.engines[2]["max_rows"], rec.engines[2]["expected_rows"]) == (25, 25)
+    of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), 0.5, step=100)
+    assert (rec.engines[3]["max_rows"], rec.engines[3]["expected_rows"]) == (1, 1)  # one prefix: one row
+
+
+def test_sufficient_subset_features_target_batch_and_verifier(monkeypatch):
+    rec = Recorder(monkeypatch, verify=True)
+    model, x = make_cnn(0), make_images(2)
+    patches = torch.arange(25).view(5, 5) // 5  # 5 features (rows)
+    of.sufficient_subset(model, x, torch.randn(2, 5), 0.5, features=patches, target=torch.tensor([4, 0]),
+                         batch_size=3, mask_value=0.75)
+    (eng,), (e,) = rec.engines, rec.extracts
+    assert e["ranked"][0].shape == (2, 5) and e["prep"].num_features == 5
+    assert eng["batch_size"] == 3 and eng["targets"].tolist() == [4, 0] == e["targets"].tolist()
+    assert bool((e["prep"].baseline == 0.75).all())
+    torch.testing.assert_close(e["scores0"].double(), _scores0(model, x, [4, 0]), rtol=1e-12, atol=0)
+    assert e["engine"] == "onnxruntime"
+    _check_evaluator(e["verifier"], model, e["prep"], [4, 0])
+    assert e["evaluator"].fn is not e["verifier"].fn
+
+
+def test_black_box_entry_points_take_onnx_models(monkeypatch, tmp_path):
+    rec = Recorder(monkeypatch)
+    monkeypatch.setattr(api, "choose_incremental", lambda fn, prep, incremental: None)
+    model, x = make_cnn(0, torch.float32), make_images(2, dtype=torch.float32)
+    path = str(tmp_path / "m.onnx")
+    of.export_onnx(model, path, x)
+    of.responsibility(path, x, iterations=1)
+    of.sufficient_subset(path, x, torch.randn(2, 25))
+    of.fast_sis(path, x, method="responsibility", iterations=1)
+    of.fast_sis(path, x)
+    assert len(rec.maps) == 2 and len(rec.extracts) == 2 and len(rec.exacts) == 1
+    with pytest.raises(TypeError, match="torch.Tensor"):  # not a tensor: a clear error, on the CPU by default
+        of.fast_sis(path, x.numpy())
 
 
 def test_sufficient_subset_argument_checks():
@@ -374,11 +436,16 @@ def test_fast_sis_gradient_passes_every_option(monkeypatch):
     assert eng["engine"] == "torch" and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (3 * 32, 3 * (7 + 1))  # ceil(25 / 4) = 7 steps + 1
     assert g["fn"].model is model and g["thresholds"] == [0.1, 0.2, 0.3] and g["collection"] is True
+    assert g["prep"] is eng["prep"] and torch.equal(g["prep"].images, x)
+    assert eng["targets"].tolist() == _top(model, x)
     assert g["k"] == 4 and g["autocast"] is torch.bfloat16 and g["progress"] is False
     assert g["runner"].chunk == 7 and g["targets"].tolist() == _top(model, x)
     probs = torch.softmax(model(x), 1).max(1).values.detach()
     torch.testing.assert_close(g["scores0"].double(), probs, rtol=1e-12, atol=0)
-    of.fast_sis(model, x, method="gradient")
+    of.fast_sis(model, x, method="gradient", target=2, engine="torch")
+    assert rec.gradients[1]["targets"].tolist() == [2, 2, 2] and rec.engines[1]["targets"].tolist() == [2, 2, 2]
+    torch.testing.assert_close(rec.gradients[1]["scores0"].double(), _scores0(model, x, [2, 2, 2]), rtol=1e-12,
+                               atol=0)
     assert rec.gradients[1]["k"] == 100 and rec.gradients[1]["autocast"] is None
     assert rec.gradients[1]["collection"] is False and rec.gradients[1]["progress"] is None
     assert rec.gradients[1]["thresholds"] == [0.9] * 3  # the default threshold
@@ -396,14 +463,18 @@ def test_fast_sis_exact_dense_path_passes_every_option(monkeypatch):
     (eng,), (e,) = rec.engines, rec.exacts
     assert eng["engine"] == "onnxruntime" and eng["measure_fn"] == "score"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 25, 2 * 25 * 26 // 2)
-    assert eng["exact_shape"] == (2, 25) and eng["rival_s"] is None
+    assert eng["exact_shape"] == (2, 25) and eng["rival_s"] is None and type(eng["expected_rows"]) is int
     assert e["fn"] is not e["verifier"].fn and e["verifier"].fn.model is model
+    assert e["prep"] is eng["prep"] and e["targets"].tolist() == _top(model, x) == eng["targets"].tolist()
+    torch.testing.assert_close(e["scores0"].double(), _scores0(model, x, _top(model, x)), rtol=1e-12, atol=0)
+    _check_evaluator(e["verifier"], model, e["prep"], _top(model, x))
     assert e["verifier"].measure == e["verifier"].fn.score_and_top1
     assert e["batch_size"] == 7 and e["engine"] == "onnxruntime" and e["collection"] is True
     assert e["thresholds"] == [0.35, 0.35] and e["progress"] is False and e["runner"].chunk == 7
     assert "evaluator" not in e
     rec.verify = False
-    of.fast_sis(model, x, 0.35)
+    of.fast_sis(model, x, 0.35, target=torch.tensor([2, 4]))
+    assert rec.exacts[1]["targets"].tolist() == [2, 4] and rec.engines[1]["targets"].tolist() == [2, 4]
     assert rec.exacts[1]["verifier"] is None and rec.exacts[1]["engine"] == "torch"
     assert rec.exacts[1]["fn"].model is model and rec.exacts[1]["collection"] is False
 
@@ -421,6 +492,7 @@ def _incremental_stubs(monkeypatch, rec, pays):
 
     def calibration(pl, fn, prep, targets, *, batch_size, exact_shape):
         calls["calibration"] = (pl, batch_size, exact_shape)
+        calls["calibration_args"] = (fn, prep, targets)
         return _Cal(3, {3: 0.01})
 
     def job_time(times, batch, n, p):
@@ -429,6 +501,7 @@ def _incremental_stubs(monkeypatch, rec, pays):
 
     def small_job(pl, fn, prep, targets, icl, eng, shape, first_pass_s):
         calls["small_job"] = (pl, icl.batch_size, eng.batch_size, shape, first_pass_s)
+        calls["small_job_args"] = (fn, prep, targets)
         return _Cal(5, {5: 0.01}), eng
 
     def pays_fn(pl, icl, eng, shape):
@@ -438,6 +511,7 @@ def _incremental_stubs(monkeypatch, rec, pays):
     class FakeIncremental:
         def __init__(self, pl, fn, prep, targets, runner):
             calls["evaluator"] = (pl, fn.model, runner.chunk)
+            calls["evaluator_args"] = (prep, targets)
 
     monkeypatch.setattr(api, "incremental_calibration", calibration)
     monkeypatch.setattr(api, "exact_job_time", job_time)
@@ -452,8 +526,12 @@ def test_fast_sis_exact_incremental_auto(monkeypatch, pays):
     rec = Recorder(monkeypatch)
     calls, plan = _incremental_stubs(monkeypatch, rec, pays)
     model, x = make_cnn(0), make_images(2)
-    of.fast_sis(model, x, 0.5, batch_size=9)
+    of.fast_sis(model, x, 0.5, batch_size=9, collection=True, progress=False)
     assert calls["choose"] == [None]
+    top = _top(model, x)
+    for key in ("calibration_args", "small_job_args"):
+        fn, prep, targets = calls[key]
+        assert fn.model is model and prep is rec.engines[0]["prep"] and targets.tolist() == top
     assert calls["calibration"] == (plan, 9, (2, 25))
     assert calls["job_time"] == ({3: 0.01}, 3, 2, 25)
     (eng,) = rec.engines  # the dense engine is chosen once, with the incremental path's predicted time as rival
@@ -463,7 +541,12 @@ def test_fast_sis_exact_incremental_auto(monkeypatch, pays):
     assert pl is plan and shape == (2, 25) and 0 < first_pass_s < 60
     assert calls["pays"] == (plan, 5, 7, (2, 25))  # the calibration time_small_job returned
     (e,) = rec.exacts
+    assert e["prep"] is rec.engines[0]["prep"] and e["targets"].tolist() == top and e["thresholds"] == [0.5, 0.5]
+    assert e["collection"] is True and e["progress"] is False
+    torch.testing.assert_close(e["scores0"].double(), _scores0(model, x, top), rtol=1e-12, atol=0)
     if pays:
+        prep, targets = calls["evaluator_args"]
+        assert prep is e["prep"] and targets.tolist() == top
         assert calls["evaluator"] == (plan, model, 5) and e["batch_size"] == 5 and e["engine"] == "torch"
         assert e["runner"].chunk == 5 and e["fn"].model is model and "verifier" not in e
     else:
@@ -479,6 +562,8 @@ def test_fast_sis_exact_incremental_forced_and_untimed(monkeypatch):
     assert calls["choose"] == [True] and rec.engines == [] and "pays" not in calls and "small_job" not in calls
     assert calls["calibration"] == (plan, None, (2, 25))
     assert calls["evaluator"] == (plan, model, 3) and rec.exacts[0]["batch_size"] == 3
+    of.fast_sis(model, x, 0.5, incremental=True, engine="torch")  # "torch" runs the torch model: allowed
+    assert calls["choose"] == [True, True]
     # another engine named: the incremental path is not considered (False), the dense engine is used
     monkeypatch.setattr(api, "exact_job_time", lambda *a: pytest.fail("not timed"))
     calls.clear()
@@ -523,6 +608,11 @@ def test_fast_sis_argument_messages():
         of.fast_sis(model, x, method="responsibility", prefix_search="binary")
     with pytest.raises(ValueError, match="refine must be"):
         of.fast_sis(model, x, method="responsibility", refine=None)
+    with pytest.raises(ValueError, match="refine_budget must be"):
+        of.fast_sis(model, x, method="responsibility", refine_budget=-1)
+    with pytest.raises(ValueError, match=whole_message(
+            'gated_iterations needs an int number of iterations, not iterations="auto"')):
+        of.fast_sis(model, x, method="responsibility", iterations="auto", gated_iterations=2)
     with pytest.raises(ValueError, match="monotone must be None, True or False"):
         of.fast_sis(model, x, method="responsibility", monotone=1)
     with pytest.raises(ValueError, match="virtual_iterations"):
