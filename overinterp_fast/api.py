@@ -164,7 +164,8 @@ def responsibility(
     Args:
         model: torch model, callable, ``.onnx`` path, ``onnxruntime.InferenceSession`` or :class:`OnnxModel`.
         images: [N, C, H, W], normalized as the model expects.
-        iterations: independent random descents per image (seeded by seed + i), run together.
+        iterations: independent random descents per image (seeded by seed + i, ``seed`` an int >= 0), run
+            together.
         depth: levels per descent at most. min_box: boxes with a smaller area (pixels) are not split.
         criterion: a mutant passes when its top-1 class is the target ("top1", ReX's)
             or when f >= threshold ("threshold").
@@ -332,7 +333,7 @@ def fast_sis(
         criterion: method="responsibility": "top1" (default, ReX's: the minimal
             pixel set restores the top-1 class; ``threshold`` is then unused) or
             "threshold" (f >= threshold).
-        iterations, seed: method="responsibility": descents per image and their seed.
+        iterations, seed: method="responsibility": descents per image and their seed (an int >= 0).
             An int runs that many (default 8: about 450 queries per image at 224x224 with
             ``monotone``, a quarter of ReX's 20; see README.md "Minimal pixel sets" for the
             measured trade-off between iterations, queries and agreement with ReX). "auto": stop
