@@ -399,8 +399,9 @@ def test_black_box_entry_points_take_onnx_models(monkeypatch, tmp_path):
     of.fast_sis(path, x, method="responsibility", iterations=1)
     of.fast_sis(path, x)
     assert len(rec.maps) == 2 and len(rec.extracts) == 2 and len(rec.exacts) == 1
-    with pytest.raises(TypeError, match="torch.Tensor"):  # not a tensor: a clear error, on the CPU by default
-        of.fast_sis(path, x.numpy())
+    for not_a_tensor in (x.numpy(), x.tolist()):  # a clear error (the ONNX session is made on the CPU first)
+        with pytest.raises(TypeError, match="torch.Tensor"):
+            of.fast_sis(path, not_a_tensor)
 
 
 def test_sufficient_subset_argument_checks():
@@ -536,6 +537,7 @@ def test_fast_sis_exact_incremental_auto(monkeypatch, pays):
     assert calls["job_time"] == ({3: 0.01}, 3, 2, 25)
     (eng,) = rec.engines  # the dense engine is chosen once, with the incremental path's predicted time as rival
     assert eng["rival_s"] == 42.0 and eng["exact_shape"] == (2, 25) and eng["batch_size"] == 9
+    assert eng["targets"].tolist() == _top(model, x) and type(eng["expected_rows"]) is int
     assert (eng["max_rows"], eng["expected_rows"]) == (50, 2 * 25 * 26 // 2)
     pl, _, _, shape, first_pass_s = calls["small_job"]
     assert pl is plan and shape == (2, 25) and 0 < first_pass_s < 60
