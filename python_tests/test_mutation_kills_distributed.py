@@ -76,6 +76,18 @@ def test_no_barrier_or_teardown_without_a_group(fake_dist, monkeypatch):
     assert calls == []
 
 
+def test_two_ranks_are_a_job(fake_dist, fake_cuda, monkeypatch):
+    calls, state = fake_dist
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    r = distributed.setup("cuda")
+    assert r.owns_group and r.device == torch.device("cuda", 1) and calls[0][0] == "init"
+    state["initialized"] = True
+    distributed.barrier(r)
+    assert calls[-1] == ("barrier",)
+
+
 def test_world_of_one_never_creates_a_group(fake_dist, monkeypatch):
     calls, _ = fake_dist
     monkeypatch.setenv("WORLD_SIZE", "1")

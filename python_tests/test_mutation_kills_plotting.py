@@ -19,8 +19,9 @@ def test_panels_of_a_grey_image_by_hand():
     # SIS alone: its pixels in their own grey level on every channel, the rest mid-grey
     assert alone[0, 1].tolist() == [0.25] * 3 and alone[1, 0].tolist() == [0.5] * 3
     assert alone[0, 0].tolist() == [0.5] * 3 and alone[1, 1].tolist() == [0.5] * 3
-    norm2, _, alone2 = plotting.sis_panels(img, np.array([[1, 0], [0, 1]]))  # any truthy mask
+    norm2, _, alone2 = plotting.sis_panels(img, np.array([[1, 0], [0, 1]]))  # 0/1 ints: a mask, not row indices
     assert alone2[1, 1].tolist() == [1.0] * 3 and alone2[0, 0].tolist() == [0.0] * 3
+    assert alone2[0, 1].tolist() == [0.5] * 3 and alone2[1, 0].tolist() == [0.5] * 3
 
 
 def test_panels_of_a_colour_image_by_hand():
@@ -40,6 +41,7 @@ def test_flat_image_and_no_sis():
     assert (alone == 0.5).all() and alone.shape == (2, 3, 3)
     norm, overlay, alone = plotting.sis_panels(np.full((2, 2, 3), 200, dtype=np.uint8), np.ones((2, 2), bool))
     assert (norm == 0).all() and (alone == 0).all() and (overlay == [1.0, 0.1, 0.1]).all()
+    assert norm.dtype == np.float64 and alone.dtype == np.float64  # floats in [0, 1], whatever the input type
     # uint8 input is scaled as floats (no wrap-around below the minimum)
     norm, _, _ = plotting.sis_panels(np.array([[250, 10]], dtype=np.uint8), None)
     assert norm.tolist() == [[1.0, 0.0]]
@@ -50,15 +52,16 @@ def test_show_panel_draws_in_the_unit_range_without_ticks():
     assert plt.get_backend().lower() == "agg"
     fig, (a, b) = plt.subplots(1, 2)
     plotting.show_panel(a, np.zeros((2, 2)), "grey", cmap="magma", fontsize=7)
-    plotting.show_panel(b, np.zeros((2, 2, 3)))
+    plotting.show_panel(b, np.full((2, 2, 3), 0.25) + np.eye(2)[..., None] / 2)  # values 0.25..0.75
     ia, ib = a.get_images()[0], b.get_images()[0]
     assert ia.get_cmap().name == "magma" and ia.get_clim() == (0, 1) and ib.get_clim() == (0, 1)
     assert ia.get_interpolation() == "nearest" and ib.get_interpolation() == "nearest"
     assert list(a.get_xticks()) == [] and list(a.get_yticks()) == [] and list(b.get_xticks()) == []
     assert list(b.get_yticks()) == []
     assert a.get_title() == "grey" and a.title.get_fontsize() == 7 and b.get_title() == ""
-    plotting.show_panel(b, np.zeros((2, 2)), "t")
+    plotting.show_panel(b, np.array([[0.2, 0.4], [0.6, 0.8]]), "t")
     assert b.get_images()[1].get_cmap().name == "gray" and b.title.get_fontsize() == 9
+    assert b.get_images()[1].get_clim() == (0, 1)  # the unit range, not the panel's own 0.2..0.8
     plt.close(fig)
 
 
@@ -88,6 +91,7 @@ def test_figure_rows_titles_and_size(monkeypatch, tmp_path):
     assert axes[0, 0].get_ylabel() == "first" and axes[1, 0].get_ylabel() == "second"
     assert axes[0, 1].get_ylabel() == "" and axes[0, 0].yaxis.label.get_fontsize() == 8
     assert axes[0, 0].yaxis.label.get_rotation() == 0 and axes[0, 0].yaxis.label.get_ha() == "right"
+    assert axes[0, 0].yaxis.label.get_va() == "center"
     assert axes[0, 0].get_images()[0].get_cmap().name == "viridis"
     # the panels drawn are sis_panels' own
     norm, overlay, alone = plotting.sis_panels(img, img > 10)
