@@ -2,6 +2,7 @@
 which images each model is trained and evaluated on, with which seeds and epochs, the subsets' pixels by hand,
 the rows' wording and the printed table. test_demo.py runs the real pipeline end to end."""
 import math
+import time
 
 import pytest
 import torch
@@ -44,13 +45,26 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
         evaluated.append((model, x, y))
         return 0.125 * len(evaluated)
 
+    sis_calls = []
+    real_sis = pipeline.fast_sis
+
+    def fake_sis(model, x, threshold, **kw):
+        sis_calls.append((x, threshold, kw))
+        return real_sis(model, x, threshold, **kw)
+
     monkeypatch.setattr(pipeline, "load_digits", fake_load)
     monkeypatch.setattr(pipeline, "train_digits_cnn", fake_train)
     monkeypatch.setattr(pipeline, "accuracy", fake_accuracy)
+    monkeypatch.setattr(pipeline, "fast_sis", fake_sis)
+    t0 = time.perf_counter()
     out = pipeline.digits_pipeline(fraction=0.1, n_train=5, n_test=3, epochs=4, seed=7, progress=False)
+    wall = time.perf_counter() - t0
     full = load_digits(seed=7)
     x_tr, y_tr, x_te, y_te = full.x_train[:5], full.y_train[:5], full.x_test[:3], full.y_test[:3]
     assert loads == [7]
+    # backward selection of every training and test image with the full model, at tau 0.9, progress passed on
+    assert [(len(x), tau, kw) for x, tau, kw in sis_calls] == [(5, 0.9, {"progress": False}),
+                                                               (3, 0.9, {"progress": False})]
     assert [(t["epochs"], t["seed"]) for t in trained] == [(4, 7)] * 3
     assert all(torch.equal(t["y"], y_tr) for t in trained)
     assert torch.equal(trained[0]["x"], x_tr)
@@ -63,7 +77,9 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
     bs_te = torch.stack([_by_hand_subset(x, o, 7) for x, o in zip(x_te, orders_te)])
     torch.testing.assert_close(trained[1]["x"], bs_tr, rtol=0, atol=0)
     # random subsets: 7 pixels per image, the training ones seeded 7, the test ones 8 (not the same pixels)
+    from overinterp_fast.audit.subsets import random_subsets
     rnd_tr = trained[2]["x"]
+    torch.testing.assert_close(rnd_tr, random_subsets(x_tr, 0.1, seed=7)[0], rtol=0, atol=0)  # the run's seed
     kept_tr = (rnd_tr != 0).flatten(1).sum(1)
     assert kept_tr.tolist() == [7] * 5 and not torch.equal(rnd_tr != 0, bs_tr != 0)
     assert torch.equal(rnd_tr, torch.where(rnd_tr != 0, x_tr, rnd_tr))
@@ -74,6 +90,7 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
     torch.testing.assert_close(xs[1], bs_te, rtol=0, atol=0)
     torch.testing.assert_close(xs[2], bs_te, rtol=0, atol=0)
     rnd_te = xs[3]
+    torch.testing.assert_close(rnd_te, random_subsets(x_te, 0.1, seed=8)[0], rtol=0, atol=0)  # seed + 1
     assert (rnd_te != 0).flatten(1).sum(1).tolist() == [7] * 3
     assert not torch.equal(rnd_te != 0, rnd_tr[:3] != 0)  # seed + 1: other pixels than the training draw
     assert all(torch.equal(y, y_te) for _, _, y in evaluated)
@@ -89,6 +106,7 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
     s = out["seconds"]
     assert set(s) == {"train", "backward_selection", "total"}
     assert 0 <= s["train"] and 0 < s["backward_selection"] and s["total"] >= s["train"] + s["backward_selection"]
+    assert s["total"] <= wall
 
 
 def test_pipeline_defaults(monkeypatch):
@@ -113,7 +131,15 @@ def test_pipeline_defaults(monkeypatch):
 
 def test_pipeline_default_fraction_is_five_percent(monkeypatch):
     monkeypatch.setattr(pipeline, "train_digits_cnn", lambda data, epochs, seed: Linear(seed).eval())
+    shown = []
+    real_sis = pipeline.fast_sis
+    monkeypatch.setattr(pipeline, "fast_sis", lambda model, x, tau, progress: shown.append(progress) or real_sis(
+        model, x, tau, progress=False))
+    pipeline.digits_pipeline(n_train=2, n_test=2, epochs=1, progress=True)
+    assert shown == [True, True]
+    shown.clear()
     out = pipeline.digits_pipeline(n_train=2, n_test=2, epochs=1)
+    assert shown == [None, None]  # the default: a bar only on a terminal
     assert out["fraction"] == 0.05 and out["pixels_kept"] == math.ceil(0.05 * 64) == 4
     assert out["rows"][1]["evaluated_on"] == "its 5% backward-selection subsets"
 

@@ -85,6 +85,17 @@ def test_token_sis_groups_by_length_and_passes_every_option(monkeypatch):
     assert calls[0]["target"] is None and calls[0]["taus"].dtype == torch.float64
 
 
+def test_token_sis_takes_padded_rows_and_checks_the_vocabulary(monkeypatch):
+    calls = []
+    monkeypatch.setattr(api, "fast_sis", lambda fn, rows, taus, **kw: calls.append(rows) or [None] * len(rows))
+    model = Weights([0.0] * 9).eval()
+    padded = torch.tensor([[2, 3, 4], [5, 0, 0]])
+    token_sis(model, padded, 0.5, mask_id=1, attention_mask=torch.tensor([[1, 1, 1], [1, 0, 0]]).bool())
+    assert [r.tolist() for r in calls] == [[[5.0]], [[2.0, 3.0, 4.0]]]  # the real tokens only
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        token_sis(model, [torch.tensor([2, 9])], mask_id=1)
+
+
 def test_ids_from_float_rounds_and_attends_everywhere():
     seen = []
 
