@@ -195,3 +195,64 @@ def test_entropy_finetune_pads_with_pad_id(monkeypatch):
     # the tuned copy saw one regular batch (2 pads behind the short sequence) and one reduced batch of two
     # one-token reductions (no pads); the original model ran nothing (input_reduction is the recorder)
     assert res.model.pads == [2, 0] and model.pads == []
+
+
+@pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
+def test_entropy_finetune_progress_bar(monkeypatch, progress, shown):
+    from conftest import fake_terminal
+
+    monkeypatch.setattr(mitigation, "input_reduction",
+                        lambda m, to_reduce, **kw: [_fake_reduction([[0]]) for _ in to_reduce])
+    terminal = fake_terminal(monkeypatch)
+    seqs = [torch.tensor([1, 2])] * 5
+    mitigation.entropy_finetune(Weights([0.0, 1.0, -1.0]).eval(), (seqs, torch.zeros(5, dtype=torch.int64)), 1.0,
+                                epochs=3, batch=2, progress=progress)
+    if not shown:
+        assert "".join(terminal.text) == ""
+        return
+    last = terminal.last_line()  # 3 epochs of ceil(5 / 2) = 3 batches
+    assert last.startswith("entropy fine-tuning: 100%") and " 9/9 [" in last
+    assert "batch/s" in last or "s/batch" in last
+
+
+def test_entropy_finetune_defaults_seeding_and_padding_of_reductions(monkeypatch):
+    rates = []
+
+    class RecordingAdam(torch.optim.Adam):
+        def __init__(self, params, lr):
+            rates.append(lr)
+            super().__init__(params, lr=lr)
+
+    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+
+    class ReadsPads(nn.Module):
+        """Logits from the token ids; records, per call, the pad ids seen and the masked positions."""
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 2).double()
+            self.calls = []
+
+        def forward(self, ids, attention_mask):
+            self.calls.append((int((ids == 9).sum()), int((~attention_mask).sum())))
+            return (self.emb(ids) * attention_mask[..., None]).sum(1)
+
+    torch.manual_seed(0)
+    model = ReadsPads().eval()
+    seqs = [torch.tensor([1, 2, 3])[: 2 + i % 2] for i in range(65)]
+    labels = torch.tensor([i % 2 for i in range(65)])
+    # every sequence reduces to two members, of 2 and 1 tokens: the reduced batches need padding
+    monkeypatch.setattr(mitigation, "input_reduction",
+                        lambda m, to_reduce, **kw: [_fake_reduction([[0, 1], [0]]) for _ in to_reduce])
+    res = mitigation.entropy_finetune(model, (seqs, labels), 1.0, pad_id=9)
+    assert rates == [1e-3] and res.steps == 2  # the defaults: lr 1e-3, batches of 64 (65 sequences: 2 batches)
+    assert res.reduced_examples == 130
+    calls = res.model.calls
+    assert len(calls) == 4 and all(pads == masked for pads, masked in calls)  # padding is pad_id, and only there
+    assert calls[1][0] > 0  # the first reduced batch (64 draws of 1- and 2-token reductions) was padded
+    # seeded by ``seed`` alone, not by torch's global generator
+    torch.manual_seed(123)
+    again = mitigation.entropy_finetune(model, (seqs, labels), 1.0, pad_id=9)
+    assert again.final_loss == res.final_loss and again.model.calls == calls
+    other = mitigation.entropy_finetune(model, (seqs, labels), 1.0, pad_id=9, seed=1)
+    assert other.model.calls != calls or other.final_loss != res.final_loss
