@@ -152,6 +152,10 @@ def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
     p = 1 / (1 + math.exp(-3.0))
     entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
     assert res.final_loss == pytest.approx(ce - 2.0 * entropy, rel=1e-12)
+    # labels of any integer type (here int32 in a tensor) are taken as class indices
+    res32 = mitigation.entropy_finetune(model, (seqs, labels.to(torch.int32)), 2.0, beam_size=3, epochs=1, lr=0.0,
+                                        batch=8, reduce_limit=1)
+    assert res32.final_loss == res.final_loss
     # lam = 0: the log-likelihood alone
     res0 = mitigation.entropy_finetune(model, (seqs, labels), 0, epochs=2, lr=0.0, batch=2)
     assert res0.final_loss == pytest.approx(_ce_of_last_batch(seqs, labels, seed=0, epochs=2, batch=2), rel=1e-12)
