@@ -132,3 +132,29 @@ def test_block_shortcut_pads_channels_and_subsamples():
     out = _zero_block(2, 6, 2)(x[:, :2])
     assert out.shape == (1, 6, 2, 2) and (out[:, :2] == 0).all() and (out[:, 4:] == 0).all()
     torch.testing.assert_close(out[:, 2:4], torch.relu(x[:, :2, ::2, ::2]), rtol=0, atol=0)
+
+
+def test_digits_cnn_layers():
+    m = digits.DigitsCNN()
+    assert [type(layer) for layer in m.features] == [nn.Conv2d, nn.ReLU, nn.Conv2d, nn.ReLU, nn.MaxPool2d]
+    assert m.features[0].padding == (1, 1) and m.features[2].padding == (1, 1) and m.features[4].kernel_size == 2
+
+
+def test_train_digits_cnn_defaults(monkeypatch):
+    rates, losses = [], []
+
+    class RecordingAdam(torch.optim.Adam):
+        def __init__(self, params, lr):
+            rates.append(lr)
+            super().__init__(params, lr=lr)
+
+    real = nn.functional.cross_entropy
+    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+    monkeypatch.setattr(nn.functional, "cross_entropy", lambda logits, y: losses.append(len(y)) or real(logits, y))
+    d = digits.load_digits()
+    small = digits.DigitsData(d.x_train[:10], d.y_train[:10], d.x_test, d.y_test, d.raw_test, d.mean, d.std)
+    m = digits.train_digits_cnn(small)
+    assert rates == [3e-3] and losses == [10] * 15  # 15 epochs of one batch
+    assert sum(p.numel() for p in m.parameters()) == 160 + 4640 + 5130  # width 16
+    seeded = digits.train_digits_cnn(small, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), seeded.state_dict().values()))
