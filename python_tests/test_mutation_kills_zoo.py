@@ -158,3 +158,28 @@ def test_train_digits_cnn_defaults(monkeypatch):
     assert sum(p.numel() for p in m.parameters()) == 160 + 4640 + 5130  # width 16
     seeded = digits.train_digits_cnn(small, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), seeded.state_dict().values()))
+
+
+def _shapes(model, x):
+    """Output shape of every direct child layer (SmallCNN's net, ResNet-20's stem and blocks) on ``x``."""
+    shapes = []
+    layers = list(model.net) if hasattr(model, "net") else [model.conv, *model.layers]
+    hooks = [m.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape))) for m in layers]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return shapes
+
+
+def test_cifar_layers_keep_their_sizes():
+    m = cifar.SmallCNN()
+    assert [type(layer) for layer in m.net] == [nn.Conv2d, nn.ReLU, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Conv2d,
+                                                nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Linear]
+    assert _shapes(m, torch.zeros(1, 3, 32, 32)) == [
+        (1, 16, 32, 32), (1, 16, 32, 32), (1, 32, 32, 32), (1, 32, 32, 32), (1, 32, 16, 16), (1, 32, 16, 16),
+        (1, 32, 16, 16), (1, 32, 8, 8), (1, 2048), (1, 10)]
+    r = cifar.ResNet20().eval()
+    # the stem keeps 32 x 32; stages of 16, 32 and 64 channels at 32, 16 and 8 pixels
+    assert _shapes(r, torch.zeros(1, 3, 32, 32)) == [(1, 16, 32, 32)] + [(1, 16, 32, 32)] * 3 + \
+        [(1, 32, 16, 16)] * 3 + [(1, 64, 8, 8)] * 3
