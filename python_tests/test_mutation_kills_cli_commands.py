@@ -71,10 +71,61 @@ def test_prepare_models_source_namer_k_and_normalization(files):
     assert k == 7 and (mean, std) == ([0.25], [0.125]) and namer(3) == "three" and len(source) == 2
     _, source, _, _, _ = cli._prepare(_audit_args(files, "--select", "1:3"), True, torch.device("cpu"))
     assert source.image_names == ["img1", "img2"]
+    _, source, _, _, _ = cli._prepare(_audit_args(files, "--limit", "1"), True, "cpu")  # one image is enough
+    assert len(source) == 1
+    # the size from the ONNX file's fixed input, when not given
+    _, source, _, _, _ = cli._prepare(_args("audit", "--model", files["b"], "--images", files["images"], "--out", "o",
+                                            "--method", "exact"), True, "cpu")
+    assert source.size == 8
+    # labels, object masks
+    labels = files["root"] / "labels.json"
+    labels.write_text(json.dumps({"img0": 3, "img1": 1, "img2": 4}))
+    masks = files["root"] / "masks"
+    masks.mkdir(exist_ok=True)
+    from PIL import Image
+
+    for i in range(3):
+        Image.fromarray(np.full((12, 10), 255, np.uint8)).save(masks / f"img{i}.png")
+    _, source, _, _, _ = cli._prepare(_audit_args(files, "--labels", str(labels), "--object-masks", str(masks)),
+                                      True, "cpu")
+    assert source.image_labels == [3, 1, 4] and source.object_dir == str(masks)
+    assert source[0]["object"] is not None and bool(source[0]["object"].all())
+
     one = _args("sis", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o",
                 "--method", "exact")
     loaded, source, _, _, _ = cli._prepare(one, False, torch.device("cpu"))
     assert [m.name for m in loaded] == ["a"]
+
+
+def test_prepare_reads_cifar_batches(files, tmp_path):
+    from test_stored_audit import write_cifar
+
+    data = write_cifar(tmp_path, 4)
+    args = _args("audit", "--model", files["a"], "--dataset", "cifar10", "--data-dir", str(tmp_path), "--split",
+                 "test", "--size", "8", "--out", "o", "--method", "exact")
+    _, source, namer, _, _ = cli._prepare(args, True, "cpu")
+    assert len(source) == 4 and source.image_labels == [0, 1, 2, 3] and source.classes[:2] == ["class0", "class1"]
+    assert source[0]["display"].shape == (8, 8, 3) and data.shape == (4, 3072)
+    with pytest.raises((ValueError, FileNotFoundError)):  # there is no training batch in this folder
+        cli._prepare(_args("audit", "--model", files["a"], "--dataset", "cifar10", "--data-dir", str(tmp_path),
+                           "--split", "train", "--size", "8", "--out", "o", "--method", "exact"), True, "cpu")
+
+
+def test_prepare_reports_the_models_first_error_line(files, monkeypatch):
+    import overinterp_fast.loading as loading
+
+    def failing(message, kind=RuntimeError):
+        def model(x):
+            raise kind(message)
+        return loading.LoadedModel(model, "m")
+
+    for model, shown in ((failing("bad channels\nsecond line\n"), "bad channels"),
+                         (failing("   "), "RuntimeError"), (failing("", AssertionError), "AssertionError")):
+        monkeypatch.setattr(loading, "load_model", lambda spec, device, model=model: model)
+        with pytest.raises(ValueError) as err:
+            cli._prepare(_args("sis", "--model", "x", "--images", files["images"], "--size", "8", "--out", "o",
+                               "--method", "exact"), False, "cpu")
+        assert str(err.value) == f"m fails on an input of shape [1, 3, 8, 8] (check --size, --grey): {shown}"
 
 
 def test_prepare_errors_are_whole_sentences(files):
@@ -238,7 +289,7 @@ def test_main_sis_prints_and_writes(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "_run_sis", lambda args: rec)
     saved = []
     monkeypatch.setattr(records, "save_audit", lambda record, out: saved.append((record, out)) or f"{out}/r.json")
-    monkeypatch.setattr(cli, "_sis_png", lambda record, path: f"png at {path}")
+    monkeypatch.setattr(cli, "_sis_png", lambda record, path: f"png at {path}" if record is rec else "another")
     out = str(tmp_path / "o")
     assert cli.main(["sis", "--model", "m", "--out", out]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -251,7 +302,7 @@ def test_main_audit_prints_on_rank_0_only(monkeypatch, capsys):
     rec = AuditRecord("t", ["x"], [np.zeros((4, 5), np.uint8)], [None], {1: "one"},
                       [ModelRecord("m", "exact", [_result([0])])])
     run = types.SimpleNamespace(ranks=distributed.Ranks(0, 3, 0), record=rec, chunks=5, skipped=2, computed=1)
-    monkeypatch.setattr(cli, "_run_audit", lambda args: run)
+    monkeypatch.setattr(cli, "_run_audit", lambda args: run if args.out == "the-out" else None)
     assert cli.main(["audit", "--model", "m", "--out", "the-out"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-4:] == ["5 chunks: 2 already committed, 1 computed by rank 0 of 3",
@@ -308,3 +359,11 @@ def test_main_report_reduce_and_pipeline(monkeypatch, capsys, tmp_path):
     assert printed == pipeline.format_table(result).splitlines() + ["4 of 64 pixels kept; 2.2 s"]
     assert json.loads(out.read_text()) == result
     assert cli.main(["digits-pipeline"]) == 0 and calls[-1] == ("pipeline", (0.05, None, None, 15))
+    assert cli.main(["digits-pipeline", "--fraction", "1"]) == 0 and calls[-1] == ("pipeline", (1.0, None, None, 15))
+
+
+def test_main_bench_returns_the_scripts_exit_code(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "_bench", lambda name, args: seen.append((name, args)) or 5)
+    assert cli.main(["bench", "exact", "--", "--rounds", "2"]) == 5
+    assert seen == [("exact", ["--rounds", "2"])]
