@@ -97,6 +97,17 @@ def test_prepare_models_source_namer_k_and_normalization(files):
     assert [m.name for m in loaded] == ["a"]
 
 
+def test_prepare_names_classes_after_the_folders(files, tmp_path):
+    from PIL import Image
+
+    for i, cls in enumerate(["ant", "bee", "cat", "dog", "eel"]):  # 5 folders for the 5-class models
+        (tmp_path / cls).mkdir()
+        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(tmp_path / cls / "x.png")
+    _, source, namer, _, _ = cli._prepare(_args("audit", "--model", files["a"], "--images", str(tmp_path), "--size",
+                                                "8", "--out", "o", "--method", "exact"), True, "cpu")
+    assert source.image_labels == [0, 1, 2, 3, 4] and namer(2) == "cat"
+
+
 def test_prepare_reads_cifar_batches(files, tmp_path):
     from test_stored_audit import write_cifar
 
