@@ -66,6 +66,7 @@ def test_fixed_batch_size_is_the_cpu_default_for_the_chunk(monkeypatch):
         (tuple(images.shape), images.device.type, total_candidates)) or 77)
     assert stream.fixed_batch_size(_source(3), 4) == 77
     assert seen == [((1, 3, 6, 6), "cpu", 4 * 6 * 6)]  # one image's shape; the chunk's candidates
+    assert stream.fixed_batch_size(_source(1), 2) == 77 and seen[-1][2] == 2 * 36  # a single image is enough
 
 
 def _commit(folder, chunk):
@@ -92,7 +93,8 @@ def test_progress_bar_counts_jobs_from_the_folder(monkeypatch, tmp_path):
     terminal = fake_terminal(monkeypatch)
     bar = stream._Progress(folder, ranges, 2, enabled=True, every=0.01)
     assert bar.bar.total == 14 and bar.bar.n == 6 and bar.start_images == 3  # 7 images x 2 models; 3 x 2 done
-    assert bar.thread.is_alive()
+    assert bar.thread.is_alive() and bar.thread.daemon  # never keeps a crashed job's process alive
+    assert bar.bar.smoothing == 0.1 and callable(bar.bar.dynamic_ncols)  # follows the terminal's width
     _commit(folder, 1)
     deadline = time.time() + 10
     while bar.bar.n != 12 and time.time() < deadline:  # the thread sees the other ranks' commits
@@ -103,10 +105,11 @@ def test_progress_bar_counts_jobs_from_the_folder(monkeypatch, tmp_path):
     assert not bar.thread.is_alive() and bar.bar.n == 14
     last = terminal.last_line()
     assert last.startswith("audit: 100%") and "14/14" in last and "images/s" in last
+    assert "job/s" in last or "s/job" in last
     # disabled (another rank, or --quiet): no thread, no output
     terminal.text.clear()
     off = stream._Progress(folder, ranges, 2, enabled=False)
-    assert not off.thread.is_alive()
+    assert not off.thread.is_alive() and off.every == 1.0  # counts once a second by default
     off.close()
     assert "".join(terminal.text) == ""
     empty = stream._Progress(folder, [], 1, enabled=False)
@@ -122,11 +125,11 @@ def test_progress_rate_is_images_per_second_since_the_start(monkeypatch, tmp_pat
     posted = []
     monkeypatch.setattr(bar.bar, "set_postfix_str", lambda s, refresh: posted.append((s, refresh)))
     monkeypatch.setattr(bar.bar, "refresh", lambda: posted.append("refresh"))
-    clock = iter([bar.t0 + 4.0])
+    clock = iter([bar.t0 + 0.5])
     monkeypatch.setattr(stream.time, "perf_counter", lambda: next(clock))
     _commit(folder, 1)
     _commit(folder, 2)
     bar.update()
-    assert posted == [("1.00 images/s", False), "refresh"]  # 4 new images in 4 s
+    assert posted == [("8.00 images/s", False), "refresh"]  # 4 new images in half a second
     assert bar.bar.n == 18
     bar.stop.set()
