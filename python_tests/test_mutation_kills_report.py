@@ -71,6 +71,7 @@ def test_html_pieces():
                     '<tr><td class="num">[1.0%, 2.0%]</td><td class="num">-3e-05</td></tr>'
                     '<tr><td class="num">2.5</td><td>word 1</td></tr></tbody></table>')
     assert report._json("text") == "text" and report._json({"b": 1, "a": (2,)}) == '{"a": [2], "b": 1}'
+    assert report._json({"device": torch.device("cpu")}) == '{"device": "cpu"}'  # anything else as its str
 
 
 def test_border_mask_by_hand():
@@ -115,6 +116,11 @@ def test_fractions_correctness_and_border_by_hand():
     rec.displays = [np.zeros((10, 10), np.uint8), np.zeros((10, 10), np.uint8), np.zeros((15, 15), np.uint8)]
     # 15 x 15: bands of round(1.5) = 2 pixels, an inner 11 x 11
     assert report.border_share(rec) == pytest.approx((0.36 + 0.36 + (225 - 121) / 225) / 3)
+    # another band width: 20% of 10 is 2 pixels (pixel 55 = (5, 5) stays inside, 44 = (4, 4) too)
+    rec2 = _record({"m": [_r([0, 11, 22, 55])]})
+    wide = report.border_fractions(rec2, rec2.models[0], 0.2)
+    assert wide[0] == 0.5  # pixels 0 and 11 ((1, 1)) lie in the band; 22 ((2, 2)) and 55 do not
+    assert report.border_share(_record({"m": [_r([0])]}), 0.2) == pytest.approx(0.64)
     empty = _record({"m": [_r([])]})  # an empty SIS has no pixels to place
     assert math.isnan(report.border_fractions(empty, empty.models[0])[0])
 
@@ -146,6 +152,10 @@ def test_curve_thresholds_and_exactness():
     models = [ModelRecord("a", "exact", [_r([0], score=0.4, threshold=0.6)])]
     assert report.curve_thresholds(models).tolist() == [0.5]  # f(x) below 0.5: one point, the low end
     assert len(report.curve_thresholds([ModelRecord("a", "exact", [_r([0])])])) == 20  # CURVE_POINTS
+    nan_scores = [ModelRecord("a", "exact", [_r([0], score=float("nan"), threshold=0.2)])]
+    assert report.curve_thresholds(nan_scores, 3).tolist() == pytest.approx([0.2, 0.595, 0.99])  # up to 0.99
+    flat = [ModelRecord("a", "exact", [_r([0], score=0.5, threshold=0.5)])]
+    assert report.curve_thresholds(flat).tolist() == [0.5]  # one point, not 20 equal ones
     assert report.is_exact(ModelRecord("a", "exact", [_r([0])]))
     assert not report.is_exact(ModelRecord("a", "gradient", [_r([0])]))
     assert not report.is_exact(ModelRecord("a", "exact", [_r([0], blocks=torch.tensor([0, 50, 100]))]))
@@ -177,6 +187,12 @@ def test_headline_sentences():
         "g (gradient): 2 of 2 images reach f(x) >= tau and have a SIS; median SIS: 1.0% of the pixels; on average "
         "0.0% of SIS pixels lie in the outer 10% border, which is 36.0% of the image, no more than the border's "
         "share of the area.")
+    # exactly the border's share (9 of 25 SIS pixels, 36%): "no more than"
+    band = [0, 1, 2, 3, 4, 5, 6, 7, 8] + [k for k in range(11, 89) if 1 <= k % 10 <= 8][:16]
+    rec = _record({"e": [_r(band)]})
+    assert report.border_fractions(rec, rec.models[0])[0] == pytest.approx(0.36)
+    assert "which is 36.0% of the image, no more than the border's share of the area" in report.headline(
+        rec, rec.models[0])
     rec = _record({"n": [_r(None)]})
     assert report.headline(rec, rec.models[0]) == "n (exact): 0 of 1 images reach f(x) >= tau and have a SIS."
     rec = _record({"f": [_r([3], grid=(2, 50))]})  # masks off the display grid: features, no border figure
