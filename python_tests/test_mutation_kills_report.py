@@ -116,7 +116,7 @@ def test_fractions_correctness_and_border_by_hand():
     rec.displays = [np.zeros((10, 10), np.uint8), np.zeros((10, 10), np.uint8), np.zeros((15, 15), np.uint8)]
     # 15 x 15: bands of round(1.5) = 2 pixels, an inner 11 x 11
     assert report.border_share(rec) == pytest.approx((0.36 + 0.36 + (225 - 121) / 225) / 3)
-    # another band width: 20% of 10 is 2 pixels (pixel 55 = (5, 5) stays inside, 44 = (4, 4) too)
+    # another band width: 20% of 10 is 2 pixels
     rec2 = _record({"m": [_r([0, 11, 22, 55])]})
     wide = report.border_fractions(rec2, rec2.models[0], 0.2)
     assert wide[0] == 0.5  # pixels 0 and 11 ((1, 1)) lie in the band; 22 ((2, 2)) and 55 do not
