@@ -94,9 +94,14 @@ def test_no_reference_no_sis_and_the_parts(stubbed, monkeypatch, tmp_path, capsy
         ("imagenet", out, threshold, k, device, progress)) or {"part": "imagenet"})
     monkeypatch.setattr(demo, "run_text_part", lambda out, progress: calls.append(("text", out, progress)) or
                         {"part": "text"})
+    shown = []
+    real_sis = demo.fast_sis
+    monkeypatch.setattr(demo, "fast_sis", lambda model, x, tau, collection, progress: shown.append(progress) or
+                        real_sis(model, x, tau, collection=collection, progress=False))
     out = str(tmp_path / "d")
     summary = demo.run_demo(out, n_images=2, threshold=1.0, compare_reference=False, k=30, device="cpu",
                             progress=True)
+    assert shown == [True]
     assert "reference_seconds" not in summary and "same_sis_as_reference" not in summary
     assert "median_sis_fraction" not in summary  # tau 1: no image has a SIS
     assert [row["sis"] for row in summary["per_image"]] == [None, None]
@@ -119,7 +124,7 @@ def test_run_demo_defaults(stubbed, monkeypatch, tmp_path, capsys):
 
     def fake_reference(model, x, tau, **kw):
         calls["reference"].append((len(x), tau, kw))
-        time.sleep(0.01)
+        time.sleep(0.2)  # a ratio well away from 0.0 when printed
         return real_sis(model, x, tau, collection=True)
 
     monkeypatch.setattr(demo, "fast_sis", fake_sis)
