@@ -260,3 +260,108 @@ def test_entropy_finetune_defaults_seeding_and_padding_of_reductions(monkeypatch
     assert again.final_loss == res.final_loss and again.model.calls == calls
     other = mitigation.entropy_finetune(model, (seqs, labels), 1.0, pad_id=9, seed=1)
     assert other.model.calls != calls or other.final_loss != res.final_loss
+
+
+# ---------------------------------------------------- text/model.py: every check's whole message
+
+
+def test_text_model_fn_output_checks():
+    def returning(out):
+        return TextModelFn(lambda ids, mask: out)
+
+    ids, mask = torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(TypeError, match=whole_message("model must return a tensor of logits [B, K], got list")):
+        returning([1.0, 2.0]).logits(ids, mask)
+    for shape in ((2,), (3, 2), (2, 0), (2, 2, 1)):
+        with pytest.raises(ValueError, match=whole_message(
+                f"model must map ids [B, T] and attention_mask [B, T] to logits [B, K]; for B = 2 it returned shape "
+                f"{shape}")):
+            returning(torch.zeros(shape)).logits(ids, mask)
+    assert returning(torch.zeros(2, 1)).logits(ids, mask).shape == (2, 1)  # one class is a valid output
+    with pytest.raises(TypeError, match=whole_message("model must return floating-point logits, got torch.int64")):
+        returning(torch.zeros(2, 2, dtype=torch.int64)).logits(ids, mask)
+
+
+def test_deletion_scores_checks():
+    class Deleting:
+        def __init__(self, out):
+            self.out = out
+
+        def __call__(self, ids, mask):
+            return torch.zeros(ids.shape[0], 2)
+
+        def deletion_logits(self, ids, mask):
+            return self.out
+
+    ids, mask, y = torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 3, dtype=torch.bool), torch.tensor([0, 1])
+    for out, shown in ((torch.zeros(2, 3), "(2, 3)"), (torch.zeros(2, 4, 2), "(2, 4, 2)"),
+                       (torch.zeros(3, 3, 2), "(3, 3, 2)"), ([0.0], "list")):
+        with pytest.raises(ValueError, match=whole_message(
+                f"model.deletion_logits must return logits [B, T, K] for ids (2, 3), got {shown}")):
+            TextModelFn(Deleting(out)).deletion_scores(ids, mask, y)
+    f, top = TextModelFn(Deleting(torch.zeros(2, 3, 2))).deletion_scores(ids, mask, y)
+    assert f.tolist() == [[0.5] * 3] * 2 and f.dtype == torch.float64 and top.shape == (2, 3)
+
+
+def test_gradient_importance_checks():
+    fn = TextModelFn(lambda ids, mask: torch.zeros(ids.shape[0], 2))
+    ids, mask, y = torch.zeros(1, 2, dtype=torch.int64), torch.ones(1, 2, dtype=torch.bool), torch.tensor([0])
+    with pytest.raises(ValueError, match=whole_message(
+            'importance="gradient" needs the token embedding layer: pass embedding=<the nn.Embedding module> (the '
+            "model has no get_input_embeddings() and not exactly one nn.Embedding)")):
+        fn.gradient_importance(ids, mask, y)
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(4, 3)
+
+        def forward(self, ids, mask):
+            return (self.emb(ids) + self.emb(ids)).sum(1)[:, :2]
+
+    with pytest.raises(ValueError, match=whole_message(
+            "the embedding module ran 2 times in one forward call; expected once")):
+        TextModelFn(Twice().eval()).gradient_importance(ids, mask, y)
+
+    class Flat(nn.Module):
+        """Its "embedding" maps the ids [1, 2] to [2, 2], not [B, T, dim]."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, ids, mask):
+            e = self.lin(ids.float().view(-1, 1).expand(-1, 2))
+            return e.sum(0, keepdim=True)
+
+    flat = Flat().eval()
+    with pytest.raises(ValueError, match=whole_message(
+            "the embedding output has shape (2, 2); expected [B, T, dim] for ids (1, 2)")):
+        TextModelFn(flat, embedding=flat.lin).gradient_importance(ids, mask, y)
+
+
+def test_check_sequences_messages_and_pad_batch():
+    from overinterp_fast.text.model import HFSequenceClassifier, check_sequences, pad_batch
+
+    with pytest.raises(ValueError, match=whole_message(
+            "a tensor of sequences must be padded [N, T] with attention_mask=; got shape (3,) (or pass a list of "
+            "1-D tensors)")):
+        check_sequences(torch.tensor([1, 2, 3]), None, None)
+    with pytest.raises(ValueError, match=whole_message(
+            "a padded [N, T] tensor of sequences needs attention_mask= (bool [N, T], False on padding)")):
+        check_sequences(torch.ones(2, 3, dtype=torch.int64), None, None)
+    for bad in (torch.ones(2, 2, dtype=torch.bool), [[True] * 3] * 2):
+        with pytest.raises(ValueError, match=whole_message(
+                "attention_mask must be a tensor of the sequences' shape (2, 3)")):
+            check_sequences(torch.ones(2, 3, dtype=torch.int64), bad, None)
+    ids, m = pad_batch([torch.tensor([4, 5]), torch.tensor([6])])
+    assert ids.tolist() == [[4, 5], [6, 0]] and ids.dtype == torch.int64 and m.tolist() == [[True, True],
+                                                                                               [True, False]]
+    ids, _ = pad_batch([torch.tensor([4, 5], dtype=torch.int32), torch.tensor([6], dtype=torch.int32)], 9)
+    assert ids.tolist() == [[4, 5], [6, 9]] and ids.dtype == torch.int64
+
+    class FakeHF(nn.Module):
+        pass
+
+    hf = FakeHF().eval()
+    assert HFSequenceClassifier(hf).training is False and HFSequenceClassifier(hf.train()).training is True
