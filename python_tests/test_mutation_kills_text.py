@@ -365,3 +365,45 @@ def test_check_sequences_messages_and_pad_batch():
 
     hf = FakeHF().eval()
     assert HFSequenceClassifier(hf).training is False and HFSequenceClassifier(hf.train()).training is True
+
+
+def test_check_sequences_every_message():
+    from overinterp_fast.text.model import check_sequences
+
+    ones = torch.ones(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=whole_message(
+            "attention_mask rows must be left-aligned: True on the tokens, then False on padding")):
+        check_sequences(ones, torch.tensor([[1, 1, 0], [0, 1, 1]]).bool(), None)
+    got = check_sequences(ones * 3, torch.tensor([[1, 1, 0], [1, 1, 1]]), None)  # 0/1 ints as a mask
+    assert [s.tolist() for s in got] == [[3, 3], [3, 3, 3]]
+    with pytest.raises(ValueError, match=whole_message(
+            "attention_mask= goes with a padded [N, T] tensor, not with a list of sequences")):
+        check_sequences([torch.tensor([1])], torch.ones(1, 1, dtype=torch.bool), None)
+    with pytest.raises(TypeError, match=whole_message(
+            "sequences must be a list of 1-D int64 tensors or a padded [N, T] tensor, got str")):
+        check_sequences("1 2 3", None, None)
+    assert [s.tolist() for s in check_sequences((torch.tensor([2]),), None, None)] == [[2]]  # a tuple is fine
+    with pytest.raises(ValueError, match=whole_message("no sequences given (N = 0)")):
+        check_sequences([], None, None)
+    with pytest.raises(ValueError, match=whole_message("no sequences given (N = 0)")):
+        check_sequences(torch.ones(0, 3, dtype=torch.int64), torch.ones(0, 3, dtype=torch.bool), None)
+    for bad in ([1, 2], torch.ones(1, 2, dtype=torch.int64)):
+        with pytest.raises(TypeError, match=whole_message("sequence 1 must be a 1-D tensor of token ids")):
+            check_sequences([torch.tensor([1]), bad], None, None)
+    for dtype in (torch.float32, torch.complex64, torch.bool):
+        with pytest.raises(TypeError, match=whole_message(f"sequence 0 must hold integer token ids, got {dtype}")):
+            check_sequences([torch.ones(2, dtype=dtype)], None, None)
+    with pytest.raises(ValueError, match=whole_message(
+            "sequence 1 is empty; every sequence needs at least one token")):
+        check_sequences([torch.tensor([1]), torch.tensor([], dtype=torch.int64)], None, None)
+    with pytest.raises(ValueError, match=whole_message(
+            "sequence 0 has token id -1, outside the vocabulary [0, 5)")):
+        check_sequences([torch.tensor([-1, 7])], None, 5)  # the negative id is named first
+    with pytest.raises(ValueError, match=whole_message("sequence 0 has token id 5, outside the vocabulary [0, 5)")):
+        check_sequences([torch.tensor([0, 4, 5])], None, 5)
+    with pytest.raises(ValueError, match=whole_message(
+            "sequence 0 has token id -2, outside the vocabulary [0, inf)")):
+        check_sequences([torch.tensor([-2])], None, None)
+    got = check_sequences([torch.tensor([0, 4], dtype=torch.int32), torch.tensor([10 ** 6])], None, None)
+    assert [s.dtype for s in got] == [torch.int64, torch.int64] and got[1].tolist() == [10 ** 6]
+    assert check_sequences([torch.tensor([4])], None, 5)[0].tolist() == [4]  # the last id of the vocabulary
