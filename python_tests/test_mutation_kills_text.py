@@ -407,3 +407,22 @@ def test_check_sequences_every_message():
     got = check_sequences([torch.tensor([0, 4], dtype=torch.int32), torch.tensor([10 ** 6])], None, None)
     assert [s.dtype for s in got] == [torch.int64, torch.int64] and got[1].tolist() == [10 ** 6]
     assert check_sequences([torch.tensor([4])], None, 5)[0].tolist() == [4]  # the last id of the vocabulary
+
+
+def test_text_model_fn_argument_messages_and_the_embedding_found():
+    from overinterp_fast.text.model import find_embedding
+
+    with pytest.raises(TypeError, match=whole_message("model must be a torch.nn.Module or a callable, got str")):
+        TextModelFn("model.pt")
+    with pytest.raises(TypeError, match=whole_message(
+            "embedding must be the model's token embedding module, got int")):
+        TextModelFn(Weights([0.0]).eval(), embedding=3)
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Embedding(3, 2), nn.Embedding(4, 2)
+
+    assert find_embedding(Two()) is None and find_embedding(nn.Linear(2, 2)) is None  # not exactly one
+    w = Weights([0.0, 1.0])
+    assert find_embedding(w) is w.embedding and find_embedding(lambda ids, mask: ids) is None
