@@ -22,6 +22,7 @@ several N. The stored run must stay flat; the in-memory one grows with N.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import pickle
@@ -81,14 +82,15 @@ def child(args) -> None:
     else:  # the same chunks and batches, held in memory, written once at the end
         rank = 0
         batch = fixed_batch_size(src, args.chunk)
+        # run_stored_audit's own defaults for every option the stored mode above does not set
+        stored_defaults = {name: p.default for name, p in inspect.signature(run_stored_audit).parameters.items()
+                           if name in ("threshold_mode", "collection", "transfer", "fraction", "mask_value",
+                                       "autocast", "noise_sigma", "value_range")}
         results, names, labels, displays = [], [], [], []
         for a, b in store.chunk_ranges(len(src), args.chunk):
             c = collate([src[i] for i in range(a, b)])
-            # run_stored_audit's defaults for everything the stored mode does not set
             done = runner.audit_chunk({"cnn": model}, c["x"], c["labels"], True, engine=None, batch_size=batch,
-                                      threshold_mode="auto", collection=False, transfer=True, fraction=0.05,
-                                      mask_value=0.0, autocast=None, progress=False, object_masks=None,
-                                      noise_sigma=0.25, value_range=None, **opts)
+                                      progress=False, object_masks=None, **stored_defaults, **opts)
             results += done.results[0]
             names += [src.image_names[i] for i in c["index"]]
             labels += c["labels"]

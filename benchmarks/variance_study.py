@@ -125,8 +125,8 @@ def parts(variant: str) -> dict[str, int | float | None]:
 
 def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, maps: dict | None = None) -> dict:
     """One run of a variant. ``maps``: the maps already computed in this run, keyed by the parts that make them
-    (all but ``EXTRACTION_PARTS``, which only change the extraction or smooth the map): a variant that differs from another only in
-    its extraction reuses that one's map and queries (the maps are deterministic in the seeds)."""
+    (all but ``EXTRACTION_PARTS``, which only change the extraction or smooth the map): a variant that differs from
+    another only in those parts reuses that one's map and queries (the maps are deterministic in the seeds)."""
     opts = parts(variant)
     key = (iterations, seed, scramble, tuple(sorted((k, v) for k, v in opts.items() if k not in EXTRACTION_PARTS)))
     if maps is not None and key in maps:

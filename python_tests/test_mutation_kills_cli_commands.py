@@ -18,29 +18,17 @@ from overinterp_fast.audit import runner as audit_runner
 from overinterp_fast.audit.records import AuditRecord, ModelRecord
 from overinterp_fast.results import SISResult
 
-from test_audit_cli import tiny_cnn
-
-SIDE = 8
+from test_audit_cli import image_folder, model_files  # noqa: F401  (fixtures shared with those tests)
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """Two model files (torch.export and ONNX, 5 classes), a folder of 3 photos (12 x 10) and a class-names file."""
-    from PIL import Image
-
+def files(tmp_path_factory, model_files, image_folder):
+    """test_audit_cli.py's two model files (torch.export and ONNX, 5 classes) and folder of 3 photos (12 x 10), and
+    two class-names files."""
     root = tmp_path_factory.mktemp("cli")
-    example = torch.zeros(2, 3, SIDE, SIDE)
-    torch.export.save(torch.export.export(tiny_cnn(1), (example,), dynamic_shapes=({0: torch.export.Dim("b")},)),
-                      str(root / "a.pt2"))
-    of.export_onnx(tiny_cnn(2), str(root / "b.onnx"), example)
-    images = root / "imgs"
-    images.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(3):
-        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(images / f"img{i}.png")
     (root / "names.txt").write_text("zero\none\ntwo\nthree\nfour\n")
     (root / "three.txt").write_text("zero\none\ntwo\n")
-    return {"a": str(root / "a.pt2"), "b": str(root / "b.onnx"), "images": str(images),
+    return {"a": model_files["a"], "b": model_files["b"], "images": str(image_folder),
             "names": str(root / "names.txt"), "three": str(root / "three.txt"), "root": root}
 
 
