@@ -39,6 +39,14 @@ of several variants, interleaved run by run, each judged as window_study.py judg
 - ``blurS`` (e.g. ``blur6``): the map (the descents' summed log maps) smoothed by a Gaussian of S pixels
   (scipy.ndimage.gaussian_filter, edges repeated) before the extraction ranks it. A variance reduction bought with
   bias: neighbouring pixels' responsibilities are pooled.
+- ``infer``, ``infer-pass``, ``infer-fail``: monotone inference *across* descents. The descents run in waves (wave t:
+  descent t of every image), and every mutant the model scored is remembered per image as a pixel mask: the minimal
+  passing ones and the maximal failing ones. Before a round is scored, a mutant that contains a remembered pass is
+  taken as passing, and one inside a remembered fail as failing, without a query (``infer-pass`` / ``infer-fail``:
+  only that half of the rule). The same assumption as the monotone rounds of one split (passing monotone in the
+  pixels kept), applied between splits, levels and descents; on a monotone criterion the map is unchanged.
+  Measured here: how often the inference is wrong on the real model (``--check``: the inferred mutants are also
+  scored, not counted as queries), and what the saved queries buy in more descents.
 - parts joined by ``+`` combine: ``virtual40+scan128``.
 
 Also printed, per run and variant: "at ReX's sizes", the Dice of the ranking the extraction used, cut at each ReX
@@ -63,6 +71,7 @@ from scipy.ndimage import gaussian_filter
 from scipy.stats import qmc
 
 import overinterp_fast.extraction as extraction_module
+from overinterp_fast import _ops
 from overinterp_fast.blocks import scan_sizes
 from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility, ranking_positions
 from overinterp_fast.surrogate import add_gated_descents, add_virtual_descents
@@ -72,7 +81,8 @@ from rex_map_extraction import rex_maps
 from window_study import Study, describe, oracle_size_dice
 
 resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
-DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
+DEFAULT_RNG, DEFAULT_SKIP, DEFAULT_SCORE_KEYS = resp.descent_rng, resp.skipped, resp._score_keys
+CHECK = {"on": False}  # --check: also score the inferred mutants; "wrong"/"inferred" count per run
 SOBOL_DIMS = 64
 EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64", "blur")  # parts applied after the descents' map
 
@@ -109,7 +119,8 @@ def parts(variant: str) -> dict[str, int | float | None]:
     """``a+virtual40+scan128`` -> {"a": None, "virtual": 40, "scan": 128}; raises SystemExit on an unknown part."""
     out: dict[str, int | float | None] = {}
     for part in variant.split("+"):
-        if part in ("default", "sobol", "pairs-any", "pixels64", "guided", "pxguided", "full"):
+        if part in ("default", "sobol", "pairs-any", "pixels64", "guided", "pxguided", "full", "infer", "infer-pass",
+                    "infer-fail"):
             out[part] = None
         elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
             out["w"] = float(part[1:])
@@ -132,6 +143,7 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, m
     if maps is not None and key in maps:
         logs, q, level_queries = maps[key]
     else:
+        CHECK.update(inferred=0, wrong=0)
         logs, q, level_queries = ranking(study, opts, iterations, seed, scramble)
         if maps is not None:
             maps[key] = (logs, q, level_queries)
@@ -149,6 +161,8 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, m
     finally:
         extraction_module.scan_sizes = scan_sizes
     out["level_queries"] = level_queries
+    if CHECK["on"] and CHECK["inferred"]:
+        out["inference_check"] = {"inferred": CHECK["inferred"], "wrong": CHECK["wrong"]}
     return out
 
 
@@ -158,11 +172,15 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
     resp.descent_rng = sobol_rng(seed, iterations, scramble) if "sobol" in opts else DEFAULT_RNG
     resp.skipped = pairs_any if "pairs-any" in opts else DEFAULT_SKIP
     cache = MutantCache()
+    infer = next((part for part in ("infer", "infer-pass", "infer-fail") if part in opts), None)
     try:
-        logs, q = compute_responsibility(study.ev, study.s.prep, study.present, study.passes, iterations, 10, 10,
-                                         seed, False, "full" not in opts, cache)
+        if infer is None:
+            logs, q = compute_responsibility(study.ev, study.s.prep, study.present, study.passes, iterations, 10, 10,
+                                             seed, False, "full" not in opts, cache)
+        else:
+            logs, q = inferred_descents(study, cache, iterations, seed, "full" not in opts, infer)
     finally:
-        resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
+        resp.descent_rng, resp.skipped, resp._score_keys = DEFAULT_RNG, DEFAULT_SKIP, DEFAULT_SCORE_KEYS
     if "gated" in opts:
         logs, q = add_gated_descents(logs, q, cache, study.ev, study.s.prep, study.present, study.passes,
                                      opts["gated"], seed + iterations, 10, 10, "full" not in opts)
@@ -172,6 +190,89 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
         logs = both if "w" not in opts else logs + opts["w"] * (both - logs)
     descents = iterations + opts.get("gated", 0)  # the model's queries: real and gated descents
     return logs, q, [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
+
+
+class Memory:
+    """Per image, the masks (float32 [k, P], 1 = kept) of the minimal passing and the maximal failing mutants scored."""
+
+    def __init__(self, n: int, rule: str):
+        self.passing: list[torch.Tensor | None] = [None] * n
+        self.failing: list[torch.Tensor | None] = [None] * n
+        self.rule = rule
+
+    def infer(self, i: int, masks: torch.Tensor) -> torch.Tensor:
+        """int8 [m]: 1 = contains a remembered pass, 0 = inside a remembered fail, -1 = unknown."""
+        out = torch.full((masks.shape[0],), -1, dtype=torch.int8)
+        if self.passing[i] is not None and self.rule != "infer-fail":
+            out[((self.passing[i] @ (1 - masks).T) == 0).any(0)] = 1  # no pixel of a pass outside the mutant
+        if self.failing[i] is not None and self.rule != "infer-pass":
+            inside = (((1 - self.failing[i]) @ masks.T) == 0).any(0)  # no pixel of the mutant outside a fail
+            out[inside & (out == -1)] = 0
+        return out
+
+    def add(self, i: int, mask: torch.Tensor, passed: bool) -> None:
+        row = mask[None]
+        if passed:  # keep the minimal passes: drop the new one if it contains one, the old ones that contain it
+            old = self.passing[i]
+            if old is not None and ((old @ (1 - row).T) == 0).any():
+                return
+            self.passing[i] = row if old is None else torch.cat([old[((row @ (1 - old).T) != 0)[0]], row])
+        else:  # keep the maximal fails
+            old = self.failing[i]
+            if old is not None and (((1 - old) @ row.T) == 0).any():
+                return
+            self.failing[i] = row if old is None else torch.cat([old[(((1 - row) @ old.T) != 0)[0]], row])
+
+
+def inferred_descents(study: Study, cache: MutantCache, iterations: int, seed: int, monotone: bool, rule: str):
+    """The ``infer`` parts: descent t of every image in wave t (seed + t), the mutants scored through a
+    :class:`Memory`; returns (float64 [N, H, W], the model's queries per image)."""
+    memory = Memory(study.n, rule)
+
+    def score_keys(evaluator, rects, owner, evals, keys, present, cache, h, w, dev):
+        m = len(evals)
+        owner_t = torch.as_tensor(owner, dtype=torch.int64)
+        cover = _ops.rect_fill(torch.as_tensor(rects, dtype=torch.int64).view(-1, 4), owner_t,
+                               torch.ones_like(owner_t), m, h, w).view(m, -1) > 0
+        masks = (cover & present[torch.as_tensor(evals)]).float()
+        verdict = torch.full((m,), -1, dtype=torch.int8)
+        for i in set(evals):
+            rows = [j for j in range(m) if evals[j] == i]
+            verdict[rows] = memory.infer(i, masks[rows])
+        by_owner: dict[int, list] = {}
+        for r, o in zip(rects, owner):
+            by_owner.setdefault(o, []).append(r)
+
+        def score(js: list[int], into: MutantCache) -> None:
+            sub_rects = [r for j in js for r in by_owner.get(j, [])]
+            sub_owner = [n for n, j in enumerate(js) for _ in by_owner.get(j, [])]
+            DEFAULT_SCORE_KEYS(evaluator, sub_rects, sub_owner, [evals[j] for j in js], [keys[j] for j in js],
+                               present, into, h, w, dev)
+
+        known = [j for j in range(m) if verdict[j] >= 0]
+        if CHECK["on"] and known:
+            truth = MutantCache()
+            score(known, truth)
+            CHECK["inferred"] = CHECK.get("inferred", 0) + len(known)
+            CHECK["wrong"] = CHECK.get("wrong", 0) + sum(truth.scores[keys[j]][1] != bool(verdict[j]) for j in known)
+        for j in known:  # f is not known; top-1 is the inferred answer (criterion "top1")
+            cache.scores[keys[j]] = (float("nan"), bool(verdict[j]), int(masks[j].sum()))
+            cache.guessed.add(keys[j])  # not a query
+        ask = [j for j in range(m) if verdict[j] < 0]
+        if ask:
+            score(ask, cache)
+            for j in ask:
+                memory.add(evals[j], masks[j], cache.scores[keys[j]][1])
+
+    resp._score_keys = score_keys
+    logs, q = None, [0] * study.n
+    for t in range(iterations):
+        wave, wave_q = resp.descend(study.ev, study.s.prep, study.present, study.passes,
+                                    [(i, seed + t) for i in range(study.n)], 10, 10, cache, False, monotone,
+                                    per_image=True)
+        logs = wave if logs is None else logs + wave
+        q = [a + b for a, b in zip(q, wave_q)]
+    return logs, q
 
 
 def blurred(logs: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -199,6 +300,8 @@ def main():
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--variants", nargs="*", default=["default:8", "sobol:8", "pairs-any:9", "pixels64:8"],
                     help="variant:iterations")
+    ap.add_argument("--check", action="store_true", help="infer parts: also score the inferred mutants in run 0 "
+                    "(not counted as queries) and report how many inferences were wrong")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/variance_study_cpu.json")
     args = ap.parse_args()
     plan = [(v, int(t)) for v, t in (x.split(":") for x in args.variants)]
@@ -213,10 +316,13 @@ def main():
     for r in range(args.runs):
         maps: dict = {}  # this run's maps, shared by variants that differ only in their scan
         for variant, t in plan:
+            CHECK["on"] = args.check and r == 0
             one = run(study, variant, t, args.seed + 100 * r, scramble=r, maps=maps)
             runs[variant, t].append(one)
             print(f"run {r} {variant}:{t}: MPS {100 * one['size']:5.2f}%, queries {one['queries']:.0f}, "
-                  f"Dice {one['dice']:.3f} (at ReX's sizes {one['oracle_dice']:.3f})", flush=True)
+                  f"Dice {one['dice']:.3f} (at ReX's sizes {one['oracle_dice']:.3f})"
+                  + (f", inferences wrong {one['inference_check']['wrong']} of {one['inference_check']['inferred']}"
+                     if "inference_check" in one else ""), flush=True)
     rows = []
     for (variant, t), got in runs.items():
         row = {"variant": variant, "iterations": t, **study.summary(got), "rex_oracle_dice": rex_oracle}
