@@ -309,7 +309,7 @@ def load_text_model(path: str | os.PathLike) -> TextModel:
     if not Path(path).is_file():
         raise FileNotFoundError(f"no text model at {path}")
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(blob, dict) or not {"vocab", "state", "config"} <= set(blob):
+    if not isinstance(blob, dict) or not {"vocab", "state", "config", "test_accuracy"} <= set(blob):
         raise ValueError(f"{path} is not a text model written by save_text_model")
     cfg = json.loads(blob["config"])
     vocab = Vocab(blob["vocab"])
