@@ -145,6 +145,16 @@ class FakeTerminal:
         lines = "".join(self.text).replace("\r", "\n").strip().splitlines()
         return lines[-1] if lines else ""
 
+    def assert_finished_bar(self, shown: bool, label: str, total: int, unit: str) -> None:
+        """A bar that ran to the end: nothing drawn when not ``shown``; else the last line is "``label``: 100%",
+        "| ``total``/``total`` [" and a rate in ``unit`` (per second or seconds per unit)."""
+        if not shown:
+            assert "".join(self.text) == ""
+            return
+        last = self.last_line()
+        assert last.startswith(f"{label}: 100%") and f"| {total}/{total} [" in last, last
+        assert f"{unit}/s" in last or f"s/{unit}" in last, last
+
 
 def fake_terminal(monkeypatch) -> FakeTerminal:
     """sys.stderr replaced by a FakeTerminal for the rest of the test (call it in the test's body: pytest's

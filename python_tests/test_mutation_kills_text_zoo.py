@@ -542,12 +542,7 @@ def test_train_text_cnn_progress_bar(monkeypatch, progress, shown):
     data = tiny_data(5)
     zt.train_text_cnn(data, zt.Vocab.build(data.tokens_train), epochs=2, batch=2, dim=4, filters=2,
                       progress=progress)
-    if not shown:
-        assert "".join(terminal.text) == ""
-        return
-    last = terminal.last_line()
-    assert last.startswith("training the text CNN: 100%") and "| 6/6 [" in last
-    assert "batch/s" in last or "s/batch" in last
+    terminal.assert_finished_bar(shown, "training the text CNN", 6, "batch")
 
 
 def test_save_text_model_makes_missing_folders(monkeypatch, tmp_path, tiny):

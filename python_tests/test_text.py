@@ -405,12 +405,7 @@ def test_reduction_progress_bar(monkeypatch, progress, shown):
     model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
     of.input_reduction(model, [torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([2, 2, 3])], beam_size=3,
                        progress=progress)
-    if not shown:
-        assert "".join(terminal.text) == ""
-        return
-    last = terminal.last_line()
-    assert last.startswith("input reduction (beam 3): 100%") and " 3/3 [" in last
-    assert "seq/s" in last or "s/seq" in last
+    terminal.assert_finished_bar(shown, "input reduction (beam 3)", 3, "seq")
 
 
 def test_deletion_logits_run_in_chunks_of_1024_tokens_on_a_cpu():
