@@ -239,10 +239,14 @@ def cold_case(onnx_path: str, photo: str, pythonpath: str | None = None, **optio
             "queries": int(queries)}
 
 
+OPTION_KEYS = ("iterations", "monotone", "gated_iterations", "virtual_iterations", "prefix_search", "monotone_memory")
+
+
 def sweep_point(spec: str) -> dict:
-    """--sweep's "K[,full][,gG][,vV][,scan]" -> fast_sis options: iterations=K, monotone (False with "full"),
+    """--sweep's "K[,full][,gG][,vV][,scan][,mem]" -> fast_sis options: iterations=K, monotone (False with "full"),
     gated_iterations=G and virtual_iterations=V (0 where not given), prefix_search="scan" with "scan" (the
-    square scan of the defaults before the guided search; default "guided")."""
+    square scan of the defaults before the guided search; default "guided"), monotone_memory=True with "mem" (absent
+    otherwise, so that an older overinterp_fast without it runs the same options: cold_virtual.py --baseline)."""
     head, *flags = spec.split(",")
     opts = {"iterations": head if head == "auto" else int(head), "monotone": True, "gated_iterations": 0,
             "virtual_iterations": 0, "prefix_search": "guided"}
@@ -251,16 +255,17 @@ def sweep_point(spec: str) -> dict:
             opts["monotone"] = False
         elif f == "scan":
             opts["prefix_search"] = "scan"
+        elif f == "mem":
+            opts["monotone_memory"] = True
         elif f[:1] in ("g", "v") and f[1:].isdigit():
             opts["gated_iterations" if f[0] == "g" else "virtual_iterations"] = int(f[1:])
         else:
-            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full, gG, vV or scan)")
+            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full, gG, vV, scan or mem)")
     return opts
 
 
 def describe_options(opts: dict) -> str:
-    return ", ".join(f"{key}={opts[key]}" for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations",
-                                                      "prefix_search"))
+    return ", ".join(f"{key}={opts[key]}" for key in OPTION_KEYS if key in opts)
 
 
 def run_ours(model, images, seed, **kw):
@@ -288,6 +293,9 @@ def main():
     ap.add_argument("--faithful", action="store_true", help="also ours with iterations=20, refine=False")
     ap.add_argument("--sweep", nargs="*", default=[], metavar="K",
                     help="also ours with iterations=K for each K (an int or 'auto'; 'K,full': monotone=False), other options the defaults")
+    ap.add_argument("--ours", default=None, metavar="SPEC",
+                    help="ours in the interleaved rounds (and the cold case and the torch run) with these options "
+                         "(--sweep's syntax, e.g. 8,g9,v100,mem) instead of the defaults")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-module reference run")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process cold case")
     ap.add_argument("--keep", default=None, help="keep the ONNX model, PNGs and ReX outputs in this folder")
@@ -304,6 +312,8 @@ def main():
     stride = args.iterations if args.rex_seed_stride is None else args.rex_seed_stride
     seeds = [args.seed + k * stride for k in range(args.rex_seeds)]
     refine = True if args.refine == "true" else "boundary"
+    ours_opts = {} if args.ours is None else sweep_point(args.ours)
+    ours_label = "the defaults (iterations=8, monotone, block='auto')" if args.ours is None else describe_options(ours_opts)
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or tmp
@@ -326,7 +336,7 @@ def main():
             print(f"round seed {s}: ReX on {n} photos", flush=True)
             rex_runs.append(run_rex(python, work, onnx_path, pngs, args, s))
             onnx_model.rows = 0
-            t, res = run_ours(onnx_model, images, s, refine=refine)
+            t, res = run_ours(onnx_model, images, s, refine=refine, **ours_opts)
             ours_runs.append({"seed": s, "time_s": t, "results": res, "rows": onnx_model.rows})
             print(f"round seed {s}: ours {t / n:.2f} s per image", flush=True)
 
@@ -347,9 +357,9 @@ def main():
             counted = CountingTorch(model).eval()
             with torch.inference_mode():
                 counted(images[:1])
-            t_torch, res_t = run_ours(counted, images, args.seed, refine=refine)
+            t_torch, res_t = run_ours(counted, images, args.seed, refine=refine, **ours_opts)
             same_torch = [bool(torch.equal(a.mask, b.mask)) for a, b in zip(ours_runs[0]["results"], res_t)]
-        cold = None if args.no_cold else cold_case(onnx_path, names[0])
+        cold = None if args.no_cold else cold_case(onnx_path, names[0], **ours_opts)
         check_model = of.OnnxModel(onnx_path)
 
     p = images.shape[-2] * images.shape[-1]
@@ -434,6 +444,7 @@ def main():
         "same_targets": all(r["same_target"] for r in rows),
         "rex_input_max_abs_diff": max(r["rex_input_max_abs_diff"] for r in rows),
         "rex_batch_size": args.rex_batch_size, "rex_iterations": args.iterations, "ours_refine": refine,
+        "ours_options": ours_label,
     }
     s["speed_ratio"] = s["rex_time_per_image_s"] / s["ours_time_per_image_s"]
     s["query_ratio"] = rex_q / s["ours_median_queries"]
@@ -445,8 +456,7 @@ def main():
     for sw in sweep:
         res = sw["results"]
         s["sweep"].append({
-            **{key: sw[key] for key in ("iterations", "monotone", "gated_iterations", "virtual_iterations",
-                                        "prefix_search")},
+            **{key: sw.get(key, False) for key in OPTION_KEYS},
             "time_per_image_s": sw["time_s"] / n,
             "median_queries": statistics.median(r.total_queries for r in res),
             "median_mps_fraction": statistics.median(r.size for r in res) / p,
@@ -463,7 +473,7 @@ def main():
     }
 
     print(f"\nEfficientNet-Lite0 ONNX, 224x224; ReX 0.4.1: {args.iterations} iterations, depth 10, min box 10, "
-          f"seeds {seeds}; ours: the defaults (iterations=8, monotone, block='auto'), refine={refine!r}; CPU, {torch.get_num_threads()} threads")
+          f"seeds {seeds}; ours: {ours_label}, refine={refine!r}; CPU, {torch.get_num_threads()} threads")
     head = (f"{'photo':<11}{'class':<18}{'ReX q':>7}{'ReX MPS%':>9}{'spread%':>8}{'ReX Dice':>9}"
             f"{'ours q':>7}{'(desc+ext+ref)':>17}{'MPS%':>6}{'before%':>8}{'Dice':>6}{'ok':>4}")
     print(head)
@@ -501,7 +511,7 @@ def main():
     if t_torch is not None:
         print(f"ours with the torch module: {t_torch / n:.2f} s per image (same MPS as on ONNX: {same_torch})")
     if cold is not None:
-        print(f"cold case (fresh process, {cold['photo']}, defaults): {cold['process_s']:.1f} s in all, "
+        print(f"cold case (fresh process, {cold['photo']}, {ours_label}): {cold['process_s']:.1f} s in all, "
               f"{cold['call_s']:.2f} s in fast_sis, {cold['queries']} queries")
     print(f"ReX batch size {args.rex_batch_size}; same targets: {s['same_targets']}; "
           f"ReX input vs ours max |diff|: {s['rex_input_max_abs_diff']:.2e}")

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from bench_responsibility import cold_case, describe_options, sweep_point
+from bench_responsibility import OPTION_KEYS, cold_case, describe_options, sweep_point
 from common import write_results
-
-
-OPTION_KEYS = ("iterations", "monotone", "gated_iterations", "virtual_iterations")
 
 
 def label(opts: tuple) -> str:

@@ -71,9 +71,10 @@ from scipy.ndimage import gaussian_filter
 from scipy.stats import qmc
 
 import overinterp_fast.extraction as extraction_module
-from overinterp_fast import _ops
 from overinterp_fast.blocks import scan_sizes
-from overinterp_fast.responsibility import SUBSETS, MutantCache, compute_responsibility, ranking_positions
+from overinterp_fast.mutant_memory import MutantMemory, RememberingEvaluator, remembered_responsibility
+from overinterp_fast.responsibility import (SUBSETS, MutantCache, compute_responsibility, ranking_positions,
+                                            score_painted_rows)
 from overinterp_fast.surrogate import add_gated_descents, add_virtual_descents
 
 from common import write_results
@@ -81,7 +82,7 @@ from rex_map_extraction import rex_maps
 from window_study import Study, describe, oracle_size_dice
 
 resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
-DEFAULT_RNG, DEFAULT_SKIP, DEFAULT_SCORE_KEYS = resp.descent_rng, resp.skipped, resp._score_keys
+DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
 CHECK = {"on": False}  # --check: also score the inferred mutants; "wrong"/"inferred" count per run
 SOBOL_DIMS = 64
 EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64", "blur")  # parts applied after the descents' map
@@ -180,7 +181,7 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
         else:
             logs, q = inferred_descents(study, cache, iterations, seed, "full" not in opts, infer)
     finally:
-        resp.descent_rng, resp.skipped, resp._score_keys = DEFAULT_RNG, DEFAULT_SKIP, DEFAULT_SCORE_KEYS
+        resp.descent_rng, resp.skipped = DEFAULT_RNG, DEFAULT_SKIP
     if "gated" in opts:
         logs, q = add_gated_descents(logs, q, cache, study.ev, study.s.prep, study.present, study.passes,
                                      opts["gated"], seed + iterations, 10, 10, "full" not in opts)
@@ -192,87 +193,46 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
     return logs, q, [c / (study.n * descents) for c in cache.level_queries]  # per image and descent
 
 
-class Memory:
-    """Per image, the masks (float32 [k, P], 1 = kept) of the minimal passing and the maximal failing mutants scored."""
+class Memory(MutantMemory):
+    """The library's memory (:class:`~overinterp_fast.mutant_memory.MutantMemory`), with ``rule`` "infer-pass" or
+    "infer-fail": only that half of its inference (the other half's masks are still remembered, not used)."""
 
     def __init__(self, n: int, rule: str):
-        self.passing: list[torch.Tensor | None] = [None] * n
-        self.failing: list[torch.Tensor | None] = [None] * n
+        super().__init__(n)
         self.rule = rule
 
     def infer(self, i: int, masks: torch.Tensor) -> torch.Tensor:
-        """int8 [m]: 1 = contains a remembered pass, 0 = inside a remembered fail, -1 = unknown."""
-        out = torch.full((masks.shape[0],), -1, dtype=torch.int8)
-        if self.passing[i] is not None and self.rule != "infer-fail":
-            out[((self.passing[i] @ (1 - masks).T) == 0).any(0)] = 1  # no pixel of a pass outside the mutant
-        if self.failing[i] is not None and self.rule != "infer-pass":
-            inside = (((1 - self.failing[i]) @ masks.T) == 0).any(0)  # no pixel of the mutant outside a fail
-            out[inside & (out == -1)] = 0
-        return out
+        passing, failing = self.passing[i], self.failing[i]
+        self.passing[i] = None if self.rule == "infer-fail" else passing
+        self.failing[i] = None if self.rule == "infer-pass" else failing
+        try:
+            return super().infer(i, masks)
+        finally:
+            self.passing[i], self.failing[i] = passing, failing
 
-    def add(self, i: int, mask: torch.Tensor, passed: bool) -> None:
-        row = mask[None]
-        if passed:  # keep the minimal passes: drop the new one if it contains one, the old ones that contain it
-            old = self.passing[i]
-            if old is not None and ((old @ (1 - row).T) == 0).any():
-                return
-            self.passing[i] = row if old is None else torch.cat([old[((row @ (1 - old).T) != 0)[0]], row])
-        else:  # keep the maximal fails
-            old = self.failing[i]
-            if old is not None and (((1 - old) @ row.T) == 0).any():
-                return
-            self.failing[i] = row if old is None else torch.cat([old[(((1 - row) @ old.T) != 0)[0]], row])
+
+class CheckedEvaluator(RememberingEvaluator):
+    """The library's remembering evaluator; with ``--check`` (``CHECK["on"]``) the mutants the memory answered
+    are also scored on the model (not counted as queries), and the wrong answers counted."""
+
+    def score_rectangles(self, rects, owner, images, present):
+        out = super().score_rectangles(rects, owner, images, present)
+        known = (out[:, 3] == 0).nonzero().flatten()
+        if CHECK["on"] and len(known):
+            truth = score_painted_rows(self.evaluator, rects, owner, images, known, present, self.h, self.w)
+            CHECK["inferred"] = CHECK.get("inferred", 0) + len(known)
+            CHECK["wrong"] = CHECK.get("wrong", 0) + int((truth[:, 1] != out[known, 1]).sum())
+        return out
 
 
 def inferred_descents(study: Study, cache: MutantCache, iterations: int, seed: int, monotone: bool, rule: str):
-    """The ``infer`` parts: descent t of every image in wave t (seed + t), the mutants scored through a
-    :class:`Memory`; returns (float64 [N, H, W], the model's queries per image)."""
-    memory = Memory(study.n, rule)
-
-    def score_keys(evaluator, rects, owner, evals, keys, present, cache, h, w, dev):
-        m = len(evals)
-        owner_t = torch.as_tensor(owner, dtype=torch.int64)
-        cover = _ops.rect_fill(torch.as_tensor(rects, dtype=torch.int64).view(-1, 4), owner_t,
-                               torch.ones_like(owner_t), m, h, w).view(m, -1) > 0
-        masks = (cover & present[torch.as_tensor(evals)]).float()
-        verdict = torch.full((m,), -1, dtype=torch.int8)
-        for i in set(evals):
-            rows = [j for j in range(m) if evals[j] == i]
-            verdict[rows] = memory.infer(i, masks[rows])
-        by_owner: dict[int, list] = {}
-        for r, o in zip(rects, owner):
-            by_owner.setdefault(o, []).append(r)
-
-        def score(js: list[int], into: MutantCache) -> None:
-            sub_rects = [r for j in js for r in by_owner.get(j, [])]
-            sub_owner = [n for n, j in enumerate(js) for _ in by_owner.get(j, [])]
-            DEFAULT_SCORE_KEYS(evaluator, sub_rects, sub_owner, [evals[j] for j in js], [keys[j] for j in js],
-                               present, into, h, w, dev)
-
-        known = [j for j in range(m) if verdict[j] >= 0]
-        if CHECK["on"] and known:
-            truth = MutantCache()
-            score(known, truth)
-            CHECK["inferred"] = CHECK.get("inferred", 0) + len(known)
-            CHECK["wrong"] = CHECK.get("wrong", 0) + sum(truth.scores[keys[j]][1] != bool(verdict[j]) for j in known)
-        for j in known:  # f is not known; top-1 is the inferred answer (criterion "top1")
-            cache.scores[keys[j]] = (float("nan"), bool(verdict[j]), int(masks[j].sum()))
-            cache.guessed.add(keys[j])  # not a query
-        ask = [j for j in range(m) if verdict[j] < 0]
-        if ask:
-            score(ask, cache)
-            for j in ask:
-                memory.add(evals[j], masks[j], cache.scores[keys[j]][1])
-
-    resp._score_keys = score_keys
-    logs, q = None, [0] * study.n
-    for t in range(iterations):
-        wave, wave_q = resp.descend(study.ev, study.s.prep, study.present, study.passes,
-                                    [(i, seed + t) for i in range(study.n)], 10, 10, cache, False, monotone,
-                                    per_image=True)
-        logs = wave if logs is None else logs + wave
-        q = [a + b for a, b in zip(q, wave_q)]
-    return logs, q
+    """The ``infer`` parts: fast_sis's ``monotone_memory=True`` descents
+    (:func:`~overinterp_fast.mutant_memory.remembered_responsibility`: descent t of every image in wave t, seed + t),
+    with :class:`Memory`'s rule and :class:`CheckedEvaluator`'s check; returns (float64 [N, H, W], the model's
+    queries per image)."""
+    scorer = CheckedEvaluator(study.ev, Memory(study.n, rule), study.passes, study.h, study.w)
+    return remembered_responsibility(study.ev, study.s.prep, study.present, study.passes, iterations, 10, 10, seed,
+                                     False, monotone, cache, scorer=scorer)
 
 
 def blurred(logs: torch.Tensor, sigma: float) -> torch.Tensor:

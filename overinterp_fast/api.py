@@ -23,6 +23,7 @@ from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, initial_predictions, model_memory_format
 from .onnx_backend import OnnxModel
 from .responsibility import ResponsibilityMap, check_responsibility_options
+from .mutant_memory import check_monotone_memory
 from .surrogate import check_gated_iterations, check_virtual_iterations, ranking_maps
 from .results import SISResult
 
@@ -158,6 +159,7 @@ def responsibility(
     monotone: bool = False,
     virtual_iterations: int = 0,
     gated_iterations: int = 0,
+    monotone_memory: bool = False,
 ) -> list[ResponsibilityMap]:
     """Causal responsibility maps (paper 002, ReX 0.4.1's algorithm; SPEC.md section 3a). Black box.
 
@@ -180,6 +182,10 @@ def responsibility(
             seed + iterations + t) in which a surrogate refitted to every mutant scored so far answers
             the mutants it is sure of and the model only the others
             (:func:`~overinterp_fast.surrogate.add_gated_descents`; an estimate of ReX's map). 0 (default): none.
+        monotone_memory: False (default). True (``criterion="top1"`` only): the ``iterations`` real descents
+            run in waves, and a mutant that keeps every pixel of a mutant that passed before (same image), or
+            no pixel outside one that failed, takes that answer without a query
+            (:mod:`overinterp_fast.mutant_memory`; an estimate of ReX's map: the criterion is not monotone).
 
     Returns:
         One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over
@@ -189,6 +195,7 @@ def responsibility(
     _check_flag("monotone", monotone, none=False)
     check_virtual_iterations(virtual_iterations)
     check_gated_iterations(gated_iterations, iterations)
+    check_monotone_memory(monotone_memory, iterations, criterion)
     check_engine(engine)
     s = _setup(model, images, threshold, None, mask_value, outputs, batch_size, "responsibility")
     _check_pixels(s, "responsibility")
@@ -201,7 +208,7 @@ def responsibility(
         evaluator, _ = _evaluators(s, eng, targets)
         present = torch.ones((n, p), dtype=torch.bool, device=s.prep.images.device)
         maps, queries = ranking_maps(evaluator, s.prep, present, passes, iterations, depth, min_box, seed, progress,
-                                     monotone, virtual_iterations, gated_iterations)
+                                     monotone, virtual_iterations, gated_iterations, monotone_memory)
     return [ResponsibilityMap(maps[i].cpu(), queries[i], int(targets[i]), iterations) for i in range(n)]
 
 
@@ -297,6 +304,7 @@ def fast_sis(
     virtual_iterations: int = 0,
     gated_iterations: int = 0,
     prefix_search: str = "guided",
+    monotone_memory: bool = False,
 ) -> list[SISResult]:
     """Sufficient Input Subsets of every image (SPEC.md sections 1 and 2).
 
@@ -393,6 +401,15 @@ def fast_sis(
             later passing prefix, never a failing one). "scan": the square scan
             (one square at a time over the first 64 squares, then steps of 10%; ``block``), which
             steps over narrow passing windows and gives larger sets.
+        monotone_memory: method="responsibility" with an int ``iterations`` and the "top1" criterion:
+            the real descents run in waves (descent t of every image in wave t), and a mutant that
+            keeps every pixel of a mutant of its image that passed before, or no pixel outside one
+            that failed, takes that answer without a query (:mod:`overinterp_fast.mutant_memory`).
+            False (default). Measured in README.md ("Monotone memory"): about 12% of those answers
+            are wrong on EfficientNet-Lite0, so the map estimates ReX's; with ``iterations=8,
+            gated_iterations=9, virtual_iterations=100`` the sets agree with ReX's better than ReX's
+            own seeds do (Dice 0.58 against 0.55) for about 1/4 of ReX's queries, but are larger
+            than ReX's (median 13.3% of the image against 11.6%).
         incremental: method="exact": score each candidate by recomputing only the
             part of each layer its masked feature reaches (SPEC.md section 7; the
             model is traced with torch.fx; runs on the torch model, so it takes the
@@ -430,6 +447,7 @@ def fast_sis(
         check_virtual_iterations(virtual_iterations)
         check_gated_iterations(gated_iterations, iterations)
         check_prefix_search(prefix_search)
+        check_monotone_memory(monotone_memory, iterations, criterion or "top1")
     check_engine(engine)
     _check_flag("incremental", incremental, none=True)
     if incremental and engine not in ("auto", "torch"):
@@ -461,7 +479,7 @@ def fast_sis(
 
             def rank(present):
                 maps, queries = ranking_maps(evaluator, prep, present, passes, iterations, 10, 10, seed, progress,
-                                             skip, virtual_iterations, gated_iterations)
+                                             skip, virtual_iterations, gated_iterations, monotone_memory)
                 return maps.view(maps.shape[0], -1), queries
 
             side = auto_block(*prep.images.shape[-2:]) if block == "auto" else block

@@ -169,6 +169,19 @@ def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Ten
     return torch.cat(_rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score))
 
 
+def score_painted_rows(evaluator: CandidateEvaluator, rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor,
+                       rows: torch.Tensor, present: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """:func:`score_painted` of some of m mutants: ``rows`` (int64 [k], ascending) of the mutants given by
+    rectangles ``rects`` (int64 [R, 4]) of mutant ``owner`` (int64 [R] in [0, m)) of ``images`` (int64 [m]).
+    Returns float64 [k, 3], row j for mutant ``rows[j]``."""
+    dev = images.device
+    renumber = torch.full((images.shape[0],), -1, dtype=torch.int64, device=dev)
+    renumber[rows] = torch.arange(len(rows), device=dev)
+    owner = owner.to(dev)
+    mine = renumber[owner] >= 0
+    return score_painted(evaluator, rects.to(dev)[mine], renumber[owner[mine]], images[rows], present, h, w)
+
+
 def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: list[int], keys: list[tuple],
                 present: torch.Tensor, cache: MutantCache, h: int, w: int, dev) -> None:
     """Score new mutants (rectangles ``rects`` of mutant ``owner``, of images ``evals``) into the cache.

@@ -32,7 +32,8 @@ import torch
 
 from .batching import ChunkRunner
 from .inputs import Prepared
-from .responsibility import MutantCache, auto_responsibility, compute_responsibility, descend, score_painted
+from .mutant_memory import remembered_responsibility
+from .responsibility import MutantCache, auto_responsibility, compute_responsibility, descend, score_painted_rows
 
 GRID = 14  # cells per side: 16 x 16 pixels at 224 x 224
 L2 = 1.0
@@ -394,12 +395,8 @@ class GatedEvaluator:
         ask = ((prob > self.margin) & (prob < 1 - self.margin)) | ~fitted
         if bool(ask.any()):
             asked = ask.nonzero().flatten()
-            renumber = torch.full_like(ask, -1, dtype=torch.int64)
-            renumber[asked] = torch.arange(len(asked), device=images.device)
-            owner = owner.to(images.device)
-            mine = renumber[owner] >= 0
-            scored = score_painted(self.evaluator, rects.to(images.device)[mine], renumber[owner[mine]],
-                                   images[asked], present, self.surrogate.h, self.surrogate.w)
+            scored = score_painted_rows(self.evaluator, rects, owner, images, asked, present, self.surrogate.h,
+                                        self.surrogate.w)
             out[asked] = torch.cat([scored.to(out.device), torch.ones(len(asked), 1, dtype=out.dtype,
                                                                       device=out.device)], 1)
         return out
@@ -433,10 +430,11 @@ def check_gated_iterations(gated_iterations, iterations: int | str) -> None:
 
 def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, iterations: int | str, depth: int,
                  min_box: int, seed: int, progress: bool | None, monotone: bool, virtual_iterations: int,
-                 gated_iterations: int = 0) -> tuple[torch.Tensor, list[int]]:
+                 gated_iterations: int = 0, monotone_memory: bool = False) -> tuple[torch.Tensor, list[int]]:
     """The maps fast_sis and responsibility rank by: ``iterations`` real descents per image (an int:
     :func:`~overinterp_fast.responsibility.compute_responsibility`, seeds seed + t; "auto":
-    :func:`~overinterp_fast.responsibility.auto_responsibility`) with one mutant cache, then
+    :func:`~overinterp_fast.responsibility.auto_responsibility`; with ``monotone_memory``, an int ``iterations``
+    only: :func:`~overinterp_fast.mutant_memory.remembered_responsibility`) with one mutant cache, then
     ``gated_iterations`` gated ones (an int ``iterations`` only, see :func:`check_gated_iterations`:
     :func:`add_gated_descents`, seeds
     seed + iterations + t), then ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`).
@@ -446,8 +444,9 @@ def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, itera
         maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, depth, min_box, seed, progress,
                                                monotone=monotone, cache=cache)
     else:
-        maps, queries = compute_responsibility(evaluator, prep, present, passes, iterations, depth, min_box, seed,
-                                               progress, monotone=monotone, cache=cache)
+        real = remembered_responsibility if monotone_memory else compute_responsibility
+        maps, queries = real(evaluator, prep, present, passes, iterations, depth, min_box, seed, progress,
+                             monotone=monotone, cache=cache)
         maps, queries = add_gated_descents(maps, queries, cache, evaluator, prep, present, passes, gated_iterations,
                                            seed + iterations, depth, min_box, monotone)
     maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations, depth,

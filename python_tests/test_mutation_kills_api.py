@@ -212,7 +212,8 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0, h=56, w=112), make_images(2, h=56, w=112)
     out = of.fast_sis(model, x, 0.5, method="responsibility", iterations=5, seed=17, progress=False,
-                      virtual_iterations=30, gated_iterations=2, refine_budget=40, collection=True)
+                      virtual_iterations=30, gated_iterations=2, refine_budget=40, collection=True,
+                      monotone_memory=True)
     assert out is SENTINEL
     (eng,) = rec.engines
     assert eng["targets"].tolist() == _top(model, x) and eng["prep"] is rec.maps[0]["prep"]
@@ -223,8 +224,9 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 5 * 14, 2 * 5 * 14 * 6)
     assert eng["exact_shape"] is None and eng["rival_s"] is None
     (m,) = rec.maps
-    # iterations, depth 10, min_box 10 (ReX's), seed, progress, monotone (None and refine=True: on), virtual, gated
-    assert m["args"] == (5, 10, 10, 17, False, True, 30, 2)
+    # iterations, depth 10, min_box 10 (ReX's), seed, progress, monotone (None and refine=True: on), virtual, gated,
+    # monotone_memory
+    assert m["args"] == (5, 10, 10, 17, False, True, 30, 2, True)
     assert m["present"].shape == (2, 56 * 112) and bool(m["present"].all())
     (e,) = rec.extracts
     assert e["evaluator"] is m["evaluator"] and e["evaluator"].runner.chunk == 7  # the engine's batch size
@@ -256,7 +258,8 @@ def test_fast_sis_responsibility_criterion_block_scan_and_monotone(monkeypatch):
     _check_evaluator(rec.extracts[0]["verifier"], model, rec.extracts[0]["prep"], [3, 1])
     assert rec.engines[0]["engine"] == "onnxruntime" and rec.engines[0]["batch_size"] == 4
     (m,), (e,) = rec.maps, rec.extracts
-    assert m["args"] == (8, 10, 10, 0, None, False, 0, 0)  # the defaults: 8 iterations, seed 0, no surrogate
+    assert m["args"] == (8, 10, 10, 0, None, False, 0, 0, False)  # the defaults: 8 iterations, seed 0, no surrogate,
+    # no memory
     assert e["block"] == 2 and e["guide"] is None and e["refine"] == "boundary"
     assert e["refine_budget"] == "auto"
     assert e["passes"](1, 0.6, False) and not e["passes"](1, 0.59, True) and e["passes"](0, 0.3, False)
@@ -295,7 +298,7 @@ def test_responsibility_passes_every_option(monkeypatch):
     (eng,), (m,) = rec.engines, rec.maps
     assert eng["engine"] == "torch" and eng["batch_size"] == 6 and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 3 * 14, 2 * 3 * 14 * 6)
-    assert m["args"] == (3, 4, 2, 9, False, True, 5, 1)
+    assert m["args"] == (3, 4, 2, 9, False, True, 5, 1, False)
     assert m["evaluator"].runner.chunk == 7 and m["evaluator"].measure == m["evaluator"].fn.score_and_top1
     assert m["passes"](0, 0.25, False) and not m["passes"](1, 0.24, True)
     assert m["present"].shape == (2, 25) and m["present"].dtype == torch.bool and bool(m["present"].all())
@@ -310,11 +313,13 @@ def test_responsibility_passes_every_option(monkeypatch):
         assert r.queries == 100 + i and r.target == top[i] and isinstance(r.target, int) and r.iterations == 3
     # the defaults: ReX's 20 iterations, depth 10, min_box 10, seed 0, every mutant scored, top-1 criterion
     of.responsibility(model, x, target=torch.tensor([1, 2]), mask_value=0.25)
-    assert rec.maps[1]["args"] == (20, 10, 10, 0, None, False, 0, 0)
+    assert rec.maps[1]["args"] == (20, 10, 10, 0, None, False, 0, 0, False)
     assert rec.engines[1]["targets"].tolist() == [1, 2] and bool((rec.maps[1]["prep"].baseline == 0.25).all())
     assert rec.maps[1]["passes"](0, 0.0, True) is True and rec.maps[1]["passes"](0, 1.0, False) is False
     assert rec.engines[1]["engine"] == "auto" and rec.engines[1]["batch_size"] is None
     assert [r.target for r in of.responsibility(model, x, target=torch.tensor([1, 2]))] == [1, 2]
+    of.responsibility(model, x, iterations=2, monotone_memory=True)
+    assert rec.maps[3]["args"] == (2, 10, 10, 0, None, False, 0, 0, True)
 
 
 def test_responsibility_argument_checks():
