@@ -52,9 +52,13 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
 - --sweep K ...: ours with iterations=K (an int or "auto"; "K,full": with monotone=False, every
   mutant scored; "K,gG": with gated_iterations=G; "K,vV": with virtual_iterations=V; G and V are 0
   where not given; "K,scan": prefix_search="scan", the scan of the defaults before the guided search;
+  "K,mem": monotone_memory=True;
   the other options the defaults), once each
   (seed --seed): the trade-off between queries and agreement with ReX behind the default of 8.
   Also the torch module in the default mode, once (--no-torch skips it).
+- --ours SPEC: ours in the interleaved rounds (all seeds), the cold case and the torch run with the
+  options SPEC (--sweep's syntax, e.g. 8,g9,v100,mem) instead of the defaults: a setting judged
+  exactly as the defaults are.
 - Cold case: a fresh process explaining one photo with the defaults (import, ONNX
   session, the call), timed from the process start.
 

@@ -47,6 +47,8 @@ of several variants, interleaved run by run, each judged as window_study.py judg
   pixels kept), applied between splits, levels and descents; on a monotone criterion the map is unchanged.
   Measured here: how often the inference is wrong on the real model (``--check``: the inferred mutants are also
   scored, not counted as queries), and what the saved queries buy in more descents.
+- ``squareS`` (e.g. ``square16``): the extraction ranks squares of S x S pixels (fast_sis's ``block=S``; the defaults:
+  ``block="auto"``, 8 at 224 x 224).
 - parts joined by ``+`` combine: ``virtual40+scan128``.
 
 Also printed, per run and variant: "at ReX's sizes", the Dice of the ranking the extraction used, cut at each ReX
@@ -85,7 +87,7 @@ resp = importlib.import_module("overinterp_fast.responsibility")  # the module (
 DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
 CHECK = {"on": False}  # --check: also score the inferred mutants; "wrong"/"inferred" count per run
 SOBOL_DIMS = 64
-EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64", "blur")  # parts applied after the descents' map
+EXTRACTION_PARTS = ("scan", "guided", "pxguided", "pixels64", "blur", "square")  # parts applied after the descents' map
 
 
 class _PointRng:
@@ -125,7 +127,7 @@ def parts(variant: str) -> dict[str, int | float | None]:
             out[part] = None
         elif part.startswith("w") and part[1:].replace(".", "", 1).isdigit():
             out["w"] = float(part[1:])
-        elif re.fullmatch(r"(virtual|scan|gated|blur)\d+", part):
+        elif re.fullmatch(r"(virtual|scan|gated|blur|square)\d+", part):
             name = re.match(r"[a-z]+", part).group()
             out[name] = int(part[len(name):])
         else:
@@ -155,6 +157,8 @@ def run(study: Study, variant: str, iterations: int, seed: int, scramble: int, m
         extraction = {"block": None, "guided": True}
     elif "guided" in opts:
         extraction = {"guided": True}
+    if "square" in opts:
+        extraction["block"] = opts["square"]
     if "scan" in opts:
         extraction_module.scan_sizes = lambda ends: scan_sizes(ends, squares=opts["scan"])
     try:

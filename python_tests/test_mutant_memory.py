@@ -162,3 +162,23 @@ def test_progress_bar_counts_the_waves(monkeypatch, progress, shown):
     of.responsibility(model, torch.ones(1, 1, 28, 28), iterations=3, min_box=4, monotone_memory=True,
                       progress=progress)
     terminal.assert_finished_bar(shown, "responsibility", 3, "descent")
+
+
+def test_the_waves_pass_monotone_and_the_scorer_on():
+    """monotone=True scores a split's mutants in rounds and skips those whose supersets all failed; without it all 14
+    are asked in one round, before the memory knows their supersets' answers: the same maps on a monotone criterion,
+    more queries. A scorer given is the one that remembers."""
+    model = PatchReader(ROWS, COLS, need=0.4).eval()
+    with torch.inference_mode():
+        ev, prep = _evaluator(model, torch.ones(2, 1, 28, 28, dtype=torch.float64))
+        present = torch.ones(2, 28 * 28, dtype=torch.bool)
+        runs = {}
+        for monotone in (True, False):
+            cache = MutantCache()
+            scorer = RememberingEvaluator(ev, MutantMemory(2), _top1, 28, 28)
+            maps, q = remembered_responsibility(ev, prep, present, _top1, 4, 10, 4, 2, False, monotone, cache,
+                                                scorer=scorer)
+            runs[monotone] = (maps, q, len(cache.scores))
+            assert all(scorer.memory.passing[i] is not None and scorer.memory.failing[i] is not None for i in (0, 1))
+    assert torch.equal(runs[True][0], runs[False][0]) and runs[True][0].abs().sum() > 0
+    assert all(a < b for a, b in zip(runs[True][1], runs[False][1])) and runs[True][2] < runs[False][2]
