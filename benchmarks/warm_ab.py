@@ -25,11 +25,11 @@ from overinterp_fast.zoo.imagenet import load_photos
 x, _, _ = load_photos(224)
 m = of.OnnxModel({onnx!r})
 of.fast_sis(m, x, method="responsibility", progress=False{kw})
-best = None
+best = float("inf")
 for _ in range({reps}):
     t = time.perf_counter()
     r = of.fast_sis(m, x, method="responsibility", progress=False{kw})
-    best = min(best or 1e9, time.perf_counter() - t)
+    best = min(best, time.perf_counter() - t)
 print(json.dumps({{"best_s": best, "sizes": [int(v.size) for v in r], "queries": [int(v.total_queries) for v in r]}}))
 """
 

@@ -28,14 +28,12 @@ from tqdm.auto import tqdm
 
 from . import _ops
 from .inputs import Prepared
-from .responsibility import MutantCache, compute_responsibility, score_painted_rows
+from .responsibility import MutantCache, compute_responsibility, score_painted_rows, select_mutants
 
 
-def check_monotone_memory(monotone_memory, iterations: int | str, criterion: str) -> None:
-    """monotone_memory: True or False; True needs an int number of iterations (the waves) and the "top1"
-    criterion (a remembered answer has no f to compare with a threshold)."""
-    if not any(monotone_memory is v for v in (True, False)):
-        raise ValueError(f"monotone_memory must be True or False, got {monotone_memory!r}")
+def check_monotone_memory(monotone_memory: bool, iterations: int | str, criterion: str) -> None:
+    """monotone_memory=True (a bool, checked by the caller) needs an int number of iterations (the waves) and the
+    "top1" criterion (a remembered answer has no f to compare with a threshold)."""
     if monotone_memory and iterations == "auto":
         raise ValueError('monotone_memory needs an int number of iterations, not iterations="auto"')
     if monotone_memory and criterion != "top1":
@@ -103,17 +101,13 @@ class RememberingEvaluator:
         the model was asked (a query), 0 where the memory answered."""
         dev = images.device
         m = images.shape[0]
-        rects, owner = rects.to(dev), owner.to(dev)
         verdict = torch.full((m,), -1, dtype=torch.int8, device=dev)
         kept = torch.zeros(m, dtype=torch.float64, device=dev)
         pending: dict[int, torch.Tensor] = {}  # mutant -> its mask, for the mutants the model is asked
         for i in images.unique().tolist():  # image by image: one image's masks in memory at a time
             rows = (images == i).nonzero().flatten()
-            local = torch.full((m,), -1, dtype=torch.int64, device=dev)
-            local[rows] = torch.arange(len(rows), device=dev)
-            mine = local[owner] >= 0
-            own = local[owner[mine]]
-            cover = _ops.rect_fill(rects[mine], own, torch.ones_like(own), len(rows), self.h, self.w)
+            sub_rects, sub_owner = select_mutants(rects, owner, m, rows)
+            cover = _ops.rect_fill(sub_rects, sub_owner, torch.ones_like(sub_owner), len(rows), self.h, self.w)
             masks = ((cover.view(len(rows), -1) > 0) & present[i]).float()
             known = self.memory.infer(i, masks)
             verdict[rows] = known

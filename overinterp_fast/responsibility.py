@@ -169,17 +169,26 @@ def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Ten
     return torch.cat(_rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score))
 
 
-def score_painted_rows(evaluator: CandidateEvaluator, rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor,
-                       rows: torch.Tensor, present: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """:func:`score_painted` of some of m mutants: ``rows`` (int64 [k], ascending) of the mutants given by
-    rectangles ``rects`` (int64 [R, 4]) of mutant ``owner`` (int64 [R] in [0, m)) of ``images`` (int64 [m]).
-    Returns float64 [k, 3], row j for mutant ``rows[j]``."""
-    dev = images.device
-    renumber = torch.full((images.shape[0],), -1, dtype=torch.int64, device=dev)
+def select_mutants(rects: torch.Tensor, owner: torch.Tensor, m: int, rows: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """The rectangles of mutants ``rows`` (int64 [k], ascending) among m mutants given by rectangles ``rects``
+    (int64 [R, 4]) of mutant ``owner`` (int64 [R] in [0, m)), on ``rows``' device: (their rectangles, their owners
+    renumbered: j for mutant ``rows[j]``)."""
+    dev = rows.device
+    renumber = torch.full((m,), -1, dtype=torch.int64, device=dev)
     renumber[rows] = torch.arange(len(rows), device=dev)
     owner = owner.to(dev)
     mine = renumber[owner] >= 0
-    return score_painted(evaluator, rects.to(dev)[mine], renumber[owner[mine]], images[rows], present, h, w)
+    return rects.to(dev)[mine], renumber[owner[mine]]
+
+
+def score_painted_rows(evaluator: CandidateEvaluator, rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor,
+                       rows: torch.Tensor, present: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """:func:`score_painted` of some of m mutants: ``rows`` (int64 [k], ascending, on ``images``' device) of the
+    mutants given by rectangles ``rects`` of mutant ``owner`` of ``images`` (int64 [m]; :func:`select_mutants`).
+    Returns float64 [k, 3], row j for mutant ``rows[j]``."""
+    sub_rects, sub_owner = select_mutants(rects, owner, images.shape[0], rows)
+    return score_painted(evaluator, sub_rects, sub_owner, images[rows], present, h, w)
 
 
 def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: list[int], keys: list[tuple],
