@@ -35,10 +35,10 @@ import torch
 
 import overinterp_fast as of
 from overinterp_fast.api import _engine, _evaluators, _passes, _setup
-from overinterp_fast.model import initial_predictions
-from overinterp_fast.extraction import CountingEvaluator
-from overinterp_fast.prefix import boundary_prefix, first_passing_prefix
-from overinterp_fast.responsibility import MutantCache, _dice, descend, ranking_positions
+from overinterp_fast.runtime.model import initial_predictions
+from overinterp_fast.methods.extraction import CountingEvaluator
+from overinterp_fast.methods.prefix import boundary_prefix, first_passing_prefix
+from overinterp_fast.methods.responsibility import MutantCache, _dice, descend, ranking_positions
 from overinterp_fast.zoo.imagenet import PHOTOS, load_efficientnet_lite, load_photos
 
 from common import RESULTS, write_results

@@ -56,7 +56,7 @@ import time
 import torch
 
 import overinterp_fast as of
-from overinterp_fast import calibration
+from overinterp_fast.runtime import calibration
 
 from common import CONFIGS, candidate_like_batch, make_case, patch_map, timed, write_results
 
@@ -76,7 +76,7 @@ def floor_run(model, x: torch.Tensor, candidates: int) -> None:
 def dense_batch_size(model, images, features) -> int:
     """The batch size fast_sis's dense torch engine runs this job at (its calibration, cached), without a run."""
     from overinterp_fast.api import _engine, _setup
-    from overinterp_fast.model import initial_predictions
+    from overinterp_fast.runtime.model import initial_predictions
     s = _setup(model, images, 0.5, features, 0.0, "logits", None, "exact")
     n, p = s.prep.images.shape[0], s.prep.num_features
     with torch.inference_mode():  # fast_sis's own steps for method="exact" with engine="torch"
@@ -180,7 +180,7 @@ import time
 t0 = time.perf_counter()
 import json, torch
 import overinterp_fast as of
-from overinterp_fast import calibration
+from overinterp_fast.runtime import calibration
 from overinterp_fast.zoo.cifar import SmallCNN
 torch.manual_seed(0)
 model = SmallCNN({size}).eval().to("{device}")

@@ -19,8 +19,8 @@ import math
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.model import model_memory_format
-from overinterp_fast.results import same_sis
+from overinterp_fast.runtime.model import model_memory_format
+from overinterp_fast.methods.results import same_sis
 
 from common import timed, write_results
 

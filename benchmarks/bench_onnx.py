@@ -16,8 +16,8 @@ import tempfile
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.results import same_sis
-from overinterp_fast.batching import auto_batch_size
+from overinterp_fast.methods.results import same_sis
+from overinterp_fast.runtime.batching import auto_batch_size
 
 from common import candidate_like_batch, make_case, timed, write_results
 

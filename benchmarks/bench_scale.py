@@ -63,7 +63,7 @@ def child(args) -> None:
     from overinterp_fast.audit import runner, store
     from overinterp_fast.audit.records import AuditRecord, ModelRecord, save_audit
     from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
-    from overinterp_fast.datasets import collate, open_images, select_range
+    from overinterp_fast.audit.sources import collate, open_images, select_range
     from overinterp_fast.zoo.cifar import SmallCNN
 
     torch.manual_seed(0)

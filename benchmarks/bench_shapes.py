@@ -24,8 +24,8 @@ import argparse
 
 import torch
 
-from overinterp_fast.calibration import LADDER
-from overinterp_fast.schedule import CandidateQueue
+from overinterp_fast.runtime.calibration import LADDER
+from overinterp_fast.runtime.schedule import CandidateQueue
 from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
 
 from common import candidate_like_batch, patch_map, timed, write_results

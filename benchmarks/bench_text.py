@@ -1,7 +1,7 @@
 """Input reduction (paper 003) on the bundled Rotten Tomatoes word CNN: packed engine vs the plain transcription.
 
 Contenders, run in interleaved rounds (minimum over rounds reported):
-  reference   overinterp_fast.reference.input_reduction: one sequence and one beam member at a time, each
+  reference   overinterp_fast.methods.reference.input_reduction: one sequence and one beam member at a time, each
               member's deleted-token rows as one batch (SPEC.md section 4 transcribed).
   packed      of.input_reduction, default options: every beam member of every sequence in shared batches;
               leave-one-out through the word CNN's incremental deletion_logits.
@@ -27,14 +27,14 @@ import torch  # noqa: E402
 
 import overinterp_fast as of  # noqa: E402
 from benchmarks.common import environment, write_results  # noqa: E402
-from overinterp_fast import reference  # noqa: E402
+from overinterp_fast.methods import reference  # noqa: E402
 from overinterp_fast.zoo.text import bundled_text_model, load_text_data  # noqa: E402
 
 COLD = r"""
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[2]))
 import overinterp_fast as of
-from overinterp_fast import reference
+from overinterp_fast.methods import reference
 from overinterp_fast.zoo.text import bundled_text_model, load_text_data
 tm = bundled_text_model()
 seq = [tm.vocab.encode(load_text_data().tokens_test[0])]

@@ -26,10 +26,10 @@ import statistics
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.blocks import block_positions
-from overinterp_fast.guided import guided_first_prefix
-from overinterp_fast.prefix import first_passing_prefix
-from overinterp_fast.responsibility import ranking_positions
+from overinterp_fast.methods.blocks import block_positions
+from overinterp_fast.methods.guided import guided_first_prefix
+from overinterp_fast.methods.prefix import first_passing_prefix
+from overinterp_fast.methods.responsibility import ranking_positions
 
 from common import write_results
 from rex_map_extraction import rex_maps

@@ -39,11 +39,11 @@ def _table(prof, top: int, wall_s: float) -> list[dict]:
 
 def _step(model, images, features):
     """One step's candidates of image 0 (p of them), scored as the default path would."""
-    from overinterp_fast import incremental
+    from overinterp_fast.runtime import incremental
     from overinterp_fast.api import _setup
-    from overinterp_fast.batching import CandidateEvaluator
-    from overinterp_fast.engines import incremental_calibration, incremental_pays, select_engine
-    from overinterp_fast.model import initial_predictions
+    from overinterp_fast.runtime.batching import CandidateEvaluator
+    from overinterp_fast.runtime.engines import incremental_calibration, incremental_pays, select_engine
+    from overinterp_fast.runtime.model import initial_predictions
     s = _setup(model, images[:1], 0.5, features, 0.0, "logits", None, "exact")
     n, p = 1, s.prep.num_features
     with torch.inference_mode():

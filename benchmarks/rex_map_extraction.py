@@ -32,11 +32,11 @@ import statistics
 import numpy as np
 import torch
 
-import overinterp_fast.extraction as extraction_module
+import overinterp_fast.methods.extraction as extraction_module
 from overinterp_fast.api import REFINE_BUDGET, _slack
 from overinterp_fast.audit.stats import dice
-from overinterp_fast.blocks import SCAN_SQUARES, scan_sizes
-from overinterp_fast.extraction import extract_sets
+from overinterp_fast.methods.blocks import SCAN_SQUARES, scan_sizes
+from overinterp_fast.methods.extraction import extract_sets
 
 from bench_responsibility import mean_pairwise_dice
 from common import write_results

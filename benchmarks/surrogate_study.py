@@ -20,8 +20,8 @@ import statistics
 import torch
 from scipy.stats import spearmanr
 
-from overinterp_fast.responsibility import MutantCache, compute_responsibility
-from overinterp_fast.surrogate import (SEED_OFFSET, Surrogate, logistic_newton, mutant_features, outcome_constants,
+from overinterp_fast.methods.responsibility import MutantCache, compute_responsibility
+from overinterp_fast.experimental.surrogate import (SEED_OFFSET, Surrogate, logistic_newton, mutant_features, outcome_constants,
                                        ridge, virtual_descents)
 
 from common import write_results

@@ -31,7 +31,7 @@ of several variants, interleaved run by run, each judged as window_study.py judg
 - ``wA`` with ``virtualV`` (e.g. ``virtual40+w0.1``): the virtual descents' log maps count with weight A
   (fast_sis: 1) in the sum with the real ones.
 - ``guided``: the extraction of fast_sis's defaults now (``prefix_search="guided"``: the first passing prefix of the
-  square ranking in steps of 10 pixels, found from the margins, :mod:`overinterp_fast.guided`); without it (and
+  square ranking in steps of 10 pixels, found from the margins, :mod:`overinterp_fast.methods.guided`); without it (and
   without ``pxguided`` or ``pixels64``), the square scan of the defaults before it.
 - ``pxguided``: the map ranked pixel by pixel (no squares), the first passing prefix in steps of 10 pixels found by
   the guided search: ReX's extraction of the map, at the guided search's cost.
@@ -72,18 +72,18 @@ import torch
 from scipy.ndimage import gaussian_filter
 from scipy.stats import qmc
 
-import overinterp_fast.extraction as extraction_module
-from overinterp_fast.blocks import scan_sizes
-from overinterp_fast.mutant_memory import MutantMemory, RememberingEvaluator, remembered_responsibility
-from overinterp_fast.responsibility import (SUBSETS, MutantCache, compute_responsibility, ranking_positions,
+import overinterp_fast.methods.extraction as extraction_module
+from overinterp_fast.methods.blocks import scan_sizes
+from overinterp_fast.experimental.mutant_memory import MutantMemory, RememberingEvaluator, remembered_responsibility
+from overinterp_fast.methods.responsibility import (SUBSETS, MutantCache, compute_responsibility, ranking_positions,
                                             score_painted_rows)
-from overinterp_fast.surrogate import add_gated_descents, add_virtual_descents
+from overinterp_fast.experimental.surrogate import add_gated_descents, add_virtual_descents
 
 from common import write_results
 from rex_map_extraction import rex_maps
 from window_study import Study, describe, oracle_size_dice
 
-resp = importlib.import_module("overinterp_fast.responsibility")  # the module (the package exports a function so named)
+resp = importlib.import_module("overinterp_fast.methods.responsibility")  # the module (the package exports a function so named)
 DEFAULT_RNG, DEFAULT_SKIP = resp.descent_rng, resp.skipped
 CHECK = {"on": False}  # --check: also score the inferred mutants; "wrong"/"inferred" count per run
 SOBOL_DIMS = 64
@@ -198,7 +198,7 @@ def ranking(study: Study, opts: dict, iterations: int, seed: int, scramble: int)
 
 
 class Memory(MutantMemory):
-    """The library's memory (:class:`~overinterp_fast.mutant_memory.MutantMemory`), with ``rule`` "infer-pass" or
+    """The library's memory (:class:`~overinterp_fast.experimental.mutant_memory.MutantMemory`), with ``rule`` "infer-pass" or
     "infer-fail": only that half of its inference (the other half's masks are still remembered, not used)."""
 
     def __init__(self, n: int, rule: str):
@@ -231,7 +231,7 @@ class CheckedEvaluator(RememberingEvaluator):
 
 def inferred_descents(study: Study, cache: MutantCache, iterations: int, seed: int, monotone: bool, rule: str):
     """The ``infer`` parts: fast_sis's ``monotone_memory=True`` descents
-    (:func:`~overinterp_fast.mutant_memory.remembered_responsibility`: descent t of every image in wave t, seed + t),
+    (:func:`~overinterp_fast.experimental.mutant_memory.remembered_responsibility`: descent t of every image in wave t, seed + t),
     with :class:`Memory`'s rule and :class:`CheckedEvaluator`'s check; returns (float64 [N, H, W], the model's
     queries per image)."""
     scorer = CheckedEvaluator(study.ev, Memory(study.n, rule), study.passes, study.h, study.w)

@@ -17,8 +17,8 @@ import statistics
 
 import torch
 
-from overinterp_fast.responsibility import MutantCache, compute_responsibility
-from overinterp_fast.surrogate import add_virtual_descents
+from overinterp_fast.methods.responsibility import MutantCache, compute_responsibility
+from overinterp_fast.experimental.surrogate import add_virtual_descents
 
 from common import write_results
 from window_study import Study

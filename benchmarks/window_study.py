@@ -29,10 +29,10 @@ import torch
 import overinterp_fast as of
 from overinterp_fast.api import REFINE_BUDGET, _engine, _evaluators, _passes, _setup, _slack
 from overinterp_fast.audit.stats import dice
-from overinterp_fast.blocks import auto_block
-from overinterp_fast.extraction import extract_sets
-from overinterp_fast.model import initial_predictions
-from overinterp_fast.responsibility import MutantCache, descend
+from overinterp_fast.methods.blocks import auto_block
+from overinterp_fast.methods.extraction import extract_sets
+from overinterp_fast.runtime.model import initial_predictions
+from overinterp_fast.methods.responsibility import MutantCache, descend
 from overinterp_fast.zoo.imagenet import PHOTOS, load_photos
 
 from bench_responsibility import mean_pairwise_dice

@@ -4,19 +4,21 @@
     res = of.fast_sis(model, images, threshold=0.9)
     res[0].sis, res[0].order, res[0].values, res[0].mask
 
-See README.md and SPEC.md for the algorithms and their exact semantics.
+The layers, from the bottom: :mod:`.ops` (kernels and their pure-PyTorch versions), :mod:`.runtime`
+(inputs, the model wrapper, ONNX Runtime, engines, batch sizes), :mod:`.methods` (the algorithms),
+then the public API (this module and :mod:`.attr`), :mod:`.audit`, :mod:`.text` and :mod:`.cli`.
 """
-from . import _ops as ops
-from . import ops_torch
-from ._ops import ops_info
-from . import reference
+from . import ops
+from .ops import ops_info
 from .api import fast_sis, responsibility, sufficient_subset
-from .findsis import find_sis
-from .model import Ensemble
-from .onnx_backend import OnnxModel, export_onnx
-from .results import SISResult
+from .methods import reference
+from .methods.findsis import find_sis
+from .methods.results import SISResult
+from .runtime.model import Ensemble
+from .runtime.onnx import OnnxModel, export_onnx
 from . import text
 from .text import input_reduction
 
-__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx", "SISResult", "ops", "ops_info", "ops_torch", "reference", "text", "input_reduction"]
+__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx",
+           "SISResult", "ops", "ops_info", "reference", "text", "input_reduction"]
 __version__ = "0.1.0"

@@ -9,23 +9,23 @@ import torch
 
 from dataclasses import dataclass
 
-from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
-from .calibration import exact_job_time
-from .engines import (Engine, check_engine, incremental_calibration, incremental_pays, select_engine,
+from .runtime.batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
+from .runtime.calibration import exact_job_time
+from .runtime.engines import (Engine, check_engine, incremental_calibration, incremental_pays, select_engine,
                       time_small_job)
-from .exact import exact_sis
-from .incremental import IncrementalEvaluator
-from .incremental import choose as choose_incremental
-from .extraction import extract_sets
-from .gradient import check_autocast, check_k, gradient_sis
-from .blocks import auto_block, check_block
-from .inputs import Prepared, check_threshold, prepare
-from .model import ModelFn, initial_predictions, model_memory_format
-from .onnx_backend import OnnxModel
-from .responsibility import ResponsibilityMap, check_responsibility_options
-from .mutant_memory import check_monotone_memory
-from .surrogate import check_gated_iterations, check_virtual_iterations, ranking_maps
-from .results import SISResult
+from .methods.exact import exact_sis
+from .runtime.incremental import IncrementalEvaluator
+from .runtime.incremental import choose as choose_incremental
+from .methods.extraction import extract_sets
+from .methods.gradient import check_autocast, check_k, gradient_sis
+from .methods.blocks import auto_block, check_block
+from .runtime.inputs import Prepared, check_threshold, prepare
+from .runtime.model import ModelFn, initial_predictions, model_memory_format
+from .runtime.onnx import OnnxModel
+from .methods.responsibility import ResponsibilityMap, check_responsibility_options
+from .experimental.mutant_memory import check_monotone_memory
+from .experimental.surrogate import check_gated_iterations, check_virtual_iterations, ranking_maps
+from .methods.results import SISResult
 
 METHODS = ("exact", "gradient", "responsibility")
 BLACK_BOX_METHODS = ("exact", "responsibility")  # forward passes only: these run on ONNX models too
@@ -174,18 +174,18 @@ def responsibility(
         batch_size: mutants per forward call (None: calibrated, see README "Batch size").
         engine: "auto", "torch", "onnxruntime" or "compile" (see README "Engines").
         monotone: False (default): score every mutant, as ReX. True: skip the mutants none of
-            whose supersets passed (see :func:`~overinterp_fast.responsibility.descend`).
+            whose supersets passed (see :func:`~overinterp_fast.methods.responsibility.descend`).
         virtual_iterations: after the real descents, this many more per image on a surrogate of the
             criterion fitted to the mutants they scored, at no query, their log maps added
-            (:mod:`overinterp_fast.surrogate`; the map is then an estimate of ReX's). 0 (default): none.
+            (:mod:`overinterp_fast.experimental.surrogate`; the map is then an estimate of ReX's). 0 (default): none.
         gated_iterations: after the ``iterations`` real descents, this many more per image (seeds
             seed + iterations + t) in which a surrogate refitted to every mutant scored so far answers
             the mutants it is sure of and the model only the others
-            (:func:`~overinterp_fast.surrogate.add_gated_descents`; an estimate of ReX's map). 0 (default): none.
+            (:func:`~overinterp_fast.experimental.surrogate.add_gated_descents`; an estimate of ReX's map). 0 (default): none.
         monotone_memory: False (default). True (``criterion="top1"`` only): the ``iterations`` real descents
             run in waves, and a mutant that keeps every pixel of a mutant that passed before (same image), or
             no pixel outside one that failed, takes that answer without a query
-            (:mod:`overinterp_fast.mutant_memory`; an estimate of ReX's map: the criterion is not monotone).
+            (:mod:`overinterp_fast.experimental.mutant_memory`; an estimate of ReX's map: the criterion is not monotone).
 
     Returns:
         One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over
@@ -347,30 +347,30 @@ def fast_sis(
             ``monotone``, a quarter of ReX's 20; see README.md "Minimal pixel sets" for the
             measured trade-off between iterations, queries and agreement with ReX). "auto": stop
             an image's descents once its top-ranked pixels have settled (see
-            :func:`~overinterp_fast.responsibility.auto_responsibility`; median 13).
+            :func:`~overinterp_fast.methods.responsibility.auto_responsibility`; median 13).
         monotone: method="responsibility": score the mutants of each split in three rounds
             (3 quadrants kept, then 2, then 1) and take a mutant none of whose scored
             supersets passed as failing, without a query (see
-            :func:`~overinterp_fast.responsibility.descend`): about 30% fewer descent
+            :func:`~overinterp_fast.methods.responsibility.descend`): about 30% fewer descent
             queries for the same maps where passing is monotone in the pixels kept (on
             EfficientNet-Lite0, 1.3% of the passing mutants were missed). None (default):
             on, except with refine=False (ReX's algorithm scores every mutant).
         virtual_iterations: method="responsibility": after the real descents, this many more
             per image on a surrogate of the criterion (a logistic model per image on the share
             of each cell of a 14x14 grid kept, fitted to the mutants the real descents scored),
-            at no query; the ranking adds their log maps (:mod:`overinterp_fast.surrogate`).
+            at no query; the ranking adds their log maps (:mod:`overinterp_fast.experimental.surrogate`).
             0 (default): none. The sets are extracted and checked on the model as always.
         gated_iterations: method="responsibility" with an int ``iterations``: after the real
             descents, this many more per image (seeds seed + iterations + t) in which the surrogate,
             refitted before each to every mutant the model has scored, answers the mutants it is sure
             of (probability of passing at most 0.05 or at least 0.95) and the model the others
-            (:func:`~overinterp_fast.surrogate.add_gated_descents`): descents at about half the
+            (:func:`~overinterp_fast.experimental.surrogate.add_gated_descents`): descents at about half the
             queries, whose maps estimate ReX's. 0 (default): none. Measured in README.md ("Gated
             descents"): with ``iterations=4, gated_iterations=9, virtual_iterations=100`` the same
             queries as the defaults and more agreement with ReX, at about 1.3x the time.
         block: method="responsibility" with refine=True or "boundary": rank the pixels
             square by square, squares of ``block`` x ``block`` pixels by their mean
-            responsibility (:func:`~overinterp_fast.blocks.block_positions`), and scan
+            responsibility (:func:`~overinterp_fast.methods.blocks.block_positions`), and scan
             the ranking one square at a time (where a square holds 10 pixels or more)
             before the pixel-exact boundary. "auto" (default): about a 28x28 grid
             (8 at 224x224, 1 below about 40x40); 1: pixel by pixel. ReX's extraction
@@ -396,7 +396,7 @@ def fast_sis(
         prefix_search: method="responsibility" with refine=True: how the boundary's last step is
             found. "guided" (default): the first prefix of the ranking, in steps of 10 pixels, that
             passes (ReX's extraction of this ranking), found from the margin of a few tried prefixes
-            (:mod:`~overinterp_fast.guided`: every 32nd size, then bisection only where the margin says
+            (:mod:`~overinterp_fast.methods.guided`: every 32nd size, then bisection only where the margin says
             a passing size may lie; a median of 95 queries at 224x224, where the scan costs 547; on
             105 rankings of EfficientNet-Lite0 it returned the scan's answer in 104; a miss gives a
             later passing prefix, never a failing one). "scan": the square scan
@@ -405,7 +405,7 @@ def fast_sis(
         monotone_memory: method="responsibility" with an int ``iterations`` and the "top1" criterion:
             the real descents run in waves (descent t of every image in wave t), and a mutant that
             keeps every pixel of a mutant of its image that passed before, or no pixel outside one
-            that failed, takes that answer without a query (:mod:`overinterp_fast.mutant_memory`).
+            that failed, takes that answer without a query (:mod:`overinterp_fast.experimental.mutant_memory`).
             False (default). Measured in README.md ("Monotone memory"): about 12% of those answers
             are wrong on EfficientNet-Lite0, so the map estimates ReX's; with ``iterations=8,
             gated_iterations=9, virtual_iterations=100`` the sets agree with ReX's better than ReX's

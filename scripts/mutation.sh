@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation score of one module with mutmut 3 (a developer tool, not part of CI). See TESTING.md.
 #
-#   scripts/mutation.sh overinterp_fast/findsis.py python_tests/test_boundaries.py python_tests/test_schedule.py
+#   scripts/mutation.sh overinterp_fast/methods/findsis.py python_tests/methods/test_boundaries.py python_tests/runtime/test_schedule.py
 #
 # Copies the tracked tree (and the built extension) to a scratch folder, adds a [tool.mutmut] section
 # that mutates only the given module and runs only the given tests, runs `mutmut run`, and prints
@@ -13,7 +13,7 @@
 # 2 x MUTATION_TIMEOUT x (the selected tests' own time + 1 s) of CPU (mutmut's default of 15 lets each
 # hanging mutant of a `while True` loop run for a quarter of an hour on a loaded machine).
 # MUTANTS (optional): mutant names or fnmatch patterns (space-separated) to run only those, e.g. the survivors of
-# an earlier run with new tests: MUTANTS="overinterp_fast.incremental.x__channel_pad__mutmut_*". The score then
+# an earlier run with new tests: MUTANTS="overinterp_fast.runtime.incremental.x__channel_pad__mutmut_*". The score then
 # counts only the mutants run ("not checked" ones are left out).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import overinterp_fast as of
-from overinterp_fast import _ops
+from overinterp_fast.ops import kernels as _ops
 
 
 def small_cnn(device: torch.device) -> nn.Module:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..results import SISResult
+from ..methods.results import SISResult
 from . import store
 from .store import FORMAT_VERSION, RESULTS_FILE  # noqa: F401  (re-exported)
 

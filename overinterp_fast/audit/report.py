@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
-from ..results import SISResult
+from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
+from ..methods.results import SISResult
 from .records import AuditRecord, ModelRecord, load_audit
 from .store import REPORT_FILE
 from .stats import (

@@ -21,8 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import fast_sis
-from ..inputs import check_threshold
-from ..model import Ensemble, ModelFn
+from ..runtime.inputs import check_threshold
+from ..runtime.model import Ensemble, ModelFn
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
 from .subsets import BACKWARD_METHODS, pixel_subsets
@@ -96,7 +96,7 @@ def model_options(method: str, threshold: float, threshold_mode: str, mask_value
 def fixed_engine(model) -> str:
     """The engine a model runs on when results must not depend on timing: ONNX Runtime for ONNX models,
     else the torch model as given (engine="auto" may export a torch model to ONNX when that measures faster)."""
-    from ..onnx_backend import OnnxModel
+    from ..runtime.onnx import OnnxModel
 
     return "onnxruntime" if isinstance(model, OnnxModel) else "torch"
 

@@ -11,8 +11,8 @@ import torch
 from scipy import stats
 from scipy.spatial.distance import directed_hausdorff
 
-from ..findsis import find_sis
-from ..results import SISResult
+from ..methods.findsis import find_sis
+from ..methods.results import SISResult
 
 
 def sis_size_curve(results: Sequence[SISResult], thresholds: Sequence[float]) -> np.ndarray:

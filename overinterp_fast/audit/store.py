@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..results import SISResult
+from ..methods.results import SISResult
 
 FORMAT_VERSION = 2
 RESULTS_FILE = "results.json"

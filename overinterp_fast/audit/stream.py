@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..datasets import ImageSource, collate
+from .sources import ImageSource, collate
 from . import store
 from .distributed import Ranks, barrier, setup, teardown
 from .records import AuditRecord, ModelRecord, chunk_record, iter_chunks, load_audit, model_entries
@@ -104,8 +104,8 @@ def audit_config(source: ImageSource, models: dict, *, method: str, threshold: f
 
 def fixed_batch_size(source: ImageSource, chunk_size: int) -> int:
     """Candidates per forward call for a stored audit without --batch-size: the CPU default for the input
-    shape (:func:`overinterp_fast.batching.auto_batch_size`), the same on every machine and rank."""
-    from ..batching import auto_batch_size
+    shape (:func:`overinterp_fast.runtime.batching.auto_batch_size`), the same on every machine and rank."""
+    from ..runtime.batching import auto_batch_size
 
     shape = source[0]["x"].shape
     return auto_batch_size(torch.empty(1, *shape), total_candidates=chunk_size * shape[-1] * shape[-2])

@@ -6,9 +6,9 @@ from typing import Sequence
 
 import torch
 
-from .. import _ops
-from ..inputs import prepare
-from ..results import SISResult
+from ..ops import kernels as _ops
+from ..runtime.inputs import prepare
+from ..methods.results import SISResult
 
 
 # methods whose ``order`` is a backward-selection order (most important feature last)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..model import check_targets
+from ..runtime.model import check_targets
 from .model import TextModelFn, check_sequences
 
 IMPORTANCES = ("leave_one_out", "gradient")

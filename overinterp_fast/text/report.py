@@ -11,7 +11,7 @@ import statistics
 from typing import Sequence
 
 from ..audit.report import CSS, _esc, _img, _png_uri, _section, _table
-from ..plotting import pyplot
+from ..audit.plotting import pyplot
 from .reduction import InputReduction
 
 REDUCTIONS_FILE = "reductions.parquet"

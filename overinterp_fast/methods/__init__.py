@@ -1,0 +1,1 @@
+"""The algorithms: exact and batched-gradient SIS, causal responsibility, and sets extracted from rankings."""

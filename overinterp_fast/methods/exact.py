@@ -1,0 +1,196 @@
+"""Exact SIS: backward selection, FindSIS and disjoint SIS collections, batched on the device.
+
+State lives on the images' device: per image the present features (bool [N, p]),
+a compact list of them (int64 [N, p + 1]), the scores of the step in flight
+(float64 [N, p + 1]) and the order/values of the round. Column p of ``remaining``
+is a permanent -1, so slot p is "mask nothing": the score of the current input.
+The host only schedules (see schedule.py) and synchronises at the end of a round,
+where FindSIS and the collection logic need the values.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..ops import kernels as _ops
+from ..runtime.batching import CandidateEvaluator, ChunkRunner
+from .findsis import find_sis, sis_score
+from ..runtime.inputs import Prepared
+from ..runtime.model import ModelFn, check_finite_scores
+from .prefix import verify_prefix_sets
+from .results import SISResult, first_with_collection
+from ..runtime.schedule import CandidateQueue, upload
+
+_STEP, _SCORE = 0, 1
+
+
+class _Image:
+    """Host bookkeeping of one image."""
+
+    __slots__ = ("count", "step", "score", "rounds")
+
+    def __init__(self, count: int, score: float):
+        self.count = count  # features present (candidates of the next step)
+        self.step = 0  # steps done this round
+        self.score = score  # f of the input this round starts from
+        self.rounds: list[SISResult] = []
+
+
+def exact_sis(
+    fn: ModelFn,
+    prep: Prepared,
+    targets: torch.Tensor,
+    scores0: torch.Tensor,
+    thresholds: list[float],
+    collection: bool,
+    batch_size: int,
+    runner: ChunkRunner,
+    progress: bool | None,
+    verifier: CandidateEvaluator | None = None,
+    engine: str = "torch",
+    evaluator: Callable | None = None,
+) -> list[SISResult]:
+    """Run exact SIS on every image; see :func:`overinterp_fast.fast_sis`.
+
+    ``fn`` scores the candidates (the engine named ``engine``). With ``verifier`` (an
+    evaluator of the user's own model, when ``fn`` is a stand-in), every SIS is checked
+    there: f(x_S) >= tau, and where it fails FindSIS goes on adding features
+    (last-masked first) until the set passes on the user's model.
+    ``evaluator(present, image, row, feature)`` scores candidates (default: a
+    :class:`CandidateEvaluator` of ``fn``, dense forward passes; e.g. an
+    :class:`~overinterp_fast.runtime.incremental.IncrementalEvaluator`).
+    """
+    images = prep.images
+    dev = images.device
+    n, p = images.shape[0], prep.num_features
+    cols = p + 1
+    # Every tensor is made on the images' device (new_* / device=dev), never on torch's default device.
+    remaining = images.new_full((n, cols), -1, dtype=torch.int64)
+    remaining[:, :p] = torch.arange(p, device=dev)
+    present = images.new_ones((n, p), dtype=torch.bool)
+    order = images.new_full((n, p), -1, dtype=torch.int64)
+    values = images.new_zeros((n, p), dtype=torch.float64)
+    scores = images.new_zeros((n, cols), dtype=torch.float64)
+    finite = images.new_ones((), dtype=torch.bool)
+
+    host_scores = scores0.tolist()
+    targets_host = targets.tolist()
+    state = [_Image(p, host_scores[i]) for i in range(n)]
+    queue = CandidateQueue()
+    for i in range(n):
+        queue.push(i, 0, p, _STEP)
+    if evaluator is None:
+        evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    # progress=None: a bar only on a terminal (tqdm's own rule).
+    bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS", disable=None if progress is None else not progress)
+
+    def finish_rounds(ids: list[int]) -> None:
+        check_finite_scores(finite)
+        rows = torch.tensor(ids, device=dev)
+        ords, vals = order[rows].cpu(), values[rows].cpu()
+        found = {}
+        for k, i in enumerate(ids):
+            st = state[i]
+            o, v = ords[k, : st.step].clone(), vals[k, : st.step].clone()
+            sis = find_sis(o, v, thresholds[i]) if st.score >= thresholds[i] else None
+            found[i] = (o, v, sis, None if sis is None else sis_score(v, st.score, sis.numel()))
+        if verifier is not None:
+            verify(found)
+        for i in ids:
+            st = state[i]
+            m = st.step
+            o, v, sis, f_sis = found[i]
+            st.rounds.append(
+                SISResult(
+                    order=o,
+                    values=v,
+                    sis=sis,
+                    mask=None if sis is None else prep.feature_mask(sis),
+                    target=targets_host[i],
+                    score=st.score,
+                    threshold=thresholds[i],
+                    sis_score=f_sis,
+                    engine=engine,
+                )
+            )
+            if not collection or sis is None or sis.numel() == 0 or sis.numel() == m:
+                continue
+            # Next round: what this round started with, less its SIS.
+            keep = torch.zeros_like(present[i])
+            keep[o] = True  # (host indices may index a tensor on any device)
+            keep[sis] = False
+            rest = keep.nonzero().flatten()
+            present[i] = keep
+            # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
+            remaining[i, : rest.numel()] = rest
+            st.count, st.step = rest.numel(), 0
+            bar.total += 1 + st.count * (st.count + 1) // 2
+            queue.push(i, p, p + 1, _SCORE)
+
+    def verify(found: dict) -> None:
+        """Check each SIS on the user's model; where it fails, take more of the order until one passes."""
+        todo = [i for i, (_, _, sis, _) in found.items() if sis is not None]
+        if not todo:
+            return
+        keep_first = [found[i][0].flip(0) for i in todo]
+        sizes = [list(range(found[i][2].numel(), found[i][0].numel() + 1)) for i in todo]
+        hits = verify_prefix_sets(verifier, todo, keep_first, sizes,
+                                  lambda r, f, top1: f >= thresholds[todo[r]], p)
+        for i, kf, sz, hit in zip(todo, keep_first, sizes, hits):
+            o, v = found[i][:2]
+            found[i] = (o, v, None, None) if hit is None else (o, v, kf[: sz[hit[0]]].clone(), hit[1])
+
+    def start_rounds(ids: list[int]) -> None:
+        check_finite_scores(finite)
+        new_scores = scores[torch.tensor(ids, device=dev), p].tolist()
+        for i, s in zip(ids, new_scores):
+            st = state[i]
+            st.score = s
+            if s >= thresholds[i]:
+                queue.push(i, 0, st.count, _STEP)
+            else:
+                bar.total -= st.count * (st.count + 1) // 2
+
+    while queue:
+        batch = queue.take(batch_size)
+        stepped = [i for i, tag in batch.completed if tag == _STEP]
+        scored = [i for i, tag in batch.completed if tag == _SCORE]
+        # every index this step needs, in one host-to-device transfer (schedule.upload)
+        img, slot, rows, counts, steps = upload(dev, batch.image, batch.slot, stepped,
+                                                [state[i].count for i in stepped], [state[i].step for i in stepped])
+        feature = remaining[img, slot]
+        f = evaluator(present, img, img, feature)
+        scores[img, slot] = f
+        finite &= torch.isfinite(f).all()
+        ended = []
+        if stepped:
+            _ops.backselect_update(
+                scores,
+                rows,
+                counts,
+                steps,
+                remaining,
+                present,
+                order,
+                values,
+            )
+            for i in stepped:
+                st = state[i]
+                st.count -= 1
+                st.step += 1
+                if st.count > 0:
+                    queue.push(i, 0, st.count, _STEP)
+                else:
+                    ended.append(i)
+        if ended:
+            finish_rounds(ended)
+        if scored:
+            start_rounds(scored)
+        bar.update(len(batch))
+    bar.close()
+    check_finite_scores(finite)
+
+    return [first_with_collection(st.rounds, collection) for st in state]
+

@@ -1,0 +1,293 @@
+"""Sufficient sets from a ranking (minimal pixel sets), with collections of disjoint sets."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..runtime.batching import CandidateEvaluator
+from .blocks import block_positions, scan_sizes
+from ..runtime.inputs import Prepared
+from .guided import guided_first_prefix
+from .minimal import prune_to_minimal
+from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
+from .results import SISResult, first_with_collection
+from ..runtime.schedule import upload
+
+AUTO_PRUNE_FEATURES = 256  # refine_budget="auto": sets of up to this many features are pruned to 1-minimal
+
+
+class CountingEvaluator:
+    """Wraps a CandidateEvaluator and counts the candidates (forward passes) of each image."""
+
+    def __init__(self, evaluator: CandidateEvaluator, n: int):
+        self.evaluator = evaluator
+        self.runner = evaluator.runner
+        self.prep = evaluator.prep
+        self.counts = [0] * n
+
+    def __call__(self, present, image, row, feature):
+        for i, c in zip(*torch.unique(image, return_counts=True)):
+            self.counts[int(i)] += int(c)
+        return self.evaluator(present, image, row, feature)
+
+
+def refined_sets(
+    evaluator: CandidateEvaluator,
+    pos: torch.Tensor,
+    images: list[int],
+    counts: list[int],
+    passes: Callable[[int, float, bool], bool],
+    prune: bool = True,
+    budget: int | str | None = None,
+    scan: int | list[list[int]] | None = None,
+    guide: Callable[[int, float, bool, float], float] | None = None,
+) -> tuple[list[tuple[torch.Tensor, int, float, bool | None] | None], list[int], list[int]]:
+    """Per row of a ranking (``pos``, int64 [R, p]): a pixel-exact boundary prefix, pruned to a 1-minimal set
+    (``prune=False``: the boundary prefix itself). ``budget``: the most pruning queries per row (None: no
+    limit); a row that runs out keeps the smaller, still passing set it reached, not certified 1-minimal.
+    "auto": rows whose boundary prefix holds at most ``AUTO_PRUNE_FEATURES`` features are pruned without
+    limit; larger ones keep the boundary prefix (not certified: certifying costs a query per feature).
+
+    The boundary: with ``scan``, the first passing prefix of the sizes scan, 2 scan, ... (an int:
+    ReX's extraction) or of the given ascending sizes per row (a list: e.g. the ends of the squares
+    of :func:`~overinterp_fast.methods.blocks.block_positions`); on a criterion that is far from monotone, as
+    the top-1 class of a large model over prefix sizes, a scan finds the first passing window, which
+    an exponential search jumps over. Then bisection inside that last step. Without, an exponential search from 10
+    (:func:`~overinterp_fast.methods.prefix.boundary_prefix`, about 2 log2(k) queries). With ``scan`` an int
+    and ``guide`` (slack(row, f, top1, margin): :func:`~overinterp_fast.methods.guided.guided_first_prefix`),
+    the scan's first passing size is searched for where the slacks of a few tried sizes say it may
+    lie, instead of trying every size up to it.
+
+    Returns:
+        (per row (the set's features in ranking order, the boundary prefix size, f on the set, whether
+        the set is certified 1-minimal: None without pruning) or None when even the whole row fails;
+        queries of the boundary search per row; of the pruning).
+    """
+    if scan:
+        sizes = scan if isinstance(scan, list) else [list(range(scan, c, scan)) + [c] if c else [] for c in counts]
+        if guide is not None and not isinstance(scan, list):
+            first, scanned = guided_first_prefix(evaluator, pos, images, sizes, passes, guide)
+        else:
+            counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
+            first = first_passing_prefix(counted, pos, images, sizes, passes)
+            scanned = [counted.counts[i] for i in images]  # one row per image
+        brackets = [None if h is None else (sizes[r][h[0] - 1] if h[0] else 0, sizes[r][h[0]], h[1])
+                    for r, h in enumerate(first)]
+        hits, q_boundary = boundary_prefix(evaluator, pos, images, [c if b else 0 for c, b in zip(counts, brackets)],
+                                           passes, brackets=brackets)
+        hits = [None if b is None else h for h, b in zip(hits, brackets)]
+        q_boundary = [a + b for a, b in zip(scanned, q_boundary)]
+    else:
+        hits, q_boundary = boundary_prefix(evaluator, pos, images, counts, passes)
+    rows = [r for r, h in enumerate(hits) if h is not None]
+    out: list[tuple[torch.Tensor, int, float, bool | None] | None] = [None] * len(images)
+    q_prune = [0] * len(images)
+    unpruned = rows if not prune else [r for r in rows if budget == "auto" and hits[r][0] > AUTO_PRUNE_FEATURES]
+    for r in unpruned:
+        out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1], None if not prune else False)
+    if not prune:
+        return out, q_boundary, q_prune
+    rows = [r for r in rows if r not in unpruned]
+    budget = None if budget == "auto" else budget
+    if not rows:
+        return out, q_boundary, q_prune
+    dev = pos.device
+    rows_t, k_t = upload(dev, rows, [hits[r][0] for r in rows])  # one host-to-device copy
+    sets = pos[rows_t] < k_t.view(-1, 1)
+    orders = [torch.argsort(pos[r])[: hits[r][0]].flip(0).tolist() for r in rows]  # least responsible first
+    # the boundary's predecessor (prefix k - 1) failed: removing the last pixel is known to fail
+    known = [o[0] if hits[r][0] >= 2 else None for o, r in zip(orders, rows)]
+    pruned, f, q, certified = prune_to_minimal(evaluator, sets, orders, [images[r] for r in rows],
+                                               [hits[r][1] for r in rows], lambda j, fj, tj: passes(rows[j], fj, tj),
+                                               known, budget)
+    for j, r in enumerate(rows):
+        keep = pruned[j]
+        ranked = torch.argsort(pos[r])[: hits[r][0]]
+        out[r] = (ranked[keep[ranked]].cpu(), hits[r][0], f[j], certified[j])
+        q_prune[r] = q[j]
+    return out, q_boundary, q_prune
+
+
+def extract_sets(
+    evaluator: CandidateEvaluator,
+    prep: Prepared,
+    targets: torch.Tensor,
+    scores0: torch.Tensor,
+    rank_fn: Callable[[torch.Tensor], tuple[torch.Tensor, list[int] | None]],
+    passes: Callable[[int, float, bool], bool],
+    step: int,
+    collection: bool,
+    thresholds: list[float],
+    verifier: CandidateEvaluator | None = None,
+    engine: str = "torch",
+    refine: bool | str = False,
+    refine_budget: int | str | None = None,
+    refine_scan: int | None = None,
+    block: int | None = None,
+    guide: Callable[[int, float, bool, float], float] | None = None,
+) -> list[SISResult]:
+    """Per image, a sufficient set from its ranking.
+
+    refine=False: the first prefix of the ranking (in steps of ``step`` features) that
+    passes (ReX's extraction). refine=True: a pixel-exact boundary prefix
+    (:func:`~overinterp_fast.methods.prefix.boundary_prefix`), pruned to a 1-minimal set
+    (:func:`~overinterp_fast.methods.minimal.prune_to_minimal`, least-ranked features first).
+    refine="boundary": the pixel-exact boundary prefix, not pruned. ``refine_budget``: the most
+    pruning queries per image and round (None: no limit); ``SISResult.minimal`` says whether
+    the pruning finished (the set is certified 1-minimal) or ran out of budget. ``refine_scan``:
+    with refine=True, the boundary is found by a scan in steps of ``refine_scan`` and bisection
+    inside the last step (see :func:`refined_sets`); None: by exponential search.
+    ``block`` (refine=True or "boundary", pixel features of [N, C, H, W] images): rank the pixels
+    square by square (:func:`~overinterp_fast.methods.blocks.block_positions`; ``values`` then holds each
+    pixel's square mean, the score it is ranked by) and, where a square holds at least
+    ``refine_scan`` pixels, scan one square at a time instead of steps of ``refine_scan``.
+    ``guide`` (refine=True with ``refine_scan``): slack(image, f, top1, margin), positive when a prefix
+    passes; the first passing prefix in steps of ``refine_scan`` (of the square ranking too) is then found
+    by :func:`~overinterp_fast.methods.guided.guided_first_prefix` instead of a scan.
+
+    ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
+    (scores float [N, p], queries per image or None). With ``collection``, each set
+    found is masked and the ranking recomputed on the rest, while the rest passes.
+    ``passes(image, f, top1)``. With ``verifier`` (the user's model, when ``evaluator``
+    runs a stand-in engine named ``engine``), each set is checked there and, where it
+    fails, the next prefix sizes are tried on the user's model until one passes.
+    Each result counts its queries: ``queries`` (the ranking), ``extraction_queries``
+    and ``refine_queries``.
+    """
+    from .responsibility import ranking_positions
+
+    dev = prep.images.device
+    n, p = prep.images.shape[0], prep.num_features
+    present = torch.ones((n, p), dtype=torch.bool, device=dev)
+    rounds: list[list[SISResult]] = [[] for _ in range(n)]
+    round_score = scores0.tolist()
+    active = list(range(n))
+    while active:
+        rows = torch.tensor(active, device=dev)
+        scores, queries = rank_fn(present)
+        ranked = scores[rows].reshape(len(active), p)
+        scan = refine_scan if refine is True else None
+        if refine and block and block > 1:
+            h, w = prep.images.shape[-2:]
+            pos, ends, ranked = block_positions(ranked, present[rows], h, w, block)
+            if scan and block * block >= scan and guide is None:
+                scan = [scan_sizes(e) for e in ends]
+        else:
+            pos = ranking_positions(ranked, present[rows])
+        counts = present[rows].sum(1).tolist()
+        row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
+        row_guide = None if guide is None else (
+            lambda r, f, top1, margin, active=active: guide(active[r], f, top1, margin))
+        if refine:
+            refined, extraction, refinement = refined_sets(evaluator, pos, active, counts, row_passes,
+                                                           prune=refine is True, budget=refine_budget, scan=scan,
+                                                           guide=row_guide)
+            if verifier is not None:
+                refined = _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, row_passes,
+                                          prune=refine is True, budget=refine_budget, scan=scan, guide=row_guide)
+            hits = [None if x is None else (x[1], x[2]) for x in refined]
+        else:
+            counted = CountingEvaluator(evaluator, n)
+            sizes = [list(range(step, c, step)) + [c] if c else [] for c in counts]
+            hits = first_passing_prefix(counted, pos, active, sizes, row_passes)
+            if verifier is not None:
+                counted_v = CountingEvaluator(verifier, n)
+                hits = _verify(counted_v, pos, active, counts, sizes, hits, row_passes, p)
+                for i in active:
+                    counted.counts[i] += counted_v.counts[i]
+            hits = [None if h is None else (sizes[r][h[0]], h[1]) for r, h in enumerate(hits)]
+            extraction = [counted.counts[i] for i in active]
+        pos_cpu, scores_cpu = pos.cpu(), ranked.double().cpu()
+        nxt = []
+        for r, i in enumerate(active):
+            order = torch.argsort(pos_cpu[r])[: counts[r]]
+            hit = hits[r]
+            if hit is None:
+                found = None
+            elif refine:
+                found = refined[r][0]
+            else:
+                found = order[: hit[0]].clone()
+            rounds[i].append(
+                SISResult(
+                    order=order, values=scores_cpu[r, order], sis=found,
+                    mask=None if found is None else prep.feature_mask(found), target=int(targets[i]),
+                    score=round_score[i], threshold=thresholds[i], sis_score=None if hit is None else hit[1],
+                    queries=None if queries is None else queries[i], engine=engine,
+                    extraction_queries=extraction[r],
+                    size_before_refine=None if hit is None or not refine else hit[0],
+                    refine_queries=refinement[r] if refine else None,
+                    minimal=None if hit is None or not refine else refined[r][3],
+                )
+            )
+            if collection and found is not None and 0 < found.numel() < counts[r]:
+                present[i, found.to(dev)] = False
+                nxt.append(i)
+        if nxt:  # does what is left still pass?
+            rows = torch.tensor(nxt, device=dev)
+            f, top1 = evaluator(present, rows, rows, torch.full_like(rows, -1))
+            nxt_active = []
+            for i, fi, ti in zip(nxt, f.tolist(), top1.tolist()):
+                if passes(i, fi, ti):
+                    round_score[i] = fi
+                    nxt_active.append(i)
+            nxt = nxt_active
+        active = nxt
+    return [first_with_collection(r, collection) for r in rounds]
+
+
+def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tuple[int, float] | None]:
+    """Re-check each row's hit on the user's model; where it fails, continue with the larger prefixes."""
+    todo = [r for r, h in enumerate(hits) if h is not None]
+    if not todo:
+        return hits
+    pos_cpu = pos.cpu()
+    keep_first = [torch.argsort(pos_cpu[r])[: counts[r]] for r in todo]
+    rest = [sizes[r][hits[r][0]:] for r in todo]
+    checked = verify_prefix_sets(verifier, [active[r] for r in todo], keep_first, rest,
+                                 lambda k, f, top1: rows_pass(todo[k], f, top1), p)
+    out = list(hits)
+    for r, c in zip(todo, checked):
+        out[r] = None if c is None else (hits[r][0] + c[0], c[1])
+    return out
+
+
+def _verify_refined(verifier, pos, active, counts, refined, extraction, refinement, rows_pass, prune=True,
+                    budget=None, scan: int | list[list[int]] | None = None, guide=None) -> list:
+    """Check each refined set on the user's model; a row whose set fails there is refined again on it.
+
+    Adds the queries to ``extraction`` / ``refinement`` (in place). The sets were made 1-minimal on
+    the stand-in engine; its scores equal the model's up to float noise, so a set that passes on
+    the model is 1-minimal there too unless a removal was a near-tie.
+    """
+    todo = [r for r, x in enumerate(refined) if x is not None]
+    if not todo:
+        return refined
+    dev = pos.device
+    p = pos.shape[1]
+    sets = torch.zeros((len(todo), p), dtype=torch.bool, device=dev)
+    for j, r in enumerate(todo):
+        sets[j, refined[r][0].to(dev)] = True
+    img = torch.tensor([active[r] for r in todo], device=dev)
+    f, top1 = verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1))
+    out = list(refined)
+    again = []
+    for j, (r, fj, tj) in enumerate(zip(todo, f.tolist(), top1.tolist())):
+        refinement[r] += 1
+        if rows_pass(r, fj, tj):
+            out[r] = (refined[r][0], refined[r][1], fj, refined[r][3])
+        else:
+            again.append(r)
+    if again:
+        redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
+                                      [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
+                                      prune=prune, budget=budget,
+                                      scan=[scan[r] for r in again] if isinstance(scan, list) else scan,
+                                      guide=None if guide is None else (
+                                          lambda k, f, t, m: guide(again[k], f, t, m)))
+        for k, r in enumerate(again):
+            out[r] = redo[k]
+            extraction[r] += q_b[k]
+            refinement[r] += q_p[k]
+    return out

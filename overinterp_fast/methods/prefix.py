@@ -1,0 +1,205 @@
+"""The first sufficient prefix of a ranking, evaluated in batches (FindSIS over any ordering).
+
+Candidate k of row r keeps the features whose position ``pos[r, f]`` in the row's
+ranking is below ``sizes[r][k]`` (sizes ascending) and masks the rest. The answer
+for a row is the first k that passes, exactly what trying the sizes one forward
+pass at a time would give; instead, each round evaluates the next chunk of sizes
+of every unresolved row together, in batches built by the fused mask_apply
+kernel. Chunks double per round: 8, 16, 32, ... on a GPU; on a CPU, where a
+large batch saves little and every evaluation past the answer costs a full
+forward pass, 2, 4, 8, 16, 32 and then 32 per round.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..runtime.batching import CandidateEvaluator
+from ..runtime.model import check_finite_scores
+from ..runtime.schedule import upload
+
+FIRST_CHUNK = {"cuda": 8}  # per device type; others: 2
+MAX_CHUNK = {"cuda": 1 << 30}  # per device type; others: 32
+
+
+def evaluate_prefixes(evaluator, pos: torch.Tensor, images: list[int], rows: list[int], sizes: list[int]):
+    """Score candidate c = the prefix of ``sizes[c]`` features of row ``rows[c]``'s ranking (``pos``, image
+    ``images[rows[c]]``) in one call of ``evaluator``; its measure's output (f float64 [C] first, checked finite)."""
+    dev = pos.device
+    rows_t, sizes_t, img_t = upload(dev, rows, sizes, [images[r] for r in rows])  # one host-to-device copy
+    present = pos[rows_t] < sizes_t.view(-1, 1)  # [C, p]
+    out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
+    check_finite_scores(torch.isfinite(out[0]).all())
+    return out
+
+
+def first_passing_prefix(
+    evaluator: CandidateEvaluator,
+    pos: torch.Tensor,
+    images: list[int],
+    sizes: list[list[int]],
+    passes: Callable[[int, float, bool], bool],
+) -> list[tuple[int, float] | None]:
+    """For each row: (index into its sizes, f) of the first passing prefix, or None.
+
+    Args:
+        evaluator: scores candidates; called with a measure returning (f, top-1 correct).
+        pos: int64 [R, p] on the images' device: each feature's position in the row's ranking
+            (a value >= every size keeps a feature masked in all prefixes).
+        images: the image of each row.
+        sizes: ascending prefix sizes to try, per row.
+        passes: passes(row, f, top1) -> bool.
+    """
+    dev = pos.device
+    found: list[tuple[int, float] | None] = [None] * len(images)
+    todo = {r: 0 for r in range(len(images)) if sizes[r]}
+    chunk = FIRST_CHUNK.get(dev.type, 2)
+    while todo:
+        rows, ks = [], []
+        for r, lo in todo.items():
+            hi = min(lo + chunk, len(sizes[r]))
+            rows += [r] * (hi - lo)
+            ks += list(range(lo, hi))
+        f, top1 = evaluate_prefixes(evaluator, pos, images, rows, [sizes[r][k] for r, k in zip(rows, ks)])
+        f, top1 = f.tolist(), top1.tolist()
+        nxt, at = {}, 0
+        for r, lo in todo.items():
+            hi = min(lo + chunk, len(sizes[r]))
+            hit = next((k for k in range(lo, hi) if passes(r, f[at + k - lo], top1[at + k - lo])), None)
+            if hit is not None:
+                found[r] = (hit, f[at + hit - lo])
+            elif hi < len(sizes[r]):
+                nxt[r] = hi
+            at += hi - lo
+        todo = nxt
+        chunk = min(2 * chunk, MAX_CHUNK.get(dev.type, 32))
+    return found
+
+
+def verify_prefix_sets(
+    evaluator: CandidateEvaluator,
+    images: list[int],
+    keep_first: list[torch.Tensor],
+    sizes: list[list[int]],
+    passes: Callable[[int, float, bool], bool],
+    num_features: int,
+) -> list[tuple[int, float] | None]:
+    """Check sets found by a stand-in engine on the user's model, continuing where one fails.
+
+    Row r's set is ``keep_first[r][:sizes[r][0]]``; when it fails on ``evaluator`` (the
+    user's model), the next sizes ``sizes[r][1:]`` are tried in order (FindSIS goes on
+    adding features) until one passes. Returns per row (index into ``sizes[r]``, f on the
+    user's model), or None when no size passes.
+
+    Args:
+        keep_first: int64 [m_r] per row, features in the order they join the set.
+        sizes: ascending set sizes per row (at most m_r).
+    """
+    dev = evaluator.prep.images.device
+    pos = torch.full((len(images), num_features), num_features, dtype=torch.int64)
+    for r, order in enumerate(keep_first):
+        pos[r, order] = torch.arange(order.numel())
+    return first_passing_prefix(evaluator, pos.to(dev), images, sizes, passes)
+
+
+PROBES = {"cuda": 8}  # boundary search: sizes probed per row and round, per device type; others: 1
+
+
+class _Bracket:
+    """Search state of one row: sizes known to fail (lo) and pass (hi), and the phase."""
+
+    def __init__(self, start: int, count: int, stride: int):
+        self.count, self.stride = count, max(1, stride)
+        self.lo, self.hi, self.f_hi = 0, None, 0.0  # size 0 is taken as failing
+        self.start = min(max(1, start), count)
+        self.phase = "start"
+
+    def probes(self, k: int) -> list[int]:
+        if self.phase == "start":
+            return [self.start]
+        if self.phase == "grow":
+            return sorted({min(self.lo + self.stride * (1 << i), self.count) for i in range(k)})
+        if self.phase == "shrink":
+            return sorted({max(self.hi - self.stride * (1 << i), self.lo + 1) for i in range(k)})
+        gap = self.hi - self.lo
+        return sorted({self.lo + max(1, (gap * (i + 1)) // (k + 1)) for i in range(k)} - {self.hi})
+
+    def update(self, seen: list[tuple[int, bool, float]]) -> bool:
+        """Take probe results (size, passed, f); True when the row is resolved."""
+        known = [(self.lo, False, 0.0)] + sorted(seen) + ([] if self.hi is None else [(self.hi, True, self.f_hi)])
+        trans = next((i for i in range(1, len(known)) if known[i][1] and not known[i - 1][1]), None)
+        if trans is None:  # nothing passes yet: grow from the largest failing size
+            self.lo = max(s for s, _, _ in known)
+            if self.lo >= self.count:
+                return True
+            self.stride = self.stride if self.phase == "start" else self.stride << len(seen)
+            self.phase = "grow"
+            return False
+        (lo, _, _), (hi, _, f_hi) = known[trans - 1], known[trans]
+        was = self.phase
+        self.lo, self.hi, self.f_hi = lo, hi, f_hi
+        if hi - lo <= 1:
+            return True
+        if lo == 0 and was in ("start", "shrink") and not any(s == lo for s, ok, _ in seen if not ok):
+            self.stride = self.stride if was == "start" else self.stride << len(seen)
+            self.phase = "shrink"  # only the assumed empty prefix fails below: keep stepping down
+        else:
+            self.phase = "bisect"
+        return False
+
+
+def boundary_prefix(
+    evaluator: CandidateEvaluator,
+    pos: torch.Tensor,
+    images: list[int],
+    counts: list[int],
+    passes: Callable[[int, float, bool], bool],
+    starts: list[int | None] | None = None,
+    brackets: list[tuple[int, int, float] | None] | None = None,
+) -> tuple[list[tuple[int, float] | None], list[int]]:
+    """For each row, a pixel-exact boundary of its ranking: a passing prefix size k whose k - 1 fails.
+
+    Exponential search from ``starts[r]`` (default 10: sizes 10, 20, 40, ... up to the
+    row's count; from a given start, strides start/32, doubling, both ways), then
+    bisection between the largest failing and the smallest passing size. Each round
+    probes ``PROBES`` sizes per unresolved row (1 on a CPU, where every probe costs a
+    forward pass: about 2 log2(k) queries per row; evenly spread points on a GPU).
+    With a monotone criterion the boundary is the first passing prefix; otherwise it
+    is a passing prefix whose predecessor fails. The empty prefix is taken as failing
+    without a query (a pruning pass finds out).
+
+    Args: as :func:`first_passing_prefix`, with ``counts[r]`` the row's largest size.
+        brackets: per row, (lo, hi, f on hi) with prefix lo known to fail and hi to pass (e.g. the
+            last two sizes of a scan): only the bisection between them runs. None: search.
+
+    Returns:
+        (per row (k, f on prefix k) or None when even ``counts[r]`` fails, queries per row).
+    """
+    dev = pos.device
+    k = PROBES.get(dev.type, 1)
+    n = len(images)
+    state = {
+        r: _Bracket(10, counts[r], 10) if not starts or starts[r] is None else _Bracket(starts[r], counts[r],
+                                                                                       starts[r] // 32)
+        for r in range(n) if counts[r] > 0
+    }
+    for r, b in enumerate(brackets or []):
+        if b is not None and r in state:
+            st = state[r]
+            st.lo, st.hi, st.f_hi, st.phase = b[0], b[1], b[2], "bisect"
+    queries = [0] * n
+    todo = sorted(r for r in state if state[r].hi is None or state[r].hi - state[r].lo > 1)
+    while todo:
+        rows, sizes = [], []
+        for r in todo:
+            c = state[r].probes(k)
+            rows += [r] * len(c)
+            sizes += c
+        f, top1 = evaluate_prefixes(evaluator, pos, images, rows, sizes)
+        seen: dict[int, list[tuple[int, bool, float]]] = {}
+        for r, s, fi, ti in zip(rows, sizes, f.tolist(), top1.tolist()):
+            queries[r] += 1
+            seen.setdefault(r, []).append((s, passes(r, fi, ti), fi))
+        todo = [r for r in todo if not state[r].update(seen[r])]
+    return [None if r not in state or state[r].hi is None else (state[r].hi, state[r].f_hi) for r in range(n)], queries

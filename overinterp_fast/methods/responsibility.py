@@ -1,0 +1,477 @@
+"""Causal responsibility maps and minimal pixel sets (paper 002; the ReX algorithm, SPEC.md section 3a).
+
+Black box: forward passes only, so it serves torch and ONNX models alike.
+
+One iteration (seeded by seed + i) is a greedy random descent through a tree of
+boxes whose root is the whole image. At each level every active box with an
+area of at least ``min_box`` pixels is split at a uniformly random point into 4
+quadrants (some may be empty); for each such box the 14 mutants keep one
+non-empty proper subset of its quadrants plus the other active boxes and mask
+everything else. A mutant passes when the model's top-1 class on it is the
+target (or, with ``criterion="threshold"``, when f >= threshold). If any mutant
+of the level passed, every mutant predicted as the target adds 1/k to the
+pixels of each of its k kept quadrants (a per-iteration map that starts at 1).
+The passing mutant with the smallest unmasked area is refined next: its kept
+quadrants become the active boxes. The descent stops when nothing passes, no
+box can be split, or after ``depth`` levels. The maps of the iterations
+multiply; we rank by the sum of their logarithms, which orders pixels the same.
+With ``monotone=True`` (fast_sis's default outside ReX's extraction) a level scores
+each split's mutants in three rounds (3 quadrants kept, then 2, then 1) and skips
+those whose scored supersets all failed (see :func:`descend`).
+
+Speed comes from the structure: all iterations of all images descend together,
+so each level is one large batch of mutants (mutants of one image that show the
+same rectangles, as empty quadrants make them, share one forward pass; the
+sequential loop, ``overinterp_fast.methods.reference.responsibility``, gives the same
+map); mutants are unions of rectangles,
+painted by the ``rect_fill`` kernel (2D difference arrays, exact integer sums)
+and written by ``mask_apply``; responsibility is accumulated by ``rect_fill`` as
+well (weights 6/k, so the sums are exact integers); the minimal pixel set is the
+first passing prefix of the ranking in steps of 10 pixels, evaluated in batches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..ops import kernels as _ops
+from ..runtime.batching import CandidateEvaluator
+from ..runtime.inputs import Prepared
+from ..runtime.schedule import upload
+
+SUBSETS = [[c for c in range(4) if s >> c & 1] for s in range(1, 15)]  # the 14 non-empty proper subsets
+# monotone=True: for each subset, the indices of its proper supersets among SUBSETS, and the rounds of a level
+# (the four 3-quadrant subsets, then the six pairs, then the four single quadrants)
+SUPERSETS = [[u for u, big in enumerate(SUBSETS) if set(small) < set(big)] for small in SUBSETS]
+_ROUNDS = [[k for k, sub in enumerate(SUBSETS) if len(sub) == size] for size in (3, 2, 1)]
+_UNIT = 6  # 1/k for k = 1, 2, 3 as exact integers: 6, 3, 2
+
+
+@dataclass
+class ResponsibilityMap:
+    """Responsibility of one image's pixels.
+
+    Attributes:
+        map: float64 [H, W], the sum over iterations of log(per-iteration map);
+            higher = more responsible. (ReX's product of maps is exp(map).)
+        queries: forward passes the descent used for this image (distinct mutants).
+        target: the class explained.
+        iterations: iterations run.
+    """
+
+    map: torch.Tensor
+    queries: int
+    target: int
+    iterations: int
+
+
+@dataclass
+class _Descent:
+    image: int
+    rng: np.random.Generator
+    active: list[tuple[int, int, int, int]]
+    level: int = 0
+    alive: bool = True
+
+
+def check_responsibility_options(iterations, depth, min_box, seed) -> None:
+    for name, v, lo in (("iterations", iterations, 1), ("depth", depth, 1), ("min_box", min_box, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's generators take seeds >= 0
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+
+def descent_rng(seed: int):
+    """The random source of one descent: split points are drawn from it (``integers``), row then column."""
+    return np.random.default_rng(seed)
+
+
+def skipped(k: int, superset_passed: list[bool]) -> bool:
+    """monotone=True: whether mutant ``SUBSETS[k]`` is taken as failing without a query, given whether each
+    of its supersets ``SUPERSETS[k]`` (same split, scored or taken as failing before it) passed: when none did."""
+    return not any(superset_passed)
+
+
+def _split(box, rng) -> list[tuple[int, int, int, int]]:
+    y0, x0, y1, x1 = box
+    ys = int(rng.integers(y0, y1 + 1))
+    xs = int(rng.integers(x0, x1 + 1))
+    return [(y0, x0, ys, xs), (y0, xs, ys, x1), (ys, x0, y1, xs), (ys, xs, y1, x1)]
+
+
+def _area(box) -> int:
+    return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
+
+
+def _rect_cover(runner, rects: list, owner: list, weight: list | None, m: int, h: int, w: int, dev,
+                use: Callable[[slice, torch.Tensor], object]) -> list:
+    """Paint rectangles into m coverage maps in chunks of owners (the runner's chunk, with its
+    out-of-memory back-off): ``use(owners, cover int64 [chunk, H, W])`` per chunk, results listed.
+
+    ``owner[i]`` in [0, m) is the map of rectangle i (any order), ``weight[i]`` its int weight (None: 1).
+    """
+    rect_t = torch.as_tensor(rects, dtype=torch.int64, device=dev).view(-1, 4)
+    owner_t = torch.as_tensor(owner, dtype=torch.int64, device=dev)
+    weight_t = torch.ones_like(owner_t) if weight is None else torch.tensor(weight, dtype=torch.int64, device=dev)
+    owner_t, by_owner = torch.sort(owner_t, stable=True)
+    rect_t, weight_t = rect_t[by_owner], weight_t[by_owner]
+    starts = torch.searchsorted(owner_t, torch.arange(m + 1, device=dev)).tolist()
+
+    def work(sl: slice):
+        a, b = starts[sl.start], starts[sl.stop]
+        cover = _ops.rect_fill(rect_t[a:b], owner_t[a:b] - sl.start, weight_t[a:b], sl.stop - sl.start, h, w)
+        return (use(sl, cover),)
+
+    out = runner.run(m, lambda sl: work(sl)) if m else ()
+    return list(out)
+
+
+class MutantCache:
+    """(f, top-1 is the target) of mutants already scored, keyed by image and shown rectangles.
+
+    Shared by all levels and iterations of one ranking (one set of pixels allowed):
+    a mutant that shows the same rectangles of the same image is the same input.
+    ``hits``: mutants found here instead of scored; ``level_queries[l]``: the mutants the model scored at
+    level l of the descents (0: the whole image split once), all images and iterations together;
+    ``guessed``: the keys whose answer came from a surrogate (:mod:`overinterp_fast.experimental.surrogate`), not the model.
+    """
+
+    def __init__(self):
+        self.scores: dict[tuple, tuple[float, bool, int]] = {}  # key -> (f, top-1 correct, pixels kept)
+        self.guessed: set[tuple] = set()  # keys answered by a surrogate, not by the model (no query)
+        self.hits = 0
+        self.level_queries: list[int] = []
+
+
+def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Tensor, present: torch.Tensor,
+                  h: int, w: int) -> torch.Tensor:
+    """Score m mutants on ``evaluator`` by painting them: rectangles ``rects`` (int64 [R, 4] or a list of
+    4-tuples) of mutant ``owner`` (int64 [R] in [0, m)) of images ``images`` (int64 [m]), each keeping the
+    pixels its rectangles cover that are ``present`` (bool [N, H*W]). Returns float64 [m, 3]: f, top-1 is
+    the target (0 or 1), pixels kept."""
+    dev = images.device
+
+    def score(sl: slice, cover: torch.Tensor):
+        img = images[sl]
+        keep = (cover.view(-1, h * w) > 0) & present[img]
+        f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1))
+        return torch.stack([f.double(), top1.double(), keep.sum(1).double()], 1)
+
+    m = images.shape[0]
+    if m == 0:
+        return torch.zeros(0, 3, dtype=torch.float64, device=dev)
+    return torch.cat(_rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score))
+
+
+def select_mutants(rects: torch.Tensor, owner: torch.Tensor, m: int, rows: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """The rectangles of mutants ``rows`` (int64 [k], ascending) among m mutants given by rectangles ``rects``
+    (int64 [R, 4]) of mutant ``owner`` (int64 [R] in [0, m)), on ``rows``' device: (their rectangles, their owners
+    renumbered: j for mutant ``rows[j]``)."""
+    dev = rows.device
+    renumber = torch.full((m,), -1, dtype=torch.int64, device=dev)
+    renumber[rows] = torch.arange(len(rows), device=dev)
+    owner = owner.to(dev)
+    mine = renumber[owner] >= 0
+    return rects.to(dev)[mine], renumber[owner[mine]]
+
+
+def score_painted_rows(evaluator: CandidateEvaluator, rects: torch.Tensor, owner: torch.Tensor, images: torch.Tensor,
+                       rows: torch.Tensor, present: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """:func:`score_painted` of some of m mutants: ``rows`` (int64 [k], ascending, on ``images``' device) of the
+    mutants given by rectangles ``rects`` of mutant ``owner`` of ``images`` (int64 [m]; :func:`select_mutants`).
+    Returns float64 [k, 3], row j for mutant ``rows[j]``."""
+    sub_rects, sub_owner = select_mutants(rects, owner, images.shape[0], rows)
+    return score_painted(evaluator, sub_rects, sub_owner, images[rows], present, h, w)
+
+
+def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: list[int], keys: list[tuple],
+                present: torch.Tensor, cache: MutantCache, h: int, w: int, dev) -> None:
+    """Score new mutants (rectangles ``rects`` of mutant ``owner``, of images ``evals``) into the cache.
+
+    An evaluator with a ``score_rectangles(rects, owner, images, present)`` method (the surrogates of
+    :mod:`overinterp_fast.experimental.surrogate`) scores them from the rectangles, and may add a fourth column: 1 where
+    the model was asked, 0 where the answer is the surrogate's (the key goes to ``cache.guessed``); any
+    other evaluator gets painted masks (:func:`score_painted`).
+    """
+    score_rectangles = getattr(evaluator, "score_rectangles", None)
+    if score_rectangles is not None:  # an evaluator that reads the rectangles itself (surrogate.py): no painting
+        img_all, rect_t, owner_t = upload(dev, evals, rects, owner)  # one host-to-device copy
+        scored = score_rectangles(rect_t.view(-1, 4), owner_t, img_all, present)
+    else:  # score_painted uploads the rectangles itself (_rect_cover)
+        (img_all,) = upload(dev, evals)
+        scored = score_painted(evaluator, rects, owner, img_all, present, h, w)
+    for key, row in zip(keys, scored.tolist()):
+        cache.scores[key] = (row[0], bool(row[1]), int(row[2]))
+        if len(row) > 3 and not row[3]:
+            cache.guessed.add(key)
+
+
+def descend(
+    evaluator: CandidateEvaluator,
+    prep: Prepared,
+    present: torch.Tensor,
+    passes,
+    descents: list[tuple[int, int]],
+    depth: int,
+    min_box: int,
+    cache: MutantCache,
+    progress: bool | None = None,
+    monotone: bool = False,
+    per_image: bool = False,
+) -> tuple[torch.Tensor, list[int]]:
+    """Run the given descents (image, seed) together: (float64 [D, H, W] log per-iteration maps,
+    queries per image of ``prep``).
+
+    ``per_image``: the log maps of each image's descents summed, descent by descent in the given order: float64
+    [N, H, W] (zero for an image with no descent). Memory: one map per image, not per descent (100 descents of
+    a 224 x 224 image would hold 40 MB).
+
+    ``present``: bool [N, H*W], the pixels that may be kept (others stay masked:
+    used by collections). ``passes(image, f, top1) -> bool``.
+
+    ``monotone``: score each split's mutants in three rounds (keeping 3 quadrants, then 2, then 1) and
+    take a mutant none of whose scored supersets (mutants of the same split that keep more
+    quadrants) passed as failing, without a query: exact where passing is monotone in the pixels
+    kept; the top-1 criterion of a real model is nearly so (on EfficientNet-Lite0, 1.3% of the
+    passing mutants were missed at 71% of the queries). False: every mutant is scored (ReX).
+    """
+    n, _, h, w = prep.images.shape
+    dev = prep.images.device
+    state = [_Descent(i, descent_rng(s), [(0, 0, h, w)]) for i, s in descents]
+    queries = [0] * n
+    resp_rects: list[tuple[int, int, int, int]] = []
+    resp_owner: list[int] = []
+    resp_weight: list[int] = []
+    bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
+    level = 0
+    while any(d.alive for d in state):
+        # the splits of this level: (descent, quadrants, the other active boxes)
+        splits: list[tuple[int, list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]] = []
+        for di, d in enumerate(state):
+            if not d.alive:
+                continue
+            made = False
+            for b, box in enumerate(d.active):
+                if _area(box) < min_box:
+                    continue
+                splits.append((di, _split(box, d.rng), d.active[:b] + d.active[b + 1:]))
+                made = True
+            if not made:
+                d.alive = False
+        if not splits:
+            break
+        # mutants of this level: (descent, kept quadrants, key). Mutants of one image with the same
+        # non-empty rectangles (empty quadrants make these, in this level or before) share one pass.
+        mutants: list = []  # (split, subset, descent, kept quadrants, key, passed)
+        if len(cache.level_queries) <= level:
+            cache.level_queries.append(0)
+        done: dict[tuple[int, int], bool] = {}  # (split, subset) -> passed (evaluated or inferred)
+        for group in _ROUNDS if monotone else (range(len(SUBSETS)),):
+            rects, owner, evals, keys = [], [], [], []
+            new: set[tuple] = set()
+            round_mutants = []
+            for si, (di, quads, static) in enumerate(splits):
+                d = state[di]
+                for k in group:
+                    if monotone and SUPERSETS[k] and skipped(k, [done[si, u] for u in SUPERSETS[k]]):
+                        done[si, k] = False  # no superset passed: taken as failing, not scored
+                        continue
+                    kept = [quads[c] for c in SUBSETS[k]]
+                    shown = sorted({r for r in kept + static if _area(r) > 0})
+                    key = (d.image, *shown)
+                    if key in cache.scores:
+                        cache.hits += 1
+                    elif key not in new:
+                        new.add(key)
+                        keys.append(key)
+                        evals.append(d.image)
+                        rects.extend(shown)
+                        owner.extend([len(evals) - 1] * len(shown))
+                    round_mutants.append((si, k, di, kept, key))
+            if evals:
+                _score_keys(evaluator, rects, owner, evals, keys, present, cache, h, w, dev)
+                for key in keys:  # a query: the model answered (not a surrogate)
+                    if key not in cache.guessed:
+                        queries[key[0]] += 1
+                        cache.level_queries[level] += 1
+            for si, k, di, kept, key in round_mutants:
+                fk, tk, _ = cache.scores[key]
+                done[si, k] = bool(passes(state[di].image, fk, tk))
+                mutants.append((si, k, di, kept, key, done[si, k]))
+        mutants.sort(key=lambda mu: mu[:2])  # split by split, subsets in SUBSETS order (ties of the best below)
+        mutants = [mu[2:] for mu in mutants]
+        by_descent: dict[int, list[int]] = {}
+        for mi, (di, _, _, _) in enumerate(mutants):
+            by_descent.setdefault(di, []).append(mi)
+        for di, mis in by_descent.items():
+            d = state[di]
+            res = [cache.scores[mutants[mi][2]] for mi in mis]
+            ok = [mi for mi in mis if mutants[mi][3]]
+            if not ok:
+                d.alive = False
+                continue
+            for mi, (_, tm, _) in zip(mis, res):  # every mutant predicted as the target shares 1 among its kept quadrants
+                if tm:
+                    kept = mutants[mi][1]
+                    for q in kept:
+                        resp_rects.append(q)
+                        resp_owner.append(di)
+                        resp_weight.append(_UNIT // len(kept))
+            # the passing mutant with the smallest unmasked area (ties: the first) is refined next
+            best = min(ok, key=lambda mi: (cache.scores[mutants[mi][2]][2], mi))
+            d.active = [q for q in mutants[best][1] if _area(q) > 0]
+            d.level += 1
+            if d.level >= depth:
+                d.alive = False
+        bar.update(1)
+        level += 1
+    bar.close()
+    row_t = torch.as_tensor([i for i, _ in descents] if per_image else range(len(state)), dtype=torch.int64,
+                            device=dev)
+    out = torch.zeros(n if per_image else len(state), h, w, dtype=torch.float64, device=dev)
+
+    def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
+        out.index_add_(0, row_t[sl], torch.log1p(acc.double() / _UNIT))
+        return acc.new_zeros(0)  # the runner concatenates the (empty) results; the maps are in ``out``
+
+    _rect_cover(evaluator.runner, resp_rects, resp_owner, resp_weight, len(state), h, w, dev, add_logs)
+    return out, queries
+
+
+def compute_responsibility(
+    evaluator: CandidateEvaluator,
+    prep: Prepared,
+    present: torch.Tensor,
+    passes,
+    iterations: int,
+    depth: int,
+    min_box: int,
+    seed: int,
+    progress: bool | None,
+    monotone: bool = False,
+    cache: MutantCache | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """Responsibility of every image's pixels: (float64 [N, H, W], queries per image).
+
+    All ``iterations`` descents of every image (seeds seed + t) in one batched descent;
+    see :func:`descend` (and its ``monotone``). ``cache``: the mutant cache to use (None: a new one).
+    """
+    descents = [(i, seed + t) for i in range(prep.images.shape[0]) for t in range(iterations)]
+    return descend(evaluator, prep, present, passes, descents, depth, min_box,
+                   MutantCache() if cache is None else cache, progress, monotone, per_image=True)
+
+
+def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Position of every feature when ranked by descending score (ties: higher index first).
+
+    scores: [n, p]; present: bool [n, p] (absent features rank last, at position p).
+    Returns int64 [n, p].
+    """
+    n, p = scores.shape
+    s = torch.where(present, scores.double(), torch.full_like(scores, -torch.inf, dtype=torch.float64))
+    # descending score; equal scores: the higher index first (a stable sort of the reversed features)
+    order = torch.sort(s.flip(1), dim=1, descending=True, stable=True).indices
+    return order_positions(p - 1 - order, present)
+
+
+def order_positions(order: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Position of every feature from a ranked order: int64 [n, p], ``order[r, k]`` at position k;
+    features not ``present`` (bool [n, p]) at position p."""
+    n, p = order.shape
+    pos = torch.empty_like(order)
+    pos.scatter_(1, order, torch.arange(p, device=order.device).expand(n, p).contiguous())
+    return torch.where(present, pos, torch.full_like(pos, p))
+
+
+AUTO_MAX_ITERATIONS = 20  # iterations="auto" never runs more than ReX's default
+# The stopping rule, chosen from data (benchmarks/auto_rule_data.py, benchmarks/results/README.md "auto rule"):
+# stop an image after iteration t >= AUTO_MIN_ITERATIONS once the AUTO_TOP_FRACTION top-ranked pixels have kept a
+# Dice of at least AUTO_DICE with those of the iteration before for AUTO_PATIENCE iterations in a row.
+AUTO_MIN_ITERATIONS = 6
+AUTO_PATIENCE = 2
+AUTO_DICE = 0.95
+AUTO_TOP_FRACTION = 0.025
+
+
+@dataclass
+class AutoInfo:
+    """What iterations="auto" did per image: the iterations run, and the mutant cache's hits."""
+
+    iterations: list[int]
+    cache_hits: int
+
+
+def _dice(a: torch.Tensor, b: torch.Tensor) -> float:
+    total = int(a.sum()) + int(b.sum())
+    return 1.0 if total == 0 else 2 * int((a & b).sum()) / total
+
+
+def auto_responsibility(
+    evaluator: CandidateEvaluator,
+    prep: Prepared,
+    present: torch.Tensor,
+    passes,
+    depth: int,
+    min_box: int,
+    seed: int,
+    progress: bool | None,
+    patience: int = AUTO_PATIENCE,
+    min_dice: float = AUTO_DICE,
+    max_iterations: int = AUTO_MAX_ITERATIONS,
+    top_fraction: float = AUTO_TOP_FRACTION,
+    min_iterations: int = AUTO_MIN_ITERATIONS,
+    monotone: bool = False,
+    cache: MutantCache | None = None,
+) -> tuple[torch.Tensor, list[int], AutoInfo]:
+    """Responsibility with as many iterations as each image needs: (float64 [N, H, W], queries, AutoInfo).
+
+    Iteration t (seed + t, as in :func:`compute_responsibility`) runs for the images not yet
+    settled, all in one batched descent, with one mutant cache for all levels and iterations.
+    After every iteration, the K = ceil(``top_fraction`` x allowed pixels) top-ranked pixels are
+    compared with those of the iteration before (no query); an image stops after iteration
+    t >= ``min_iterations`` once their Dice has been at least ``min_dice`` for ``patience``
+    iterations in a row, or after ``max_iterations``. ``monotone``: see :func:`descend`.
+    ``cache``: the mutant cache to use (None: a new one).
+    """
+    n, _, h, w = prep.images.shape
+    dev = prep.images.device
+    total = torch.zeros(n, h, w, dtype=torch.float64, device=dev)
+    queries, runs = [0] * n, [0] * n
+    cache = MutantCache() if cache is None else cache
+    last: list[torch.Tensor | None] = [None] * n
+    calm = [0] * n
+    active = [i for i in range(n) if bool(present[i].any())]
+    size = [max(1, math.ceil(int(present[i].sum()) * top_fraction)) for i in range(n)]
+    bar = tqdm(total=max_iterations, unit="iteration", desc="responsibility",
+               disable=None if progress is None else not progress)
+    for t in range(max_iterations):
+        if not active:
+            break
+        # no bar per descent: the bar of iterations above stands for them (progress=False silences both)
+        logs, q = descend(evaluator, prep, present, passes, [(i, seed + t) for i in active], depth, min_box, cache,
+                          progress=False, monotone=monotone)
+        for j, i in enumerate(active):
+            total[i] += logs[j]
+            queries[i] += q[i]
+            runs[i] += 1
+        bar.update(1)
+        rows = torch.tensor(active, device=dev)
+        pos = ranking_positions(total[rows].view(len(active), -1), present[rows])
+        still = []
+        for j, i in enumerate(active):
+            top = pos[j] < size[i]
+            if last[i] is not None:
+                calm[i] = calm[i] + 1 if _dice(top, last[i]) >= min_dice else 0
+            last[i] = top
+            if t + 1 < min_iterations or calm[i] < patience:
+                still.append(i)
+        active = still
+    bar.close()
+    return total, queries, AutoInfo(runs, cache.hits)

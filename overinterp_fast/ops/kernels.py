@@ -1,0 +1,347 @@
+"""The ops (compiled kernels or their pure-PyTorch versions), their fake implementations, and thin wrappers.
+
+The schemas live in csrc/ops.cpp; CPU and CUDA kernels are registered per
+dispatch key in csrc/cpu and csrc/cuda; overinterp_fast/ops/pure.py holds a
+pure-PyTorch version of every op. Each call picks, per op and device:
+
+- the pure version when ``OVERINTERP_FAST_OPS=torch`` is set, when the compiled
+  extension could not be loaded (one warning at import), or when the extension
+  has no kernel for the device (one warning);
+- on the first use on each CUDA device, each kernel runs a few small random cases
+  against its pure version (milliseconds); on a mismatch or an error it warns once
+  and the pure version is used on that device from then on;
+- the kernel otherwise.
+
+``ops_info()`` (also ``overinterp_fast.ops_info``) says which one each op uses, and why.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .pure import PURE_OPS, is_channels_last
+
+ENV_VAR = "OVERINTERP_FAST_OPS"
+MODES = ("auto", "torch")  # auto (default): kernels, self-checked on CUDA; torch: pure versions everywhere
+SELF_CHECK_DEVICE_TYPES = {"cuda"}  # the kernels never run elsewhere before the self-check; tests add "cpu"
+_SELF_CHECK_SEED = 20260501
+
+try:
+    from .. import _C  # noqa: F401  (loading the library registers the ops)
+
+    LOAD_ERROR: str | None = None
+except ImportError as exc:
+    LOAD_ERROR = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    warnings.warn(
+        f"overinterp_fast's compiled extension could not be loaded ({LOAD_ERROR}); using the pure-PyTorch ops "
+        "(same results, slower). Build it with `pip install --no-build-isolation -e .` or ./scripts/test.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def extension_loaded() -> bool:
+    """True when the compiled extension (overinterp_fast._C) is loaded."""
+    return LOAD_ERROR is None
+
+
+def extension_ops() -> list[str]:
+    """Names of the ops the loaded extension defines (empty when it is not loaded)."""
+    prefix = "overinterp_fast::"
+    return sorted(n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+
+
+def _defines(name: str) -> bool:
+    """True when the loaded extension defines op ``name`` (an extension built from older sources may not)."""
+    return extension_loaded() and name in extension_ops()
+
+
+def _has_kernel(name: str, device_type: str) -> bool:
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return (key is not None and _defines(name)
+            and torch._C._dispatch_has_kernel_for_dispatch_key(f"overinterp_fast::{name}", key))
+
+
+def has_cuda_kernels() -> bool:
+    """True when the extension is loaded and was built with its CUDA kernels."""
+    return _has_kernel("mask_apply", "cuda")
+
+
+def kernel(name: str) -> Callable:
+    """The compiled op itself (no fallback, no self-check): ``torch.ops.overinterp_fast.<name>``."""
+    if not extension_loaded():
+        raise RuntimeError(f"overinterp_fast's compiled extension is not loaded: {LOAD_ERROR}")
+    return getattr(torch.ops.overinterp_fast, name)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """Which implementation an op uses on a device: ``implementation`` is "kernel" or "torch"."""
+
+    op: str
+    device: str
+    implementation: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.op:<20} {self.device:<8} {self.implementation:<7} {self.reason}"
+
+
+def mode() -> str:
+    """The value of OVERINTERP_FAST_OPS ("auto" when unset)."""
+    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV_VAR} must be one of {MODES} (or unset), got {os.environ[ENV_VAR]!r}")
+    return value
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):  # ops returning several tensors
+        return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
+                and all(_same(x, y) for x, y in zip(a, b)))
+    if a is None or b is None:
+        return a is None and b is None
+    return (a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            and (a.numel() <= 1 or a.stride() == b.stride()) and torch.equal(a, b))
+
+
+def self_check(name: str, device: torch.device | str) -> str | None:
+    """Run the kernel of ``name`` on its sample cases on ``device`` against the pure version.
+
+    Returns None when results (and in-place updates) are identical, else a one-line
+    description of the mismatch or of the error the kernel raised.
+    """
+    device = torch.device(device)
+    spec = PURE_OPS[name]
+    fn = kernel(name)
+    clone = lambda args: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
+    try:
+        for i, case in enumerate(spec.sample(device, torch.Generator().manual_seed(_SELF_CHECK_SEED))):
+            got_args, want_args = clone(case), clone(case)
+            got = fn(*got_args)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # launch and execution errors surface here
+            want = spec.fn(*want_args)
+            if not _same(got, want):
+                return f"case {i}: the result differs from the pure-PyTorch version"
+            for k, (a, b) in enumerate(zip(got_args, want_args)):
+                if isinstance(a, torch.Tensor) and not _same(a, b):
+                    return f"case {i}: argument {k} is updated differently from the pure-PyTorch version"
+    except Exception as exc:  # a launch error, an illegal address, ...: whatever it is, the kernel is not used
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"
+    return None
+
+
+_lock = threading.Lock()
+_choices: dict[tuple[str, str, str], tuple[OpInfo, Callable]] = {}
+
+
+def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
+    """(why, implementation) of op ``name`` on ``device``, decided once per (op, device, mode)."""
+    where = str(device)
+    key = (name, where, mode())
+    choice = _choices.get(key)
+    if choice is not None:
+        return choice
+    with _lock:
+        choice = _choices.get(key)
+        if choice is not None:
+            return choice
+        pure = PURE_OPS[name].fn
+        if key[2] == "torch":
+            choice = OpInfo(name, where, "torch", f"{ENV_VAR}=torch"), pure
+        elif not extension_loaded():
+            choice = OpInfo(name, where, "torch", f"the compiled extension could not be loaded: {LOAD_ERROR}"), pure
+        elif not _defines(name):
+            choice = OpInfo(name, where, "torch", "the loaded extension does not define it (built from "
+                            "older sources: rebuild with ./scripts/test)"), pure
+            warnings.warn(f"overinterp_fast: the compiled extension does not define {name} (built from older "
+                          "sources?); using its pure-PyTorch version (same results, slower)",
+                          RuntimeWarning, stacklevel=4)
+        elif not _has_kernel(name, device.type):
+            choice = OpInfo(name, where, "torch", f"the extension has no {device.type} kernel"), pure
+            warnings.warn(f"overinterp_fast: no compiled {device.type} kernel for {name}; using its "
+                          "pure-PyTorch version (same results, slower)", RuntimeWarning, stacklevel=4)
+        elif device.type in SELF_CHECK_DEVICE_TYPES:
+            problem = self_check(name, device)
+            if problem is None:
+                choice = OpInfo(name, where, "kernel", f"passed its self-check on {where}"), kernel(name)
+            else:
+                choice = OpInfo(name, where, "torch", f"failed its self-check on {where}: {problem}"), pure
+                warnings.warn(f"overinterp_fast: the {name} kernel failed its self-check on {where} ({problem}); "
+                              "using its pure-PyTorch version there (same results, slower)",
+                              RuntimeWarning, stacklevel=4)
+        else:
+            choice = OpInfo(name, where, "kernel", f"compiled {device.type} kernel"), kernel(name)
+        _choices[key] = choice
+        return choice
+
+
+def call(name: str, *args):
+    """Run op ``name`` with the implementation chosen for the device of its first argument."""
+    return _choose(name, args[0].device)[1](*args)
+
+
+def ops_info(devices=None) -> list[OpInfo]:
+    """Which implementation each op uses on each device, and why.
+
+    Args:
+        devices: devices to report (default: the CPU and every visible CUDA device).
+            Reporting a CUDA device runs its self-checks if they have not run yet.
+
+    Returns:
+        One :class:`OpInfo` per (op, device); ``print(*ops_info(), sep="\n")`` shows a table.
+    """
+    if devices is None:
+        devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [_choose(name, torch.device(d))[0] for d in devices for name in sorted(PURE_OPS)]
+
+
+def _register_fakes() -> None:
+    """Fake (meta) implementations for torch.compile / export, for the ops the loaded extension defines."""
+
+    def register_fake(qualname: str):
+        if _defines(qualname.split("::")[1]):
+            return torch.library.register_fake(qualname)
+        return lambda fn: fn
+
+    @register_fake("overinterp_fast::mask_apply")
+    def _mask_apply_fake(base, baseline, feature_map, present, cand_image, cand_row, cand_feature):
+        torch._check(base.dim() >= 2)
+        torch._check(feature_map.shape == base.shape[1:])
+        torch._check(cand_image.shape == cand_row.shape == cand_feature.shape)
+        shape = (cand_image.shape[0], *base.shape[1:])
+        fmt = torch.channels_last if is_channels_last(base) else torch.contiguous_format
+        return base.new_empty(shape).contiguous(memory_format=fmt)
+
+    @register_fake("overinterp_fast::backselect_update")
+    def _backselect_update_fake(scores, rows, counts, steps, remaining, present, order, values):
+        torch._check(rows.shape == counts.shape == steps.shape)
+        return None
+
+    @register_fake("overinterp_fast::rect_fill")
+    def _rect_fill_fake(rects, owner, weights, n, height, width):
+        torch._check(rects.dim() == 2 and rects.shape[1] == 4)
+        return rects.new_empty((n, height, width))
+
+    @register_fake("overinterp_fast::patch_gather")
+    def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value):
+        torch._check(stored.dim() == 4 and patch.dim() == 4)
+        torch._check(image.dim() == 1)
+        fmt = torch.channels_last if is_channels_last(stored) else torch.contiguous_format
+        out = stored.new_empty((image.shape[0], stored.shape[1], height, width)).contiguous(memory_format=fmt)
+        return out, stored.new_empty((image.shape[0],), dtype=torch.bool)
+
+
+if extension_loaded():
+    _register_fakes()
+
+
+def patch_gather(
+    stored: torch.Tensor,
+    image: torch.Tensor,
+    patch: torch.Tensor | None,
+    patch_origin: torch.Tensor,
+    valid: torch.Tensor,
+    region_origin: torch.Tensor,
+    height: int,
+    width: int,
+    pad_value: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of stored activation maps with each candidate's recomputed patch laid over them.
+
+    Args:
+        stored: [N, C, H, W] activations of the N current inputs (any dtype; channels_last kept).
+        image: int64 [B], the row of ``stored`` under candidate b.
+        patch: [B, C, ph, pw] recomputed values, or None (read ``stored`` only).
+        patch_origin: int64 [B, 2], map position (y, x) of ``patch[b, :, 0, 0]``.
+        valid: int64 [B, 4], box (y0, x0, y1, x1), half-open, where the patch is used
+            (intersected with the patch's extent; an empty box reads ``stored`` only).
+        region_origin: int64 [B, 2], map position of the region's top-left (may lie outside the map).
+        height, width: region size.
+        pad_value: the value outside the map (a convolution's zero padding, -inf for max pooling).
+
+    Returns:
+        (out [B, C, height, width] in stored's memory format,
+         changed bool [B]: some patch value read differs from the stored value under it).
+    """
+    if patch is None:
+        patch = stored.new_empty((0, stored.shape[1], 0, 0))
+    return call("patch_gather", stored, image, patch, patch_origin, valid, region_origin, height, width,
+                float(pad_value))
+
+
+def rect_fill(
+    rects: torch.Tensor, owner: torch.Tensor, weights: torch.Tensor, n: int, height: int, width: int
+) -> torch.Tensor:
+    """Weighted coverage of unions of rectangles, exactly (2D difference arrays and prefix sums).
+
+    Args:
+        rects: int64 [R, 4], (y0, x0, y1, x1) half-open, clipped to [0, height] x [0, width].
+        owner: int64 [R] in [0, n): the map each rectangle is painted into.
+        weights: int64 [R].
+
+    Returns:
+        int64 [n, height, width]: ``out[o, y, x]`` = sum of the weights of owner o's
+        rectangles that cover (y, x).
+    """
+    return call("rect_fill", rects, owner, weights, n, height, width)
+
+
+def mask_apply(
+    base: torch.Tensor,
+    baseline: torch.Tensor,
+    feature_map: torch.Tensor,
+    present: torch.Tensor,
+    cand_image: torch.Tensor,
+    cand_row: torch.Tensor,
+    cand_feature: torch.Tensor,
+) -> torch.Tensor:
+    """Write a batch of masked candidates in one pass.
+
+    Args:
+        base: [N, *D] floating images (any float dtype; channels_last kept).
+        baseline: [1, *D] or [N, *D], same dtype: what a masked element becomes.
+        feature_map: int64 [*D], feature id in [0, p) of every element.
+        present: bool [R, p], rows of present features.
+        cand_image, cand_row, cand_feature: int64 [B]. Candidate b starts from
+            image ``cand_image[b]`` with the features of ``present[cand_row[b]]``
+            and additionally masks feature ``cand_feature[b]`` (-1: none).
+
+    Returns:
+        [B, *D] tensor in base's dtype and memory format.
+    """
+    return call("mask_apply", base, baseline, feature_map, present, cand_image, cand_row, cand_feature)
+
+
+def backselect_update(
+    scores: torch.Tensor,
+    rows: torch.Tensor,
+    counts: torch.Tensor,
+    steps: torch.Tensor,
+    remaining: torch.Tensor,
+    present: torch.Tensor,
+    order: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """Finish one backward-selection step for each row in ``rows``, in place.
+
+    Args:
+        scores: float64 [N, S]: ``scores[i, j]`` is f after masking ``remaining[i, j]``.
+        rows, counts, steps: int64 [K], distinct rows; ``counts[k]`` candidates
+            (``remaining[rows[k], :counts[k]]``) are scored; ``steps[k]`` is the
+            position in order/values to write.
+        remaining: int64 [N, S], compact lists of present feature ids (-1 past the end).
+        present: bool [N, p]; order: int64 [N, m]; values: float64 [N, m].
+
+    Picks the largest score, ties to the lowest feature id; writes order/values,
+    clears the feature in ``present`` and removes it from ``remaining`` (the last
+    entry moves into its slot).
+    """
+    call("backselect_update", scores, rows, counts, steps, remaining, present, order, values)

@@ -1,0 +1,118 @@
+"""Batch sizes and candidate evaluation that backs off on out-of-memory errors."""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+
+from ..ops import kernels as _ops
+from .inputs import Prepared
+from .model import ModelFn
+
+# CPU: about this many input elements per forward call (measured on small CNNs
+# and ResNet-20: throughput peaks at 2^16..2^18 elements; larger batches spill
+# the caches and run up to 1.7x slower per sample).
+_CPU_ELEMENTS_PER_BATCH = 1 << 17
+# CUDA: a guess at activation bytes per input byte; out-of-memory errors correct it.
+_CUDA_ACTIVATION_FACTOR = 48
+
+
+def auto_batch_size(images: torch.Tensor, total_candidates: int) -> int:
+    """Candidates per forward call when the user gives none.
+
+    On CUDA this is a guess from the device's free memory (cudaMemGetInfo: memory held
+    by torch's cache or by ONNX Runtime's arena counts as used); an out-of-memory error,
+    torch's or ONNX Runtime's, halves it (ChunkRunner).
+    """
+    per_sample = images[0].numel()
+    if images.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(images.device)
+        budget = 0.5 * free / (per_sample * images.element_size() * _CUDA_ACTIVATION_FACTOR)
+        size = int(min(max(budget, 64), 16384))
+    else:
+        size = int(min(max(_CPU_ELEMENTS_PER_BATCH // per_sample, 16), 4096))
+    return max(1, min(size, total_candidates))
+
+
+def check_batch_size(batch_size) -> int | None:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    return batch_size
+
+
+class ChunkRunner:
+    """Runs work over [0, total) in chunks of at most ``chunk`` items, concatenating the results.
+
+    On an out-of-memory error (torch's, or ONNX Runtime's, which OnnxModel raises as
+    torch.OutOfMemoryError) the chunk is halved and the same items are run again, so
+    the result is that of the same items; the smaller chunk is kept for later calls.
+    One item that still does not fit raises a clear error.
+    """
+
+    def __init__(self, chunk: int, device: torch.device):
+        self.chunk = chunk
+        self.device = device
+
+    def run(self, total: int, work: Callable[[slice], torch.Tensor | tuple]) -> torch.Tensor | tuple:
+        """Concatenate ``work(slice)`` over [0, total); work may return a tuple of tensors."""
+        parts = []
+        start = 0
+        while start < total:
+            n = min(self.chunk, total - start)
+            try:
+                parts.append(work(slice(start, start + n)))
+            except torch.OutOfMemoryError as exc:
+                if n == 1:
+                    raise torch.OutOfMemoryError(
+                        "out of memory evaluating a single candidate; the model does not fit beside the "
+                        f"images on {self.device}: {exc}"
+                    ) from exc
+                self.chunk = max(1, n // 2)
+                warnings.warn(f"out of memory at {n} candidates per forward call; retrying with {self.chunk}")
+                # Leaving the except block drops the exception and its traceback, whose frames hold
+                # the failed batch's tensors; only then can empty_cache() give their memory back.
+            else:
+                start += n
+                continue
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        if len(parts) == 1:
+            return parts[0]
+        if isinstance(parts[0], tuple):
+            return tuple(torch.cat(col) for col in zip(*parts))
+        return torch.cat(parts)
+
+
+class CandidateEvaluator:
+    """Builds candidates with the fused mask-apply kernel and scores them, chunked by a ChunkRunner.
+
+    ``measure(x, targets)`` says what is computed per candidate (default: f,
+    float64 [B]; e.g. ``fn.score_and_top1`` for (f, top-1 correct)).
+    """
+
+    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner,
+                 measure: Callable | None = None):
+        self.fn = fn
+        self.prep = prep
+        self.targets = targets
+        self.runner = runner
+        self.measure = measure or fn.score
+
+    def measuring(self, measure: Callable) -> "CandidateEvaluator":
+        """The same candidates, scored by ``measure`` instead (e.g. ``fn.score_top1_margin``)."""
+        return CandidateEvaluator(self.fn, self.prep, self.targets, self.runner, measure=measure)
+
+    def __call__(
+        self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor
+    ) -> torch.Tensor:
+        """``measure`` of each candidate (default f, float64 [B]) on the images' device (see ``_ops.mask_apply``)."""
+        p = self.prep
+
+        def work(sl: slice) -> torch.Tensor:
+            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl])
+            return self.measure(x, self.targets[image[sl]])
+
+        return self.runner.run(image.shape[0], work)

@@ -1,0 +1,211 @@
+"""The score under test, f: a model's probability for a target class, with checks."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+OUTPUT_KINDS = ("logits", "probabilities")
+
+
+def _is_onnx(model) -> bool:
+    """A path to an .onnx file or an onnxruntime.InferenceSession."""
+    if isinstance(model, (str, os.PathLike)):
+        return True  # only ONNX files are accepted as paths; OnnxModel says so if it is not one
+    return type(model).__name__ == "InferenceSession" and type(model).__module__.startswith("onnxruntime")
+
+
+class Ensemble(nn.Module):
+    """Mean of the members' logits (paper 000's ensembles). Members share input and classes."""
+
+    def __init__(self, members: Sequence[Callable[[torch.Tensor], torch.Tensor]]):
+        super().__init__()
+        if len(members) == 0:
+            raise ValueError("an ensemble needs at least one member")
+        self.members = nn.ModuleList([m for m in members if isinstance(m, nn.Module)])
+        self._callables = list(members)
+        # Mirror the members' mode without changing it (train() would propagate).
+        mode = any(m.training for m in self.members)
+        self.training = self.members.training = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self._callables]).mean(0)
+
+
+def check_targets(target, n: int, k: int, predicted: torch.Tensor, unit: str = "image") -> torch.Tensor:
+    """Target class per input: ``target`` (an int or one per input, [N]) checked against ``k`` classes,
+    or ``predicted`` (int64 [N]) when it is None. Returns int64 [N] on predicted's device."""
+    if target is None:
+        return predicted
+    t = torch.as_tensor(target)
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise TypeError(f"target must be an int or an integer tensor, got {t.dtype}")
+    t = t.to(torch.int64).expand(n) if t.dim() == 0 else t.to(torch.int64)
+    if t.shape != (n,):
+        raise ValueError(f"target must be an int or have one entry per {unit} ({n}), got shape {tuple(t.shape)}")
+    if bool(((t < 0) | (t >= k)).any()):
+        raise ValueError(f"target classes must lie in [0, {k}) for a model with {k} outputs")
+    return t.to(predicted.device)
+
+
+class ModelFn:
+    """Wraps a model as the SIS score f.
+
+    ``model``: an nn.Module or callable [B, *D] -> [B, K]; a list/tuple of them
+    (an :class:`Ensemble`); a path to an ``.onnx`` file or an
+    ``onnxruntime.InferenceSession`` (run by :class:`~overinterp_fast.runtime.onnx.OnnxModel`
+    with the default provider for ``device``).
+
+    ``outputs="logits"`` (default): f = softmax(output)[target], computed in the
+    output's dtype. ``outputs="probabilities"``: the output is already a
+    probability per class. A list or tuple of models is an :class:`Ensemble`.
+    """
+
+    def __init__(self, model, outputs: str = "logits", device: torch.device | str = "cpu"):
+        if isinstance(model, (list, tuple)):
+            model = Ensemble(model)
+        elif _is_onnx(model):
+            from .onnx import OnnxModel
+
+            model = OnnxModel(model, device=device)
+        if not callable(model):
+            raise TypeError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
+        if outputs not in OUTPUT_KINDS:
+            raise ValueError(f"outputs must be one of {OUTPUT_KINDS}, got {outputs!r}")
+        self.model = model
+        self.outputs = outputs
+
+    def check_compatible(self, images: torch.Tensor) -> None:
+        """Clear errors for a model in training mode or on another device/dtype than the images."""
+        model = self.model
+        if hasattr(model, "check_compatible"):  # OnnxModel
+            model.check_compatible(images)
+            return
+        if not isinstance(model, nn.Module):
+            return
+        if any(m.training for m in model.modules()):
+            raise ValueError(
+                "model is in training mode; call model.eval() first (dropout and batch norm in training "
+                "mode make f depend on which candidates share a batch)"
+            )
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if t.device != images.device:
+                raise ValueError(
+                    f"model and images are on different devices: model parameter {name!r} is on "
+                    f"{t.device}, images are on {images.device}"
+                )
+            if t.is_floating_point() and t.dtype != images.dtype:
+                raise TypeError(
+                    f"model parameter {name!r} is {t.dtype} but images are {images.dtype}; computation runs "
+                    f"in the images' dtype, so convert one of them (e.g. model.to({images.dtype}))"
+                )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Model output [B, K], checked for shape, dtype and device."""
+        return self.check_output(self.model(x), x.shape[0], x.device)
+
+    @staticmethod
+    def check_output(out, batch: int, device: torch.device) -> torch.Tensor:
+        """``out`` if it is a floating [batch, K] tensor on ``device``, else a clear error."""
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"model must return a tensor of logits [B, K], got {type(out).__name__}")
+        if out.dim() != 2 or out.shape[0] != batch:
+            raise ValueError(
+                f"model must map a batch [B, *D] to [B, K]; for B = {batch} it returned shape "
+                f"{tuple(out.shape)}"
+            )
+        if out.shape[1] < 1:
+            raise ValueError("model returned zero classes")
+        if not out.is_floating_point():
+            raise TypeError(f"model must return floating-point scores, got {out.dtype}")
+        if out.device != device:
+            raise ValueError(f"model returned its output on {out.device} for input on {device}")
+        return out
+
+    def probabilities(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(out, dim=-1) if self.outputs == "logits" else out
+
+    def score_and_top1(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f float64 [B], bool [B]: the top-1 class is the target)."""
+        out = self.forward(x)
+        probs = self.probabilities(out)
+        return probs.gather(1, target.view(-1, 1)).view(-1).double(), out.argmax(1) == target
+
+    def score_top1_margin(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
+        """(f float64 [B], bool [B]: the top-1 class is the target, margin float64 [B]: the target's log-odds
+        against the strongest other class, log p_target - max over other classes of log p: positive when the
+        target is the top-1 class. With ``outputs="logits"`` that is the logit difference; with one class, +inf.)"""
+        out = self.forward(x)
+        probs = self.probabilities(out)
+        logp = out.double() if self.outputs == "logits" else probs.double().clamp(min=1e-300).log()
+        t = logp.gather(1, target.view(-1, 1)).view(-1)
+        other = logp.scatter(1, target.view(-1, 1), -torch.inf).amax(1)
+        return probs.gather(1, target.view(-1, 1)).view(-1).double(), out.argmax(1) == target, t - other
+
+    def score(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """f for each row of x: float64 [B]. Non-finite values are left for the caller to report."""
+        probs = self.probabilities(self.forward(x))
+        return probs.gather(1, target.view(-1, 1)).view(-1).double()
+
+
+def model_memory_format(model) -> torch.memory_format:
+    """torch.channels_last when an nn.Module's first 4-D parameter (a conv weight) is stored channels_last,
+    else torch.contiguous_format (also for callables and ONNX models)."""
+    if isinstance(model, nn.Module):
+        for t in model.parameters():
+            if t.dim() == 4:
+                if t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+                    return torch.channels_last
+                break
+    return torch.contiguous_format
+
+
+def check_finite_scores(all_finite: torch.Tensor | bool) -> None:
+    """Raise when a model score was NaN or inf (``all_finite``: a bool, or a 0-d bool tensor)."""
+    if not bool(all_finite):
+        raise FloatingPointError(
+            "the model produced NaN or inf scores on masked inputs; check the model and the mask value"
+        )
+
+
+def _is_one_unbatched_sample(fn: ModelFn, images: torch.Tensor) -> bool:
+    """True when the model maps two copies of ``images`` stacked, [2, *images.shape], to [2, K]:
+    ``images`` is then one sample that lacks its batch dimension.
+
+    Asked only after the model failed on ``images`` as a batch, so a model that accepts
+    the batch is never second-guessed; two copies (not one) keep a model whose output
+    ignores the batch size (always [1, K]) from passing the probe.
+    """
+    try:
+        out = fn.model(images[None].expand(2, *images.shape))
+    except Exception:
+        return False
+    return isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2 and out.shape[1] >= 1
+
+
+def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target class per image (given, or the argmax of the output) and f(x): (int64 [N], float64 [N]).
+
+    ``runner`` is a :class:`overinterp_fast.runtime.batching.ChunkRunner` (chunking with out-of-memory back-off).
+    """
+    n = images.shape[0]
+    try:
+        outs = runner.run(n, lambda sl: fn.forward(images[sl]))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        if _is_one_unbatched_sample(fn, images):
+            raise ValueError(
+                f"images must have a batch dimension: pass images[None] (got shape {tuple(images.shape)}, "
+                f"which the model rejects as a batch but accepts as one sample)"
+            ) from exc
+        raise
+    if not bool(torch.isfinite(outs).all()):
+        raise FloatingPointError("the model's output on the unmasked images contains NaN or inf")
+    targets = check_targets(target, n, outs.shape[1], outs.argmax(dim=1))
+    probs = fn.probabilities(outs)
+    scores = probs.gather(1, targets.view(-1, 1)).view(-1).double()
+    return targets.contiguous(), scores

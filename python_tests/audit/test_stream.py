@@ -1,0 +1,424 @@
+"""Audits at dataset scale: image sources, the durable store, resume after SIGKILL, torchrun sharding, gallery.
+
+audit/stream.py's small pieces by hand: the images' digest, the stored configuration, the fixed batch size, the
+count of committed images and rank 0's progress bar. test_stored_audit.py runs whole stored audits (resumes,
+SIGKILL, two ranks).
+
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+"""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import overinterp_fast as of
+from overinterp_fast.audit import store
+from overinterp_fast.audit.records import load_audit
+from overinterp_fast.audit.runner import thresholds_for
+from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
+from overinterp_fast.cli import main
+from overinterp_fast.audit.sources import open_images, select_range
+from helpers import tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
+import hashlib
+from overinterp_fast.audit import store, stream
+from overinterp_fast.audit.sources import ImageSource
+from helpers import fake_terminal
+from helpers import write_cifar  # noqa: F811
+
+SIDE = 8
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread, as the subprocesses (OMP_NUM_THREADS=1): bit-identical results, and tiny batches do not
+    pay for thread start-up on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """An ImageFolder: classes 'b_cat' (3 images) and 'a_dog' (4 images): a_dog is class 0."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("tree")
+    rng = np.random.default_rng(0)
+    for cls, count in (("b_cat", 3), ("a_dog", 4)):
+        (root / cls).mkdir()
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "net.pt2"
+    batch = torch.export.Dim("batch")
+    torch.export.save(torch.export.export(tiny_cnn(3), (torch.zeros(2, 3, SIDE, SIDE),),
+                                          dynamic_shapes=({0: batch},)), str(path))
+    return str(path)
+
+
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def test_image_folder_labels_in_torchvision_class_order(tree):
+    src = open_images(str(tree), SIDE)
+    assert src.classes == ["a_dog", "b_cat"]
+    assert src.image_names == ["a_dog/0", "a_dog/1", "a_dog/2", "a_dog/3", "b_cat/0", "b_cat/1", "b_cat/2"]
+    assert src.image_labels == [0, 0, 0, 0, 1, 1, 1]
+    flat = open_images(str(tree / "b_cat"), SIDE)
+    assert flat.image_names == ["0", "1", "2"] and flat.image_labels == [None] * 3 and flat.classes is None
+    with pytest.raises(ValueError, match="flat folder"):
+        open_images(str(tree), SIDE, labels_file="labels.json")
+
+
+def test_cifar_batches_and_select(tmp_path):
+    data = write_cifar(tmp_path, 12)
+    src = open_images(dataset="cifar10", data_dir=str(tmp_path), mean=0.5, std=0.25)
+    assert len(src) == 12 and src.size == 32 and src.classes[3] == "class3" and src.image_labels[:3] == [0, 1, 2]
+    item = src[5]
+    photo = data[5].reshape(3, 32, 32).transpose(1, 2, 0)  # CIFAR rows: 1024 red, 1024 green, 1024 blue
+    assert np.array_equal(item["display"], photo) and item["label"] == 5
+    torch.testing.assert_close(item["x"], (torch.from_numpy(photo).permute(2, 0, 1).float() / 255 - 0.5) / 0.25)
+    part = src.subset(select_range(len(src), "3:9", limit=4))
+    assert part.image_names == ["test/00003", "test/00004", "test/00005", "test/00006"]
+    assert np.array_equal(part[2]["display"], photo)
+    assert list(select_range(10, ":3")) == [0, 1, 2] and list(select_range(10, "8:")) == [8, 9]
+    for bad in ("3", "a:b", "1:2:3"):
+        with pytest.raises(ValueError, match="A:B"):
+            select_range(10, bad)
+    with pytest.raises(ValueError, match="no images selected"):
+        select_range(10, "5:5")
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
+        open_images(dataset="cifar10", data_dir=str(tmp_path / "nowhere"))
+
+
+# ---------------------------------------------------------------------------------------------- the store
+
+
+def expected_chunks(model, src, chunk, threshold=0.5):
+    """fast_sis on each chunk of the source, built directly (what a stored audit must hold, bit for bit)."""
+    out = []
+    for a, b in store.chunk_ranges(len(src), chunk):
+        x = torch.stack([src[i]["x"] for i in range(a, b)])
+        with torch.no_grad():
+            f0 = torch.softmax(model(x), 1).max(1).values
+        # a stored audit runs the torch engine at a batch size fixed by the configuration
+        out += of.fast_sis(model, x, thresholds_for(f0, threshold, "auto"), engine="torch",
+                           batch_size=fixed_batch_size(src, chunk))
+    return out
+
+
+def assert_identical(a, b):
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)
+        assert (ra.sis is None) == (rb.sis is None) and (ra.sis is None or torch.equal(ra.sis, rb.sis))
+        assert ra.target == rb.target and ra.score == rb.score and ra.threshold == rb.threshold
+
+
+def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
+    model = tiny_cnn(3)
+    src = open_images(str(tree), SIDE)
+    out = str(tmp_path / "audit")
+    kw = dict(method="exact", threshold=0.5, chunk_size=3, workers=0, progress=False, report=False)
+    run = run_stored_audit({"net": model}, src, out, **kw)
+    assert (run.chunks, run.skipped, run.computed) == (3, 0, 3)
+    assert_identical(run.record.models[0].results, expected_chunks(model, src, 3))
+    assert run.record.image_names == src.image_names and run.record.labels == src.image_labels
+    assert sorted(os.listdir(os.path.join(out, "parts"))) == [f"c00000{c}.{k}.parquet" for c in range(3)
+                                                               for k in ("images", "results")]
+    rows = pq.read_table(os.path.join(out, "sis.parquet")).to_pylist()
+    assert [r["image_index"] for r in rows] == list(range(7)) and [r["label"] for r in rows] == src.image_labels
+    # delete one committed chunk: the rerun computes only that one and gives the same audit
+    os.remove(store.part_path(out, 1, "results"))
+    again = run_stored_audit({"net": model}, src, out, **kw)
+    assert (again.skipped, again.computed) == (2, 1)
+    assert_identical(again.record.models[0].results, run.record.models[0].results)
+    # another configuration is refused with one line naming the difference; --restart starts over
+    with pytest.raises(ValueError, match=r"threshold is 0.5 there, 0.6 here.*--restart"):
+        run_stored_audit({"net": model}, src, out, **dict(kw, threshold=0.6))
+    with pytest.raises(ValueError, match="chunk_size is 3 there, 2 here"):
+        run_stored_audit({"net": model}, src, out, **dict(kw, chunk_size=2))
+    fresh = run_stored_audit({"net": model}, src, out, restart=True, **dict(kw, chunk_size=2))
+    assert (fresh.chunks, fresh.skipped, fresh.computed) == (4, 0, 4)
+    assert_identical(fresh.record.models[0].results, expected_chunks(model, src, 2))
+
+
+def test_incomplete_audit_is_not_loaded(tree, tmp_path):
+    src = open_images(str(tree), SIDE)
+    out = str(tmp_path / "audit")
+    run_stored_audit({"net": tiny_cnn(3)}, src, out, method="exact", threshold=0.5, chunk_size=3, workers=0,
+                     progress=False, report=False, load=False)
+    doc = store.read_doc(out)
+    store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="running"))
+    with pytest.raises(ValueError, match="not complete"):
+        load_audit(out)
+
+
+def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys):
+    """Two models, an ensemble, transfer counts summed over chunks, DataLoader worker processes, one progress bar."""
+    a, b = tiny_cnn(3), tiny_cnn(4)
+    src = open_images(str(tree), SIDE)
+    run = run_stored_audit({"a": a, "b": b}, src, str(tmp_path / "o"), method="exact", threshold=0.5, chunk_size=4,
+                           workers=2, ensemble=True, progress=True, gallery=2)
+    bar = capsys.readouterr().err
+    assert "21/21" in bar and "images/s" in bar  # jobs: 7 images x 3 models, counted from the committed parts
+    rec = run.record
+    assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
+    assert_identical(rec.models[1].results, expected_chunks(b, src, 4))
+    # transfer[a][b]: b's accuracy against the labels on a's 5% subsets, over every image (by hand)
+    subsets, _ = of.audit.pixel_subsets(torch.stack([src[i]["x"] for i in range(7)]), rec.models[0].results, 0.05)
+    with torch.no_grad():
+        acc = (b(subsets).argmax(1) == torch.tensor(src.image_labels)).double().mean().item()
+    assert rec.transfer["reference"] == "labels" and rec.transfer["accuracy"][0][1] == pytest.approx(acc)
+    html = open(os.path.join(run.folder, "report.html")).read()
+    assert "A sample of 2 of the 7 images" in html and html.count('<div class="card">') == 2 * 3
+
+
+def test_gallery_sample_picks_extremes_wrong_and_random():
+    from overinterp_fast.audit.records import AuditRecord, ModelRecord
+    from overinterp_fast.audit.report import gallery_sample
+    from overinterp_fast.methods.results import SISResult
+
+    def result(size, target):
+        sis = None if size is None else torch.arange(size)
+        return SISResult(order=torch.arange(10), values=torch.zeros(10), sis=sis, mask=None, target=target,
+                         score=1.0, threshold=0.5)
+
+    sizes = [5, 1, None, 9, 3, 4, 6, 2]
+    targets = [0, 0, 0, 0, 1, 0, 0, 0]  # image 4 is wrong
+    rec = AuditRecord("t", list("abcdefgh"), [np.zeros((2, 2), np.uint8)] * 8, [0] * 8, {}, [
+        ModelRecord("m", "exact", [result(s, t) for s, t in zip(sizes, targets)])])
+    picked = dict(gallery_sample(rec, 4, seed=0))
+    assert picked[1] == ["smallest SIS of m"] and picked[3] == ["largest SIS of m"]
+    assert picked[4] == ["wrong prediction of m"]
+    assert len(picked) == 4 and list(picked.values()).count(["random sample"]) == 1
+    assert [i for i, _ in gallery_sample(rec, 8)] == list(range(8))
+
+
+# ---------------------------------------------------------------------------------------------- crashes, ranks
+
+
+def cli_args(model_file, tree, out, *extra):
+    return ["audit", "--model", model_file, "--images", str(tree), "--size", str(SIDE), "--method", "exact",
+            "--threshold", "0.5", "--chunk-size", "2", "--workers", "0", "--quiet", "--gallery", "3",
+            "--out", str(out), *extra]
+
+
+def run_cli(argv, crash=None, torchrun=0, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop(store.CRASH_ENV, None)
+    if crash:
+        env[store.CRASH_ENV] = crash
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}"]
+                if torchrun else [sys.executable])
+    return subprocess.run(launcher + ["-m", "overinterp_fast", *argv], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def committed_rows(out):
+    return pq.read_table(os.path.join(out, "sis.parquet")).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def reference(model_file, tree, tmp_path_factory):
+    """The uninterrupted single-process audit (one thread, as the subprocesses)."""
+    out = tmp_path_factory.mktemp("ref") / "audit"
+    assert main(cli_args(model_file, tree, out)) == 0
+    return load_audit(str(out)), committed_rows(str(out))
+
+
+def assert_same_audit(out, reference):
+    record, rows = reference
+    back = load_audit(str(out))
+    assert back.image_names == record.image_names
+    for ma, mb in zip(record.models, back.models):
+        assert_identical(mb.results, ma.results)
+    got = committed_rows(str(out))
+    assert [(r["model"], r["image_index"]) for r in got] == [(r["model"], r["image_index"]) for r in rows]
+    assert got == rows, "sis.parquet differs from the uninterrupted run's"
+    assert len(store.committed_chunks(str(out))) == 4 and not [f for f in os.listdir(os.path.join(out, "parts"))
+                                                                  if ".tmp-" in f]
+
+
+def test_sigkill_at_every_commit_stage_then_resume(model_file, tree, tmp_path, reference):
+    out = tmp_path / "audit"
+    argv = cli_args(model_file, tree, out)
+    # killed while writing chunk 1's results part (a temporary file is left), after chunk 2's images part,
+    # and right after chunk 3's commit: every rerun continues where the last commit left off
+    for crash, committed in (("1:written", {0}), ("2:images", {0, 1}), ("3:committed", {0, 1, 2, 3})):
+        p = run_cli(argv, crash)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        assert store.committed_chunks(str(out)) == committed
+    assert store.read_doc(str(out))["status"] == "running"
+    p = run_cli(argv)
+    assert p.returncode == 0, p.stderr
+    assert "4 chunks: 4 already committed" in p.stdout
+    assert_same_audit(out, reference)
+
+
+def test_sigkill_after_the_first_commit_then_resume_with_two_ranks(model_file, tree, tmp_path, reference):
+    """Killed from outside once a chunk is committed; the rest is shared by 2 ranks (torchrun, gloo), and the
+    audit equals the uninterrupted single-process one bit for bit."""
+    out = tmp_path / "audit"
+    argv = cli_args(model_file, tree, out)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env.pop(store.CRASH_ENV, None)
+    p = subprocess.Popen([sys.executable, "-m", "overinterp_fast", *argv], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not store.committed_chunks(str(out)) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    before = store.committed_chunks(str(out))
+    assert 1 <= len(before) <= 2, before
+    q = run_cli(argv, torchrun=2)
+    assert q.returncode == 0, q.stderr + q.stdout
+    assert f"4 chunks: {len(before)} already committed" in q.stdout and "of 2" in q.stdout
+    assert_same_audit(out, reference)
+    after = {c: store.chunk_meta(str(out), c) for c in set(range(4)) - before}
+    assert {m["world"] for m in after.values()} == {2} and {m["rank"] for m in after.values()} == {0, 1}
+
+
+# ----------------------------------------------------------------------------------------------------
+# audit/stream.py's small pieces by hand: the images' digest, the stored configuration, the fixed batch size, the
+# ----------------------------------------------------------------------------------------------------
+
+
+class Squares(ImageSource):
+    """Flat grey photos: photo i is a 6 x 6 RGB image of value 10 i."""
+
+    def photo(self, i):
+        return np.full((6, 6, 3), 10 * i, dtype=np.uint8)
+
+
+def _source(n=5, labels=None, **kw):
+    return Squares([f"im{i}" for i in range(n)], labels or [i % 3 for i in range(n)], 6,
+                   description={"kind": "squares", "n": n}, **kw)
+
+
+@pytest.mark.mutation
+def test_source_digest_by_hand():
+    src = _source(3, labels=[2, None, 0])
+    want = hashlib.sha1("im0\t2\nim1\tNone\nim2\t0\n".encode()).hexdigest()
+    assert stream.source_digest(src) == want
+    assert stream.source_digest(src.subset([2, 0])) == hashlib.sha1("im2\t0\nim0\t2\n".encode()).hexdigest()
+    assert stream.source_digest(_source(3, labels=[2, 1, 0])) != want  # a label changed: another configuration
+
+
+@pytest.mark.mutation
+def test_audit_config_every_field():
+    src = _source(4, mean=(0.5, 0.25, 0.125), std=0.5)
+    kw = dict(method="gradient", threshold=0.9, threshold_mode="auto", k=50, collection=False, ensemble=True,
+              transfer=True, fraction=0.05, mask_value=torch.tensor([0.0, 0.0]), autocast="bf16", batch_size=32,
+              noise_sigma=torch.tensor([0.25, 0.25, 0.25]), chunk_size=2, device=torch.device("cpu"),
+              extra={"model_files": ("a.onnx",), "chunk_size": 2})
+    cfg = stream.audit_config(src, {"a": 1, "b": 2}, **kw)
+    assert cfg == {
+        "models": ["a", "b"], "method": "gradient", "threshold": 0.9, "threshold_mode": "auto", "k": 50,
+        "autocast": "bf16", "collection": False, "ensemble": True, "transfer": True, "fraction": 0.05,
+        "mask_value": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
+        "images_digest": stream.source_digest(src), "size": 6, "mean": [0.5, 0.25, 0.125], "std": 0.5,
+        "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
+        "batch_size": 32, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON (lists)
+    # k matters only for the gradient method; the noise only with object masks
+    cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, **dict(kw, method="exact", extra=None))
+    assert cfg["k"] is None and cfg["noise_sigma"] == 0.25 and cfg["object_masks"] == "/masks"
+    assert "model_files" not in cfg and cfg["n_images"] == 4
+    cfg = stream.audit_config(_source(4, object_dir="/m"), {"a": 1},
+                              **dict(kw, noise_sigma=torch.tensor([0.1, 0.2, 0.3]), device=torch.device("meta")))
+    assert cfg["noise_sigma"] == pytest.approx([0.1, 0.2, 0.3]) and cfg["device_type"] == "meta"
+
+
+@pytest.mark.mutation
+def test_fixed_batch_size_is_the_cpu_default_for_the_chunk(monkeypatch):
+    import overinterp_fast.runtime.batching as batching
+
+    seen = []
+    monkeypatch.setattr(batching, "auto_batch_size", lambda images, total_candidates: seen.append(
+        (tuple(images.shape), images.device.type, total_candidates)) or 77)
+    assert stream.fixed_batch_size(_source(3), 4) == 77
+    assert seen == [((1, 3, 6, 6), "cpu", 4 * 6 * 6)]  # one image's shape; the chunk's candidates
+    assert stream.fixed_batch_size(_source(1), 2) == 77 and seen[-1][2] == 2 * 36  # a single image is enough
+
+
+def _commit(folder, chunk):
+    os.makedirs(os.path.join(folder, store.PARTS_DIR), exist_ok=True)
+    open(store.part_path(folder, chunk, "results"), "w").close()
+
+
+@pytest.mark.mutation
+def test_committed_images_counts_the_committed_chunks(tmp_path):
+    folder = str(tmp_path)
+    ranges = store.chunk_ranges(7, 3)  # (0, 3), (3, 6), (6, 7)
+    assert stream._committed_images(folder, ranges) == 0
+    _commit(folder, 2)
+    assert stream._committed_images(folder, ranges) == 1
+    _commit(folder, 0)
+    assert stream._committed_images(folder, ranges) == 4
+    _commit(folder, 5)  # a chunk past the ranges (another chunk size's part) is not counted
+    assert stream._committed_images(folder, ranges) == 4
+
+
+@pytest.mark.mutation
+def test_progress_bar_counts_jobs_from_the_folder(monkeypatch, tmp_path):
+    folder = str(tmp_path)
+    ranges = store.chunk_ranges(7, 3)
+    _commit(folder, 0)
+    terminal = fake_terminal(monkeypatch)
+    bar = stream._Progress(folder, ranges, 2, enabled=True, every=0.01)
+    assert bar.bar.total == 14 and bar.bar.n == 6 and bar.start_images == 3  # 7 images x 2 models; 3 x 2 done
+    assert bar.thread.is_alive() and bar.thread.daemon  # never keeps a crashed job's process alive
+    assert bar.bar.smoothing == 0.1 and callable(bar.bar.dynamic_ncols)  # follows the terminal's width
+    _commit(folder, 1)
+    deadline = time.time() + 10
+    while bar.bar.n != 12 and time.time() < deadline:  # the thread sees the other ranks' commits
+        time.sleep(0.01)
+    assert bar.bar.n == 12
+    _commit(folder, 2)
+    bar.close()
+    assert not bar.thread.is_alive() and bar.bar.n == 14
+    last = terminal.last_line()
+    assert last.startswith("audit: 100%") and "14/14" in last and "images/s" in last
+    assert "job/s" in last or "s/job" in last
+    # disabled (another rank, or --quiet): no thread, no output
+    terminal.text.clear()
+    off = stream._Progress(folder, ranges, 2, enabled=False)
+    assert not off.thread.is_alive() and off.every == 1.0  # counts once a second by default
+    off.close()
+    assert "".join(terminal.text) == ""
+    empty = stream._Progress(folder, [], 1, enabled=False)
+    assert empty.bar.total == 0
+    empty.close()
+
+
+@pytest.mark.mutation
+def test_progress_rate_is_images_per_second_since_the_start(monkeypatch, tmp_path):
+    folder = str(tmp_path)
+    ranges = store.chunk_ranges(6, 2)
+    _commit(folder, 0)
+    bar = stream._Progress(folder, ranges, 3, enabled=False)
+    posted = []
+    monkeypatch.setattr(bar.bar, "set_postfix_str", lambda s, refresh: posted.append((s, refresh)))
+    monkeypatch.setattr(bar.bar, "refresh", lambda: posted.append("refresh"))
+    clock = iter([bar.t0 + 0.5])
+    monkeypatch.setattr(stream.time, "perf_counter", lambda: next(clock))
+    _commit(folder, 1)
+    _commit(folder, 2)
+    bar.update()
+    assert posted == [("8.00 images/s", False), "refresh"]  # 4 new images in half a second
+    assert bar.bar.n == 18
+    bar.stop.set()

@@ -1,0 +1,147 @@
+"""Models and images from the command line, piece by piece (loading.py): zoo names, the file kinds and their
+errors, the input side of ONNX models, class names and object masks. Expectations are written by hand;
+test_audit_cli.py loads real files of every kind end to end.
+
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+"""
+import json
+import types
+import warnings
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+from overinterp_fast.cli import loading
+from overinterp_fast.zoo import imagenet
+
+
+def small_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(32, 3)).eval()
+
+
+@pytest.mark.mutation
+def test_zoo_names_pick_the_variant_its_size_and_normalization(monkeypatch):
+    calls = []
+    monkeypatch.setattr(imagenet, "load_efficientnet_lite", lambda v, d: calls.append((v, d)) or f"net{v}")
+    for variant, side in ((0, 224), (1, 240), (2, 260)):
+        got = loading.load_model(f"efficientnet-lite{variant}", "meta")
+        assert (got.model, got.name, got.size, got.mean, got.std, got.differentiable) == (
+            f"net{variant}", f"efficientnet-lite{variant}", side, 0.5, 0.5, True)
+    assert calls == [(v, torch.device("meta")) for v in (0, 1, 2)]
+    for bad in ("efficientnet-lite", "efficientnet-lite3", "efficientnet-lite01"):
+        with pytest.raises(ValueError, match=rf"^unknown zoo model '{bad}'; have efficientnet-lite0, -lite1 "
+                                             r"and -lite2$"):
+            loading.load_model(bad)
+
+
+@pytest.mark.mutation
+def test_torch_files_of_every_kind(tmp_path):
+    net = small_net()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        expect = net(x)
+    torch.save(net, tmp_path / "Whole.PTH")  # extensions in any case
+    got = loading.load_model(str(tmp_path / "Whole.PTH"), "meta")  # moved to the device asked for
+    assert got.name == "Whole" and got.size is None and got.mean is None and got.differentiable
+    assert all(p.device.type == "meta" for p in got.model.parameters()) and not got.model.training
+    net.train()
+    torch.save(net, tmp_path / "train.pt")
+    back = loading.load_model(str(tmp_path / "train.pt")).model
+    assert not any(m.training for m in back.modules())  # put in eval mode
+    torch.testing.assert_close(back(x), expect)
+    net.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.trace(net, x), str(tmp_path / "traced.ts"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        scripted = loading.load_model(str(tmp_path / "traced.ts")).model
+    # loaded by torch.jit.load directly, not through torch.load's TorchScript detour, which warns
+    assert not [w for w in seen if "dispatching to" in str(w.message)], [str(w.message) for w in seen]
+    assert isinstance(scripted, torch.jit.ScriptModule)
+    torch.testing.assert_close(scripted(x), expect)
+    exported = torch.export.export(net, (x,))
+    torch.export.save(exported, str(tmp_path / "prog.pt2"))
+    prog = loading.load_model(str(tmp_path / "prog.pt2"))
+    assert prog.name == "prog" and not any(m.training for m in prog.model.modules())
+    torch.testing.assert_close(prog.model(x), expect)
+
+
+@pytest.mark.mutation
+def test_torch_files_that_hold_no_model(tmp_path):
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match=r"^'.*list\.pt' holds a list, not a torch model$"):
+        loading.load_model(str(tmp_path / "list.pt"))
+    torch.save({"w": torch.zeros(1)}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=r"holds a state dict, which has no architecture; save the model with "
+                                         r"torch\.export\.save \(\.pt2\), torch\.jit\.save, or export it to ONNX"):
+        loading.load_model(str(tmp_path / "state.pt"))
+    (tmp_path / "net.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^model file '.*net\.bin': expected \.onnx, \.pt2 \(torch\.export\), or "
+                                         r"\.pt/\.pth \(TorchScript or a pickled nn\.Module\)$"):
+        loading.load_model(str(tmp_path / "net.bin"))
+    with pytest.raises(FileNotFoundError, match=r"^model 'nowhere\.pt' is neither a zoo name "
+                                                r"\(efficientnet-lite0/1/2\) nor an existing file$"):
+        loading.load_model("nowhere.pt")
+
+
+@pytest.mark.mutation
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's TorchScript-based ONNX exporter
+def test_onnx_model_side(tmp_path):
+    def stub(shape):
+        return types.SimpleNamespace(session=types.SimpleNamespace(
+            get_inputs=lambda: [types.SimpleNamespace(shape=shape)]))
+
+    assert loading._onnx_side(stub(["batch", 3, 224, 224])) == 224
+    assert loading._onnx_side(stub(["batch", 3, 224, 200])) is None
+    assert loading._onnx_side(stub(["batch", 3, "h", "h"])) is None
+    assert loading._onnx_side(stub(["batch", 224, 224])) is None
+    from overinterp_fast import export_onnx
+
+    net = nn.Sequential(nn.Conv2d(3, 2, 3), nn.Flatten(), nn.Linear(2 * 5 * 5, 3)).eval()
+    path = export_onnx(net, str(tmp_path / "Fixed.ONNX"), torch.randn(2, 3, 7, 7), dynamo=False)
+    got = loading.load_model(path)
+    assert (got.name, got.size, got.differentiable) == ("Fixed", 7, False)
+
+
+@pytest.mark.mutation
+def test_class_names_in_order_of_preference(tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("cat\n\n  dog  \nbird\n")  # blank lines skipped, spaces stripped
+    assert [loading.class_namer(3, str(names))(i) for i in range(3)] == ["cat", "dog", "bird"]
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join(f"c{i}" for i in range(1000)))
+    assert loading.class_namer(1000, str(big))(281) == "c281"  # the file wins over ImageNet's names
+    assert loading.class_namer(1000)(281) == imagenet.imagenet_label(281) != "281"
+    assert loading.class_namer(1000, classes=["x"] * 1000)(3) == imagenet.imagenet_label(3)
+    assert loading.class_namer(2, classes=["a", "b"])(1) == "b"
+    assert loading.class_namer(3, classes=["a", "b"])(1) == "1"  # too few names: indices
+    with pytest.raises(ValueError, match=r"^'.*names\.txt' has 3 class names; the model has 4 classes$"):
+        loading.class_namer(4, str(names))
+
+
+@pytest.mark.mutation
+def test_loaded_images_limit_and_object_masks(tmp_path):
+    rng = np.random.default_rng(3)
+    photos = [rng.integers(0, 256, (6, 6, 3), dtype=np.uint8) for _ in range(3)]
+    for i, p in enumerate(photos):
+        Image.fromarray(p).save(tmp_path / f"p{i}.png")
+    (tmp_path / "labels.json").write_text(json.dumps({"p2": 1}))
+    imgs = loading.load_images(str(tmp_path), 6, mean=0.0, std=1.0, labels=str(tmp_path / "labels.json"), limit=2)
+    assert imgs.names == ["p0", "p1"] and imgs.labels == [None, None] and imgs.x.shape == (2, 3, 6, 6)
+    assert np.array_equal(imgs.displays, np.stack(photos[:2]))
+    torch.testing.assert_close(imgs.x, torch.from_numpy(np.stack(photos[:2])).permute(0, 3, 1, 2).float() / 255)
+    assert loading.load_images(str(tmp_path), 6, labels=str(tmp_path / "labels.json")).labels == [None, None, 1]
+    masks = tmp_path / "masks"
+    masks.mkdir()
+    for i in range(2):
+        m = np.zeros((6, 6), np.uint8)
+        m[i, :] = 255
+        Image.fromarray(m).save(masks / f"p{i}.png")
+    got = loading.load_object_masks(str(masks), ["p1", "p0"], 6)
+    assert got.dtype == bool and got.shape == (2, 6, 6)
+    assert got[0].nonzero()[0].tolist() == [1] * 6 and got[1].nonzero()[0].tolist() == [0] * 6
+    with pytest.raises(FileNotFoundError, match=r"^object masks: '.*none' is not a folder$"):
+        loading.load_object_masks(str(tmp_path / "none"), ["p0"], 6)

@@ -1,0 +1,504 @@
+"""fast_sis (exact) against the in-package reference transcription of sis.py.
+
+exact_sis called directly on planted dyadic models: every order, value, set, score and round
+(and the progress bar's totals) written out by hand.
+
+The model outputs probabilities that are sums of dyadic weights of {0, 1} inputs, so every f is
+exact in float64 and every tie is exact (the lowest feature id is masked first).
+
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+"""
+import pytest
+import torch
+from torch import nn
+import overinterp_fast as of
+from overinterp_fast.methods import reference
+from helpers import assert_same_lists, assert_sets_sufficient, cuda, make_cnn, make_images
+import contextlib
+from overinterp_fast.methods import exact
+from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner
+from overinterp_fast.runtime.inputs import prepare
+from overinterp_fast.runtime.model import ModelFn
+from helpers import assert_same_result  # noqa: F811
+from helpers import OOMAbove  # noqa: F811
+
+
+
+
+def assert_same(res_a, res_b, collection=False):
+    assert_same_lists(res_a, res_b, assert_same_result, collection)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float64_equals_reference(seed):
+    model = make_cnn(seed)
+    images = make_images(5, seed=seed + 10)
+    with torch.no_grad():
+        scores = torch.softmax(model(images), 1).max(1).values
+    top = scores.sort().values
+    tau = float(top[1] + top[2]) / 2  # some images pass, some do not; none sits at tau
+    fast = of.fast_sis(model, images, tau, batch_size=64)
+    ref = reference.sis(model, images, tau)
+    assert_same(fast, ref)
+    assert any(r.sis is None for r in fast) and any(r.sis is not None and r.sis.numel() > 0 for r in fast)
+    for r, f in zip(fast, scores.tolist()):
+        assert r.order.shape == (25,) and r.values.shape == (25,) and r.values.dtype == torch.float64
+        assert sorted(r.order.tolist()) == list(range(25))
+        assert r.score == pytest.approx(f, rel=1e-12) and r.threshold == tau
+        if r.sis is None:
+            assert f < tau and r.mask is None and r.sis_score is None
+        else:
+            assert f >= tau and r.mask.shape == (5, 5) and r.mask.dtype == torch.bool
+            # the SIS is the tail of the order after the last value that reaches tau (SPEC.md FindSIS)
+            last = max([t for t in range(25) if r.values[t] >= tau], default=-1)
+            assert r.sis.tolist() == r.order[last + 1 :].flip(0).tolist()
+    assert assert_sets_sufficient(model, images, fast) == sum(r.sis is not None for r in fast)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_float64_collection_equals_reference(seed):
+    model = make_cnn(seed)
+    images = make_images(4, seed=seed + 20)
+    tau = 0.25
+    fast = of.fast_sis(model, images, tau, collection=True, batch_size=50)
+    ref = reference.sis(model, images, tau, collection=True)
+    assert_same(fast, ref, collection=True)
+    assert max(len(r.collection) for r in fast) >= 2, "the case should exercise several rounds"
+    for r in fast:
+        if r.sis is None:
+            assert r.collection == []
+            continue
+        seen = set()
+        for c in r.collection:  # each round runs on what the earlier rounds left
+            assert c.score >= tau and sorted(c.order.tolist()) == sorted(set(range(25)) - seen)
+            seen |= set(c.sis.tolist())
+    assert assert_sets_sufficient(model, images, fast) >= 5  # disjoint, each sufficient alone
+
+
+def test_float32_sis_equal_and_divergence_only_at_near_ties():
+    model = make_cnn(5, torch.float32)
+    images = make_images(6, seed=7, dtype=torch.float32)
+    tau = 0.3
+    fast = of.fast_sis(model, images, tau, batch_size=40)
+    ref = reference.sis(model, images, tau)
+    for i, (a, b) in enumerate(zip(fast, ref)):
+        assert (a.sis is None) == (b.sis is None)
+        if a.sis is not None:
+            assert torch.equal(a.sis, b.sis)
+        diff = (a.order != b.order).nonzero()
+        if diff.numel():
+            t = int(diff[0])
+            present = torch.ones(25, dtype=torch.bool)
+            present[b.order[:t]] = False
+            pair = []
+            for feat in (int(a.order[t]), int(b.order[t])):
+                keep = present.clone()
+                keep[feat] = False
+                x = torch.where(keep.view(5, 5), images[i], torch.zeros(()))
+                pair.append(float(torch.softmax(model(x[None]), 1)[0, b.target]))
+            assert abs(pair[0] - pair[1]) <= 1e-6, f"image {i}: divergence at step {t} is no near-tie: {pair}"
+
+
+def test_packing_invariance(cnn64, images64):
+    together = of.fast_sis(cnn64, images64, 0.3, collection=True, batch_size=37)
+    for i in range(images64.shape[0]):
+        alone = of.fast_sis(cnn64, images64[i : i + 1], 0.3, collection=True, batch_size=25)
+        assert_same([together[i]], alone, collection=True)
+
+
+def test_batch_size_invariance(cnn64, images64):
+    a = of.fast_sis(cnn64, images64, 0.3, batch_size=1)
+    b = of.fast_sis(cnn64, images64, 0.3, batch_size=10_000)
+    c = of.fast_sis(cnn64, images64, 0.3)  # automatic
+    assert_same(a, b)
+    assert_same(a, c)
+
+
+
+
+def test_out_of_memory_backs_off_with_same_answer(cnn64, images64):
+    want = of.fast_sis(cnn64, images64, 0.3, batch_size=64)
+    flaky = OOMAbove(cnn64, limit=10).eval()
+    with pytest.warns(UserWarning, match="out of memory"):
+        got = of.fast_sis(flaky, images64[:, :, :, :], 0.3, batch_size=64)
+    assert flaky.ooms >= 1
+    assert_same(got, want)
+    with pytest.raises(torch.OutOfMemoryError, match="single candidate"):
+        of.fast_sis(OOMAbove(cnn64, limit=0).eval(), images64, 0.3, batch_size=4)
+
+
+def test_patch_features_and_channel_mask_value():
+    model = make_cnn(4, h=6, w=6)
+    images = make_images(3, h=6, w=6, seed=3)
+    patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2  # 3x3 grid of 2x2 patches
+    mv = torch.tensor([0.5, -0.25, 0.1], dtype=torch.float64)
+    fast = of.fast_sis(model, images, 0.3, features=patches, mask_value=mv, collection=True)
+    ref = reference.sis(model, images, 0.3, features=patches, mask_value=mv, collection=True)
+    assert_same(fast, ref, collection=True)
+    assert fast[0].order.shape == (9,) and (fast[0].mask is None or fast[0].mask.shape == (9,))
+    assert assert_sets_sufficient(model, images, fast, baseline=mv, features=patches) >= 1
+
+
+def test_per_image_baseline_and_given_target(cnn64, images64):
+    baseline = torch.randn(images64.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    target = torch.tensor([0, 1, 2, 3])
+    fast = of.fast_sis(cnn64, images64, 0.1, mask_value=baseline, target=target)
+    ref = reference.sis(cnn64, images64, 0.1, mask_value=baseline, target=target)
+    assert_same(fast, ref)
+    assert [r.target for r in fast] == [0, 1, 2, 3]
+    assert assert_sets_sufficient(cnn64, images64, fast, baseline=baseline) >= 1
+
+
+def test_probability_outputs_and_ensembles(cnn64, images64):
+    probs = nn.Sequential(cnn64, nn.Softmax(dim=1)).eval()
+    assert_same(of.fast_sis(probs, images64, 0.3, outputs="probabilities"), of.fast_sis(cnn64, images64, 0.3))
+    other = make_cnn(8)
+
+    def mean_of_logits(x):  # the ensemble by hand (SPEC.md section 0)
+        return (cnn64(x) + other(x)) / 2
+
+    fast = of.fast_sis([cnn64, other], images64, 0.3, collection=True)
+    assert_same(fast, reference.sis(mean_of_logits, images64, 0.3, collection=True), collection=True)
+    assert assert_sets_sufficient(mean_of_logits, images64, fast) >= 4
+    with torch.no_grad():
+        assert torch.equal(of.Ensemble([cnn64, other])(images64), mean_of_logits(images64))
+
+
+def test_channels_last_images(cnn64, images64):
+    cl = images64.contiguous(memory_format=torch.channels_last)
+    assert_same(of.fast_sis(cnn64, cl, 0.3), of.fast_sis(cnn64, images64, 0.3))
+
+
+class FormatRecorder(nn.Module):
+    """Wraps a model and records whether each batch it is given is channels_last."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.formats = []
+
+    def forward(self, x):
+        self.formats.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return self.model(x)
+
+
+def test_candidate_batches_follow_a_channels_last_model(cnn64, images64):
+    rec = FormatRecorder(make_cnn(0).to(memory_format=torch.channels_last)).eval()
+    fast = of.fast_sis(rec, images64, 0.3)  # NCHW images, channels_last model
+    assert rec.formats and all(rec.formats)
+    assert_same(fast, reference.sis(cnn64, images64, 0.3))
+    plain = FormatRecorder(cnn64).eval()
+    of.fast_sis(plain, images64, 0.3)
+    assert plain.formats and not any(plain.formats)
+
+
+def test_vector_inputs():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)).double().eval()
+    x = torch.randn(3, 12, dtype=torch.float64)
+    fast = of.fast_sis(mlp, x, 0.4, collection=True)
+    assert_same(fast, reference.sis(mlp, x, 0.4, collection=True), collection=True)
+    assert fast[0].order.shape == (12,)
+    assert assert_sets_sufficient(mlp, x, fast) >= 2
+
+
+class SumModel(nn.Module):
+    """Two classes; logit of class 0 = scale * (sum of inputs) + bias."""
+
+    def __init__(self, bias=0.0, scale=1.0):
+        super().__init__()
+        self.bias, self.scale = bias, scale
+
+    def forward(self, x):
+        s = self.scale * x.flatten(1).sum(1) + self.bias
+        return torch.stack([s, torch.zeros_like(s)], 1)
+
+
+def test_empty_sis_when_fully_masked_input_passes():
+    x = torch.rand(2, 1, 3, 3, dtype=torch.float64)
+    res = of.fast_sis(SumModel(bias=5.0).eval(), x, 0.9, collection=True)
+    for r in res:
+        assert r.sis is not None and r.sis.numel() == 0 and r.values[-1] >= 0.9
+        assert len(r.collection) == 1 and not r.mask.any()
+    assert_same(res, reference.sis(SumModel(bias=5.0).eval(), x, 0.9, collection=True), collection=True)
+
+
+def test_sis_is_every_feature_when_nothing_smaller_suffices():
+    x = 0.5 + torch.rand(1, 1, 3, 3, dtype=torch.float64)
+    model = SumModel(bias=-2.0).eval()
+    tau = float(torch.softmax(model(x), 1)[0, 0])  # any masked feature lowers f below f(x)
+    res = of.fast_sis(model, x, tau, collection=True)
+    assert res[0].sis.numel() == 9 and res[0].mask.all() and len(res[0].collection) == 1
+
+
+def test_unconfident_images_get_none_and_others_still_answer(cnn64, images64):
+    with torch.no_grad():
+        scores = torch.softmax(cnn64(images64), 1).max(1).values
+    tau = float(scores.sort().values[1] + 1e-9)
+    res = of.fast_sis(cnn64, images64, tau, collection=True)
+    for r, s in zip(res, scores.tolist()):
+        assert (r.sis is None) == (s < tau)
+        assert r.order.numel() == 25
+        if r.sis is None:
+            assert r.mask is None and r.collection == []
+
+
+def test_sis_is_sufficient(cnn64, images64):
+    assert assert_sets_sufficient(cnn64, images64, of.fast_sis(cnn64, images64, 0.3, collection=True)) >= 4
+
+
+@cuda
+def test_cuda_equals_cpu():
+    model = make_cnn(0)
+    images = make_images(5)
+    cpu = of.fast_sis(model, images, 0.3, collection=True)
+    gpu = of.fast_sis(model.cuda(), images.cuda(), 0.3, collection=True)
+    assert_same(gpu, cpu, collection=True)
+
+
+def test_per_image_thresholds(cnn64, images64):
+    with torch.no_grad():
+        f = torch.softmax(cnn64(images64), 1).max(1).values
+    rel = (0.8 * f).tolist()  # relative thresholds: every image has an SIS
+    fast = of.fast_sis(cnn64, images64, rel, collection=True)
+    assert_same(fast, reference.sis(cnn64, images64, rel, collection=True), collection=True)
+    assert all(r.sis is not None for r in fast)
+    assert [r.threshold for r in fast] == pytest.approx(rel)
+    assert assert_sets_sufficient(cnn64, images64, fast) >= 4
+    for i in range(images64.shape[0]):  # same as each image alone with its scalar threshold
+        assert_same([fast[i]], of.fast_sis(cnn64, images64[i : i + 1], rel[i], collection=True), collection=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# exact_sis called directly on planted dyadic models: every order, value, set, score and round
+# ----------------------------------------------------------------------------------------------------
+
+W = [0.25, 0.125, 0.25, 0.125, 0.125, 0.125]  # six features (a 2 x 3 image), summing to 1
+
+
+class Dyadic(nn.Module):
+    """Class 0 gets bias + sum_j w_j x_j, class 1 the rest (already probabilities)."""
+
+    def __init__(self, weights, bias=0.0, nan_at=None):
+        super().__init__()
+        self.register_buffer("w", torch.as_tensor(weights, dtype=torch.float64).flatten())
+        self.bias = bias
+        self.nan_at = nan_at
+
+    def forward(self, x):
+        s = self.bias + (x.flatten(1) * self.w).sum(1)
+        if self.nan_at is not None:
+            s = torch.where(s == self.nan_at, torch.full_like(s, float("nan")), s)
+        return torch.stack([s, 1 - s], 1)
+
+
+class Bar:
+    """Records what exact_sis tells its progress bar."""
+
+    made = []
+
+    def __init__(self, total, **kw):
+        self.total, self.kw, self.n, self.first_total, self.closed = total, kw, 0, total, False
+        Bar.made.append(self)
+
+    def update(self, k):
+        self.n += k
+
+    def close(self):
+        self.closed = True
+
+
+def run(model, x, thresholds, collection, batch_size, monkeypatch, progress=None, stand_in=None, chunk=1000,
+        default_device=None):
+    Bar.made = []
+    monkeypatch.setattr(exact, "tqdm", Bar)
+    user = ModelFn(model, outputs="probabilities")
+    fn = ModelFn(stand_in, outputs="probabilities") if stand_in is not None else user
+    prep = prepare(x)
+    with torch.no_grad():
+        f0 = user.forward(x)
+    targets = f0.argmax(1)
+    scores0 = f0.gather(1, targets[:, None]).flatten().double()
+    runner = ChunkRunner(chunk, x.device)
+    verifier = None
+    if stand_in is not None:
+        verifier = CandidateEvaluator(user, prep, targets, runner, measure=user.score_and_top1)
+    # default_device: torch's default device while exact_sis runs (only exact_sis: the setup above is the caller's)
+    with contextlib.nullcontext() if default_device is None else torch.device(default_device):
+        res = exact.exact_sis(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress,
+                              verifier=verifier, engine="planted")
+    return res, Bar.made[0]
+
+
+def images(*rows):
+    return torch.tensor(rows, dtype=torch.float64).view(len(rows), 1, 2, 3)
+
+
+FULL = (1, 1, 1, 1, 1, 1)
+HALF = (1, 1, 1, 1, 0, 0)  # f = 0.75
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch_size,chunk", [(1, 1000), (4, 3), (1000, 1000)])
+def test_collections_of_three_images_by_hand(monkeypatch, batch_size, chunk):
+    x = images(FULL, HALF, FULL)
+    res, bar = run(Dyadic(W), x, [0.375, 0.8, 0.5], True, batch_size, monkeypatch, chunk=chunk)
+    a, b, c = res
+    # image 0, round 1 from f = 1: the 0.125 pixels go first (ties: lowest id), then 0 and 2
+    assert a.order.tolist() == [1, 3, 4, 5, 0, 2]
+    assert a.values.tolist() == [0.875, 0.75, 0.625, 0.5, 0.25, 0.0]
+    assert a.sis.tolist() == [2, 0] and a.sis_score == 0.5 and a.score == 1.0
+    assert a.mask.tolist() == [[True, False, True], [False, False, False]]
+    assert (a.target, a.threshold, a.engine) == (0, 0.375, "planted")
+    # round 2 on {1, 3, 4, 5} from f = 0.5; round 3 on {1} starts at 0.125 < tau: not recorded
+    assert len(a.collection) == 2 and a.collection[0] is a
+    r2 = a.collection[1]
+    assert r2.order.tolist() == [1, 3, 4, 5] and r2.values.tolist() == [0.375, 0.25, 0.125, 0.0]
+    assert r2.sis.tolist() == [5, 4, 3] and r2.sis_score == 0.375 and r2.score == 0.5
+    assert r2.mask.tolist() == [[False, False, False], [True, True, True]]
+    assert (r2.target, r2.threshold, r2.engine) == (0, 0.375, "planted")
+    # image 1: f = 0.75 < 0.8, one round (backward selection still runs), no set, no collection
+    assert b.order.tolist() == [4, 5, 1, 3, 0, 2]
+    assert b.values.tolist() == [0.75, 0.75, 0.625, 0.5, 0.25, 0.0]
+    assert b.sis is None and b.mask is None and b.sis_score is None and b.score == 0.75
+    assert b.collection == []
+    # image 2, tau 0.5: round 2 from f = 0.5 needs all four features (the SIS is the whole round): stop
+    assert c.sis.tolist() == [2, 0] and c.sis_score == 0.5
+    assert len(c.collection) == 2
+    assert c.collection[1].sis.tolist() == [5, 4, 3, 1] and c.collection[1].sis_score == 0.5
+    assert c.collection[1].values.tolist() == [0.375, 0.25, 0.125, 0.0]
+    # the bar: 3 x 21 candidates in round 1; image 0: 1 + 10 (round 2), 1 (round 3's score, which
+    # then fails); image 2: 1 + 10. It ends at its total, with every candidate counted once.
+    assert bar.first_total == 63 and bar.total == 63 + 11 + 1 + 11 and bar.n == bar.total and bar.closed
+    assert type(bar.first_total) is int and type(bar.total) is int  # a count of candidates, not 63.0
+    assert bar.kw == {"unit": "cand", "desc": "exact SIS", "disable": None}
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_without_collection_and_progress_flags(monkeypatch):
+    x = images(FULL, HALF)
+    res, bar = run(Dyadic(W), x, [0.375, 0.5], False, 7, monkeypatch, progress=True)
+    assert [r.sis.tolist() for r in res] == [[2, 0], [2, 0]]
+    assert res[1].order.tolist() == [4, 5, 1, 3, 0, 2] and res[1].sis_score == 0.5
+    assert all(r.collection is None for r in res)
+    assert bar.total == 42 and bar.n == 42 and bar.kw["disable"] is False
+    _, bar = run(Dyadic(W), x, [0.375, 0.5], False, 7, monkeypatch, progress=False)
+    assert bar.kw["disable"] is True
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_empty_sis_and_tau_zero_stop_the_collection(monkeypatch):
+    # bias 0.5: the fully masked input already passes tau = 0.5: the SIS is empty, one round
+    (r,), _ = run(Dyadic([0.125] * 6, bias=0.25), images(FULL), [0.25], True, 5, monkeypatch)
+    assert r.values.tolist() == [0.875, 0.75, 0.625, 0.5, 0.375, 0.25]
+    assert r.sis.tolist() == [] and r.sis_score == 0.25 and len(r.collection) == 1
+    assert r.mask.tolist() == [[False] * 3] * 2
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_a_set_failing_on_the_users_model_is_repaired(monkeypatch):
+    # the stand-in adds 0.25 to f: its round-1 SIS {2, 0} (f 0.5 on the user's model) fails tau 0.6;
+    # FindSIS goes on, last masked first: {2, 0, 5} gives 0.625 on the user's model.
+    # Round 2 on {1, 3, 4}: the stand-in starts at 0.625 >= tau and takes all three, but on the user's
+    # model they give 0.375: no set, and the collection stops there.
+    (r,), bar = run(Dyadic(W), images(FULL), [0.6], True, 3, monkeypatch, stand_in=Dyadic(W, bias=0.25))
+    assert r.order.tolist() == [1, 3, 4, 5, 0, 2]
+    assert r.values.tolist() == [1.125, 1.0, 0.875, 0.75, 0.5, 0.25]  # the stand-in's values
+    assert r.sis.tolist() == [2, 0, 5] and r.sis_score == 0.625
+    assert r.mask.tolist() == [[True, False, True], [False, False, True]]
+    assert len(r.collection) == 1
+    assert bar.total == 21 + 1 + 6 and bar.n == bar.total
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_a_set_passing_on_the_users_model_is_kept(monkeypatch):
+    # tau 0.5: the stand-in's {2, 0} gives exactly 0.5 on the user's model: kept, with the user's f;
+    # round 2 on {1, 3, 4, 5}: the stand-in's {5, 4, 3} gives 0.375 on the user's model, so one more
+    # (feature 1): 0.5, the whole round.
+    (r,), _ = run(Dyadic(W), images(FULL), [0.5], True, 2, monkeypatch, stand_in=Dyadic(W, bias=0.25))
+    assert r.sis.tolist() == [2, 0] and r.sis_score == 0.5
+    assert [c.sis.tolist() for c in r.collection] == [[2, 0], [5, 4, 3, 1]]
+    assert [c.sis_score for c in r.collection] == [0.5, 0.5]
+    assert [c.score for c in r.collection] == [1.0, 0.75]  # round 2's start is the stand-in's f
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("collection", [False, True])
+def test_non_finite_scores_raise(monkeypatch, collection):
+    # NaN for f = 0.625 only: three candidates of round 1's third step, in a middle batch of four;
+    # the steps after it are finite again, so the flag must remember the NaN
+    with pytest.raises(FloatingPointError, match="NaN or inf scores on masked inputs"):
+        run(Dyadic(W, nan_at=0.625), images(FULL), [0.375], collection, 4, monkeypatch)
+    (r,), _ = run(Dyadic(W, nan_at=0.3), images(FULL), [0.375], collection, 4, monkeypatch)
+    assert r.sis.tolist() == [2, 0]  # the planted model is finite when 0.3 never occurs
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_default_engine_name_and_evaluator(monkeypatch):
+    # no engine, no evaluator: the CandidateEvaluator of fn, reported as "torch"
+    monkeypatch.setattr(exact, "tqdm", Bar)
+    fn = ModelFn(Dyadic(W), outputs="probabilities")
+    x = images(FULL)
+    prep = prepare(x)
+    (r,) = exact.exact_sis(fn, prep, torch.tensor([0]), torch.tensor([1.0], dtype=torch.float64), [0.375],
+                           False, 3, ChunkRunner(100, x.device), None)
+    assert r.engine == "torch" and r.sis.tolist() == [2, 0] and r.target == 0
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_a_pessimistic_stand_ins_set_is_kept_not_shrunk(monkeypatch):
+    # the stand-in subtracts 0.25: its SIS {2, 0, 5} (0.375 there) gives 0.625 on the user's model, so it
+    # is kept as it is, although {2, 0} would pass there too (the check only ever adds features).
+    # Round 2 on {1, 3, 4} starts at 0.125 on the stand-in: below tau, its 3 + 2 + 1 candidates are
+    # taken off the bar.
+    (r,), bar = run(Dyadic(W), images(FULL), [0.375], True, 5, monkeypatch, stand_in=Dyadic(W, bias=-0.25))
+    assert r.values.tolist() == [0.625, 0.5, 0.375, 0.25, 0.0, -0.25]
+    assert r.sis.tolist() == [2, 0, 5] and r.sis_score == 0.625 and len(r.collection) == 1
+    assert bar.total == 21 + 1 and bar.n == bar.total and type(bar.total) is int
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch_size,chunk", [(4, 3), (1000, 1000)])
+def test_every_tensor_is_made_on_the_images_device_not_torchs_default(monkeypatch, batch_size, chunk):
+    """CPU images while torch's default device is ``meta`` (as a user's ``torch.set_default_device("cuda")``
+    would be): a tensor that exact_sis made on the default device instead of the images' one holds no data, so
+    reading it or mixing it with the CPU state fails. The answer is the hand-built one of the test above."""
+    x = images(FULL, HALF, FULL)
+    res, bar = run(Dyadic(W), x, [0.375, 0.8, 0.5], True, batch_size, monkeypatch, chunk=chunk,
+                   default_device="meta")
+    a, b, c = res
+    assert a.order.tolist() == [1, 3, 4, 5, 0, 2] and a.values.tolist() == [0.875, 0.75, 0.625, 0.5, 0.25, 0.0]
+    assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
+    assert [r.order.tolist() for r in a.collection] == [[1, 3, 4, 5, 0, 2], [1, 3, 4, 5]]
+    assert b.order.tolist() == [4, 5, 1, 3, 0, 2] and b.sis is None and b.collection == []
+    assert [r.sis.tolist() for r in c.collection] == [[2, 0], [5, 4, 3, 1]]
+    assert a.collection[1].mask.tolist() == [[False, False, False], [True, True, True]]
+    tensors = [t for r in (a, b, c) for s in [r, *r.collection] for t in (s.order, s.values, s.sis, s.mask)
+               if t is not None]
+    assert {t.device.type for t in tensors} == {"cpu"}
+    assert bar.total == 63 + 11 + 1 + 11 and bar.n == bar.total
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(30)
+def test_float32_images_are_scored_in_float64(monkeypatch):
+    """float32 images and model: the scores and values held inside stay float64 whatever the images' dtype (the
+    update kernel takes float64 only). Every f here is a dyadic sum, exact in float32 too: the hand-built answer
+    of the float64 test."""
+    x = images(FULL, HALF, FULL).float()
+    res, bar = run(Dyadic(W).float(), x, [0.375, 0.8, 0.5], True, 4, monkeypatch, chunk=3)
+    a, b, c = res
+    assert a.values.dtype == torch.float64
+    assert a.order.tolist() == [1, 3, 4, 5, 0, 2] and a.values.tolist() == [0.875, 0.75, 0.625, 0.5, 0.25, 0.0]
+    assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
+    assert b.order.tolist() == [4, 5, 1, 3, 0, 2] and b.sis is None
+    assert [r.sis.tolist() for r in c.collection] == [[2, 0], [5, 4, 3, 1]]

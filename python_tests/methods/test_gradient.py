@@ -1,0 +1,280 @@
+"""Batched-gradient SIS (method="gradient") against the plain transcription of the paper's loop.
+"""
+import pytest
+import torch
+import overinterp_fast as of
+from overinterp_fast.methods import reference
+from helpers import assert_same_lists, assert_sets_sufficient, fake_terminal, make_cnn, make_images
+from helpers import OOMAbove
+
+
+def assert_same_gradient_result(a, b):
+    assert a.target == b.target
+    assert torch.equal(a.order, b.order)
+    assert torch.equal(a.blocks, b.blocks)
+    torch.testing.assert_close(a.values, b.values, rtol=1e-10, atol=1e-12)
+    assert (a.sis is None) == (b.sis is None)
+    if a.sis is not None:
+        assert torch.equal(a.sis, b.sis)
+        assert torch.equal(a.mask, b.mask)
+        assert a.sis_score == pytest.approx(b.sis_score, rel=1e-10)
+    assert a.score == pytest.approx(b.score, rel=1e-10)
+
+
+def assert_same(res_a, res_b, collection=False):
+    assert_same_lists(res_a, res_b, assert_same_gradient_result, collection)
+
+
+@pytest.mark.parametrize("seed,k", [(0, 3), (1, 4), (2, 7)])
+def test_float64_equals_transcription(seed, k):
+    model = make_cnn(seed)
+    images = make_images(5, seed=seed + 30)
+    with torch.no_grad():
+        top = torch.softmax(model(images), 1).max(1).values.sort().values
+    tau = float(top[1] + top[2]) / 2
+    fast = of.fast_sis(model, images, tau, method="gradient", k=k, batch_size=7)
+    ref = reference.gradient_sis(model, images, tau, k=k)
+    assert_same(fast, ref)
+    assert any(r.sis is None for r in fast) and any(r.sis is not None and r.sis.numel() > 0 for r in fast)
+    assert assert_sets_sufficient(model, images, fast) == sum(r.sis is not None for r in fast)
+    for r in fast:
+        assert sorted(r.order.tolist()) == list(range(25))
+        assert r.blocks[0] == 0 and r.blocks[-1] == 25 and r.values.numel() == r.blocks.numel() - 1
+        assert (r.blocks.diff()[:-1] == k).all() and 1 <= r.blocks.diff()[-1] <= k
+
+
+def test_float64_collection_equals_transcription():
+    model = make_cnn(3)
+    images = make_images(4, seed=41)
+    fast = of.fast_sis(model, images, 0.25, method="gradient", k=2, collection=True)
+    ref = reference.gradient_sis(model, images, 0.25, k=2, collection=True)
+    assert_same(fast, ref, collection=True)
+    assert max(len(r.collection) for r in fast) >= 2
+    assert assert_sets_sufficient(model, images, fast) == sum(len(r.collection) for r in fast)
+
+
+def test_every_sis_is_verified_on_many_images():
+    from overinterp_fast.zoo.digits import load_digits, train_digits_cnn
+
+    data = load_digits()
+    model = train_digits_cnn(data, epochs=3)
+    images = data.x_test[:60]
+    res = of.fast_sis(model, images, 0.9, method="gradient", k=4, collection=True)
+    # every round of every image, each by its own forward pass
+    checked = assert_sets_sufficient(model, images, res, rel=1e-5)
+    assert checked == sum(len(r.collection) for r in res) and checked >= 50
+
+
+def test_autocast_sis_still_verified_in_full_precision():
+    model = make_cnn(1, torch.float32, h=6, w=6)
+    images = make_images(6, h=6, w=6, seed=5, dtype=torch.float32)
+    res = of.fast_sis(model, images, 0.3, method="gradient", k=3, autocast="bf16")
+    assert any(r.sis is not None for r in res)
+    assert assert_sets_sufficient(model, images, res, rel=1e-5) == sum(r.sis is not None for r in res)
+
+
+def test_patch_features_and_packing_invariance():
+    model = make_cnn(4, h=6, w=6)
+    images = make_images(3, h=6, w=6, seed=3)
+    patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2
+    together = of.fast_sis(model, images, 0.3, method="gradient", k=2, features=patches, collection=True)
+    assert_same(together, reference.gradient_sis(model, images, 0.3, k=2, features=patches, collection=True), True)
+    assert assert_sets_sufficient(model, images, together, features=patches) >= 3
+    for i in range(3):
+        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", k=2, features=patches, collection=True)
+        assert_same([together[i]], alone, collection=True)
+
+
+def test_out_of_memory_in_backward_backs_off(cnn64, images64):
+    want = of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
+    flaky = OOMAbove(cnn64, limit=2).eval()
+    with pytest.warns(UserWarning, match="out of memory"):
+        got = of.fast_sis(flaky, images64, 0.3, method="gradient", k=5, batch_size=8)
+    assert_same(got, want)
+
+
+def test_gradient_options_are_checked(cnn64, images64):
+    with pytest.raises(ValueError, match="k \\(features masked"):
+        of.fast_sis(cnn64, images64, 0.3, method="gradient", k=0)
+    with pytest.raises(ValueError, match="autocast"):
+        of.fast_sis(cnn64, images64, 0.3, method="gradient", autocast="int8")
+
+
+def test_user_model_gradients_untouched(cnn64, images64):
+    of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
+    reference.gradient_sis(cnn64, images64[:1], 0.3, k=5)
+    assert all(p.grad is None for p in cnn64.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_top_k_present_matches_stable_sort(dtype):
+    from overinterp_fast.methods.gradient import top_k_present
+
+    g_ = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        n, p, k = 4, 97, int(torch.randint(1, 30, (1,), generator=g_))
+        g = (torch.randint(-4, 5, (n, p), generator=g_).float() / 4).to(dtype)  # many exact ties
+        g[0, :10] = -0.0  # signed zeros tie with +0.0
+        g[1, 5:9] = torch.tensor([1e-30, -1e-30, 3.0e38, -3.0e38]).to(dtype)
+        present = torch.rand(n, p, generator=g_) > 0.3
+        got = top_k_present(g, present, k)
+        key = torch.where(present, g.double(), torch.full((n, p), -torch.inf, dtype=torch.float64))
+        want = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k]
+        counts = present.sum(1)
+        for row in range(n):
+            m = min(k, int(counts[row]))
+            assert got[row, :m].tolist() == want[row, :m].tolist(), (trial, row)
+
+
+def test_per_image_thresholds_gradient(cnn64, images64):
+    with torch.no_grad():
+        f = torch.softmax(cnn64(images64), 1).max(1).values
+    rel = 0.8 * f
+    fast = of.fast_sis(cnn64, images64, rel, method="gradient", k=4, collection=True)
+    assert_same(fast, reference.gradient_sis(cnn64, images64, rel, k=4, collection=True), collection=True)
+    assert all(r.sis is not None and r.sis_score >= r.threshold for r in fast)
+    assert assert_sets_sufficient(cnn64, images64, fast) == sum(len(r.collection) for r in fast)
+
+
+def test_per_image_baselines_equal_transcription():
+    """A baseline per image ([N, *D]) is indexed by the rows of each round, also when only some images go on."""
+    model = make_cnn(1, h=4, w=4)
+    images = make_images(2, h=4, w=4, seed=11)
+    base = make_images(2, h=4, w=4, seed=12) * 0.5
+    fast = of.fast_sis(model, images, 0.3, method="gradient", k=3, mask_value=base, collection=True)
+    ref = reference.gradient_sis(model, images, 0.3, k=3, mask_value=base, collection=True)
+    assert_same(fast, ref, collection=True)
+    assert len(fast[0].collection) != len(fast[1].collection)  # a round with one of the two images
+    assert assert_sets_sufficient(model, images, fast, baseline=base) == sum(len(r.collection) for r in fast)
+
+
+class _AutocastRecorder(torch.nn.Module):
+    """Logits = bias (weights 0): records, per call, (x requires grad, autocast enabled, autocast dtype)."""
+
+    def __init__(self, p, bias):
+        super().__init__()
+        self.lin = torch.nn.Linear(p, 2)
+        with torch.no_grad():
+            self.lin.weight.zero_()
+            self.lin.bias.copy_(torch.tensor(bias))
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append((x.requires_grad, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None)])
+def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
+    model = _AutocastRecorder(4, [0.3, 0.0]).eval()
+    (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, autocast=autocast)
+    backward = [c for c in model.calls if c[0]]
+    assert len(backward) == 4  # one gradient step per feature (k=1)
+    assert all(c[1] == (autocast is not None) for c in backward)
+    if dtype is not None:
+        assert all(c[2] == dtype for c in backward)
+    assert not any(c[1] for c in model.calls if not c[0])  # FindSIS and the fully masked input: full precision
+    # f during BackSelect: softmax taken in float32 of the logits rounded to the autocast dtype
+    bias0 = torch.tensor(0.3).to(dtype or torch.float32).float()
+    want = float(torch.softmax(torch.stack([bias0, torch.tensor(0.0)]), 0)[0])
+    assert r.values[:-1].tolist() == pytest.approx([want] * 3, abs=1e-7)
+    assert r.order.tolist() == [0, 1, 2, 3]  # all gradients 0: ties to the lowest id
+
+
+@pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
+def test_gradient_progress_bar(monkeypatch, progress, shown):
+    tty = fake_terminal(monkeypatch)
+    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", k=2,
+                progress=progress)
+    if not shown:
+        assert "".join(tty.text) == ""
+        return
+    last = tty.last_line()
+    assert last.startswith("gradient SIS: 100%") and " 3/3 [" in last  # ceil(5 / 2) steps
+    assert "step/s" in last or "s/step" in last
+    tty.text.clear()  # two rounds (see the next test): 4 steps, then 1; the total grows with each round
+    of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
+                collection=True, progress=progress)
+    assert " 5/5 [" in tty.last_line()
+
+
+def _all_but_one_first(x):
+    """Probabilities [f, 1 - f] with f = 0.75 x1 x2 x3 + 0.5 x0 (1 - x1 x2 x3), for x [N, 4]."""
+    p = x[:, 1] * x[:, 2] * x[:, 3]
+    f = 0.75 * p + 0.5 * x[:, 0] * (1 - p)
+    return torch.stack([f, 1 - f], 1)
+
+
+@pytest.mark.timeout(30)
+def test_collection_goes_on_after_a_set_of_all_but_one_feature():
+    # f = 0.75 x1 x2 x3 + 0.5 x0 (1 - x1 x2 x3): masking x0 first costs nothing (df/dx0 = 0 at x = 1), then
+    # x1, x2, x3 tie. The first SIS is {1, 2, 3} (3 of the round's 4 features); x0 alone still gives 0.5 = tau,
+    # so a second round runs on it and finds {0}.
+    model = _all_but_one_first
+
+    for run in (of.fast_sis, reference.gradient_sis):
+        (r,) = run(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
+                   collection=True) if run is of.fast_sis else run(model, torch.ones(1, 4), 0.5, k=1,
+                                                                     outputs="probabilities", collection=True)
+        assert r.order.tolist() == [0, 1, 2, 3]
+        assert [c.sis.tolist() for c in r.collection] == [[3, 2, 1], [0]]
+        assert [c.score for c in r.collection] == [0.75, 0.5] and [c.sis_score for c in r.collection] == [0.75, 0.5]
+
+
+def test_non_finite_score_with_a_finite_gradient_is_refused():
+    # f = 0.75 with all 4 features present, NaN as soon as one is masked; the gradient is 0 (finite) throughout
+    def model(x):
+        full = x.sum(1) > 3.5
+        f = torch.where(full, 0.75 + 0 * x.sum(1), torch.full_like(x[:, 0], float("nan")))
+        return torch.stack([f, 1 - f], 1)
+
+    with pytest.raises(FloatingPointError, match=r"^the model's score or its gradient with respect to the mask is "
+                                                 r"NaN or inf$"):
+        of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities")
+
+
+def test_autocast_and_k_options_by_hand():
+    from overinterp_fast.methods.gradient import check_autocast, check_k
+
+    for off in (None, False):
+        assert check_autocast(off) is None
+    for name, dtype in (("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("fp16", torch.float16),
+                        ("float16", torch.float16), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)):
+        assert check_autocast(name) is dtype
+    for bad in (True, torch.float32, torch.float64, "int8", 16):
+        with pytest.raises(ValueError, match=rf"^autocast must be None, 'bf16' or 'fp16', got {bad!r}$"):
+            check_autocast(bad)
+    assert check_k(1) == 1 and check_k(7) == 7
+    for bad in (0, -1, True, 2.0, "3"):
+        with pytest.raises(ValueError, match=rf"^k \(features masked per gradient step\) must be a positive int, "
+                                             rf"got {bad!r}$"):
+            check_k(bad)
+
+
+def test_top_k_present_order_by_hand():
+    from overinterp_fast.methods.gradient import top_k_present
+
+    all_present = torch.ones(1, 4, dtype=torch.bool)
+    # float64 keeps differences float32 cannot hold: 1 + 1e-12 > 1
+    g64 = torch.tensor([[1.0, 1.0 + 1e-12, -2.0, 1.0]], dtype=torch.float64)
+    assert top_k_present(g64, all_present, 4).tolist() == [[1, 0, 3, 2]]
+    # float32: neighbouring floats (one unit in the last place apart) stay ordered, positive and negative
+    up, down = float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))), -1.0
+    g32 = torch.tensor([[1.0, up, down, float(torch.nextafter(torch.tensor(down), torch.tensor(0.0)))]])
+    assert top_k_present(g32, all_present, 4).tolist() == [[1, 0, 3, 2]]
+    # only negative gradients, all distinct: descending order of g, whatever the ids
+    neg = torch.tensor([[-3.0, -0.5, -2.0, -0.25, -1.0]])
+    present = torch.tensor([[True, True, True, False, True]])
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        assert top_k_present(neg.to(dtype), present, 4).tolist() == [[1, 4, 2, 0]], dtype
+
+
+def test_a_set_that_fails_its_own_verification_is_not_reported():
+    # f = 0.6 on batches of 2 rows (the initial pass and the backward passes of the 2 images), 0.5 on any other
+    # batch (FindSIS's packed candidates): even the full input fails when verified, so no SIS is reported
+    def model(x):
+        f = torch.full_like(x[:, 0], 0.6 if x.shape[0] == 2 else 0.5) + 0 * x.sum(1)
+        return torch.stack([f, 1 - f], 1)
+
+    res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", k=1, outputs="probabilities")
+    assert [r.score for r in res] == pytest.approx([0.6, 0.6]) and [r.sis for r in res] == [None, None]

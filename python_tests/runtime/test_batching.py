@@ -1,0 +1,174 @@
+"""Batch sizes, ChunkRunner's out-of-memory back-off (halving, the same items re-run, memory released in the
+right order) and CandidateEvaluator, with expectations written out by hand.
+"""
+import weakref
+import pytest
+import torch
+from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
+from overinterp_fast.runtime.inputs import prepare
+from overinterp_fast.runtime.model import ModelFn
+from helpers import whole_message as _whole
+
+
+def test_empty_cache_runs_after_the_failed_batch_is_released(monkeypatch):
+    """Inside the except block the traceback still holds the failed batch; empty_cache must come after it."""
+    failed, at_empty_cache = [], []
+
+    def work(sl):
+        batch = torch.arange(sl.start, sl.stop)
+        if batch.numel() > 2:
+            failed.append(weakref.ref(batch))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: at_empty_cache.append([r() is None for r in failed]))
+    runner = ChunkRunner(8, torch.device("cuda"))  # no GPU needed: work never touches one
+    with pytest.warns(UserWarning) as caught:
+        out = runner.run(7, work)
+    assert [str(w.message) for w in caught] == ["out of memory at 7 candidates per forward call; retrying with 3",
+                                                 "out of memory at 3 candidates per forward call; retrying with 1"]
+    assert torch.equal(out, torch.arange(7)) and runner.chunk == 1
+    assert at_empty_cache == [[True], [True, True]]  # after each failure, every failed batch already freed
+
+
+def test_one_item_that_does_not_fit_raises():
+    def work(sl):
+        raise torch.OutOfMemoryError("out of memory")
+
+    with pytest.warns(UserWarning), pytest.raises(torch.OutOfMemoryError, match="single candidate"):
+        ChunkRunner(2, torch.device("cpu")).run(3, work)
+
+
+# ---------------------------------------------------------------------------- by hand, for the mutation score
+def test_auto_batch_size_on_the_cpu():
+    # 2^17 elements per forward call, at least 16 and at most 4096 samples, at most the candidates
+    assert auto_batch_size(torch.zeros(1, 3, 32, 32), 1000) == 42  # 131072 // 3072
+    assert auto_batch_size(torch.zeros(5, 3, 32, 32), 41) == 41
+    assert auto_batch_size(torch.zeros(1, 16), 10**6) == 4096  # 8192 capped
+    assert auto_batch_size(torch.zeros(1, 32), 10**6) == 4096  # exactly 4096
+    assert auto_batch_size(torch.zeros(1, 33), 10**6) == 3971  # 131072 // 33
+    assert auto_batch_size(torch.zeros(1, 8192), 10**6) == 16  # exactly 16
+    assert auto_batch_size(torch.zeros(1, 100, 100), 10**6) == 16  # 13 raised to 16
+    assert auto_batch_size(torch.zeros(1, 100, 100), 3) == 3
+    assert auto_batch_size(torch.zeros(1, 100, 100), 0) == 1  # never below one
+    assert auto_batch_size(torch.zeros(2, 4, dtype=torch.float16), 10**6) == 4096
+
+
+class _CudaImages:
+    """Stands in for a CUDA batch [N, 3, 32, 32] of float32 (auto_batch_size reads only these)."""
+
+    device = torch.device("cuda", 1)
+
+    def __getitem__(self, i):
+        return torch.empty(3, 32, 32)
+
+    def element_size(self):
+        return 4
+
+
+def test_auto_batch_size_on_cuda_from_free_memory(monkeypatch):
+    asked = []
+    per_sample_bytes = 3 * 32 * 32 * 4 * 48  # elements x bytes x the activation factor
+    free = {"bytes": 0}
+
+    def mem_get_info(device):
+        asked.append(device)
+        return free["bytes"], 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    free["bytes"] = 2 * 1000 * per_sample_bytes  # half of the free memory holds 1000 samples
+    assert auto_batch_size(_CudaImages(), 10**6) == 1000
+    assert asked == [torch.device("cuda", 1)]
+    assert auto_batch_size(_CudaImages(), 999) == 999
+    free["bytes"] = 2 * 1000 * per_sample_bytes - 1  # 999.99...: rounded down
+    assert auto_batch_size(_CudaImages(), 10**6) == 999
+    free["bytes"] = 2 * 10 * per_sample_bytes  # at least 64
+    assert auto_batch_size(_CudaImages(), 10**6) == 64
+    assert auto_batch_size(_CudaImages(), 5) == 5
+    free["bytes"] = 2 * 10**6 * per_sample_bytes  # at most 16384
+    assert auto_batch_size(_CudaImages(), 10**7) == 16384
+
+
+def test_check_batch_size():
+    assert check_batch_size(None) is None
+    assert check_batch_size(1) == 1 and check_batch_size(4096) == 4096
+    for bad in (0, -3, True, False, 2.0, "8"):
+        with pytest.raises(ValueError, match=_whole(f"batch_size must be a positive int or None, got {bad!r}")):
+            check_batch_size(bad)
+
+
+def test_chunk_runner_chunks_tuples_and_keeps_the_smaller_chunk(recwarn):
+    calls = []
+
+    def work(sl):
+        calls.append((sl.start, sl.stop))
+        if sl.stop - sl.start > 2:
+            raise torch.OutOfMemoryError("planted")
+        r = torch.arange(sl.start, sl.stop)
+        return r, r * 10
+
+    runner = ChunkRunner(5, torch.device("cpu"))
+    a, b = runner.run(7, work)
+    assert a.tolist() == list(range(7)) and b.tolist() == [10 * i for i in range(7)]
+    assert calls == [(0, 5), (0, 2), (2, 4), (4, 6), (6, 7)] and runner.chunk == 2
+    assert [str(w.message) for w in recwarn] == ["out of memory at 5 candidates per forward call; retrying with 2"]
+    calls.clear()
+    a, b = runner.run(3, work)  # the smaller chunk is kept for later calls
+    assert calls == [(0, 2), (2, 3)] and a.tolist() == [0, 1, 2]
+    one = torch.arange(4)
+    assert ChunkRunner(4, torch.device("cpu")).run(4, lambda sl: one) is one  # one part: returned as is
+    pair = (one, one)
+    assert ChunkRunner(9, torch.device("cpu")).run(4, lambda sl: pair) is pair
+
+
+def test_chunk_runner_single_item_message_and_no_empty_cache_on_the_cpu(monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    original = torch.OutOfMemoryError("planted 1 GiB")
+
+    def work(sl):
+        raise original
+
+    with pytest.warns(UserWarning, match=_whole("out of memory at 2 candidates per forward call; retrying with 1")):
+        with pytest.raises(torch.OutOfMemoryError, match=_whole(
+            "out of memory evaluating a single candidate; the model does not fit beside the images on cpu: "
+            "planted 1 GiB")) as err:
+            ChunkRunner(2, torch.device("cpu")).run(3, work)
+    assert err.value.__cause__ is original
+    assert emptied == []
+
+
+def test_candidate_evaluator_builds_the_candidates_by_hand():
+    # two images [1, 2, 2], four pixel features, baseline -1
+    images = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]], [[[10.0, 20.0], [30.0, 40.0]]]], dtype=torch.float64)
+    prep = prepare(images, mask_value=-1.0)
+    present = torch.tensor([[True, True, True, True], [True, False, True, False]])
+    seen = []
+
+    def measure(x, targets):
+        seen.append((x.clone(), targets.clone()))
+        return x.flatten(1).sum(1)
+
+    targets = torch.tensor([7, 8])
+    runner = ChunkRunner(2, torch.device("cpu"))
+    ev = CandidateEvaluator(ModelFn(lambda t: t.flatten(1)), prep, targets, runner, measure=measure)
+    image = torch.tensor([1, 0, 1])
+    row = torch.tensor([0, 1, 1])
+    feature = torch.tensor([2, -1, 0])
+    out = ev(present, image, row, feature)
+    # image 1, all present, feature 2 masked: 10 + 20 - 1 + 40; image 0, features 0 and 2 present: 1 - 1 + 3 - 1;
+    # image 1, features 0 and 2 present, 0 masked: -1 - 1 + 30 - 1
+    assert out.tolist() == [69.0, 2.0, 27.0]
+    assert [t.tolist() for _, t in seen] == [[8, 7], [8]]  # each candidate's own image's target, two per call
+    assert seen[0][0][1].tolist() == [[[1.0, -1.0], [3.0, -1.0]]]
+
+    # the default measure is f: here the model's output read as probabilities
+    def probs(t):
+        s = t.flatten(1).sum(1) / 100
+        return torch.stack([s, 1 - s], 1)
+
+    fn = ModelFn(probs, outputs="probabilities")
+    ev = CandidateEvaluator(fn, prep, torch.tensor([0, 1]), runner)
+    assert ev.fn is fn and ev.prep is prep and ev.runner is runner and ev.targets.tolist() == [0, 1]
+    f = ev(present, image, row, feature)
+    assert f.dtype == torch.float64 and f.tolist() == pytest.approx([1 - 0.69, 0.02, 1 - 0.27], abs=1e-12)

@@ -1,0 +1,95 @@
+"""
+"""
+import numpy as np
+import pytest
+from overinterp_fast.methods.findsis import find_sis
+from overinterp_fast.runtime.schedule import CandidateQueue, upload
+from overinterp_fast.methods import reference
+import torch
+from helpers import cuda
+
+
+def test_queue_fills_batches_and_reports_completions():
+    q = CandidateQueue()
+    q.push(0, 0, 5, tag=0)
+    q.push(1, 0, 3, tag=0)
+    b = q.take(4)
+    assert b.image.tolist() == [0, 0, 0, 0] and b.slot.tolist() == [0, 1, 2, 3] and b.completed == []
+    b = q.take(4)
+    assert b.image.tolist() == [0, 1, 1, 1] and b.slot.tolist() == [4, 0, 1, 2]
+    assert b.completed == [(0, 0), (1, 0)]
+    assert not q
+    with pytest.raises(ValueError, match="^a segment needs at least one slot$"):
+        q.push(0, 3, 3, 0)
+
+
+def test_queue_splits_a_segment_over_many_batches_and_counts_pending():
+    q = CandidateQueue()
+    q.push(2, 1, 11, tag=7)  # slots 1..10
+    q.push(5, 4, 6, tag=8)
+    assert q.pending() == 12
+    got = []
+    for _ in range(3):
+        b = q.take(3)
+        assert len(b) == 3 and b.image.dtype == np.int64 and b.slot.dtype == np.int64
+        got.append(b.slot.tolist())
+    assert got == [[1, 2, 3], [4, 5, 6], [7, 8, 9]] and q.pending() == 3
+    b = q.take(3)
+    assert b.image.tolist() == [2, 5, 5] and b.slot.tolist() == [10, 4, 5] and b.completed == [(2, 7), (5, 8)]
+    empty = q.take(3)  # nothing queued: an empty batch
+    assert len(empty) == 0 and empty.completed == [] and empty.slot.shape == (0,) and empty.image.shape == (0,)
+    assert empty.image.dtype == np.int64 and empty.slot.dtype == np.int64 and q.pending() == 0
+
+
+def test_queue_is_fifo_across_images():
+    q = CandidateQueue()
+    for i in range(3):
+        q.push(i, 0, 2, 0)
+    q.push(0, 9, 10, 1)
+    b = q.take(100)
+    assert b.image.tolist() == [0, 0, 1, 1, 2, 2, 0] and b.slot[-1] == 9
+    assert b.completed == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    assert q.pending() == 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_find_sis_matches_reference_loop(seed):
+    g = np.random.default_rng(seed)
+    m = int(g.integers(1, 12))
+    order = torch.from_numpy(g.permutation(m))
+    values = torch.from_numpy(g.random(m))
+    tau = float(g.random())
+    want = reference.find_sis_from_backselect(list(zip(order.tolist(), values.tolist())), tau)
+    assert find_sis(order, values, tau).tolist() == want
+
+
+def test_find_sis_edge_cases():
+    order = torch.tensor([4, 2, 0, 1, 3])
+    # fully masked input passes: empty SIS (sis.py would skip feature 3 and go on)
+    assert find_sis(order, torch.tensor([0.1, 0.2, 0.1, 0.3, 0.95]), 0.9).tolist() == []
+    # nothing passes: every feature, last-masked first
+    assert find_sis(order, torch.tensor([0.5, 0.4, 0.3, 0.2, 0.1]), 0.9).tolist() == [3, 1, 0, 2, 4]
+    # stop at the first value (from the end) reaching tau; that feature is not taken
+    assert find_sis(order, torch.tensor([0.99, 0.95, 0.91, 0.5, 0.1]), 0.9).tolist() == [3, 1]
+
+
+def test_upload_gives_each_part_as_int64_views_of_one_tensor():
+    parts = upload(torch.device("cpu"), np.array([3, 1, 4]), [], [1, 5], (9,))
+    assert [t.tolist() for t in parts] == [[3, 1, 4], [], [1, 5], [9]]
+    assert all(t.dtype == torch.int64 and t.device.type == "cpu" for t in parts)
+    # one transfer: every part lies in the same storage
+    assert len({t.untyped_storage().data_ptr() for t in parts}) == 1
+    assert upload(torch.device("cpu")) == ()
+
+
+@cuda
+def test_upload_to_cuda_copies_without_waiting_for_the_gpu():
+    dev = torch.device("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        parts = upload(dev, np.arange(5), [7, 8])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [t.device.type for t in parts] == ["cuda", "cuda"]
+    assert [t.tolist() for t in parts] == [[0, 1, 2, 3, 4], [7, 8]]
