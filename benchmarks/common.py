@@ -1,20 +1,60 @@
-"""Shared pieces of the benchmark scripts: configurations, timing, environment, results files."""
+"""Shared pieces of the benchmark scripts: the one adapter to the library's short path, configurations,
+interleaved timing, the bare forward-pass floor, the machine and versions, and the results files.
+
+Every benchmark calls ``fast_sis`` through :func:`explain` only, so that a change of the library's keywords is
+one edit here. The benchmarks use only the public API: the floor is built from plain torch masking
+(:func:`candidate_like_batch`) and the batch sizes fast_sis ran are read from outside, with a forward pre-hook
+on the model (:class:`RowRecorder`).
+"""
 from __future__ import annotations
 
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
+from typing import Callable
 
 import torch
 
+import overinterp_fast as of
 from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+# ---- the adapter: the only place the benchmarks call fast_sis ----
+
+# fast_sis's own keywords; every other keyword given to explain() is an option of the method
+# (exact: incremental; gradient: k, autocast; responsibility: iterations, seed, refine, refine_budget, block,
+# monotone, criterion, prefix_search)
+COMMON_KEYWORDS = frozenset({"target", "mask_value", "features", "collection", "batch_size", "outputs", "progress",
+                             "engine"})
+
+
+def explain(model, images: torch.Tensor, threshold: float = 0.9, *, method: str = "exact", **keywords) -> list:
+    """``fast_sis(model, images, threshold, method=method, ...)`` with progress off unless asked.
+
+    ``keywords`` mixes fast_sis's own keywords (COMMON_KEYWORDS) and the method's options; they are
+    split here. Today both go to fast_sis as keywords; with options objects the method's options become
+    ``options=<the method's options class>(**method_options)``.
+
+    Returns:
+        list[SISResult], one per image of ``images`` [N, *D].
+    """
+    common = {k: v for k, v in keywords.items() if k in COMMON_KEYWORDS}
+    method_options = {k: v for k, v in keywords.items() if k not in COMMON_KEYWORDS}
+    common.setdefault("progress", False)
+    return of.fast_sis(model, images, threshold, method=method, **common, **method_options)
+
+
+# ---- configurations ----
 
 CONFIGS = {
     # name: (model factory, image size, patch size, default number of images)
+    "cnn8-px": (lambda: SmallCNN(8), 8, 1, 2),  # seconds: for smoke runs
     "cnn16-px": (lambda: SmallCNN(16), 16, 1, 2),
     "cnn32-2x2": (lambda: SmallCNN(32), 32, 2, 1),
     "resnet20-4x4": (ResNet20, 32, 4, 4),
@@ -31,7 +71,7 @@ def _efficientnet_lite0():
 
 
 def patch_map(size: int, patch: int) -> torch.Tensor | None:
-    """Feature map of square patches (None for pixels)."""
+    """Feature map int64 [size, size] of square patches (None for pixels)."""
     if patch == 1:
         return None
     r = torch.arange(size) // patch
@@ -39,7 +79,7 @@ def patch_map(size: int, patch: int) -> torch.Tensor | None:
 
 
 def make_case(name: str, n_images: int | None, device, dtype=torch.float32):
-    """(model, images, features, p) for a configuration, seeded."""
+    """(model, images [N, 3, S, S], features [S, S] or None, p) for a configuration, seeded."""
     factory, size, patch, default_n = CONFIGS[name]
     n = n_images or default_n
     torch.manual_seed(0)
@@ -47,6 +87,8 @@ def make_case(name: str, n_images: int | None, device, dtype=torch.float32):
     images = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
     return model, images, patch_map(size, patch), (size // patch) ** 2
 
+
+# ---- the bare forward passes ----
 
 def candidate_like_batch(images: torch.Tensor, features: torch.Tensor | None, batch: int, seed: int = 0) -> torch.Tensor:
     """A batch [batch, *D] of inputs like backward selection's candidates, built once for floor timings.
@@ -66,12 +108,61 @@ def candidate_like_batch(images: torch.Tensor, features: torch.Tensor | None, ba
     return torch.where(keep, images[torch.arange(batch) % n], torch.zeros((), dtype=images.dtype, device=images.device))
 
 
+def batches(rows: int, batch: int) -> list[int]:
+    """``rows`` split into calls of ``batch`` rows (the last one shorter)."""
+    return [batch] * (rows // batch) + ([rows % batch] if rows % batch else [])
+
+
+def floor_run(model: Callable, x: torch.Tensor, calls: list[int]) -> None:
+    """The forward passes (and softmax) that cannot be avoided: one call of ``x[:r]`` per r in ``calls``."""
+    with torch.inference_mode():
+        for r in calls:
+            torch.softmax(model(x[:r]), 1)
+
+
+class RowRecorder:
+    """Records the rows of every forward call of a torch module (a forward pre-hook), inside a ``with``.
+
+    Observes the batches fast_sis gives the model from outside; the model is not wrapped, so what the
+    library decides about it does not change.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.rows: list[int] = []
+        self._handle = None
+
+    def _hook(self, module, args):
+        if args and torch.is_tensor(args[0]):
+            self.rows.append(int(args[0].shape[0]))
+
+    def __enter__(self) -> "RowRecorder":
+        self._handle = self.module.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+    def largest(self) -> int | None:
+        """The most rows in one call (the batch size, when the job filled one), None when nothing was called."""
+        return max(self.rows) if self.rows else None
+
+
+def same_sis(a: list, b: list) -> bool:
+    """Two lists of SISResult with the same SIS (or both none) for every image."""
+    return len(a) == len(b) and all(
+        (x.sis is None) == (y.sis is None) and (x.sis is None or torch.equal(x.sis.cpu(), y.sis.cpu()))
+        for x, y in zip(a, b))
+
+
+# ---- timing ----
+
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device):
+def timed(fn: Callable, device):
     """(seconds, result) of fn(), synchronising the device around it."""
     sync(device)
     t = time.perf_counter()
@@ -80,35 +171,86 @@ def timed(fn, device):
     return time.perf_counter() - t, out
 
 
-def environment(device) -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": platform.processor(),
-           "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+def interleaved(contenders: dict[str, Callable], rounds: int, device, label: str = "") -> tuple[dict, dict]:
+    """Each contender once per round, the order rotated every round (timings on shared machines drift).
+
+    Returns (times: name -> [seconds per round], outputs: name -> the last result).
+    """
+    names = list(contenders)
+    times = {k: [] for k in names}
+    outputs = {}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            t, outputs[k] = timed(contenders[k], device)
+            times[k].append(t)
+            print(f"  {label} round {r} {k:<14} {t:9.3f} s", file=sys.stderr, flush=True)
+    return times, outputs
+
+
+def fresh_process(code: str, *argv: str, env: dict | None = None) -> tuple[dict, float]:
+    """Run ``code`` in a fresh Python (the benchmarks folder and the repository importable) and parse the JSON
+    of its last output line. Returns (that record, the process's wall time in seconds)."""
+    path = os.pathsep.join([HERE, ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        raise RuntimeError(f"fresh process failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1]), wall
+
+
+# ---- machine, versions, results ----
+
+def machine(device) -> dict:
+    """CPU model and flags, cores, torch threads, and the GPU of ``device`` when it is one."""
+    info = {"cpu": platform.processor() or platform.machine(), "arch": platform.machine(),
+            "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     try:
         with open("/proc/cpuinfo") as fh:
-            info = fh.read().splitlines()
-        env["cpu"] = next(l.split(":", 1)[1].strip() for l in info if l.startswith("model name"))
-        flags = next(l.split(":", 1)[1].split() for l in info if l.startswith("flags"))
-        env["cpu_bf16"] = sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile", "amx_fp16"))
+            lines = fh.read().splitlines()
+        info["cpu"] = next(l.split(":", 1)[1].strip() for l in lines if l.startswith("model name"))
+        flags = next(l.split(":", 1)[1].split() for l in lines if l.startswith("flags"))
+        info["cpu_bf16"] = sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile", "amx_fp16"))
     except (OSError, StopIteration):
         pass
+    if hasattr(os, "sched_getaffinity"):
+        info["usable_cores"] = len(os.sched_getaffinity(0))
     if torch.device(device).type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def versions(device) -> dict:
+    """python, torch, overinterp_fast (and whether its compiled ops loaded), CUDA, onnxruntime."""
+    v = {"python": platform.python_version(), "torch": torch.__version__, "overinterp_fast": of.__version__,
+         "compiled_ops": of.ops.extension_loaded()}
+    if torch.device(device).type == "cuda":
+        v["cuda"] = torch.version.cuda
     try:
         import onnxruntime
 
-        env["onnxruntime"] = onnxruntime.__version__
+        v["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         pass
-    return env
+    return v
 
 
-def write_results(name: str, device, rows: list[dict], out: str | None = None) -> str:
-    path = out or os.path.join(RESULTS, f"{name}_{torch.device(device).type}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def results_path(name: str, device) -> str:
+    """benchmarks/results/<name>-<device type>.json"""
+    return os.path.join(RESULTS, f"{name}-{torch.device(device).type}.json")
+
+
+def write_results(name: str, device, rows: list[dict], out: str | None = None, **extra) -> str:
+    """Write {benchmark, machine, versions, command, date, rows, **extra} to ``out`` (default results_path)."""
+    path = out or results_path(name, device)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    doc = {"benchmark": name, "device": str(device), "machine": machine(device), "versions": versions(device),
+           "command": " ".join(["python"] + sys.argv), "date": time.strftime("%Y-%m-%d"), "rows": rows, **extra}
+    extra_versions = doc.pop("extra_versions", None)
+    if extra_versions:
+        doc["versions"].update(extra_versions)
     with open(path, "w") as fh:
-        json.dump({"benchmark": name, "environment": environment(device),
-                   "command": " ".join(["python"] + sys.argv), "date": time.strftime("%Y-%m-%d"),
-                   "rows": rows}, fh, indent=1)
+        json.dump(doc, fh, indent=1)
     return path
