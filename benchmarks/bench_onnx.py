@@ -1,25 +1,29 @@
 """The ONNX Runtime path against the torch path: exact SIS of the same model on the same images.
 
-    .venv/bin/python benchmarks/bench_onnx.py                 # CPU execution provider vs torch CPU
-    .venv/bin/python benchmarks/bench_onnx.py --device cuda   # also CUDA EP with IOBinding vs host copies
+    python benchmarks/bench_onnx.py                 # CPU execution provider vs torch CPU -> results/onnx-cpu.json
+    python benchmarks/bench_onnx.py --device cuda   # also CUDA EP with IOBinding vs host copies (onnxruntime-gpu)
 
-The model is exported with overinterp_fast.export_onnx (dynamic batch). Both paths
-use the same candidate batches (fast_sis's packing and batch size); the table also
-gives each backend's bare forward-pass floor on those batch sizes.
+The model is exported with overinterp_fast.export_onnx (dynamic batch). Both paths run
+fast_sis with the same batch size (the largest call of a first torch run, read with a
+forward pre-hook), so they see the same candidate batches; each backend's bare forward
+passes (the floor: the same number of candidates in calls of that size, on
+candidate-like inputs built once) are timed beside them. All contenders run in
+interleaved rounds (order rotated); minima are reported.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 
 import torch
 
-import overinterp_fast as of
-from overinterp_fast.methods.results import same_sis
-from overinterp_fast.runtime.batching import auto_batch_size
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import candidate_like_batch, make_case, timed, write_results
+import overinterp_fast as of  # noqa: E402
+from common import (CONFIGS, RowRecorder, batches, candidate_like_batch, explain, floor_run, interleaved, make_case,  # noqa: E402
+                    same_sis, write_results)
 
 
 class HostCopies:
@@ -32,26 +36,12 @@ class HostCopies:
         return self.model(x.cpu()).to(x.device)
 
 
-def floor(fn, x, candidates, device):
-    """``candidates`` forward passes of ``fn`` in batches of len(x) (x: common.candidate_like_batch)."""
-    batch = x.shape[0]
-    with torch.inference_mode():
-        fn(x)
-
-        def run():
-            for _ in range(candidates // batch):
-                fn(x)
-            if candidates % batch:
-                fn(x[: candidates % batch])
-
-        return timed(run, device)[0]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--configs", nargs="*", default=["cnn16-px", "resnet20-4x4"])
+    ap.add_argument("--configs", nargs="*", default=["cnn16-px", "resnet20-4x4"], choices=list(CONFIGS))
     ap.add_argument("--images", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; minima are reported (default 3)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -63,25 +53,37 @@ def main():
             model, images, features, p = make_case(name, args.images, device)
             n = images.shape[0]
             candidates = n * p * (p + 1) // 2
-            batch = auto_batch_size(images, candidates)
+            with RowRecorder(model) as rec:  # also the warm-up of the torch path
+                explain(model, images, 0.5, features=features, engine="torch", incremental=False)
+            batch = rec.largest()
             floor_batch = candidate_like_batch(images, features, batch)
             path = of.export_onnx(model.cpu(), os.path.join(tmp, f"{name}.onnx"), images[:2].cpu())
             model.to(device)
             onnx_model = of.OnnxModel(path, device=device)
-            run = lambda m: of.fast_sis(m, images, 0.5, features=features, batch_size=batch, progress=False)
-            t_torch, res_t = timed(lambda: run(model), device)
-            t_onnx, res_o = timed(lambda: run(onnx_model), device)
-            same = same_sis(res_t, res_o)
-            row = {"config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
-                   "batch_size": batch, "torch_s": t_torch, "onnx_s": t_onnx, "onnx_over_torch": t_onnx / t_torch,
-                   "torch_floor_s": floor(model, floor_batch, candidates, device),
-                   "onnx_floor_s": floor(onnx_model, floor_batch, candidates, device), "same_sis": same,
-                   "providers": onnx_model.providers}
+            run = lambda m, **kw: (lambda: explain(m, images, 0.5, features=features, batch_size=batch,  # noqa: E731
+                                                   incremental=False, **kw))
+            contenders = {"torch": run(model, engine="torch"), "onnx": run(onnx_model),
+                          "torch_floor": lambda: floor_run(model, floor_batch, batches(candidates, batch)),
+                          "onnx_floor": lambda: floor_run(onnx_model, floor_batch, batches(candidates, batch))}
             if device.type == "cuda" and "CUDAExecutionProvider" in onnx_model.providers:
-                row["onnx_host_copies_s"] = timed(lambda: run(HostCopies(onnx_model)), device)[0]
+                contenders["onnx_host_copies"] = run(HostCopies(onnx_model))
+            run(onnx_model)()  # the ONNX session's warm-up
+            times, out = interleaved(contenders, args.rounds, device, name)
+            best = {k: min(v) for k, v in times.items()}
+            same = same_sis(out["torch"], out["onnx"])
+            row = {"config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
+                   "batch_size": batch, "rounds": args.rounds, "times_s": times, "torch_s": best["torch"],
+                   "onnx_s": best["onnx"], "onnx_over_torch": best["onnx"] / best["torch"],
+                   "torch_floor_s": best["torch_floor"], "onnx_floor_s": best["onnx_floor"],
+                   "torch_over_floor": best["torch"] / best["torch_floor"],
+                   "onnx_over_floor": best["onnx"] / best["onnx_floor"], "same_sis": same,
+                   "engine_used": out["onnx"][0].engine, "providers": onnx_model.providers}
+            if "onnx_host_copies" in best:
+                row["onnx_host_copies_s"] = best["onnx_host_copies"]
             rows.append(row)
-            print(f"{name:<14}{n:>3}{p:>6}{candidates:>9}{t_torch:>9.2f}{t_onnx:>9.2f}{t_onnx / t_torch:>11.3f}"
-                  f"{row['torch_floor_s']:>12.2f}{row['onnx_floor_s']:>11.2f}{str(same):>9}", flush=True)
+            print(f"{name:<14}{n:>3}{p:>6}{candidates:>9}{best['torch']:>9.2f}{best['onnx']:>9.2f}"
+                  f"{row['onnx_over_torch']:>11.3f}{row['torch_floor_s']:>12.2f}{row['onnx_floor_s']:>11.2f}"
+                  f"{str(same):>9}", flush=True)
     print(f"wrote {write_results('onnx', device, rows, args.out)}")
 
 

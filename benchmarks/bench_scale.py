@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scale.py                      # defaults: 256 images, 3 rounds (~10 min on 2 cores)
     python benchmarks/bench_scale.py --images 512 --rounds 5 --memory-images 256 1024 2048
+    python benchmarks/bench_scale.py --images 16 --rounds 1 --memory-images 16   # a smoke run
 
 Data: generated CIFAR-10-format batches (``cifar-10-batches-py/test_batch``, uint8 [N, 3072]),
 read by ``--dataset cifar10`` exactly as a user's files. Model: a seeded small CNN.
@@ -129,7 +130,7 @@ def main() -> None:
     ap.add_argument("--memory-images", type=int, nargs="+", default=[128, 512, 1024],
                     help="image counts for the peak-memory runs (default 128 512 1024)")
     ap.add_argument("--k", type=int, default=1024, help="gradient block size for the memory runs (default 1024)")
-    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/scale_cpu.json)")
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/scale-cpu.json)")
     ap.add_argument("--child", choices=("stored", "memory"), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -141,7 +142,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, HERE)
-    from common import environment, write_results
+    from common import machine, write_results
 
     with tempfile.TemporaryDirectory() as tmp:
         args.data_dir = tmp
@@ -190,7 +191,7 @@ def main() -> None:
                "settings": {"images": n, "size": args.size, "chunk": args.chunk, "rounds": args.rounds,
                             "threads_per_process": 1, "load_average": os.getloadavg()}}
     path = write_results("scale", "cpu", rows + [summary], args.out)
-    print(f"wrote {path}; environment: {environment('cpu').get('cpu')}")
+    print(f"wrote {path}; machine: {machine('cpu').get('cpu')}")
 
 
 if __name__ == "__main__":

@@ -2,14 +2,15 @@
 
 Contenders, run in interleaved rounds (minimum over rounds reported):
   reference   overinterp_fast.methods.reference.input_reduction: one sequence and one beam member at a time, each
-              member's deleted-token rows as one batch (SPEC.md section 4 transcribed).
+              member's deleted-token rows as one batch (the algorithm transcribed).
   packed      of.input_reduction, default options: every beam member of every sequence in shared batches;
               leave-one-out through the word CNN's incremental deletion_logits.
   packed-rows of.input_reduction(incremental=False): the same packing, every deleted-token row run as a row.
 Every contender's reductions are compared with the reference's (kept positions of the reported reduction and
 the whole final beam). The cold case: a fresh process, one snippet, default options (model loaded from cache).
 
-    python benchmarks/bench_text.py                   # 200 held-out snippets, beam 5, CPU, 1 thread
+    python benchmarks/bench_text.py                   # 200 held-out snippets, beam 5, CPU, 1 thread -> results/text-cpu.json
+    python benchmarks/bench_text.py --n 5 --rounds 1  # a smoke run
     python benchmarks/bench_text.py --importance gradient --rounds 2
 """
 from __future__ import annotations
@@ -21,12 +22,12 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
 import overinterp_fast as of  # noqa: E402
-from benchmarks.common import environment, write_results  # noqa: E402
+from common import ROOT, machine, write_results  # noqa: E402
 from overinterp_fast.methods import reference  # noqa: E402
 from overinterp_fast.zoo.text import bundled_text_model, load_text_data  # noqa: E402
 
@@ -105,18 +106,18 @@ def main() -> None:
     if not args.no_cold:
         for name in ("packed", "reference"):
             out = subprocess.run([sys.executable, "-c", COLD, name, str(args.threads)], capture_output=True,
-                                 text=True, check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                 text=True, check=True, cwd=ROOT)
             cold = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append({"contender": f"cold-{name}", "seconds_min": cold["seconds"], "sequences": 1,
                          "length": cold["length"], "beam": args.beam, "importance": "leave_one_out"})
     print(f"\n{len(seqs)} snippets (mean length {summary['mean_length']:.1f}), beam {args.beam}, {args.importance}, "
-          f"{queries} queries, {args.threads} thread(s), {environment('cpu').get('cpu')}")
+          f"{queries} queries, {args.threads} thread(s), {machine('cpu').get('cpu')}")
     print(f"{'contender':<16} {'min s':>8} {'vs reference':>13} {'same reduction':>15} {'same beam':>10}")
     for r in rows:
         print(f"{r['contender']:<16} {r['seconds_min']:>8.3f} {r.get('speedup_vs_reference', float('nan')):>12.2f}x "
               f"{r.get('same_reduction', '-')!s:>15} {r.get('same_beam', '-')!s:>10}")
     rows.append({"summary": summary})
-    name = "text" if args.importance == "leave_one_out" else "text_gradient"
+    name = "text" if args.importance == "leave_one_out" else "text-gradient"
     print(f"wrote {write_results(name, 'cpu', rows, args.out)}")
 
 
