@@ -364,7 +364,7 @@ def main():
         os.makedirs(work, exist_ok=True)
         from PIL import Image
 
-        onnx_path = of.export_onnx(model, os.path.join(work, "efficientnet_lite0.onnx"), images[:2])
+        onnx_path = of.export_onnx(model, os.path.join(work, "efficientnet_lite0.onnx"), images[:1].repeat(2, 1, 1, 1))
         pngs = []
         for name, crop in zip(names, originals):
             pngs.append(os.path.join(work, f"{name}.png"))

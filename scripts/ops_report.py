@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import overinterp_fast as of
-from overinterp_fast.ops import kernels as _ops
+
+ENV_VAR = of.ops.ENV_VAR  # OVERINTERP_FAST_OPS: "torch" runs the pure-PyTorch ops
 
 
 def small_cnn(device: torch.device) -> nn.Module:
@@ -25,6 +26,8 @@ def small_cnn(device: torch.device) -> nn.Module:
 
 
 def run_methods(model: nn.Module, images: torch.Tensor) -> dict:
+    """Every method on ``images`` [N, 3, 12, 12]: {method: [(order, sis) per image]}. The one place this script calls
+    the library's short path (method options as fast_sis keywords)."""
     res = {
         "exact": of.fast_sis(model, images, 0.5, collection=True),
         "gradient": of.fast_sis(model, images, 0.5, method="gradient", k=20),
@@ -42,18 +45,18 @@ def main() -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    os.environ.pop(_ops.ENV_VAR, None)
+    os.environ.pop(ENV_VAR, None)
     info = of.ops_info(["cpu", str(device)] if device.type != "cpu" else ["cpu"])
     print("op                   device   impl    why")
     print(*info, sep="\n")
     model = small_cnn(device)
     images = torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
     kernels = run_methods(model, images)
-    os.environ[_ops.ENV_VAR] = "torch"
+    os.environ[ENV_VAR] = "torch"
     try:
         pure = run_methods(model, images)
     finally:
-        os.environ.pop(_ops.ENV_VAR)
+        os.environ.pop(ENV_VAR)
     same = {name: kernels[name] == pure[name] for name in kernels}
     print("kernels == pure-PyTorch ops, end to end:", same)
     if args.out:
