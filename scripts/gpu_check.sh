@@ -23,7 +23,7 @@
 #                       $OUT/gpu_check.tgz when the script ends, also when a timeout stops it
 #   BUDGET              seconds for the whole call (default 470 for bench, 540 for tests): each step's timeout is
 #                       cut to what is left, so the call ends with its logs before the device tool's limit
-#   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100 RESP_TIMEOUT=130
+#   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 (400 on cpu) EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100 RESP_TIMEOUT=130
 #   CUDA_TESTS_TIMEOUT=200 TORCH_OPS_TIMEOUT=330      each step's own limit in seconds
 #   BUILD=0|1           force the build off or on (default: on for cuda, off for cpu)
 #   PYTHON              the interpreter (default python3: the machine's, which has torch)
@@ -137,19 +137,21 @@ bench_step() {  # bench_step NAME LIMIT SCRIPT ARGS...: one benchmark, its JSON 
 }
 has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
-  # ops_info (each kernel's self-check on the device) and kernels == pure ops on every method;
-  # exit status 1 when a kernel fell back or a result differs
-  step "kernels' self-check and kernels == pure ops (ops_report)" "${OPS_TIMEOUT:-90}" ops_report.log \
-    $PY scripts/ops_report.py --device "$DEVICE" --out "$RESULT_DIR/ops_report-$DEVICE.json"
   if [ "$DEVICE" = cuda ]; then
     EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
     GRADIENT=(--images 8 --k 100 --rounds 1)
     RESP=(--no-rex --photos chelsea coffee --rex-seeds 2)
+    OPS_DEFAULT=90
   else  # tiny: proves the commands, not the figures
     EXACT=(--configs cnn8-px --rounds 1 --no-engines --cold-size 8 --cold-rounds 1 --cold-contenders default reference)
     GRADIENT=(--models small_cnn --images 2 --k 50 --rounds 1)
     RESP=(--no-rex --photos chelsea --rex-seeds 1 --no-cold)
+    OPS_DEFAULT=400  # every method twice on a 2-core machine
   fi
+  # ops_info (each kernel's self-check on the device) and kernels == pure ops on every method;
+  # exit status 1 when a kernel fell back or a result differs
+  step "kernels' self-check and kernels == pure ops (ops_report)" "${OPS_TIMEOUT:-$OPS_DEFAULT}" ops_report.log \
+    $PY scripts/ops_report.py --device "$DEVICE" --out "$RESULT_DIR/ops_report-$DEVICE.json"
   bench_step exact "${EXACT_TIMEOUT:-150}" bench_exact.py "${EXACT[@]}"
   MODELS=(inception_v3)
   has torchvision || MODELS=()
