@@ -1,4 +1,4 @@
-"""Data for choosing iterations="auto"'s stopping rule (issue 14): how the minimal pixel set settles.
+"""Data for choosing iterations="auto"'s stopping rule: how the minimal pixel set settles.
 
     PYTHONPATH=. .venv/bin/python benchmarks/auto_rule_data.py              # 7 photos, seed 0 (about 16 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/auto_rule_data.py --seeds 0 1 --photos chelsea rocket

@@ -7,18 +7,18 @@ bookkeeping, no scheduling).
 
     .venv/bin/python benchmarks/bench_exact.py            # CPU table, writes benchmarks/results/exact_cpu.json
     .venv/bin/python benchmarks/bench_exact.py --device cuda
-    .venv/bin/python benchmarks/bench_exact.py --cold     # the cold single-image case (issue 11 section 0)
+    .venv/bin/python benchmarks/bench_exact.py --cold     # the cold single-image case (one small image, from a fresh process)
 
 Engines: "fast" is fast_sis with default options (engine="auto", calibrated batch
 size, incremental=None: incremental inference where the plan estimates it pays);
-"incr" forces incremental=True (SPEC.md section 7); "torch" and "ort" force dense
+"incr" forces incremental=True (docs: algorithms.md, Incremental inference); "torch" and "ort" force dense
 engine="torch" (incremental=False) and engine="onnxruntime" (the ONNX
 export is cached per process, so it is paid in the warm-up). Every contender's
 SIS is compared with the reference's.
 
 Cold (--cold): each run is a fresh Python process (import, model, one image,
 one call), as a user runs it; contenders interleaved, minima over rounds. The
-case of issue 11: one 3x24x24 float32 image, the small CNN with three
+case: one 3x24x24 float32 image, the small CNN with three
 convolutions, pixel features (p = 576, 166,176 candidates); contenders: default
 options, batch_size=75 (the size the former fixed element budget chose),
 batch_size=576 (one call per step), engine="onnxruntime", and the in-package
@@ -37,7 +37,7 @@ Configs (sized for 2 CPU cores; on a GPU use --images and --full):
   resnet20-px  ResNet-20, 32x32, pixels (p = 1024; --full only)
   effnet-32x32 EfficientNet-Lite0 (ImageNet weights), 224x224, 32x32 patches (p = 49; --full only)
 
-Incremental inference (issue 11 section 1), the lead's command on a quiet machine
+Incremental inference, the maintainers' command on a quiet machine
 (about 10 minutes on 2 cores; pixel configs are one image, 525k candidates at 32x32):
     .venv/bin/python benchmarks/bench_exact.py --configs cnn16-px cnn32-px resnet20-px effnet-32x32 \
         --no-engines --rounds 2
@@ -256,7 +256,7 @@ def main():
                     help="no untimed first run of each contender (configs of minutes per run; the first timed "
                          "round then includes calibration, as a user's first call does)")
     ap.add_argument("--cold", action="store_true", help="the cold single-image case instead (fresh process per run)")
-    ap.add_argument("--cold-size", type=int, default=24, help="--cold: image side (default 24, as issue 11)")
+    ap.add_argument("--cold-size", type=int, default=24, help="--cold: image side (default 24)")
     ap.add_argument("--cold-contenders", nargs="*", default=None, choices=list(COLD_CONTENDERS))
     ap.add_argument("--tau", type=float, default=0.5, help="--cold: threshold (default 0.5)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/exact_<device>.json)")

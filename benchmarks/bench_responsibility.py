@@ -19,7 +19,8 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   identity) and normalizes with norm=255, means=stds=0.5: (x/255 - 0.5)/0.5, the
   TF-Lite preprocessing of load_photos. The script checks that ReX's model input
   equals ours.
-- Settings (SPEC.md 3a): 20 iterations, tree depth 10, minimum box 10 pixels,
+- Settings (docs: algorithms.md, Causal responsibility and minimal pixel sets): 20 iterations, tree depth 10,
+  minimum box 10 pixels,
   mask value 0 after normalization, uniform split points, target = the top-1
   class; global explanation in chunks of 10 pixels with no confidence floor.
   ReX's seed is 0 (its iteration i uses seed + i + 1 with numpy's global
@@ -62,7 +63,7 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
 - Cold case: a fresh process explaining one photo with the defaults (import, ONNX
   session, the call), timed from the process start.
 
-Targets (issue 14): median queries per image <= 1/4 of ReX's; time per image >= 4x
+Targets: median queries per image <= 1/4 of ReX's; time per image >= 4x
 faster; median MPS size <= ReX's; median Dice to ReX >= ReX's seed-to-seed Dice.
 Ours is summarized as ReX is, over all its seeds: per photo the median MPS size and
 queries over our seed runs, and the mean Dice over every (our seed, ReX seed) pair;

@@ -1,4 +1,4 @@
-"""Shape-stable batches (issue 11 section 2): does padding batches to a few sizes pay?
+"""Shape-stable batches: does padding batches to a few sizes pay?
 
 Exact SIS sends the model a new batch size at almost every call when few images
 are in flight: with two images of 144 pixels and B = 288 the calls have 288, 286,
@@ -32,7 +32,7 @@ from common import candidate_like_batch, patch_map, timed, write_results
 
 CASES = {
     # name: (model factory, image size, patch, images N, batch B)
-    "cnn12-2img-B288": (lambda: SmallCNN(12), 12, 1, 2, 288),  # issue 11's replay
+    "cnn12-2img-B288": (lambda: SmallCNN(12), 12, 1, 2, 288),  # the replay of the cold case
     "cnn24-1img-B576": (lambda: SmallCNN(24), 24, 1, 1, 576),
     "cnn24-1img-B256": (lambda: SmallCNN(24), 24, 1, 1, 256),
     "resnet20-4x4-4img-B256": (ResNet20, 32, 4, 4, 256),

@@ -2,7 +2,7 @@
 
 Contenders, run in interleaved rounds (minimum over rounds reported):
   reference   overinterp_fast.methods.reference.input_reduction: one sequence and one beam member at a time, each
-              member's deleted-token rows as one batch (SPEC.md section 4 transcribed).
+              member's deleted-token rows as one batch (docs: algorithms.md, Input reduction, transcribed).
   packed      of.input_reduction, default options: every beam member of every sequence in shared batches;
               leave-one-out through the word CNN's incremental deletion_logits.
   packed-rows of.input_reduction(incremental=False): the same packing, every deleted-token row run as a row.

@@ -1,5 +1,5 @@
 """The cold case of virtual descents: fast_sis(method="responsibility", virtual_iterations=V) in a fresh process
-on one photo, for each V, in interleaved rounds (minimum over rounds). Issue 14.
+on one photo, for each V, in interleaved rounds (minimum over rounds).
 
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python cold_virtual.py --onnx /tmp/rexkeep/efficientnet_lite0.onnx
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python cold_virtual.py --onnx ... --sweep 8 4,g9,v100 --baseline /old

@@ -3,7 +3,7 @@
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python bench_responsibility.py --keep /tmp/rexkeep   # ReX's maps and sets
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python rex_map_extraction.py --rex-dir /tmp/rexkeep   # about 3 min, 2 cores
 
-Issue 14 asks for minimal pixel sets no larger than ReX's (median over photos of the median over
+The targets ask for minimal pixel sets no larger than ReX's (median over photos of the median over
 ReX's seeds) that agree with ReX's as well as ReX's seeds agree with each other. Our sets come from
 our maps (fewer descents) *and* our extraction (squares of 8 pixels ranked by their mean, scanned one
 square at a time over the first ``S`` squares and then in steps of 10%, a pixel-exact boundary
@@ -16,7 +16,7 @@ pairs, then the median over photos), beside ReX's own extraction of the same map
 
 ``--pooled``: how far can a better map go? Each seed's set is also judged against the map summed over
 ReX's *other* seeds (40 descents, half the noise of one run's), extracted by the guided search: if the
-Dice bar of issue 14 (ReX's seed-to-seed agreement) measured map noise, such a map would clear it.
+Dice bar (ReX's seed-to-seed agreement) measured map noise, such a map would clear it.
 ``--consensus B ...``: can the extraction itself be made less noisy? Each seed's map is extracted by the guided
 search over several rankings (pixels, ``None``, and squares of each size B), and per photo the *medoid* of these sets
 is kept (the set with the largest summed Dice to the others: the most typical one, not a lucky narrow window); it
@@ -78,7 +78,7 @@ def extract(study: Study, score: torch.Tensor, squares: int | None, pixel_step: 
 
 def judged(sizes: list[list[float]], dices: list[list[float]], queries: list[int]) -> dict:
     """The figures of one extraction: ``sizes[i]`` photo i's set fractions (one per map), ``dices[i]`` its Dice
-    to the ReX sets it is judged against, ``queries`` every set's extraction queries. Sizes as issue 14 takes
+    to the ReX sets it is judged against, ``queries`` every set's extraction queries. Sizes as the targets take
     ReX's (per photo the median, then the median over photos), Dice per photo the mean, then the median."""
     per_photo = [statistics.mean(d) for d in dices]
     k = len(sizes[0])

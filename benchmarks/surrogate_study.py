@@ -1,4 +1,4 @@
-"""How faithful is the surrogate of virtual descents, and which surrogate is most faithful? (issue 14)
+"""How faithful is the surrogate of virtual descents, and which surrogate is most faithful?
 
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python surrogate_study.py --rex-dir /tmp/rexkeep
 

@@ -4,7 +4,7 @@
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python variance_study.py --rex-dir /tmp/rexkeep --runs 10   # ~25 min, 2 cores
 
 window_study.py showed that one run of the defaults (8 monotone iterations) on the 7 photos is noisy,
-and that its mean over runs misses issue 14's size and Dice bars. This script runs independent
+and that its mean over runs misses the size and Dice bars. This script runs independent
 runs (run r: iterations seeded ``--seed`` + 100 r + t, one mutant cache per run, as fast_sis)
 of several variants, interleaved run by run, each judged as window_study.py judges a window
 (the median over photos of MPS size, queries and Dice to ReX's sets). Variants:

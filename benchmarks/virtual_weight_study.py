@@ -1,4 +1,4 @@
-"""How much should the virtual descents count? (issue 14)
+"""How much should the virtual descents count?
 
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python virtual_weight_study.py --rex-dir /tmp/rexkeep   # ~12 min
 

@@ -13,7 +13,7 @@ extracted as fast_sis's defaults do (square ranking, square scan, pixel-exact bo
 refine_budget="auto"). Per window, as bench_responsibility.py: the median over photos of the MPS
 size, of the queries (descent + extraction + pruning) and of the Dice to ReX's sets (mean over
 ReX's seeds). Printed: the mean and standard error of these medians over the windows, and the
-share of windows that meet each target of issue 14 (ReX's bar from the same ReX sets).
+share of windows that meet each target (ReX's bar from the same ReX sets).
 Writes benchmarks/results/window_study_cpu.json.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@
 # scripts/torch_ops_tests.txt again with OVERINTERP_FAST_OPS=torch, run the benchmarks on CUDA, and pack
 # logs and JSON into $OUT/gpu_check.tgz (default $OUT: ./gpu_out).
 #
-# All of it takes longer than one 10-minute call (on an H100 at stop 30: build 40 s, suite 206 s,
+# All of it takes longer than one 10-minute call (on an H100: build 40 s, suite 206 s,
 # benchmarks 100 s each at most), so use two calls; a machine that went cold between them has lost the
 # build, hence "build" in both:
 #   device run 1:  STEPS="build ops test" bash scripts/gpu_check.sh          (carry .whl)
@@ -27,7 +27,7 @@
 # timeout stops it). Each test and benchmark step has its own time limit (TEST_TIMEOUT, default 400 s;
 # BENCH_TIMEOUT, default 150 s), so a call ends with its logs even when a step runs long.
 #
-# First run on a GPU: stop 30 (H100, torch 2.11.0+cu130); what it found is in TESTING.md, "GPU check".
+# First run on a GPU: one H100, torch 2.11.0+cu130; what it found is in docs/gpu.md.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -54,7 +54,7 @@ if [[ " $STEPS " == *" build "* ]]; then
   # In place, against this machine's torch (no venv: nothing can be fetched there), with the system's gcc.
   # The image's first g++ on PATH, /opt/gcc/bin/g++, links libstdc++ statically into the extension; the
   # extension's copy of std::ostream then crashed (SIGSEGV) formatting any number into an error message,
-  # e.g. "cand_image 10 out of range", while torch's own libstdc++ worked (seen at stop 30).
+  # e.g. "cand_image 10 out of range", while torch's own libstdc++ worked (seen on the first GPU run).
   # The image also sets CC=/opt/gcc/bin/gcc (torch passes it to nvcc as -ccbin), so both are overridden;
   # GPU_CHECK_CC / GPU_CHECK_CXX name others.
   [ -x /usr/bin/g++ ] && export CC="${GPU_CHECK_CC:-/usr/bin/gcc}" CXX="${GPU_CHECK_CXX:-/usr/bin/g++}"

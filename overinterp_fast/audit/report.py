@@ -544,7 +544,10 @@ def location_section(record: AuditRecord) -> str:
 
 
 def object_section(record: AuditRecord) -> str:
-    """SIS pixels inside the given object masks, and foreground/background noise sensitivity (SPEC.md 5)."""
+    """SIS pixels inside the given object masks, and foreground/background noise sensitivity.
+
+    (docs: algorithms.md, Foreground and background sensitivity)
+    """
     objects = [np.asarray(o, dtype=bool) for o in record.object_masks]
     share = float(np.mean([o.mean() for o in objects]))
     rows = []
