@@ -220,7 +220,7 @@ def input_reduction(
     attention_mask: torch.Tensor | None = None,
     incremental: bool = True,
 ) -> list[InputReduction]:
-    """Input reduction by beam search (paper 003; docs: algorithms.md, Input reduction), all sequences packed together.
+    """Input reduction by beam search (Feng et al. 2018; docs: algorithms.md, Input reduction), all sequences packed together.
 
     Args:
         model: ``model(ids int64 [B, T], attention_mask bool [B, T]) -> logits [B, K]`` (eval mode), or a
