@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation score of one module with mutmut 3 (a developer tool, not part of CI). See TESTING.md.
+# Mutation score of one module with mutmut 3 (a developer tool, not part of CI). See docs/testing.md.
 #
 #   scripts/mutation.sh overinterp_fast/methods/findsis.py python_tests/methods/test_boundaries.py python_tests/runtime/test_schedule.py
 #

@@ -1,4 +1,4 @@
-"""The overinterpretation pipeline of paper 000 (code README, paper 001) on sklearn's real digits.
+"""The overinterpretation pipeline of Carter et al. 2021 (as their code's README runs it) on sklearn's real digits.
 
 Train on full images; run exact backward selection on every train and test image
 with that model; keep each image's last 5% (its most sufficient pixels) and mask

@@ -44,7 +44,7 @@ from .stats import (
 from .subsets import BACKWARD_METHODS, keep_last_mask
 
 BORDER = 0.10  # width of the border band, as a fraction of each side of the image
-SUBSET_FRACTION = 0.05  # the pixel subsets of paper 000: the last 5% of backward selection
+SUBSET_FRACTION = 0.05  # the pixel subsets of Carter et al. 2021: the last 5% of backward selection
 CURVE_POINTS = 20
 DPI = 80
 NUMBER = re.compile(r"^-?[\d.]+(e[-+]?\d+)?%?$|^n/a$|^\[.*%\]$")  # table cells right-aligned as numbers
@@ -544,7 +544,10 @@ def location_section(record: AuditRecord) -> str:
 
 
 def object_section(record: AuditRecord) -> str:
-    """SIS pixels inside the given object masks, and foreground/background noise sensitivity (SPEC.md 5)."""
+    """SIS pixels inside the given object masks, and foreground/background noise sensitivity.
+
+    (docs: algorithms.md, Foreground and background sensitivity)
+    """
     objects = [np.asarray(o, dtype=bool) for o in record.object_masks]
     share = float(np.mean([o.mean() for o in objects]))
     rows = []

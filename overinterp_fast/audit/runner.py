@@ -262,7 +262,8 @@ def run_audit(
             known, else against each evaluated model's full-image prediction).
         progress: progress bars (None: on a terminal only).
         object_masks: bool [N, H, W], True on each image's object (optional). With them, every
-            model gets foreground/background noise sensitivity (SPEC.md section 5): Gaussian noise
+            model gets foreground/background noise sensitivity (docs: algorithms.md, Foreground and background
+            sensitivity): Gaussian noise
             of standard deviation ``noise_sigma`` (in the images' units; a number or [C, 1, 1])
             on only the object or only the background, clipped to ``value_range`` (low, high) when
             given; accuracy against the labels when all are known, else against the model's own

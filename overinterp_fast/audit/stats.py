@@ -85,7 +85,7 @@ def hausdorff(a, b) -> float:
 
 
 def fraction_inside(mask, object_mask) -> float:
-    """Fraction of the set's pixels that lie inside the object mask (paper 000: SIS near the borders)."""
+    """Fraction of the set's pixels that lie inside the object mask (Carter et al. 2021: SIS near the borders)."""
     a, obj = _pair(mask, object_mask)
     return float((a & obj).sum() / a.sum()) if a.sum() else float("nan")
 
@@ -109,7 +109,7 @@ def bonferroni(pvalues: Sequence[float]) -> list[float]:
 
 
 def rfs(a_fg: float, a_bg: float) -> float:
-    """Relative foreground sensitivity (paper 004): (a_bg - a_fg) / (2 min(a_mean, 1 - a_mean)), in [-1, 1].
+    """Relative foreground sensitivity (Moayeri et al. 2022): (a_bg - a_fg) / (2 min(a_mean, 1 - a_mean)), in [-1, 1].
 
     a_fg, a_bg: accuracy with the foreground, resp. background, corrupted. Higher: more sensitive to the
     foreground. NaN when a_mean is 0 or 1 (no room to differ).

@@ -4,7 +4,7 @@
     run = run_stored_audit({"net": model}, src, "out/cifar", config={"models": ["net.pt2"]},
                            method="exact", chunk_size=64)
 
-What it does (SPEC.md section 8):
+What it does (docs: algorithms.md, Durable and sharded audits):
 
 1. The images are split into fixed chunks of ``chunk_size`` (by position: chunk c holds images
    [c * chunk_size, (c + 1) * chunk_size)). The chunk is the unit of work, of batching and of commit.
@@ -87,7 +87,10 @@ def source_digest(source: ImageSource) -> str:
 def audit_config(source: ImageSource, models: dict, *, method: str, threshold: float, threshold_mode: str, k: int,
                  collection: bool, ensemble: bool, transfer: bool, fraction: float, mask_value, autocast,
                  batch_size, noise_sigma, chunk_size: int, device: torch.device, extra: dict | None) -> dict:
-    """Everything that fixes the results of a stored audit (SPEC.md section 8), as JSON-ready values."""
+    """Everything that fixes the results of a stored audit, as JSON-ready values.
+
+    (docs: algorithms.md, Durable and sharded audits)
+    """
     config = {
         "models": list(models), "method": method, "threshold": threshold, "threshold_mode": threshold_mode,
         "k": k if method == "gradient" else None, "autocast": autocast, "collection": collection,

@@ -1,4 +1,4 @@
-"""Pixel-subset datasets (paper 000, Table 1): the last 5% of backward selection, or 5% at random."""
+"""Pixel-subset datasets (Carter et al. 2021, Table 1): the last 5% of backward selection, or 5% at random."""
 from __future__ import annotations
 
 import math

@@ -133,7 +133,7 @@ def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str
 
 
 def run_text_part(out_dir: str, model: str = "bundled", n_texts: int = 200, progress: bool | None = None) -> dict:
-    """Input reduction (paper 003, beam 5) of the Rotten Tomatoes word CNN on held-out snippets.
+    """Input reduction (Feng et al. 2018, beam 5) of the Rotten Tomatoes word CNN on held-out snippets.
 
     Writes ``out_dir/text`` (reductions.parquet, report.html) and prints the paper's numbers and a few examples.
     """

@@ -17,7 +17,7 @@ def find_sis(order: torch.Tensor, values: torch.Tensor, threshold: float) -> tor
         ``values[t] >= threshold``; all of ``order`` reversed when no value
         reaches it; empty when the fully masked input (``values[-1]``) passes.
         (The reference sis.py skips the last-masked feature in that case; we
-        return the empty SIS, as SPEC.md section 1 says.) The caller checks the
+        return the empty SIS, as docs/algorithms.md, Exact SIS, says.) The caller checks the
         precondition f(x) >= threshold.
     """
     if order.shape != values.shape or order.dim() != 1:

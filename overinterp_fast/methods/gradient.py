@@ -1,4 +1,4 @@
-"""Batched-gradient SIS (paper 000, section S5; SPEC.md section 2) for large images.
+"""Batched-gradient SIS (Carter et al. 2021, section S5; docs: algorithms.md, Batched-gradient SIS) for large images.
 
 BackSelect: the mask M over features (1 = masked) enters the model as
 x * (1 - M) + baseline * M. Each step takes one backward pass for all images of

@@ -26,7 +26,7 @@ hide a crossing, the answer is the first passing size of the whole scan; where o
 the answer is a later passing size, never a failing one. On EfficientNet-Lite0 and the 7 bundled photos,
 over the rankings of ReX's maps (3 seeds) and ours (2 settings, 3 seeds, squares and pixels), the search
 returned the scan's first passing size in 104 of 105, with a median of 95 forward passes against the scan's
-547 (benchmarks/guided_scan_study.py; README.md). The constants were chosen on recorded margin curves of
+547 (benchmarks/guided_scan_study.py; docs: guides/responsibility.md). The constants were chosen on recorded margin curves of
 such rankings (GRID 32, RATIO 0.1, SAFETY 3: the scan's answer in 103 of 103 curves; SAFETY 2: 100).
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Self-contained references: plain transcriptions of SPEC.md sections 1, 2 and 3a.
+"""Self-contained references: plain transcriptions of the algorithms as docs/algorithms.md states them
+(Exact SIS, Batched-gradient SIS, Causal responsibility and minimal pixel sets).
 
 These are the expectations the tests compare the fast engines with, so they share
 no logic with the modules they check: nothing here is imported from findsis,
@@ -10,7 +11,7 @@ again here, one image at a time, in the simplest way that follows the spec:
 - :func:`sis`: google-research's sufficient_input_subsets/sis.py (BackSelect,
   FindSIS, SIS collection). At every backward-selection step all candidates of
   the step are built on the host as one batch and scored. Differences from sis.py,
-  both in SPEC.md: ties go to the lowest feature id, and when the fully masked
+  both stated in docs/algorithms.md: ties go to the lowest feature id, and when the fully masked
   input already reaches the threshold the SIS is empty (sis.py skips the last
   masked feature and keeps scanning).
 - :func:`gradient_sis`: the paper's Batched Gradient BackSelect / FindSIS loop.
@@ -134,7 +135,7 @@ def _with_collection(rounds: list[SISResult], collection: bool) -> SISResult:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exact SIS (SPEC.md section 1)
+# Exact SIS (docs: algorithms.md, Exact SIS)
 
 
 def backselect(model, x, baseline, feature_map, present, target, batch_size=None, outputs="logits"):
@@ -232,7 +233,7 @@ def sis(
 
 
 # ----------------------------------------------------------------------------------------------
-# Batched-gradient SIS (SPEC.md section 2)
+# Batched-gradient SIS (docs: algorithms.md, Batched-gradient SIS)
 
 
 def _gradient_step(model, outputs, x, base, feature_map, mask, target):
@@ -330,7 +331,7 @@ def gradient_sis(
 
 
 # ----------------------------------------------------------------------------------------------
-# Causal responsibility (SPEC.md section 3a)
+# Causal responsibility (docs: algorithms.md, Causal responsibility and minimal pixel sets)
 
 # the 14 non-empty proper subsets of the 4 quadrants, in the order of their bit masks 1..14
 _QUADRANT_SUBSETS = [[q for q in range(4) if mask & (1 << q)] for mask in range(1, 15)]
@@ -360,7 +361,9 @@ def responsibility(
     mask_value=0.0,
     outputs: str = "logits",
 ) -> list[tuple[torch.Tensor, int]]:
-    """The ReX descent (SPEC.md section 3a) transcribed plainly: one image, one iteration, one box at a time.
+    """The ReX descent transcribed plainly: one image, one iteration, one box at a time.
+
+    (docs: algorithms.md, Causal responsibility and minimal pixel sets)
 
     Each active box's 14 mutants are painted with slicing and scored in one call;
     the per-iteration map starts at ones and gets 1/k (float64) on each kept
@@ -435,12 +438,12 @@ def input_reduction(
     target: int | list[int] | None = None,
     embedding: torch.nn.Module | None = None,
 ) -> list[dict]:
-    """Input reduction by beam search (SPEC.md section 4), transcribed plainly: one sequence, one beam member
+    """Input reduction by beam search (docs: algorithms.md, Input reduction), transcribed plainly: one sequence, one beam member
     at a time. Self-contained: it uses none of overinterp_fast.text.
 
     ``model(ids int64 [B, T], attention_mask bool [B, T]) -> logits [B, K]``; ``sequences``: 1-D int64 tensors.
     Each member's candidates (all equally long) form one unpadded batch. Gradient importance hooks ``embedding``.
-    Duplicate children keep their highest f (SPEC: duplicates are dropped; identical inputs score the same).
+    Duplicate children keep their highest f (the algorithm drops duplicates; identical inputs score the same).
 
     Returns:
         per sequence a dict: kept (list of ascending positions), confidence, original_confidence, target,

@@ -42,7 +42,7 @@ class SISResult:
             order found (this result is the first); otherwise None.
         engine: what scored the candidates: "torch" (the model as given), "onnxruntime"
             or "compile". With another engine than "torch" on a torch model, ``sis`` and
-            ``sis_score`` come from a check on the user's own model (see README, Engines).
+            ``sis_score`` come from a check on the user's own model (docs: guides/exact.md, How it is fast).
     """
 
     order: torch.Tensor

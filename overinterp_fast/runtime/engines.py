@@ -256,7 +256,7 @@ def select_engine(
 
 def incremental_calibration(pl: incremental.IncrementalPlan, user: ModelFn, prep: Prepared, targets: torch.Tensor, *,
                             batch_size: int | None, exact_shape: tuple[int, int]) -> Calibration:
-    """The batch size of exact SIS's incremental scoring (SPEC.md section 7), measured like a dense
+    """The batch size of exact SIS's incremental scoring (docs: algorithms.md, Incremental inference), measured like a dense
     engine's (calibration.calibrate: cached per model, input shape, dtype, device and thread count;
     jobs under calibration.MIN_ROWS rows keep the plan's element-budget size). The user's
     ``batch_size`` wins and is not timed."""
@@ -276,7 +276,7 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
     size (calibration.exact_job_time), the incremental side plus its base runs (one dense
     forward pass of every image per step, N at a time). Otherwise (a job too small to
     calibrate, or the user's batch size): the plan's estimate, at most AUTO_MAX_COST_RATIO
-    of a dense pass. Both paths give the same SIS (SPEC.md section 7); only the time differs.
+    of a dense pass. Both paths give the same SIS (docs: algorithms.md, Incremental inference); only the time differs.
     """
     n, p = exact_shape
     cal = dense.calibration

@@ -1,4 +1,4 @@
-"""Incremental inference for exact SIS (SPEC.md section 7; after Krypton, Nakandala et al. 2019).
+"""Incremental inference for exact SIS (docs: algorithms.md, Incremental inference; after Krypton, Nakandala et al. 2019).
 
 Every candidate of a backward-selection step differs from the step's current input in
 one feature. The current input of each image is run once (the *base run*) and every

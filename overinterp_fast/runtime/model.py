@@ -18,7 +18,7 @@ def _is_onnx(model) -> bool:
 
 
 class Ensemble(nn.Module):
-    """Mean of the members' logits (paper 000's ensembles). Members share input and classes."""
+    """Mean of the members' logits (the ensembles of Carter et al. 2021). Members share input and classes."""
 
     def __init__(self, members: Sequence[Callable[[torch.Tensor], torch.Tensor]]):
         super().__init__()

@@ -75,7 +75,7 @@ def upload(device: torch.device, *parts) -> tuple[torch.Tensor, ...]:
 
     The batch loops build their index lists on the host at every step. A copy from pageable host memory to a
     GPU makes the host wait until every kernel queued before it has run, so one copy per list stalled each
-    step several times (seen on an H100 at stop 30: exact SIS ran 3.5-10.5x slower than its bare forward passes).
+    step several times (seen on an H100: exact SIS ran 3.5-10.5x slower than its bare forward passes).
     Here all parts travel in one pinned, non-blocking copy on the current stream, which orders it before
     the kernels that read it; the caching host allocator keeps the pinned block until the copy is done. On
     the CPU the parts are views of one new tensor.

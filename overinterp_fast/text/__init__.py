@@ -1,4 +1,4 @@
-"""Text classifiers: input reduction (paper 003) and token SIS with masking (SPEC.md section 4)."""
+"""Text classifiers: input reduction (Feng et al. 2018) and token SIS with masking (docs: algorithms.md, Input reduction)."""
 from .mitigation import EntropyFinetune, entropy_finetune
 from .model import HFSequenceClassifier, TextModelFn
 from .reduction import InputReduction, Reduction, input_reduction

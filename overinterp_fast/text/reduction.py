@@ -1,4 +1,6 @@
-"""Input reduction (paper 003, Feng et al. 2018) with beam search, packed across sequences (SPEC.md section 4).
+"""Input reduction (Feng et al. 2018) with beam search, packed across sequences.
+
+(docs: algorithms.md, Input reduction)
 
 Every round, the members of the beams of all sequences still running are expanded together. Their candidates
 (leave-one-out: every one-token deletion of every member; gradient: the k_b chosen deletions) are built on the
@@ -218,7 +220,7 @@ def input_reduction(
     attention_mask: torch.Tensor | None = None,
     incremental: bool = True,
 ) -> list[InputReduction]:
-    """Input reduction by beam search (paper 003; SPEC.md section 4), all sequences packed together.
+    """Input reduction by beam search (Feng et al. 2018; docs: algorithms.md, Input reduction), all sequences packed together.
 
     Args:
         model: ``model(ids int64 [B, T], attention_mask bool [B, T]) -> logits [B, K]`` (eval mode), or a

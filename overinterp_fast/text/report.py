@@ -1,6 +1,6 @@
 """What a person reads about input reduction: reductions.parquet and a self-contained HTML page.
 
-The page (paper 003's view): each sentence with its kept words highlighted and the confidences before and after,
+The page (the view of Feng et al. 2018): each sentence with its kept words highlighted and the confidences before and after,
 and the summary: mean length before and after, the share of reductions more confident than the original, and
 the distribution of confidences (an embedded PNG). No external CSS, scripts or URLs.
 """

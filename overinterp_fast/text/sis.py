@@ -1,4 +1,6 @@
-"""Token SIS with masking (Carter et al. 2019 on review text; SPEC.md section 4): exact SIS over token positions.
+"""Token SIS with masking (Carter et al. 2019 on review text): exact SIS over token positions.
+
+(docs: algorithms.md, Input reduction)
 
 A masked token is replaced by ``mask_id`` and keeps its attention, so the length never changes. The exact engine
 (overinterp_fast.methods.exact, through :func:`overinterp_fast.fast_sis`) runs unchanged: sequences of one length form
@@ -36,7 +38,7 @@ def token_sis(
     progress: bool | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> list[SISResult]:
-    """Exact SIS of every sequence over its token positions (SPEC.md sections 1 and 4).
+    """Exact SIS of every sequence over its token positions (docs: algorithms.md, Exact SIS and Input reduction).
 
     Args:
         model: ``model(ids int64 [B, T], attention_mask bool [B, T]) -> logits [B, K]`` or a Hugging Face

@@ -1,4 +1,4 @@
-"""audit/pipeline.py (paper 000's Table 1 on digits) with the training and the accuracy replaced by recorders:
+"""audit/pipeline.py (Table 1 of Carter et al. 2021, on digits) with the training and the accuracy replaced by recorders:
 which images each model is trained and evaluated on, with which seeds and epochs, the subsets' pixels by hand,
 the rows' wording and the printed table. test_demo.py runs the real pipeline end to end.
 

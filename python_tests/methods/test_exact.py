@@ -49,7 +49,7 @@ def test_float64_equals_reference(seed):
             assert f < tau and r.mask is None and r.sis_score is None
         else:
             assert f >= tau and r.mask.shape == (5, 5) and r.mask.dtype == torch.bool
-            # the SIS is the tail of the order after the last value that reaches tau (SPEC.md FindSIS)
+            # the SIS is the tail of the order after the last value that reaches tau (docs: algorithms.md, Exact SIS, FindSIS)
             last = max([t for t in range(25) if r.values[t] >= tau], default=-1)
             assert r.sis.tolist() == r.order[last + 1 :].flip(0).tolist()
     assert assert_sets_sufficient(model, images, fast) == sum(r.sis is not None for r in fast)
@@ -154,7 +154,7 @@ def test_probability_outputs_and_ensembles(cnn64, images64):
     assert_same(of.fast_sis(probs, images64, 0.3, outputs="probabilities"), of.fast_sis(cnn64, images64, 0.3))
     other = make_cnn(8)
 
-    def mean_of_logits(x):  # the ensemble by hand (SPEC.md section 0)
+    def mean_of_logits(x):  # the ensemble by hand (docs: algorithms.md, Terms)
         return (cnn64(x) + other(x)) / 2
 
     fast = of.fast_sis([cnn64, other], images64, 0.3, collection=True)

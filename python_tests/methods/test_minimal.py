@@ -312,7 +312,7 @@ def test_rect_fill_is_chunked_under_the_out_of_memory_back_off(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Hand-built expectations for minimal.py's pruning (added for mutmut survivors; see TESTING.md).
+# Hand-built expectations for minimal.py's pruning (added for mutmut survivors; see docs/notes/mutation-testing.md).
 # ----------------------------------------------------------------------------------------------------
 
 

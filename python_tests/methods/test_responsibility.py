@@ -381,7 +381,7 @@ def test_level_queries_add_up_across_descents_sharing_a_cache():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Hand-built expectations for responsibility.py's small helpers (added for mutmut survivors; see TESTING.md).
+# Hand-built expectations for responsibility.py's small helpers (added for mutmut survivors; see docs/notes/mutation-testing.md).
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -468,7 +468,8 @@ def test_option_errors_whole_message(args, message):
 # ---------------------------------------------------------------------------------------------------------
 # descend / compute_responsibility / auto_responsibility on 4x4 and 8x8 planted models.
 # Split points are scripted (a stand-in for numpy's default_rng), so every map below is written out by hand
-# from SPEC.md section 3a: the per-iteration map starts at 1; each mutant predicted as the target adds 1/k to
+# from the algorithm (docs: algorithms.md, Causal responsibility and minimal pixel sets):
+# the per-iteration map starts at 1; each mutant predicted as the target adds 1/k to
 # each of its k kept quadrants; the passing mutant of the smallest unmasked area (ties: the first) is refined.
 
 import math  # noqa: E402

@@ -1,7 +1,7 @@
 """Batch size by measurement: the choice from given timings, the measurement loop with a fake clock,
 the cache, the small-job fallback, and that a user's batch_size wins. No test asserts a real timing.
 
-The batch-size measurement traced call by call (calibration.py; see TESTING.md).
+The batch-size measurement traced call by call (calibration.py; see docs/notes/mutation-testing.md).
 
 test_calibration.py checks what the measurement chooses; these tests pin how it gets there, worked by
 hand from the docstrings: which sizes are probed in which order, where the budget stops the ladder,
@@ -251,7 +251,7 @@ def test_disk_key_ignores_weights_but_not_structure(monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The batch-size measurement traced call by call (calibration.py; see TESTING.md).
+# The batch-size measurement traced call by call (calibration.py; see docs/notes/mutation-testing.md).
 # ----------------------------------------------------------------------------------------------------
 
 COST = {16: 3.0, 32: 4.0, 64: 6.0, 128: 10.0}  # also the times measure returns when every size is measured

@@ -1,4 +1,5 @@
-"""Incremental inference (SPEC.md section 7): incremental vs dense vs the reference transcription of sis.py.
+"""Incremental inference (docs: algorithms.md, Incremental inference): incremental vs dense vs the reference
+transcription of sis.py.
 """
 import logging
 import pytest

@@ -1,4 +1,4 @@
-"""The incremental plan (SPEC.md section 7), checked apart from the answers it gives.
+"""The incremental plan (docs: algorithms.md, Incremental inference), checked apart from the answers it gives.
 
 Exactness tests (test_incremental.py) cannot see a plan that is exact but slow: a node classified
 "dense" instead of windowed, a window larger than the reach, a change flag that never drops, an

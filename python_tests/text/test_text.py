@@ -1,4 +1,5 @@
-"""Input reduction (SPEC.md section 4): the packed engine against the plain transcription, hand-built tie cases,
+"""Input reduction (docs: algorithms.md, Input reduction): the packed engine against the plain transcription,
+hand-built tie cases,
 the Hugging Face adapter and clear errors.
 
 text/sis.py and text/mitigation.py checked by hand: token_sis's checks with whole messages and what it hands

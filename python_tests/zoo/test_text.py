@@ -751,7 +751,7 @@ def test_bundled_text_model_overrides_and_cache_folders(monkeypatch, tmp_path):
 @pytest.mark.mutation
 def test_load_text_model_widths_and_incomplete_files(tmp_path, tiny):
     """The widths saved are the model's widths when loaded; a missing file, and a file without one of vocab, state,
-    config and test_accuracy, refused with the messages whole (the accuracy is read too: before stop 34 its absence
+    config and test_accuracy, refused with the messages whole (the accuracy is read too: before, its absence
     raised KeyError)."""
     torch.manual_seed(0)
     narrow = zt.TextModel(zt.WordCNN(len(tiny.vocab), 4, 2, (1,)).eval(), tiny.vocab, 0.5,
