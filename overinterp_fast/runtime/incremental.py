@@ -34,7 +34,7 @@ import copy
 import logging
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -363,8 +363,48 @@ class NotIncremental(Exception):
 
 def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     """Trace ``fn.model`` and build the incremental plan for these inputs; raises NotIncremental with the reason."""
-    model = fn.model
     images = prep.images
+    gm, nodes, x0, output = _traced(fn.model, images)
+    modules = {name: _out_of_place(m) for name, m in gm.named_modules()}
+    calls = {n: _call(n, gm, modules) for n in nodes if n.op in ("call_module", "call_function", "call_method")}
+
+    # Trial run on one image: shapes, and the values of nodes that do not depend on the input.
+    with torch.inference_mode():
+        out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
+    dependent = {x0}
+    for n in nodes:
+        if n.op not in ("placeholder", "get_attr", "output") and any(a in dependent for a in n.all_input_nodes):
+            dependent.add(n)
+
+    consts = {n: v for n, v in values.items() if n not in dependent}
+    planner = _Planner(values, dependent, consts, calls, modules)
+    input_geo = _geometry(feature_boxes(prep.feature_map, prep.num_features), images.shape[2], images.shape[3])
+    planner.kind[x0], planner.geo[x0] = "input", input_geo
+    planner.steps.append(_Step(x0, "input", geo=input_geo))
+    planner.state_elems = images.shape[1] * input_geo.wh * input_geo.ww
+    for n in nodes:
+        if n not in dependent or n.op == "placeholder":
+            continue
+        step = planner.classify(n)
+        if step is not None:
+            planner.add(step)
+
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        raise NotIncremental("the model's output is not a [B, K] tensor")
+    steps = planner.steps
+    _fold_batch_norms(steps, values, dependent, consts, modules)
+    last_use: dict[fx.Node, int] = {}
+    for i, st in enumerate(steps):
+        for a in st.node.all_input_nodes:
+            last_use[a] = i
+    ratio = planner.inc_total / max(planner.dense_total, 1.0)
+    return IncrementalPlan(gm, steps, calls, consts, output.args[0], input_geo, last_use, ratio,
+                           planner.state_elems, images.device)
+
+
+def _traced(model, images: torch.Tensor) -> tuple[fx.GraphModule, list[fx.Node], fx.Node, fx.Node]:
+    """The model traced for images [N, C, H, W]: (graph module, its nodes, its one input, its output node);
+    raises NotIncremental where it cannot be."""
     if images.dim() != 4:
         raise NotIncremental(f"inputs must be images [N, C, H, W], got {images.dim()}-D")
     if not isinstance(model, nn.Module):
@@ -381,40 +421,59 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     output = next(n for n in nodes if n.op == "output")
     if not isinstance(output.args[0], fx.Node):
         raise NotIncremental("the model's output is not a single tensor")
-    modules = {name: _out_of_place(m) for name, m in gm.named_modules()}
-    calls = {n: _call(n, gm, modules) for n in nodes if n.op in ("call_module", "call_function", "call_method")}
+    return gm, nodes, placeholders[0], output
 
-    # Trial run on one image: shapes, and the values of nodes that do not depend on the input.
-    with torch.inference_mode():
-        out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
-    dependent = set(placeholders)
-    for n in nodes:
-        if n.op not in ("placeholder", "get_attr", "output") and any(a in dependent for a in n.all_input_nodes):
-            dependent.add(n)
 
-    p = prep.num_features
-    steps: list[_Step] = []
-    kind: dict[fx.Node, str] = {}
-    geo: dict[fx.Node, Geometry] = {}
-    consts = {n: v for n, v in values.items() if n not in dependent}
+@dataclass
+class _Node:
+    """An input-dependent node being classified, with its values on the trial image."""
 
-    def spatial(n) -> bool:
-        return kind.get(n) in ("input", "window", "pointwise", "alias", "merge")
+    node: fx.Node
+    val: Any
+    dep_args: list[fx.Node]  # its inputs that depend on the input
+    target: Any  # what it calls (a module, a function, or a method's name)
+    args: Any  # its arguments' values
+    kwargs: dict
+    others_const: bool  # its other inputs are the same at every position of a map (batch norm's vectors allowed)
 
-    x0 = placeholders[0]
-    fm = prep.feature_map
-    input_geo = _geometry(feature_boxes(fm, p), images.shape[2], images.shape[3])
-    kind[x0], geo[x0] = "input", input_geo
-    steps.append(_Step(x0, "input", geo=input_geo))
-    dense_total = inc_total = 0.0
-    state_elems = images.shape[1] * input_geo.wh * input_geo.ww
 
-    for n in nodes:
-        if n not in dependent or n.op == "placeholder":
-            continue
+@dataclass
+class _Planner:
+    """What :func:`plan` knows while it classifies the nodes in graph order: the trial run's ``values``, the
+    ``dependent`` nodes, the ``consts`` (values of the others, and metadata), each classified node's kind and
+    geometry, the steps so far, their costs and the largest candidate state."""
+
+    values: dict
+    dependent: set
+    consts: dict
+    calls: dict
+    modules: dict
+    kind: dict = field(default_factory=dict)
+    geo: dict = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+    state_elems: int = 0
+    dense_total: float = 0.0
+    inc_total: float = 0.0
+
+    def spatial(self, n) -> bool:
+        return self.kind.get(n) in ("input", "window", "pointwise", "alias", "merge")
+
+    def add(self, step: _Step) -> None:
+        n = step.node
+        self.kind[n] = step.kind
+        if step.geo is not None:
+            self.geo[n] = step.geo
+        self.steps.append(step)
+        self.dense_total += step.dense_cost
+        self.inc_total += step.cost
+
+    def classify(self, n: fx.Node) -> _Step | None:
+        """The step of input-dependent node ``n``; None where its value is the same for every candidate
+        (it goes to ``consts``)."""
+        values, dependent = self.values, self.dependent
         val = values[n]
         dep_args = [a for a in n.all_input_nodes if a in dependent]
-        target = modules[n.target] if n.op == "call_module" else (
+        target = self.modules[n.target] if n.op == "call_module" else (
             _INPLACE.get(n.target, n.target) if n.op == "call_function" else n.target.rstrip("_"))
         arg_vals = fx.node.map_arg(n.args, lambda a: values[a])
         kw_vals = fx.node.map_arg(_kwargs(n), lambda a: values[a])
@@ -425,88 +484,100 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
         # metadata of a map that is the same for every candidate
         if (n.op == "call_function" and n.target is getattr and n.args[1] in _METADATA_ATTRS) or (
                 n.op == "call_method" and n.target == "dim"):
-            consts[n] = val
-            continue
-        if all(a in consts or a not in dependent for a in n.all_input_nodes) and not isinstance(val, torch.Tensor):
-            consts[n] = val  # asserts and comparisons on metadata
-            continue
-        if isinstance(val, torch.Tensor) and all(spatial(a) for a in dep_args) and dep_args:
-            ins = [values[a] for a in dep_args]
-            in_shape = tuple(ins[0].shape)
-            if len(dep_args) == 1 and val.dim() == 4:
-                w = _window_op(n, target, arg_vals, in_shape)
-                if w is not None and n.op == "call_function" and n.target is not operator.getitem:
-                    w = None
-                if w is not None:
-                    g_in = geo[dep_args[0]]
-                    box = _grow(_boxes(g_in), w["k"], w["s"], w["d"], w["pad"], val.shape[2], val.shape[3])
-                    g = _geometry(box, val.shape[2], val.shape[3])
-                    step = _Step(n, "window", fn=w["fn"], geo=g, k=w["k"], s=w["s"], d=w["d"], pad=w["pad"],
-                                 pad_value=w["pad_value"], conv=w.get("conv"))
-                    step.cost = w["unit_cost"] * g.wh * g.ww + val.shape[1] * g.wh * g.ww
-                    step.dense_cost = w["unit_cost"] * val.shape[2] * val.shape[3]
-                    reg = ((g.wh - 1) * w["s"][0] + (w["k"][0] - 1) * w["d"][0] + 1) * (
-                        (g.ww - 1) * w["s"][1] + (w["k"][1] - 1) * w["d"][1] + 1)
-                    step.cost += 2 * in_shape[1] * reg  # the gather
-                    state_elems = max(state_elems, in_shape[1] * reg, val[0].numel() * g.wh * g.ww // (
-                        val.shape[2] * val.shape[3]))
-                elif (others_const and tuple(val.shape[2:]) == in_shape[2:] and in_shape[0] == val.shape[0] and (
-                        isinstance(target, (*_POINTWISE_MODULES, nn.BatchNorm2d)) or target in _POINTWISE_FUNCTIONS
-                        or target in _POINTWISE_METHODS or target is F.batch_norm
-                        or (target is F.pad and _channel_pad(arg_vals, kw_vals)))):
-                    if isinstance(target, nn.BatchNorm2d) and (target.training or target.running_mean is None):
-                        pass
-                    elif target is F.batch_norm and (arg_vals[5] if len(arg_vals) > 5 else kw_vals.get("training")):
-                        pass
-                    else:
-                        g = geo[dep_args[0]]
-                        # identities (and dropout in eval mode) pass the window on
-                        alias = isinstance(target, (nn.Identity, nn.Dropout, nn.Dropout2d)) and not target.training
-                        step = _Step(n, "alias" if alias else "pointwise", fn=calls[n], geo=g)
-                        step.cost = step.dense_cost = 0.0
-                elif _is_gap(target, arg_vals, kw_vals, in_shape):
-                    step = _Step(n, "gap", fn=calls[n])
-                    g = geo[dep_args[0]]
-                    step.cost = 4 * in_shape[1] * g.wh * g.ww
-            elif len(dep_args) >= 2 and val.dim() == 4 and others_const:
-                shapes = [tuple(values[a].shape) for a in dep_args]
-                is_cat = target in (torch.cat, torch.concat) and _cat_dim(arg_vals, kw_vals) in (1, -3)
-                same_map = all(len(sh) == 4 and sh[0] == val.shape[0] and sh[2:] == tuple(val.shape[2:])
-                               for sh in shapes)
-                if same_map and (is_cat or (target in _BINARY and all(sh == tuple(val.shape) for sh in shapes))):
-                    box = _hull([_boxes(geo[a]) for a in dep_args])
-                    g = _geometry(box, val.shape[2], val.shape[3])
-                    step = _Step(n, "merge", fn=calls[n], geo=g)
-                    step.cost = sum(2 * values[a].shape[1] for a in dep_args) * g.wh * g.ww
-            elif len(dep_args) == 1 and _is_gap(target, arg_vals, kw_vals, in_shape):
-                step = _Step(n, "gap", fn=calls[n])
-                g = geo[dep_args[0]]
-                step.cost = 4 * in_shape[1] * g.wh * g.ww
-        if step is None:
-            step = _Step(n, "dense", fn=calls[n])
-            step.cost = step.dense_cost = _dense_cost(target, val)
-            if isinstance(val, torch.Tensor) and val.dim() >= 1:
-                state_elems = max(state_elems, val[0].numel())
-            for a in dep_args:  # written back into full maps
-                if spatial(a) and isinstance(values[a], torch.Tensor):
-                    step.cost += 2 * values[a][0].numel()
-        kind[n] = step.kind
-        if step.geo is not None:
-            geo[n] = step.geo
-        steps.append(step)
-        dense_total += step.dense_cost
-        inc_total += step.cost
+            self.consts[n] = val
+            return None
+        if all(a in self.consts or a not in dependent for a in n.all_input_nodes) and not isinstance(val, torch.Tensor):
+            self.consts[n] = val  # asserts and comparisons on metadata
+            return None
+        c = _Node(n, val, dep_args, target, arg_vals, kw_vals, others_const)
+        if isinstance(val, torch.Tensor) and all(self.spatial(a) for a in dep_args) and dep_args:
+            step = self._spatial_step(c)
+        return step if step is not None else self._dense_step(c)
 
-    if not isinstance(out, torch.Tensor) or out.dim() != 2:
-        raise NotIncremental("the model's output is not a [B, K] tensor")
-    _fold_batch_norms(steps, values, dependent, consts, modules)
-    last_use: dict[fx.Node, int] = {}
-    for i, st in enumerate(steps):
-        for a in st.node.all_input_nodes:
-            last_use[a] = i
-    ratio = inc_total / max(dense_total, 1.0)
-    return IncrementalPlan(gm, steps, calls, consts, output.args[0], input_geo, last_use, ratio, state_elems,
-                           images.device)
+    def _spatial_step(self, c: _Node) -> _Step | None:
+        """The step of a tensor node whose input-dependent inputs are all maps; None: it runs dense."""
+        n, val, dep_args, target = c.node, c.val, c.dep_args, c.target
+        in_shape = tuple(self.values[dep_args[0]].shape)
+        if len(dep_args) == 1 and val.dim() == 4:
+            w = _window_op(n, target, c.args, in_shape)
+            if w is not None and n.op == "call_function" and n.target is not operator.getitem:
+                w = None
+            if w is not None:
+                return self._window_step(c, w, in_shape)
+            if (c.others_const and tuple(val.shape[2:]) == in_shape[2:] and in_shape[0] == val.shape[0] and (
+                    isinstance(target, (*_POINTWISE_MODULES, nn.BatchNorm2d)) or target in _POINTWISE_FUNCTIONS
+                    or target in _POINTWISE_METHODS or target is F.batch_norm
+                    or (target is F.pad and _channel_pad(c.args, c.kwargs)))):
+                if isinstance(target, nn.BatchNorm2d) and (target.training or target.running_mean is None):
+                    return None
+                if target is F.batch_norm and (c.args[5] if len(c.args) > 5 else c.kwargs.get("training")):
+                    return None
+                g = self.geo[dep_args[0]]
+                # identities (and dropout in eval mode) pass the window on
+                alias = isinstance(target, (nn.Identity, nn.Dropout, nn.Dropout2d)) and not target.training
+                step = _Step(n, "alias" if alias else "pointwise", fn=self.calls[n], geo=g)
+                step.cost = step.dense_cost = 0.0
+                return step
+            if _is_gap(target, c.args, c.kwargs, in_shape):
+                return self._gap_step(c, in_shape)
+            return None
+        if len(dep_args) >= 2 and val.dim() == 4 and c.others_const:
+            return self._merge_step(c)
+        if len(dep_args) == 1 and _is_gap(target, c.args, c.kwargs, in_shape):
+            return self._gap_step(c, in_shape)
+        return None
+
+    def _window_step(self, c: _Node, w: dict, in_shape: tuple) -> _Step:
+        """A window op (convolution, pooling, strided slice): its output window grows from its input's."""
+        val = c.val
+        g_in = self.geo[c.dep_args[0]]
+        box = _grow(_boxes(g_in), w["k"], w["s"], w["d"], w["pad"], val.shape[2], val.shape[3])
+        g = _geometry(box, val.shape[2], val.shape[3])
+        step = _Step(c.node, "window", fn=w["fn"], geo=g, k=w["k"], s=w["s"], d=w["d"], pad=w["pad"],
+                     pad_value=w["pad_value"], conv=w.get("conv"))
+        step.cost = w["unit_cost"] * g.wh * g.ww + val.shape[1] * g.wh * g.ww
+        step.dense_cost = w["unit_cost"] * val.shape[2] * val.shape[3]
+        reg = ((g.wh - 1) * w["s"][0] + (w["k"][0] - 1) * w["d"][0] + 1) * (
+            (g.ww - 1) * w["s"][1] + (w["k"][1] - 1) * w["d"][1] + 1)
+        step.cost += 2 * in_shape[1] * reg  # the gather
+        self.state_elems = max(self.state_elems, in_shape[1] * reg, val[0].numel() * g.wh * g.ww // (
+            val.shape[2] * val.shape[3]))
+        return step
+
+    def _gap_step(self, c: _Node, in_shape: tuple) -> _Step:
+        """Global average pooling: the stored mean plus the window's change."""
+        step = _Step(c.node, "gap", fn=self.calls[c.node])
+        g = self.geo[c.dep_args[0]]
+        step.cost = 4 * in_shape[1] * g.wh * g.ww
+        return step
+
+    def _merge_step(self, c: _Node) -> _Step | None:
+        """Maps of the same size combined (a channel concatenation or a binary op): the hull of their windows;
+        None where they are not such maps."""
+        val, values = c.val, self.values
+        shapes = [tuple(values[a].shape) for a in c.dep_args]
+        is_cat = c.target in (torch.cat, torch.concat) and _cat_dim(c.args, c.kwargs) in (1, -3)
+        same_map = all(len(sh) == 4 and sh[0] == val.shape[0] and sh[2:] == tuple(val.shape[2:])
+                       for sh in shapes)
+        if not (same_map and (is_cat or (c.target in _BINARY and all(sh == tuple(val.shape) for sh in shapes)))):
+            return None
+        box = _hull([_boxes(self.geo[a]) for a in c.dep_args])
+        g = _geometry(box, val.shape[2], val.shape[3])
+        step = _Step(c.node, "merge", fn=self.calls[c.node], geo=g)
+        step.cost = sum(2 * values[a].shape[1] for a in c.dep_args) * g.wh * g.ww
+        return step
+
+    def _dense_step(self, c: _Node) -> _Step:
+        """A node run densely on every candidate; its windowed inputs are written back into full maps."""
+        val = c.val
+        step = _Step(c.node, "dense", fn=self.calls[c.node])
+        step.cost = step.dense_cost = _dense_cost(c.target, val)
+        if isinstance(val, torch.Tensor) and val.dim() >= 1:
+            self.state_elems = max(self.state_elems, val[0].numel())
+        for a in c.dep_args:  # written back into full maps
+            if self.spatial(a) and isinstance(self.values[a], torch.Tensor):
+                step.cost += 2 * self.values[a][0].numel()
+        return step
 
 
 _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
