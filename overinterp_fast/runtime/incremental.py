@@ -710,109 +710,144 @@ class IncrementalEngine:
     def score(self, rows: torch.Tensor, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pl, p = self.pl, self.p
         fidx = torch.where(features < 0, torch.full_like(features, p), features)
-        states: dict[fx.Node, Any] = {}
-        dense_maps: dict[fx.Node, torch.Tensor] = {}
-        boxes = {node: t[fidx] for node, t in pl.tables.items()}
-
-        def valid(node, chg):
-            return boxes[node][:, 2:] * chg.view(-1, 1)
-
-        def gather(node, origin, h, w, pad_value=0.0, with_patch=True):
-            st = states[node]
-            return _ops.patch_gather(self.stored[node], rows, st.patch if with_patch else None,
-                                     boxes[node][:, :2], valid(node, st.chg), origin, h, w, pad_value)
-
-        def full(node):
-            """The map of ``node`` per candidate: its window written back over the stored map."""
-            if node not in dense_maps:
-                h, w = self.stored[node].shape[2:]
-                dense_maps[node] = gather(node, torch.zeros_like(boxes[node][:, :2]), h, w)[0]
-            return dense_maps[node]
-
-        def value_of(a):
-            if a in pl.consts:
-                return pl.consts[a]
-            s = states[a]
-            if isinstance(s, _Win):
-                return full(a)
-            return s.value
-
+        run = _ScoreRun(self, rows, features, {node: t[fidx] for node, t in pl.tables.items()})
         for i, st in enumerate(pl.steps):
             node = st.node
-            if st.kind == "input":
-                g = st.geo
-                origin = boxes[node][:, :2]
-                zeros = torch.zeros_like(rows)
-                x, _ = _ops.patch_gather(self.stored[node], rows, None, origin, origin.new_zeros(len(rows), 4),
-                                         origin, g.wh, g.ww, 0.0)
-                b_rows = rows if self.baseline.shape[0] > 1 else zeros
-                bl, _ = _ops.patch_gather(self.baseline, b_rows, None, origin, origin.new_zeros(len(rows), 4),
-                                          origin, g.wh, g.ww, 0.0)
-                fmw, _ = _ops.patch_gather(self.fm, zeros, None, origin, origin.new_zeros(len(rows), 4), origin,
-                                           g.wh, g.ww, 0.0)
-                patch = torch.where(fmw == features.view(-1, 1, 1, 1), bl, x)
-                states[node] = _Win(patch, features >= 0)
-            elif st.kind == "window":
-                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
-                g = st.geo
-                origin = boxes[node][:, :2] * torch.tensor(st.s, device=rows.device) - torch.tensor(
-                    st.pad, device=rows.device)
-                rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
-                rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
-                region, chg = gather(a, origin, rh, rw, st.pad_value)
-                out = st.fn(region)
-                if tuple(out.shape[2:]) != (g.wh, g.ww):  # the region must give exactly the window
-                    raise AssertionError(f"{node.name}: window {tuple(out.shape[2:])}, planned {(g.wh, g.ww)}")
-                states[node] = _Win(out, chg)
-            elif st.kind == "alias":
-                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
-                states[node] = states[a]
-            elif st.kind == "pointwise":
-                a_in = [x for x in node.all_input_nodes if x not in pl.consts]
-                args = fx.node.map_arg(node.args, lambda x: pl.consts[x] if x in pl.consts else states[x].patch)
-                kwargs = fx.node.map_arg(_kwargs(node), lambda x: pl.consts[x] if x in pl.consts else states[x].patch)
-                states[node] = _Win(st.fn(*args, **kwargs), states[a_in[0]].chg)
-            elif st.kind == "merge":
-                g = st.geo
-                origin = boxes[node][:, :2]
-                gathered, chg = {}, None
-                for a in node.all_input_nodes:
-                    if a in pl.consts:
-                        continue
-                    gathered[a], c = gather(a, origin, g.wh, g.ww)
-                    chg = c if chg is None else chg | c
-                args = fx.node.map_arg(node.args, lambda x: pl.consts[x] if x in pl.consts else gathered[x])
-                kwargs = fx.node.map_arg(_kwargs(node), lambda x: pl.consts[x] if x in pl.consts else gathered[x])
-                states[node] = _Win(st.fn(*args, **kwargs), chg)
-            elif st.kind == "gap":
-                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
-                h, w = self.stored[a].shape[2:]
-                g_in = pl.geo[a]
-                origin = boxes[a][:, :2]
-                new, chg = gather(a, origin, g_in.wh, g_in.ww)
-                old, _ = gather(a, origin, g_in.wh, g_in.ww, with_patch=False)
-                delta = (new - old).sum((2, 3)) / (h * w)
-                base = self.stored[node][rows]
-                states[node] = _Dense(base + delta.view(base.shape), chg)
-            else:  # dense
-                chg = None
-                for a in node.all_input_nodes:
-                    if a in pl.consts:
-                        continue
-                    c = states[a].chg
-                    chg = c if chg is None else chg | c
-                args = fx.node.map_arg(node.args, value_of)
-                kwargs = fx.node.map_arg(_kwargs(node), value_of)
-                states[node] = _Dense(st.fn(*args, **kwargs), chg)
+            run.states[node] = _STEP_RUNS.get(st.kind, _ScoreRun.dense)(run, st)
             for a in node.all_input_nodes:  # free what no later step reads
                 if pl.last_use.get(a) == i and a is not pl.output:
-                    states.pop(a, None)
-                    dense_maps.pop(a, None)
-        out_state = states[pl.output]
-        out = full(pl.output) if isinstance(out_state, _Win) else out_state.value
+                    run.states.pop(a, None)
+                    run.dense_maps.pop(a, None)
+        out_state = run.states[pl.output]
+        out = run.full(pl.output) if isinstance(out_state, _Win) else out_state.value
         out = self.fn.check_output(out, rows.shape[0], rows.device)
         f = self.fn.probabilities(out).gather(1, targets.view(-1, 1)).view(-1).double()
         return torch.where(out_state.chg, f, self.base_scores[rows])
+
+
+@dataclass
+class _ScoreRun:
+    """One :meth:`IncrementalEngine.score` call while its steps run: the candidates (``rows`` [B] with
+    ``features`` [B] also masked), each node's window box per candidate (``boxes``: int64 [B, 4]), the
+    state of each live node (``_Win`` or ``_Dense``) and full maps already written back."""
+
+    engine: IncrementalEngine
+    rows: torch.Tensor
+    features: torch.Tensor
+    boxes: dict
+    states: dict = field(default_factory=dict)
+    dense_maps: dict = field(default_factory=dict)
+
+    def valid(self, node, chg):
+        return self.boxes[node][:, 2:] * chg.view(-1, 1)
+
+    def gather(self, node, origin, h, w, pad_value=0.0, with_patch=True):
+        st = self.states[node]
+        return _ops.patch_gather(self.engine.stored[node], self.rows, st.patch if with_patch else None,
+                                 self.boxes[node][:, :2], self.valid(node, st.chg), origin, h, w, pad_value)
+
+    def full(self, node):
+        """The map of ``node`` per candidate: its window written back over the stored map."""
+        if node not in self.dense_maps:
+            h, w = self.engine.stored[node].shape[2:]
+            self.dense_maps[node] = self.gather(node, torch.zeros_like(self.boxes[node][:, :2]), h, w)[0]
+        return self.dense_maps[node]
+
+    def value_of(self, a):
+        consts = self.engine.pl.consts
+        if a in consts:
+            return consts[a]
+        s = self.states[a]
+        if isinstance(s, _Win):
+            return self.full(a)
+        return s.value
+
+    def _only_input(self, node):
+        (a,) = [x for x in node.all_input_nodes if x not in self.engine.pl.consts]
+        return a
+
+    def input(self, st: _Step) -> _Win:
+        """The input's window with the candidate's feature replaced by the baseline."""
+        eng, rows, node, g = self.engine, self.rows, st.node, st.geo
+        origin = self.boxes[node][:, :2]
+        zeros = torch.zeros_like(rows)
+        x, _ = _ops.patch_gather(eng.stored[node], rows, None, origin, origin.new_zeros(len(rows), 4),
+                                 origin, g.wh, g.ww, 0.0)
+        b_rows = rows if eng.baseline.shape[0] > 1 else zeros
+        bl, _ = _ops.patch_gather(eng.baseline, b_rows, None, origin, origin.new_zeros(len(rows), 4),
+                                  origin, g.wh, g.ww, 0.0)
+        fmw, _ = _ops.patch_gather(eng.fm, zeros, None, origin, origin.new_zeros(len(rows), 4), origin,
+                                   g.wh, g.ww, 0.0)
+        patch = torch.where(fmw == self.features.view(-1, 1, 1, 1), bl, x)
+        return _Win(patch, self.features >= 0)
+
+    def window(self, st: _Step) -> _Win:
+        """A window op run on the region of its input that its output window reads."""
+        node, g, dev = st.node, st.geo, self.rows.device
+        a = self._only_input(node)
+        origin = self.boxes[node][:, :2] * torch.tensor(st.s, device=dev) - torch.tensor(st.pad, device=dev)
+        rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
+        rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
+        region, chg = self.gather(a, origin, rh, rw, st.pad_value)
+        out = st.fn(region)
+        if tuple(out.shape[2:]) != (g.wh, g.ww):  # the region must give exactly the window
+            raise AssertionError(f"{node.name}: window {tuple(out.shape[2:])}, planned {(g.wh, g.ww)}")
+        return _Win(out, chg)
+
+    def alias(self, st: _Step):
+        return self.states[self._only_input(st.node)]
+
+    def pointwise(self, st: _Step) -> _Win:
+        node, consts, states = st.node, self.engine.pl.consts, self.states
+        a_in = [x for x in node.all_input_nodes if x not in consts]
+        args = fx.node.map_arg(node.args, lambda x: consts[x] if x in consts else states[x].patch)
+        kwargs = fx.node.map_arg(_kwargs(node), lambda x: consts[x] if x in consts else states[x].patch)
+        return _Win(st.fn(*args, **kwargs), states[a_in[0]].chg)
+
+    def merge(self, st: _Step) -> _Win:
+        """Inputs gathered over the hull window, then combined."""
+        node, g, consts = st.node, st.geo, self.engine.pl.consts
+        origin = self.boxes[node][:, :2]
+        gathered, chg = {}, None
+        for a in node.all_input_nodes:
+            if a in consts:
+                continue
+            gathered[a], c = self.gather(a, origin, g.wh, g.ww)
+            chg = c if chg is None else chg | c
+        args = fx.node.map_arg(node.args, lambda x: consts[x] if x in consts else gathered[x])
+        kwargs = fx.node.map_arg(_kwargs(node), lambda x: consts[x] if x in consts else gathered[x])
+        return _Win(st.fn(*args, **kwargs), chg)
+
+    def gap(self, st: _Step) -> _Dense:
+        """Global average pooling: the stored mean plus the window's change over the map's size."""
+        node, eng = st.node, self.engine
+        a = self._only_input(node)
+        h, w = eng.stored[a].shape[2:]
+        g_in = eng.pl.geo[a]
+        origin = self.boxes[a][:, :2]
+        new, chg = self.gather(a, origin, g_in.wh, g_in.ww)
+        old, _ = self.gather(a, origin, g_in.wh, g_in.ww, with_patch=False)
+        delta = (new - old).sum((2, 3)) / (h * w)
+        base = eng.stored[node][self.rows]
+        return _Dense(base + delta.view(base.shape), chg)
+
+    def dense(self, st: _Step) -> _Dense:
+        """The node run on full values (windows written back into full maps)."""
+        node, consts = st.node, self.engine.pl.consts
+        chg = None
+        for a in node.all_input_nodes:
+            if a in consts:
+                continue
+            c = self.states[a].chg
+            chg = c if chg is None else chg | c
+        args = fx.node.map_arg(node.args, self.value_of)
+        kwargs = fx.node.map_arg(_kwargs(node), self.value_of)
+        return _Dense(st.fn(*args, **kwargs), chg)
+
+
+# how score() runs each kind of step (any other kind: dense)
+_STEP_RUNS = {"input": _ScoreRun.input, "window": _ScoreRun.window, "alias": _ScoreRun.alias,
+              "pointwise": _ScoreRun.pointwise, "merge": _ScoreRun.merge, "gap": _ScoreRun.gap}
 
 
 class _CallsWithConsts(dict):
