@@ -9,6 +9,7 @@ where FindSIS and the collection logic need the values.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -38,6 +39,174 @@ class _Image:
         self.rounds: list[SISResult] = []
 
 
+@dataclass
+class _ExactRun:
+    """State of one :func:`exact_sis` run, shared by its steps and rounds.
+
+    Device tensors (see the module docstring): ``remaining`` int64 [N, p + 1], ``present`` bool [N, p],
+    ``order`` int64 [N, p], ``values`` float64 [N, p], ``scores`` float64 [N, p + 1] and ``finite`` (bool [],
+    every score so far finite). Host: ``state`` per image, the ``queue`` of candidate ranges and the ``bar``.
+    """
+
+    prep: Prepared
+    thresholds: list[float]
+    collection: bool
+    verifier: CandidateEvaluator | None
+    engine: str
+    targets_host: list[int]
+    remaining: torch.Tensor
+    present: torch.Tensor
+    order: torch.Tensor
+    values: torch.Tensor
+    scores: torch.Tensor
+    finite: torch.Tensor
+    state: list[_Image]
+    queue: CandidateQueue
+    bar: tqdm | None = None
+
+    @classmethod
+    def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
+              collection: bool, verifier: CandidateEvaluator | None, engine: str) -> "_ExactRun":
+        """Every feature present and every image's first step queued (no bar yet)."""
+        images = prep.images
+        dev = images.device
+        n, p = images.shape[0], prep.num_features
+        cols = p + 1
+        # Every tensor is made on the images' device (new_* / device=dev), never on torch's default device.
+        remaining = images.new_full((n, cols), -1, dtype=torch.int64)
+        remaining[:, :p] = torch.arange(p, device=dev)
+        present = images.new_ones((n, p), dtype=torch.bool)
+        order = images.new_full((n, p), -1, dtype=torch.int64)
+        values = images.new_zeros((n, p), dtype=torch.float64)
+        scores = images.new_zeros((n, cols), dtype=torch.float64)
+        finite = images.new_ones((), dtype=torch.bool)
+
+        host_scores = scores0.tolist()
+        targets_host = targets.tolist()
+        state = [_Image(p, host_scores[i]) for i in range(n)]
+        queue = CandidateQueue()
+        for i in range(n):
+            queue.push(i, 0, p, _STEP)
+        return cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
+                   values, scores, finite, state, queue)
+
+    def step(self, evaluator: Callable, batch) -> None:
+        """Score one batch of candidates, advance the images whose step it completes, and end or start rounds."""
+        dev, p = self.prep.images.device, self.prep.num_features
+        state, queue = self.state, self.queue
+        stepped = [i for i, tag in batch.completed if tag == _STEP]
+        scored = [i for i, tag in batch.completed if tag == _SCORE]
+        # every index this step needs, in one host-to-device transfer (schedule.upload)
+        img, slot, rows, counts, steps = upload(dev, batch.image, batch.slot, stepped,
+                                                [state[i].count for i in stepped], [state[i].step for i in stepped])
+        feature = self.remaining[img, slot]
+        f = evaluator(self.present, img, img, feature)
+        self.scores[img, slot] = f
+        self.finite &= torch.isfinite(f).all()
+        ended = []
+        if stepped:
+            _ops.backselect_update(
+                self.scores,
+                rows,
+                counts,
+                steps,
+                self.remaining,
+                self.present,
+                self.order,
+                self.values,
+            )
+            for i in stepped:
+                st = state[i]
+                st.count -= 1
+                st.step += 1
+                if st.count > 0:
+                    queue.push(i, 0, st.count, _STEP)
+                else:
+                    ended.append(i)
+        if ended:
+            self.finish_rounds(ended)
+        if scored:
+            self.start_rounds(scored)
+        self.bar.update(len(batch))
+
+    def finish_rounds(self, ids: list[int]) -> None:
+        """FindSIS on the rounds of images ``ids`` that just ended; with a collection, queue their next rounds."""
+        check_finite_scores(self.finite)
+        thresholds = self.thresholds
+        rows = torch.tensor(ids, device=self.prep.images.device)
+        ords, vals = self.order[rows].cpu(), self.values[rows].cpu()
+        found = {}
+        for k, i in enumerate(ids):
+            st = self.state[i]
+            o, v = ords[k, : st.step].clone(), vals[k, : st.step].clone()
+            sis = find_sis(o, v, thresholds[i]) if st.score >= thresholds[i] else None
+            found[i] = (o, v, sis, None if sis is None else sis_score(v, st.score, sis.numel()))
+        if self.verifier is not None:
+            self.verify(found)
+        for i in ids:
+            st = self.state[i]
+            m = st.step
+            o, v, sis, f_sis = found[i]
+            st.rounds.append(
+                SISResult(
+                    order=o,
+                    values=v,
+                    sis=sis,
+                    mask=None if sis is None else self.prep.feature_mask(sis),
+                    target=self.targets_host[i],
+                    score=st.score,
+                    threshold=thresholds[i],
+                    sis_score=f_sis,
+                    engine=self.engine,
+                )
+            )
+            if not self.collection or sis is None or sis.numel() == 0 or sis.numel() == m:
+                continue
+            self.next_round(i, o, sis)
+
+    def next_round(self, i: int, o: torch.Tensor, sis: torch.Tensor) -> None:
+        """Queue image i's next round: what this round started with (its order ``o``), less its SIS."""
+        p = self.prep.num_features
+        st = self.state[i]
+        keep = torch.zeros_like(self.present[i])
+        keep[o] = True  # (host indices may index a tensor on any device)
+        keep[sis] = False
+        rest = keep.nonzero().flatten()
+        self.present[i] = keep
+        # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
+        self.remaining[i, : rest.numel()] = rest
+        st.count, st.step = rest.numel(), 0
+        self.bar.total += 1 + st.count * (st.count + 1) // 2
+        self.queue.push(i, p, p + 1, _SCORE)
+
+    def verify(self, found: dict) -> None:
+        """Check each SIS on the user's model; where it fails, take more of the order until one passes."""
+        todo = [i for i, (_, _, sis, _) in found.items() if sis is not None]
+        if not todo:
+            return
+        thresholds = self.thresholds
+        keep_first = [found[i][0].flip(0) for i in todo]
+        sizes = [list(range(found[i][2].numel(), found[i][0].numel() + 1)) for i in todo]
+        hits = verify_prefix_sets(self.verifier, todo, keep_first, sizes,
+                                  lambda r, f, top1: f >= thresholds[todo[r]], self.prep.num_features)
+        for i, kf, sz, hit in zip(todo, keep_first, sizes, hits):
+            o, v = found[i][:2]
+            found[i] = (o, v, None, None) if hit is None else (o, v, kf[: sz[hit[0]]].clone(), hit[1])
+
+    def start_rounds(self, ids: list[int]) -> None:
+        """The inputs of images ``ids``' new rounds are scored: start those that pass their threshold."""
+        check_finite_scores(self.finite)
+        p = self.prep.num_features
+        new_scores = self.scores[torch.tensor(ids, device=self.prep.images.device), p].tolist()
+        for i, s in zip(ids, new_scores):
+            st = self.state[i]
+            st.score = s
+            if s >= self.thresholds[i]:
+                self.queue.push(i, 0, st.count, _STEP)
+            else:
+                self.bar.total -= st.count * (st.count + 1) // 2
+
+
 def exact_sis(
     fn: ModelFn,
     prep: Prepared,
@@ -62,135 +231,16 @@ def exact_sis(
     :class:`CandidateEvaluator` of ``fn``, dense forward passes; e.g. an
     :class:`~overinterp_fast.runtime.incremental.IncrementalEvaluator`).
     """
-    images = prep.images
-    dev = images.device
-    n, p = images.shape[0], prep.num_features
-    cols = p + 1
-    # Every tensor is made on the images' device (new_* / device=dev), never on torch's default device.
-    remaining = images.new_full((n, cols), -1, dtype=torch.int64)
-    remaining[:, :p] = torch.arange(p, device=dev)
-    present = images.new_ones((n, p), dtype=torch.bool)
-    order = images.new_full((n, p), -1, dtype=torch.int64)
-    values = images.new_zeros((n, p), dtype=torch.float64)
-    scores = images.new_zeros((n, cols), dtype=torch.float64)
-    finite = images.new_ones((), dtype=torch.bool)
-
-    host_scores = scores0.tolist()
-    targets_host = targets.tolist()
-    state = [_Image(p, host_scores[i]) for i in range(n)]
-    queue = CandidateQueue()
-    for i in range(n):
-        queue.push(i, 0, p, _STEP)
+    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine)
     if evaluator is None:
         evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
-    bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS", disable=None if progress is None else not progress)
+    run.bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",
+                   disable=None if progress is None else not progress)
+    while run.queue:
+        run.step(evaluator, run.queue.take(batch_size))
+    run.bar.close()
+    check_finite_scores(run.finite)
 
-    def finish_rounds(ids: list[int]) -> None:
-        check_finite_scores(finite)
-        rows = torch.tensor(ids, device=dev)
-        ords, vals = order[rows].cpu(), values[rows].cpu()
-        found = {}
-        for k, i in enumerate(ids):
-            st = state[i]
-            o, v = ords[k, : st.step].clone(), vals[k, : st.step].clone()
-            sis = find_sis(o, v, thresholds[i]) if st.score >= thresholds[i] else None
-            found[i] = (o, v, sis, None if sis is None else sis_score(v, st.score, sis.numel()))
-        if verifier is not None:
-            verify(found)
-        for i in ids:
-            st = state[i]
-            m = st.step
-            o, v, sis, f_sis = found[i]
-            st.rounds.append(
-                SISResult(
-                    order=o,
-                    values=v,
-                    sis=sis,
-                    mask=None if sis is None else prep.feature_mask(sis),
-                    target=targets_host[i],
-                    score=st.score,
-                    threshold=thresholds[i],
-                    sis_score=f_sis,
-                    engine=engine,
-                )
-            )
-            if not collection or sis is None or sis.numel() == 0 or sis.numel() == m:
-                continue
-            # Next round: what this round started with, less its SIS.
-            keep = torch.zeros_like(present[i])
-            keep[o] = True  # (host indices may index a tensor on any device)
-            keep[sis] = False
-            rest = keep.nonzero().flatten()
-            present[i] = keep
-            # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
-            remaining[i, : rest.numel()] = rest
-            st.count, st.step = rest.numel(), 0
-            bar.total += 1 + st.count * (st.count + 1) // 2
-            queue.push(i, p, p + 1, _SCORE)
-
-    def verify(found: dict) -> None:
-        """Check each SIS on the user's model; where it fails, take more of the order until one passes."""
-        todo = [i for i, (_, _, sis, _) in found.items() if sis is not None]
-        if not todo:
-            return
-        keep_first = [found[i][0].flip(0) for i in todo]
-        sizes = [list(range(found[i][2].numel(), found[i][0].numel() + 1)) for i in todo]
-        hits = verify_prefix_sets(verifier, todo, keep_first, sizes,
-                                  lambda r, f, top1: f >= thresholds[todo[r]], p)
-        for i, kf, sz, hit in zip(todo, keep_first, sizes, hits):
-            o, v = found[i][:2]
-            found[i] = (o, v, None, None) if hit is None else (o, v, kf[: sz[hit[0]]].clone(), hit[1])
-
-    def start_rounds(ids: list[int]) -> None:
-        check_finite_scores(finite)
-        new_scores = scores[torch.tensor(ids, device=dev), p].tolist()
-        for i, s in zip(ids, new_scores):
-            st = state[i]
-            st.score = s
-            if s >= thresholds[i]:
-                queue.push(i, 0, st.count, _STEP)
-            else:
-                bar.total -= st.count * (st.count + 1) // 2
-
-    while queue:
-        batch = queue.take(batch_size)
-        stepped = [i for i, tag in batch.completed if tag == _STEP]
-        scored = [i for i, tag in batch.completed if tag == _SCORE]
-        # every index this step needs, in one host-to-device transfer (schedule.upload)
-        img, slot, rows, counts, steps = upload(dev, batch.image, batch.slot, stepped,
-                                                [state[i].count for i in stepped], [state[i].step for i in stepped])
-        feature = remaining[img, slot]
-        f = evaluator(present, img, img, feature)
-        scores[img, slot] = f
-        finite &= torch.isfinite(f).all()
-        ended = []
-        if stepped:
-            _ops.backselect_update(
-                scores,
-                rows,
-                counts,
-                steps,
-                remaining,
-                present,
-                order,
-                values,
-            )
-            for i in stepped:
-                st = state[i]
-                st.count -= 1
-                st.step += 1
-                if st.count > 0:
-                    queue.push(i, 0, st.count, _STEP)
-                else:
-                    ended.append(i)
-        if ended:
-            finish_rounds(ended)
-        if scored:
-            start_rounds(scored)
-        bar.update(len(batch))
-    bar.close()
-    check_finite_scores(finite)
-
-    return [first_with_collection(st.rounds, collection) for st in state]
-
+    return [first_with_collection(st.rounds, collection) for st in run.state]

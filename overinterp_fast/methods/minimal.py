@@ -75,77 +75,107 @@ def prune_to_minimal(
     dev = sets.device
     cur = sets.clone()
     wmax = MAX_WIDTH.get(dev.type, 32)
+    rows = _start_rows(orders, scores, known_failing, budget)
+    while True:
+        plan = _plan_round(rows, cur)
+        if not plan:
+            break
+        present, img, prow, feat = _round_candidates(plan, cur, images)
+        t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)  # noqa: E731
+        f, top1 = evaluator(torch.stack(present), t(img), t(prow), t(feat))
+        check_finite_scores(torch.isfinite(f).all())
+        _apply_round(plan, rows, cur, f.tolist(), top1.tolist(), passes, wmax)
+    return cur, [row.f for row in rows], [row.queries for row in rows], [row.certified for row in rows]
+
+
+def _start_rows(orders: list[list[int]], scores: list[float], known_failing: list[int | None] | None,
+                budget: int | None) -> list[_Row]:
+    """Each row's state before the first pass: its queue is its order, less a feature known to fail."""
     rows = [_Row(list(o), float(s), budget=budget) for o, s in zip(orders, scores)]
     for r, row in enumerate(rows):
         row.queue = row.order
         if known_failing and known_failing[r] is not None:
             row.tested[known_failing[r]] = 0
             row.queue = [c for c in row.order if c != known_failing[r]]
-    while True:
-        plan = []  # (row, kind, features): kind "block" removes all at once, "single" one each
-        for r, row in enumerate(rows):
-            if row.done:
+    return rows
+
+
+def _plan_round(rows: list[_Row], cur: torch.Tensor) -> list[tuple[int, str, list[int]]]:
+    """What each unfinished row tries this round: (row, kind, features), kind "block" removes all the features
+    at once, "single" one each. Rows at the end of a pass start the next one (or finish, certified); rows out of
+    budget finish."""
+    plan = []
+    for r, row in enumerate(rows):
+        if row.done:
+            continue
+        if row.j >= len(row.queue):  # end of a pass: retest what a later removal made stale
+            live = cur[r, row.order].tolist()
+            row.queue = [c for c, keep in zip(row.order, live) if keep and row.tested.get(c, -1) < row.removals]
+            row.j, row.block, row.width = 0, 1, 1
+            if not row.queue:
+                row.done = row.certified = True
                 continue
-            if row.j >= len(row.queue):  # end of a pass: retest what a later removal made stale
-                live = cur[r, row.order].tolist()
-                row.queue = [c for c, keep in zip(row.order, live) if keep and row.tested.get(c, -1) < row.removals]
-                row.j, row.block, row.width = 0, 1, 1
-                if not row.queue:
-                    row.done = row.certified = True
-                    continue
-            left = None if row.budget is None else row.budget - row.queries
-            if left is not None and left <= 0:  # out of budget: the set passes, but is not certified
-                row.done = True
-                continue
-            if row.block > 1:
-                plan.append((r, "block", row.queue[row.j : row.j + row.block]))
-            else:
-                plan.append((r, "single", row.queue[row.j : row.j + (row.width if left is None else min(row.width, left))]))
-        if not plan:
-            break
-        present, img, prow, feat = [], [], [], []
-        for r, kind, feats in plan:
-            if kind == "block":
-                s = cur[r].clone()
-                s[torch.tensor(feats, device=dev)] = False
-                present.append(s)
+        left = None if row.budget is None else row.budget - row.queries
+        if left is not None and left <= 0:  # out of budget: the set passes, but is not certified
+            row.done = True
+            continue
+        if row.block > 1:
+            plan.append((r, "block", row.queue[row.j : row.j + row.block]))
+        else:
+            plan.append((r, "single", row.queue[row.j : row.j + (row.width if left is None else min(row.width, left))]))
+    return plan
+
+
+def _round_candidates(plan: list[tuple[int, str, list[int]]], cur: torch.Tensor,
+                      images: list[int]) -> tuple[list[torch.Tensor], list[int], list[int], list[int]]:
+    """The round's candidates for the evaluator: (present sets bool [p] each, and per candidate its image, its
+    present row and the feature it masks (-1: none)). A block is one set without its features; singles share
+    their row's current set."""
+    present, img, prow, feat = [], [], [], []
+    for r, kind, feats in plan:
+        if kind == "block":
+            s = cur[r].clone()
+            s[torch.tensor(feats, device=cur.device)] = False
+            present.append(s)
+            img.append(images[r])
+            prow.append(len(present) - 1)
+            feat.append(-1)
+        else:
+            present.append(cur[r])
+            for c in feats:
                 img.append(images[r])
                 prow.append(len(present) - 1)
-                feat.append(-1)
+                feat.append(c)
+    return present, img, prow, feat
+
+
+def _apply_round(plan: list[tuple[int, str, list[int]]], rows: list[_Row], cur: torch.Tensor, f: list[float],
+                 top1: list[bool], passes: Callable[[int, float, bool], bool], wmax: int) -> None:
+    """Take the round's answers (f and top-1 per candidate, in plan order): remove what passed from ``cur``
+    and adapt each row's block size and width."""
+    at = 0
+    for r, kind, feats in plan:
+        row = rows[r]
+        if kind == "block":
+            row.queries += 1
+            if passes(r, f[at], top1[at]):
+                cur[r, torch.tensor(feats, device=cur.device)] = False
+                row.f, row.removals, row.j = f[at], row.removals + 1, row.j + len(feats)
+                row.block *= 2
             else:
-                present.append(cur[r])
-                for c in feats:
-                    img.append(images[r])
-                    prow.append(len(present) - 1)
-                    feat.append(c)
-        t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)  # noqa: E731
-        f, top1 = evaluator(torch.stack(present), t(img), t(prow), t(feat))
-        check_finite_scores(torch.isfinite(f).all())
-        f, top1 = f.tolist(), top1.tolist()
-        at = 0
-        for r, kind, feats in plan:
-            row = rows[r]
-            if kind == "block":
-                row.queries += 1
-                if passes(r, f[at], top1[at]):
-                    cur[r, torch.tensor(feats, device=dev)] = False
-                    row.f, row.removals, row.j = f[at], row.removals + 1, row.j + len(feats)
-                    row.block *= 2
-                else:
-                    row.block //= 2
-                    row.width = 1
-                at += 1
-                continue
-            row.queries += len(feats)
-            hit = next((i for i in range(len(feats)) if passes(r, f[at + i], top1[at + i])), None)
-            for c in feats[: len(feats) if hit is None else hit]:
-                row.tested[c] = row.removals
-            if hit is None:
-                row.j += len(feats)
-                row.width = min(2 * row.width, wmax)
-            else:
-                cur[r, feats[hit]] = False
-                row.f, row.removals, row.j = f[at + hit], row.removals + 1, row.j + hit + 1
-                row.block, row.width = 2, 1
-            at += len(feats)
-    return cur, [row.f for row in rows], [row.queries for row in rows], [row.certified for row in rows]
+                row.block //= 2
+                row.width = 1
+            at += 1
+            continue
+        row.queries += len(feats)
+        hit = next((i for i in range(len(feats)) if passes(r, f[at + i], top1[at + i])), None)
+        for c in feats[: len(feats) if hit is None else hit]:
+            row.tested[c] = row.removals
+        if hit is None:
+            row.j += len(feats)
+            row.width = min(2 * row.width, wmax)
+        else:
+            cur[r, feats[hit]] = False
+            row.f, row.removals, row.j = f[at + hit], row.removals + 1, row.j + hit + 1
+            row.block, row.width = 2, 1
+        at += len(feats)

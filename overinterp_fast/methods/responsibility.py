@@ -244,17 +244,46 @@ def descend(
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
-    state = [_Descent(i, descent_rng(s), [(0, 0, h, w)]) for i, s in descents]
-    queries = [0] * n
-    resp_rects: list[tuple[int, int, int, int]] = []
-    resp_owner: list[int] = []
-    resp_weight: list[int] = []
+    run = _DescentRun(evaluator, present, passes, cache, monotone, h, w, dev,
+                      [_Descent(i, descent_rng(s), [(0, 0, h, w)]) for i, s in descents], [0] * n, [], [], [])
     bar = tqdm(total=depth, unit="level", desc="responsibility", disable=None if progress is None else not progress)
     level = 0
-    while any(d.alive for d in state):
-        # the splits of this level: (descent, quadrants, the other active boxes)
-        splits: list[tuple[int, list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]] = []
-        for di, d in enumerate(state):
+    while any(d.alive for d in run.state):
+        splits = run.splits(min_box)
+        if not splits:
+            break
+        run.refine(run.score_level(splits, level), depth)
+        bar.update(1)
+        level += 1
+    bar.close()
+    return run.log_maps(descents, per_image, n), run.queries
+
+
+@dataclass
+class _DescentRun:
+    """The descents of one :func:`descend` call, level by level, and what their levels share: the scoring
+    (``evaluator``, ``present``, ``passes``, the ``cache``, ``monotone``), the image size, each descent's
+    state, the queries per image and the responsibility rectangles gathered (rectangle, descent, weight)."""
+
+    evaluator: CandidateEvaluator
+    present: torch.Tensor
+    passes: Callable
+    cache: MutantCache
+    monotone: bool
+    h: int
+    w: int
+    dev: torch.device
+    state: list[_Descent]
+    queries: list[int]
+    resp_rects: list[tuple[int, int, int, int]]
+    resp_owner: list[int]
+    resp_weight: list[int]
+
+    def splits(self, min_box: int) -> list[tuple[int, list[tuple], list[tuple]]]:
+        """The splits of this level: (descent, quadrants, the other active boxes). A live descent with no box
+        of ``min_box`` pixels stops."""
+        splits = []
+        for di, d in enumerate(self.state):
             if not d.alive:
                 continue
             made = False
@@ -265,53 +294,67 @@ def descend(
                 made = True
             if not made:
                 d.alive = False
-        if not splits:
-            break
-        # mutants of this level: (descent, kept quadrants, key). Mutants of one image with the same
-        # non-empty rectangles (empty quadrants make these, in this level or before) share one pass.
+        return splits
+
+    def score_level(self, splits: list, level: int) -> list:
+        """The mutants of this level: (descent, kept quadrants, key, passed), split by split, subsets in SUBSETS
+        order. Mutants of one image with the same non-empty rectangles (empty quadrants make these, in this
+        level or before) share one pass."""
+        cache = self.cache
         mutants: list = []  # (split, subset, descent, kept quadrants, key, passed)
         if len(cache.level_queries) <= level:
             cache.level_queries.append(0)
         done: dict[tuple[int, int], bool] = {}  # (split, subset) -> passed (evaluated or inferred)
-        for group in _ROUNDS if monotone else (range(len(SUBSETS)),):
-            rects, owner, evals, keys = [], [], [], []
-            new: set[tuple] = set()
-            round_mutants = []
-            for si, (di, quads, static) in enumerate(splits):
-                d = state[di]
-                for k in group:
-                    if monotone and SUPERSETS[k] and skipped(k, [done[si, u] for u in SUPERSETS[k]]):
-                        done[si, k] = False  # no superset passed: taken as failing, not scored
-                        continue
-                    kept = [quads[c] for c in SUBSETS[k]]
-                    shown = sorted({r for r in kept + static if _area(r) > 0})
-                    key = (d.image, *shown)
-                    if key in cache.scores:
-                        cache.hits += 1
-                    elif key not in new:
-                        new.add(key)
-                        keys.append(key)
-                        evals.append(d.image)
-                        rects.extend(shown)
-                        owner.extend([len(evals) - 1] * len(shown))
-                    round_mutants.append((si, k, di, kept, key))
-            if evals:
-                _score_keys(evaluator, rects, owner, evals, keys, present, cache, h, w, dev)
-                for key in keys:  # a query: the model answered (not a surrogate)
-                    if key not in cache.guessed:
-                        queries[key[0]] += 1
-                        cache.level_queries[level] += 1
-            for si, k, di, kept, key in round_mutants:
+        for group in _ROUNDS if self.monotone else (range(len(SUBSETS)),):
+            for si, k, di, kept, key in self._score_round(splits, group, done, level):
                 fk, tk, _ = cache.scores[key]
-                done[si, k] = bool(passes(state[di].image, fk, tk))
+                done[si, k] = bool(self.passes(self.state[di].image, fk, tk))
                 mutants.append((si, k, di, kept, key, done[si, k]))
         mutants.sort(key=lambda mu: mu[:2])  # split by split, subsets in SUBSETS order (ties of the best below)
-        mutants = [mu[2:] for mu in mutants]
+        return [mu[2:] for mu in mutants]
+
+    def _score_round(self, splits: list, group, done: dict, level: int) -> list:
+        """Score the mutants of subsets ``group`` of every split that the cache does not hold (monotone: not
+        those taken as failing, which go to ``done``): (split, subset, descent, kept quadrants, key) of each."""
+        cache = self.cache
+        rects, owner, evals, keys = [], [], [], []
+        new: set[tuple] = set()
+        round_mutants = []
+        for si, (di, quads, static) in enumerate(splits):
+            d = self.state[di]
+            for k in group:
+                if self.monotone and SUPERSETS[k] and skipped(k, [done[si, u] for u in SUPERSETS[k]]):
+                    done[si, k] = False  # no superset passed: taken as failing, not scored
+                    continue
+                kept = [quads[c] for c in SUBSETS[k]]
+                shown = sorted({r for r in kept + static if _area(r) > 0})
+                key = (d.image, *shown)
+                if key in cache.scores:
+                    cache.hits += 1
+                elif key not in new:
+                    new.add(key)
+                    keys.append(key)
+                    evals.append(d.image)
+                    rects.extend(shown)
+                    owner.extend([len(evals) - 1] * len(shown))
+                round_mutants.append((si, k, di, kept, key))
+        if evals:
+            _score_keys(self.evaluator, rects, owner, evals, keys, self.present, cache, self.h, self.w, self.dev)
+            for key in keys:  # a query: the model answered (not a surrogate)
+                if key not in cache.guessed:
+                    self.queries[key[0]] += 1
+                    cache.level_queries[level] += 1
+        return round_mutants
+
+    def refine(self, mutants: list, depth: int) -> None:
+        """Per descent: stop where no mutant passed; otherwise add the responsibility of its mutants predicted
+        as the target and refine the smallest passing one."""
+        cache = self.cache
         by_descent: dict[int, list[int]] = {}
         for mi, (di, _, _, _) in enumerate(mutants):
             by_descent.setdefault(di, []).append(mi)
         for di, mis in by_descent.items():
-            d = state[di]
+            d = self.state[di]
             res = [cache.scores[mutants[mi][2]] for mi in mis]
             ok = [mi for mi in mis if mutants[mi][3]]
             if not ok:
@@ -321,28 +364,30 @@ def descend(
                 if tm:
                     kept = mutants[mi][1]
                     for q in kept:
-                        resp_rects.append(q)
-                        resp_owner.append(di)
-                        resp_weight.append(_UNIT // len(kept))
+                        self.resp_rects.append(q)
+                        self.resp_owner.append(di)
+                        self.resp_weight.append(_UNIT // len(kept))
             # the passing mutant with the smallest unmasked area (ties: the first) is refined next
             best = min(ok, key=lambda mi: (cache.scores[mutants[mi][2]][2], mi))
             d.active = [q for q in mutants[best][1] if _area(q) > 0]
             d.level += 1
             if d.level >= depth:
                 d.alive = False
-        bar.update(1)
-        level += 1
-    bar.close()
-    row_t = torch.as_tensor([i for i, _ in descents] if per_image else range(len(state)), dtype=torch.int64,
-                            device=dev)
-    out = torch.zeros(n if per_image else len(state), h, w, dtype=torch.float64, device=dev)
 
-    def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
-        out.index_add_(0, row_t[sl], torch.log1p(acc.double() / _UNIT))
-        return acc.new_zeros(0)  # the runner concatenates the (empty) results; the maps are in ``out``
+    def log_maps(self, descents: list[tuple[int, int]], per_image: bool, n: int) -> torch.Tensor:
+        """The log per-iteration maps: float64 [D, H, W], or [N, H, W] summed per image (``per_image``)."""
+        h, w, dev = self.h, self.w, self.dev
+        row_t = torch.as_tensor([i for i, _ in descents] if per_image else range(len(self.state)), dtype=torch.int64,
+                                device=dev)
+        out = torch.zeros(n if per_image else len(self.state), h, w, dtype=torch.float64, device=dev)
 
-    _rect_cover(evaluator.runner, resp_rects, resp_owner, resp_weight, len(state), h, w, dev, add_logs)
-    return out, queries
+        def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
+            out.index_add_(0, row_t[sl], torch.log1p(acc.double() / _UNIT))
+            return acc.new_zeros(0)  # the runner concatenates the (empty) results; the maps are in ``out``
+
+        _rect_cover(self.evaluator.runner, self.resp_rects, self.resp_owner, self.resp_weight, len(self.state), h, w,
+                    dev, add_logs)
+        return out
 
 
 def compute_responsibility(

@@ -34,7 +34,7 @@ import copy
 import logging
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -363,8 +363,48 @@ class NotIncremental(Exception):
 
 def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     """Trace ``fn.model`` and build the incremental plan for these inputs; raises NotIncremental with the reason."""
-    model = fn.model
     images = prep.images
+    gm, nodes, x0, output = _traced(fn.model, images)
+    modules = {name: _out_of_place(m) for name, m in gm.named_modules()}
+    calls = {n: _call(n, gm, modules) for n in nodes if n.op in ("call_module", "call_function", "call_method")}
+
+    # Trial run on one image: shapes, and the values of nodes that do not depend on the input.
+    with torch.inference_mode():
+        out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
+    dependent = {x0}
+    for n in nodes:
+        if n.op not in ("placeholder", "get_attr", "output") and any(a in dependent for a in n.all_input_nodes):
+            dependent.add(n)
+
+    consts = {n: v for n, v in values.items() if n not in dependent}
+    planner = _Planner(values, dependent, consts, calls, modules)
+    input_geo = _geometry(feature_boxes(prep.feature_map, prep.num_features), images.shape[2], images.shape[3])
+    planner.kind[x0], planner.geo[x0] = "input", input_geo
+    planner.steps.append(_Step(x0, "input", geo=input_geo))
+    planner.state_elems = images.shape[1] * input_geo.wh * input_geo.ww
+    for n in nodes:
+        if n not in dependent or n.op == "placeholder":
+            continue
+        step = planner.classify(n)
+        if step is not None:
+            planner.add(step)
+
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        raise NotIncremental("the model's output is not a [B, K] tensor")
+    steps = planner.steps
+    _fold_batch_norms(steps, values, dependent, consts, modules)
+    last_use: dict[fx.Node, int] = {}
+    for i, st in enumerate(steps):
+        for a in st.node.all_input_nodes:
+            last_use[a] = i
+    ratio = planner.inc_total / max(planner.dense_total, 1.0)
+    return IncrementalPlan(gm, steps, calls, consts, output.args[0], input_geo, last_use, ratio,
+                           planner.state_elems, images.device)
+
+
+def _traced(model, images: torch.Tensor) -> tuple[fx.GraphModule, list[fx.Node], fx.Node, fx.Node]:
+    """The model traced for images [N, C, H, W]: (graph module, its nodes, its one input, its output node);
+    raises NotIncremental where it cannot be."""
     if images.dim() != 4:
         raise NotIncremental(f"inputs must be images [N, C, H, W], got {images.dim()}-D")
     if not isinstance(model, nn.Module):
@@ -381,40 +421,59 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     output = next(n for n in nodes if n.op == "output")
     if not isinstance(output.args[0], fx.Node):
         raise NotIncremental("the model's output is not a single tensor")
-    modules = {name: _out_of_place(m) for name, m in gm.named_modules()}
-    calls = {n: _call(n, gm, modules) for n in nodes if n.op in ("call_module", "call_function", "call_method")}
+    return gm, nodes, placeholders[0], output
 
-    # Trial run on one image: shapes, and the values of nodes that do not depend on the input.
-    with torch.inference_mode():
-        out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
-    dependent = set(placeholders)
-    for n in nodes:
-        if n.op not in ("placeholder", "get_attr", "output") and any(a in dependent for a in n.all_input_nodes):
-            dependent.add(n)
 
-    p = prep.num_features
-    steps: list[_Step] = []
-    kind: dict[fx.Node, str] = {}
-    geo: dict[fx.Node, Geometry] = {}
-    consts = {n: v for n, v in values.items() if n not in dependent}
+@dataclass
+class _Node:
+    """An input-dependent node being classified, with its values on the trial image."""
 
-    def spatial(n) -> bool:
-        return kind.get(n) in ("input", "window", "pointwise", "alias", "merge")
+    node: fx.Node
+    val: Any
+    dep_args: list[fx.Node]  # its inputs that depend on the input
+    target: Any  # what it calls (a module, a function, or a method's name)
+    args: Any  # its arguments' values
+    kwargs: dict
+    others_const: bool  # its other inputs are the same at every position of a map (batch norm's vectors allowed)
 
-    x0 = placeholders[0]
-    fm = prep.feature_map
-    input_geo = _geometry(feature_boxes(fm, p), images.shape[2], images.shape[3])
-    kind[x0], geo[x0] = "input", input_geo
-    steps.append(_Step(x0, "input", geo=input_geo))
-    dense_total = inc_total = 0.0
-    state_elems = images.shape[1] * input_geo.wh * input_geo.ww
 
-    for n in nodes:
-        if n not in dependent or n.op == "placeholder":
-            continue
+@dataclass
+class _Planner:
+    """What :func:`plan` knows while it classifies the nodes in graph order: the trial run's ``values``, the
+    ``dependent`` nodes, the ``consts`` (values of the others, and metadata), each classified node's kind and
+    geometry, the steps so far, their costs and the largest candidate state."""
+
+    values: dict
+    dependent: set
+    consts: dict
+    calls: dict
+    modules: dict
+    kind: dict = field(default_factory=dict)
+    geo: dict = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+    state_elems: int = 0
+    dense_total: float = 0.0
+    inc_total: float = 0.0
+
+    def spatial(self, n) -> bool:
+        return self.kind.get(n) in ("input", "window", "pointwise", "alias", "merge")
+
+    def add(self, step: _Step) -> None:
+        n = step.node
+        self.kind[n] = step.kind
+        if step.geo is not None:
+            self.geo[n] = step.geo
+        self.steps.append(step)
+        self.dense_total += step.dense_cost
+        self.inc_total += step.cost
+
+    def classify(self, n: fx.Node) -> _Step | None:
+        """The step of input-dependent node ``n``; None where its value is the same for every candidate
+        (it goes to ``consts``)."""
+        values, dependent = self.values, self.dependent
         val = values[n]
         dep_args = [a for a in n.all_input_nodes if a in dependent]
-        target = modules[n.target] if n.op == "call_module" else (
+        target = self.modules[n.target] if n.op == "call_module" else (
             _INPLACE.get(n.target, n.target) if n.op == "call_function" else n.target.rstrip("_"))
         arg_vals = fx.node.map_arg(n.args, lambda a: values[a])
         kw_vals = fx.node.map_arg(_kwargs(n), lambda a: values[a])
@@ -425,88 +484,100 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
         # metadata of a map that is the same for every candidate
         if (n.op == "call_function" and n.target is getattr and n.args[1] in _METADATA_ATTRS) or (
                 n.op == "call_method" and n.target == "dim"):
-            consts[n] = val
-            continue
-        if all(a in consts or a not in dependent for a in n.all_input_nodes) and not isinstance(val, torch.Tensor):
-            consts[n] = val  # asserts and comparisons on metadata
-            continue
-        if isinstance(val, torch.Tensor) and all(spatial(a) for a in dep_args) and dep_args:
-            ins = [values[a] for a in dep_args]
-            in_shape = tuple(ins[0].shape)
-            if len(dep_args) == 1 and val.dim() == 4:
-                w = _window_op(n, target, arg_vals, in_shape)
-                if w is not None and n.op == "call_function" and n.target is not operator.getitem:
-                    w = None
-                if w is not None:
-                    g_in = geo[dep_args[0]]
-                    box = _grow(_boxes(g_in), w["k"], w["s"], w["d"], w["pad"], val.shape[2], val.shape[3])
-                    g = _geometry(box, val.shape[2], val.shape[3])
-                    step = _Step(n, "window", fn=w["fn"], geo=g, k=w["k"], s=w["s"], d=w["d"], pad=w["pad"],
-                                 pad_value=w["pad_value"], conv=w.get("conv"))
-                    step.cost = w["unit_cost"] * g.wh * g.ww + val.shape[1] * g.wh * g.ww
-                    step.dense_cost = w["unit_cost"] * val.shape[2] * val.shape[3]
-                    reg = ((g.wh - 1) * w["s"][0] + (w["k"][0] - 1) * w["d"][0] + 1) * (
-                        (g.ww - 1) * w["s"][1] + (w["k"][1] - 1) * w["d"][1] + 1)
-                    step.cost += 2 * in_shape[1] * reg  # the gather
-                    state_elems = max(state_elems, in_shape[1] * reg, val[0].numel() * g.wh * g.ww // (
-                        val.shape[2] * val.shape[3]))
-                elif (others_const and tuple(val.shape[2:]) == in_shape[2:] and in_shape[0] == val.shape[0] and (
-                        isinstance(target, (*_POINTWISE_MODULES, nn.BatchNorm2d)) or target in _POINTWISE_FUNCTIONS
-                        or target in _POINTWISE_METHODS or target is F.batch_norm
-                        or (target is F.pad and _channel_pad(arg_vals, kw_vals)))):
-                    if isinstance(target, nn.BatchNorm2d) and (target.training or target.running_mean is None):
-                        pass
-                    elif target is F.batch_norm and (arg_vals[5] if len(arg_vals) > 5 else kw_vals.get("training")):
-                        pass
-                    else:
-                        g = geo[dep_args[0]]
-                        # identities (and dropout in eval mode) pass the window on
-                        alias = isinstance(target, (nn.Identity, nn.Dropout, nn.Dropout2d)) and not target.training
-                        step = _Step(n, "alias" if alias else "pointwise", fn=calls[n], geo=g)
-                        step.cost = step.dense_cost = 0.0
-                elif _is_gap(target, arg_vals, kw_vals, in_shape):
-                    step = _Step(n, "gap", fn=calls[n])
-                    g = geo[dep_args[0]]
-                    step.cost = 4 * in_shape[1] * g.wh * g.ww
-            elif len(dep_args) >= 2 and val.dim() == 4 and others_const:
-                shapes = [tuple(values[a].shape) for a in dep_args]
-                is_cat = target in (torch.cat, torch.concat) and _cat_dim(arg_vals, kw_vals) in (1, -3)
-                same_map = all(len(sh) == 4 and sh[0] == val.shape[0] and sh[2:] == tuple(val.shape[2:])
-                               for sh in shapes)
-                if same_map and (is_cat or (target in _BINARY and all(sh == tuple(val.shape) for sh in shapes))):
-                    box = _hull([_boxes(geo[a]) for a in dep_args])
-                    g = _geometry(box, val.shape[2], val.shape[3])
-                    step = _Step(n, "merge", fn=calls[n], geo=g)
-                    step.cost = sum(2 * values[a].shape[1] for a in dep_args) * g.wh * g.ww
-            elif len(dep_args) == 1 and _is_gap(target, arg_vals, kw_vals, in_shape):
-                step = _Step(n, "gap", fn=calls[n])
-                g = geo[dep_args[0]]
-                step.cost = 4 * in_shape[1] * g.wh * g.ww
-        if step is None:
-            step = _Step(n, "dense", fn=calls[n])
-            step.cost = step.dense_cost = _dense_cost(target, val)
-            if isinstance(val, torch.Tensor) and val.dim() >= 1:
-                state_elems = max(state_elems, val[0].numel())
-            for a in dep_args:  # written back into full maps
-                if spatial(a) and isinstance(values[a], torch.Tensor):
-                    step.cost += 2 * values[a][0].numel()
-        kind[n] = step.kind
-        if step.geo is not None:
-            geo[n] = step.geo
-        steps.append(step)
-        dense_total += step.dense_cost
-        inc_total += step.cost
+            self.consts[n] = val
+            return None
+        if all(a in self.consts or a not in dependent for a in n.all_input_nodes) and not isinstance(val, torch.Tensor):
+            self.consts[n] = val  # asserts and comparisons on metadata
+            return None
+        c = _Node(n, val, dep_args, target, arg_vals, kw_vals, others_const)
+        if isinstance(val, torch.Tensor) and all(self.spatial(a) for a in dep_args) and dep_args:
+            step = self._spatial_step(c)
+        return step if step is not None else self._dense_step(c)
 
-    if not isinstance(out, torch.Tensor) or out.dim() != 2:
-        raise NotIncremental("the model's output is not a [B, K] tensor")
-    _fold_batch_norms(steps, values, dependent, consts, modules)
-    last_use: dict[fx.Node, int] = {}
-    for i, st in enumerate(steps):
-        for a in st.node.all_input_nodes:
-            last_use[a] = i
-    ratio = inc_total / max(dense_total, 1.0)
-    return IncrementalPlan(gm, steps, calls, consts, output.args[0], input_geo, last_use, ratio, state_elems,
-                           images.device)
+    def _spatial_step(self, c: _Node) -> _Step | None:
+        """The step of a tensor node whose input-dependent inputs are all maps; None: it runs dense."""
+        n, val, dep_args, target = c.node, c.val, c.dep_args, c.target
+        in_shape = tuple(self.values[dep_args[0]].shape)
+        if len(dep_args) == 1 and val.dim() == 4:
+            w = _window_op(n, target, c.args, in_shape)
+            if w is not None and n.op == "call_function" and n.target is not operator.getitem:
+                w = None
+            if w is not None:
+                return self._window_step(c, w, in_shape)
+            if (c.others_const and tuple(val.shape[2:]) == in_shape[2:] and in_shape[0] == val.shape[0] and (
+                    isinstance(target, (*_POINTWISE_MODULES, nn.BatchNorm2d)) or target in _POINTWISE_FUNCTIONS
+                    or target in _POINTWISE_METHODS or target is F.batch_norm
+                    or (target is F.pad and _channel_pad(c.args, c.kwargs)))):
+                if isinstance(target, nn.BatchNorm2d) and (target.training or target.running_mean is None):
+                    return None
+                if target is F.batch_norm and (c.args[5] if len(c.args) > 5 else c.kwargs.get("training")):
+                    return None
+                g = self.geo[dep_args[0]]
+                # identities (and dropout in eval mode) pass the window on
+                alias = isinstance(target, (nn.Identity, nn.Dropout, nn.Dropout2d)) and not target.training
+                step = _Step(n, "alias" if alias else "pointwise", fn=self.calls[n], geo=g)
+                step.cost = step.dense_cost = 0.0
+                return step
+            if _is_gap(target, c.args, c.kwargs, in_shape):
+                return self._gap_step(c, in_shape)
+            return None
+        if len(dep_args) >= 2 and val.dim() == 4 and c.others_const:
+            return self._merge_step(c)
+        if len(dep_args) == 1 and _is_gap(target, c.args, c.kwargs, in_shape):
+            return self._gap_step(c, in_shape)
+        return None
+
+    def _window_step(self, c: _Node, w: dict, in_shape: tuple) -> _Step:
+        """A window op (convolution, pooling, strided slice): its output window grows from its input's."""
+        val = c.val
+        g_in = self.geo[c.dep_args[0]]
+        box = _grow(_boxes(g_in), w["k"], w["s"], w["d"], w["pad"], val.shape[2], val.shape[3])
+        g = _geometry(box, val.shape[2], val.shape[3])
+        step = _Step(c.node, "window", fn=w["fn"], geo=g, k=w["k"], s=w["s"], d=w["d"], pad=w["pad"],
+                     pad_value=w["pad_value"], conv=w.get("conv"))
+        step.cost = w["unit_cost"] * g.wh * g.ww + val.shape[1] * g.wh * g.ww
+        step.dense_cost = w["unit_cost"] * val.shape[2] * val.shape[3]
+        reg = ((g.wh - 1) * w["s"][0] + (w["k"][0] - 1) * w["d"][0] + 1) * (
+            (g.ww - 1) * w["s"][1] + (w["k"][1] - 1) * w["d"][1] + 1)
+        step.cost += 2 * in_shape[1] * reg  # the gather
+        self.state_elems = max(self.state_elems, in_shape[1] * reg, val[0].numel() * g.wh * g.ww // (
+            val.shape[2] * val.shape[3]))
+        return step
+
+    def _gap_step(self, c: _Node, in_shape: tuple) -> _Step:
+        """Global average pooling: the stored mean plus the window's change."""
+        step = _Step(c.node, "gap", fn=self.calls[c.node])
+        g = self.geo[c.dep_args[0]]
+        step.cost = 4 * in_shape[1] * g.wh * g.ww
+        return step
+
+    def _merge_step(self, c: _Node) -> _Step | None:
+        """Maps of the same size combined (a channel concatenation or a binary op): the hull of their windows;
+        None where they are not such maps."""
+        val, values = c.val, self.values
+        shapes = [tuple(values[a].shape) for a in c.dep_args]
+        is_cat = c.target in (torch.cat, torch.concat) and _cat_dim(c.args, c.kwargs) in (1, -3)
+        same_map = all(len(sh) == 4 and sh[0] == val.shape[0] and sh[2:] == tuple(val.shape[2:])
+                       for sh in shapes)
+        if not (same_map and (is_cat or (c.target in _BINARY and all(sh == tuple(val.shape) for sh in shapes)))):
+            return None
+        box = _hull([_boxes(self.geo[a]) for a in c.dep_args])
+        g = _geometry(box, val.shape[2], val.shape[3])
+        step = _Step(c.node, "merge", fn=self.calls[c.node], geo=g)
+        step.cost = sum(2 * values[a].shape[1] for a in c.dep_args) * g.wh * g.ww
+        return step
+
+    def _dense_step(self, c: _Node) -> _Step:
+        """A node run densely on every candidate; its windowed inputs are written back into full maps."""
+        val = c.val
+        step = _Step(c.node, "dense", fn=self.calls[c.node])
+        step.cost = step.dense_cost = _dense_cost(c.target, val)
+        if isinstance(val, torch.Tensor) and val.dim() >= 1:
+            self.state_elems = max(self.state_elems, val[0].numel())
+        for a in c.dep_args:  # written back into full maps
+            if self.spatial(a) and isinstance(self.values[a], torch.Tensor):
+                step.cost += 2 * self.values[a][0].numel()
+        return step
 
 
 _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
@@ -639,109 +710,144 @@ class IncrementalEngine:
     def score(self, rows: torch.Tensor, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pl, p = self.pl, self.p
         fidx = torch.where(features < 0, torch.full_like(features, p), features)
-        states: dict[fx.Node, Any] = {}
-        dense_maps: dict[fx.Node, torch.Tensor] = {}
-        boxes = {node: t[fidx] for node, t in pl.tables.items()}
-
-        def valid(node, chg):
-            return boxes[node][:, 2:] * chg.view(-1, 1)
-
-        def gather(node, origin, h, w, pad_value=0.0, with_patch=True):
-            st = states[node]
-            return _ops.patch_gather(self.stored[node], rows, st.patch if with_patch else None,
-                                     boxes[node][:, :2], valid(node, st.chg), origin, h, w, pad_value)
-
-        def full(node):
-            """The map of ``node`` per candidate: its window written back over the stored map."""
-            if node not in dense_maps:
-                h, w = self.stored[node].shape[2:]
-                dense_maps[node] = gather(node, torch.zeros_like(boxes[node][:, :2]), h, w)[0]
-            return dense_maps[node]
-
-        def value_of(a):
-            if a in pl.consts:
-                return pl.consts[a]
-            s = states[a]
-            if isinstance(s, _Win):
-                return full(a)
-            return s.value
-
+        run = _ScoreRun(self, rows, features, {node: t[fidx] for node, t in pl.tables.items()})
         for i, st in enumerate(pl.steps):
             node = st.node
-            if st.kind == "input":
-                g = st.geo
-                origin = boxes[node][:, :2]
-                zeros = torch.zeros_like(rows)
-                x, _ = _ops.patch_gather(self.stored[node], rows, None, origin, origin.new_zeros(len(rows), 4),
-                                         origin, g.wh, g.ww, 0.0)
-                b_rows = rows if self.baseline.shape[0] > 1 else zeros
-                bl, _ = _ops.patch_gather(self.baseline, b_rows, None, origin, origin.new_zeros(len(rows), 4),
-                                          origin, g.wh, g.ww, 0.0)
-                fmw, _ = _ops.patch_gather(self.fm, zeros, None, origin, origin.new_zeros(len(rows), 4), origin,
-                                           g.wh, g.ww, 0.0)
-                patch = torch.where(fmw == features.view(-1, 1, 1, 1), bl, x)
-                states[node] = _Win(patch, features >= 0)
-            elif st.kind == "window":
-                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
-                g = st.geo
-                origin = boxes[node][:, :2] * torch.tensor(st.s, device=rows.device) - torch.tensor(
-                    st.pad, device=rows.device)
-                rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
-                rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
-                region, chg = gather(a, origin, rh, rw, st.pad_value)
-                out = st.fn(region)
-                if tuple(out.shape[2:]) != (g.wh, g.ww):  # the region must give exactly the window
-                    raise AssertionError(f"{node.name}: window {tuple(out.shape[2:])}, planned {(g.wh, g.ww)}")
-                states[node] = _Win(out, chg)
-            elif st.kind == "alias":
-                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
-                states[node] = states[a]
-            elif st.kind == "pointwise":
-                a_in = [x for x in node.all_input_nodes if x not in pl.consts]
-                args = fx.node.map_arg(node.args, lambda x: pl.consts[x] if x in pl.consts else states[x].patch)
-                kwargs = fx.node.map_arg(_kwargs(node), lambda x: pl.consts[x] if x in pl.consts else states[x].patch)
-                states[node] = _Win(st.fn(*args, **kwargs), states[a_in[0]].chg)
-            elif st.kind == "merge":
-                g = st.geo
-                origin = boxes[node][:, :2]
-                gathered, chg = {}, None
-                for a in node.all_input_nodes:
-                    if a in pl.consts:
-                        continue
-                    gathered[a], c = gather(a, origin, g.wh, g.ww)
-                    chg = c if chg is None else chg | c
-                args = fx.node.map_arg(node.args, lambda x: pl.consts[x] if x in pl.consts else gathered[x])
-                kwargs = fx.node.map_arg(_kwargs(node), lambda x: pl.consts[x] if x in pl.consts else gathered[x])
-                states[node] = _Win(st.fn(*args, **kwargs), chg)
-            elif st.kind == "gap":
-                (a,) = [x for x in node.all_input_nodes if x not in pl.consts]
-                h, w = self.stored[a].shape[2:]
-                g_in = pl.geo[a]
-                origin = boxes[a][:, :2]
-                new, chg = gather(a, origin, g_in.wh, g_in.ww)
-                old, _ = gather(a, origin, g_in.wh, g_in.ww, with_patch=False)
-                delta = (new - old).sum((2, 3)) / (h * w)
-                base = self.stored[node][rows]
-                states[node] = _Dense(base + delta.view(base.shape), chg)
-            else:  # dense
-                chg = None
-                for a in node.all_input_nodes:
-                    if a in pl.consts:
-                        continue
-                    c = states[a].chg
-                    chg = c if chg is None else chg | c
-                args = fx.node.map_arg(node.args, value_of)
-                kwargs = fx.node.map_arg(_kwargs(node), value_of)
-                states[node] = _Dense(st.fn(*args, **kwargs), chg)
+            run.states[node] = _STEP_RUNS.get(st.kind, _ScoreRun.dense)(run, st)
             for a in node.all_input_nodes:  # free what no later step reads
                 if pl.last_use.get(a) == i and a is not pl.output:
-                    states.pop(a, None)
-                    dense_maps.pop(a, None)
-        out_state = states[pl.output]
-        out = full(pl.output) if isinstance(out_state, _Win) else out_state.value
+                    run.states.pop(a, None)
+                    run.dense_maps.pop(a, None)
+        out_state = run.states[pl.output]
+        out = run.full(pl.output) if isinstance(out_state, _Win) else out_state.value
         out = self.fn.check_output(out, rows.shape[0], rows.device)
         f = self.fn.probabilities(out).gather(1, targets.view(-1, 1)).view(-1).double()
         return torch.where(out_state.chg, f, self.base_scores[rows])
+
+
+@dataclass
+class _ScoreRun:
+    """One :meth:`IncrementalEngine.score` call while its steps run: the candidates (``rows`` [B] with
+    ``features`` [B] also masked), each node's window box per candidate (``boxes``: int64 [B, 4]), the
+    state of each live node (``_Win`` or ``_Dense``) and full maps already written back."""
+
+    engine: IncrementalEngine
+    rows: torch.Tensor
+    features: torch.Tensor
+    boxes: dict
+    states: dict = field(default_factory=dict)
+    dense_maps: dict = field(default_factory=dict)
+
+    def valid(self, node, chg):
+        return self.boxes[node][:, 2:] * chg.view(-1, 1)
+
+    def gather(self, node, origin, h, w, pad_value=0.0, with_patch=True):
+        st = self.states[node]
+        return _ops.patch_gather(self.engine.stored[node], self.rows, st.patch if with_patch else None,
+                                 self.boxes[node][:, :2], self.valid(node, st.chg), origin, h, w, pad_value)
+
+    def full(self, node):
+        """The map of ``node`` per candidate: its window written back over the stored map."""
+        if node not in self.dense_maps:
+            h, w = self.engine.stored[node].shape[2:]
+            self.dense_maps[node] = self.gather(node, torch.zeros_like(self.boxes[node][:, :2]), h, w)[0]
+        return self.dense_maps[node]
+
+    def value_of(self, a):
+        consts = self.engine.pl.consts
+        if a in consts:
+            return consts[a]
+        s = self.states[a]
+        if isinstance(s, _Win):
+            return self.full(a)
+        return s.value
+
+    def _only_input(self, node):
+        (a,) = [x for x in node.all_input_nodes if x not in self.engine.pl.consts]
+        return a
+
+    def input(self, st: _Step) -> _Win:
+        """The input's window with the candidate's feature replaced by the baseline."""
+        eng, rows, node, g = self.engine, self.rows, st.node, st.geo
+        origin = self.boxes[node][:, :2]
+        zeros = torch.zeros_like(rows)
+        x, _ = _ops.patch_gather(eng.stored[node], rows, None, origin, origin.new_zeros(len(rows), 4),
+                                 origin, g.wh, g.ww, 0.0)
+        b_rows = rows if eng.baseline.shape[0] > 1 else zeros
+        bl, _ = _ops.patch_gather(eng.baseline, b_rows, None, origin, origin.new_zeros(len(rows), 4),
+                                  origin, g.wh, g.ww, 0.0)
+        fmw, _ = _ops.patch_gather(eng.fm, zeros, None, origin, origin.new_zeros(len(rows), 4), origin,
+                                   g.wh, g.ww, 0.0)
+        patch = torch.where(fmw == self.features.view(-1, 1, 1, 1), bl, x)
+        return _Win(patch, self.features >= 0)
+
+    def window(self, st: _Step) -> _Win:
+        """A window op run on the region of its input that its output window reads."""
+        node, g, dev = st.node, st.geo, self.rows.device
+        a = self._only_input(node)
+        origin = self.boxes[node][:, :2] * torch.tensor(st.s, device=dev) - torch.tensor(st.pad, device=dev)
+        rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
+        rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
+        region, chg = self.gather(a, origin, rh, rw, st.pad_value)
+        out = st.fn(region)
+        if tuple(out.shape[2:]) != (g.wh, g.ww):  # the region must give exactly the window
+            raise AssertionError(f"{node.name}: window {tuple(out.shape[2:])}, planned {(g.wh, g.ww)}")
+        return _Win(out, chg)
+
+    def alias(self, st: _Step):
+        return self.states[self._only_input(st.node)]
+
+    def pointwise(self, st: _Step) -> _Win:
+        node, consts, states = st.node, self.engine.pl.consts, self.states
+        a_in = [x for x in node.all_input_nodes if x not in consts]
+        args = fx.node.map_arg(node.args, lambda x: consts[x] if x in consts else states[x].patch)
+        kwargs = fx.node.map_arg(_kwargs(node), lambda x: consts[x] if x in consts else states[x].patch)
+        return _Win(st.fn(*args, **kwargs), states[a_in[0]].chg)
+
+    def merge(self, st: _Step) -> _Win:
+        """Inputs gathered over the hull window, then combined."""
+        node, g, consts = st.node, st.geo, self.engine.pl.consts
+        origin = self.boxes[node][:, :2]
+        gathered, chg = {}, None
+        for a in node.all_input_nodes:
+            if a in consts:
+                continue
+            gathered[a], c = self.gather(a, origin, g.wh, g.ww)
+            chg = c if chg is None else chg | c
+        args = fx.node.map_arg(node.args, lambda x: consts[x] if x in consts else gathered[x])
+        kwargs = fx.node.map_arg(_kwargs(node), lambda x: consts[x] if x in consts else gathered[x])
+        return _Win(st.fn(*args, **kwargs), chg)
+
+    def gap(self, st: _Step) -> _Dense:
+        """Global average pooling: the stored mean plus the window's change over the map's size."""
+        node, eng = st.node, self.engine
+        a = self._only_input(node)
+        h, w = eng.stored[a].shape[2:]
+        g_in = eng.pl.geo[a]
+        origin = self.boxes[a][:, :2]
+        new, chg = self.gather(a, origin, g_in.wh, g_in.ww)
+        old, _ = self.gather(a, origin, g_in.wh, g_in.ww, with_patch=False)
+        delta = (new - old).sum((2, 3)) / (h * w)
+        base = eng.stored[node][self.rows]
+        return _Dense(base + delta.view(base.shape), chg)
+
+    def dense(self, st: _Step) -> _Dense:
+        """The node run on full values (windows written back into full maps)."""
+        node, consts = st.node, self.engine.pl.consts
+        chg = None
+        for a in node.all_input_nodes:
+            if a in consts:
+                continue
+            c = self.states[a].chg
+            chg = c if chg is None else chg | c
+        args = fx.node.map_arg(node.args, self.value_of)
+        kwargs = fx.node.map_arg(_kwargs(node), self.value_of)
+        return _Dense(st.fn(*args, **kwargs), chg)
+
+
+# how score() runs each kind of step (any other kind: dense)
+_STEP_RUNS = {"input": _ScoreRun.input, "window": _ScoreRun.window, "alias": _ScoreRun.alias,
+              "pointwise": _ScoreRun.pointwise, "merge": _ScoreRun.merge, "gap": _ScoreRun.gap}
 
 
 class _CallsWithConsts(dict):

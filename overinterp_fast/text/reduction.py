@@ -246,144 +246,252 @@ def input_reduction(
     fn = TextModelFn(model, embedding)
     use_deletions = bool(incremental) and fn.has_deletion_logits
     seqs = check_sequences(sequences, attention_mask, fn.vocab_size)
-    dev = fn.device
+    packed = _pack(seqs, pad_id, fn.device)
+    scorer = _Scorer(fn, batch_size, fn.device)
+    with torch.no_grad():
+        pos, targets, score0 = _full_sequences(fn, scorer, packed, target, pad_id)
+    search = _BeamSearch.start(scorer, packed, targets, score0, pos, pad_id, beam_size, importance, use_deletions)
+    search.bar = tqdm(total=len(seqs), unit="seq", desc=f"input reduction (beam {beam_size})",
+                      disable=None if progress is None else not progress)
+    search.run()
+    search.bar.close()
+    return search.results(score0)
+
+
+@dataclass
+class _Packed:
+    """The sequences of one call in the internal order, longest first (stable), so that rows stay in
+    non-increasing length every round."""
+
+    x: torch.Tensor  # int64 [N, T] on the model's device, padded with pad_id (T: the longest)
+    perm: list[int]  # perm[r]: the caller's index of row r
+    lengths: list[int]  # the length of each row
+
+
+def _pack(seqs: list[torch.Tensor], pad_id: int, dev: torch.device) -> _Packed:
+    """:class:`_Packed` of the checked sequences ``seqs`` (1-D int64 on the host)."""
     n = len(seqs)
     lengths0 = [int(s.numel()) for s in seqs]
-    # Internal order: longest first (stable), so rows stay in non-increasing length every round.
     perm = sorted(range(n), key=lambda i: -lengths0[i])
     t_max = lengths0[perm[0]]
     x = seqs[0].new_full((n, t_max), pad_id)  # int64 on the host (check_sequences), never torch's default device
     for r, i in enumerate(perm):
         x[r, : lengths0[i]] = seqs[i]
-    x = x.to(dev)
-    slen = [lengths0[i] for i in perm]
-    scorer = _Scorer(fn, batch_size, dev)
-    num_words = (t_max + _BITS - 1) // _BITS
+    return _Packed(x.to(dev), perm, [lengths0[i] for i in perm])
 
-    with torch.no_grad():
-        pos = torch.arange(t_max, device=dev).expand(n, t_max)
-        slen_t = torch.tensor(slen, device=dev)
-        pos = pos.masked_fill(pos >= slen_t[:, None], -1)
-        ids0, mask0 = _rows(x, torch.arange(n, device=dev), pos, pad_id)
-        logits = torch.cat([fn.logits(ids0[a:b, :w], mask0[a:b, :w]) for a, b, w in scorer._chunks(slen)])
-        if not bool(torch.isfinite(logits).all()):
-            raise FloatingPointError("the model's output on the full sequences contains NaN or inf")
-        tgt_in = None if target is None else torch.as_tensor(target)
-        if tgt_in is not None and tgt_in.dim() == 1 and tgt_in.numel() == n:
-            tgt_in = tgt_in[torch.tensor(perm)]
-        targets = check_targets(tgt_in, n, logits.shape[1], logits.argmax(1), unit="sequence")
-        score0 = torch.softmax(logits, 1).gather(1, targets[:, None]).view(-1).double()
 
-    # Beam state: members grouped by sequence (internal order), each sequence's members best first.
-    m_pos, m_seq, m_score = pos.clone(), torch.arange(n, device=dev), score0.clone()
-    m_len = slen_t.clone()
-    host_seq = list(range(n))  # m_seq on the host
-    host_len = list(slen)  # m_len on the host
-    queries = [1] * n
-    steps = [0] * n
-    final: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    bar = tqdm(total=n, unit="seq", desc=f"input reduction (beam {beam_size})",
-               disable=None if progress is None else not progress)
+def _full_sequences(fn: TextModelFn, scorer: _Scorer, packed: _Packed, target, pad_id: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The full sequences through the model: (kept positions int64 [N, T] (-1 padded), targets int64 [N],
+    f_y float64 [N]), rows in the internal order."""
+    x, slen = packed.x, packed.lengths
+    n, t_max = x.shape
+    dev = x.device
+    pos = torch.arange(t_max, device=dev).expand(n, t_max)
+    slen_t = torch.tensor(slen, device=dev)
+    pos = pos.masked_fill(pos >= slen_t[:, None], -1)
+    ids0, mask0 = _rows(x, torch.arange(n, device=dev), pos, pad_id)
+    logits = torch.cat([fn.logits(ids0[a:b, :w], mask0[a:b, :w]) for a, b, w in scorer._chunks(slen)])
+    if not bool(torch.isfinite(logits).all()):
+        raise FloatingPointError("the model's output on the full sequences contains NaN or inf")
+    tgt_in = None if target is None else torch.as_tensor(target)
+    if tgt_in is not None and tgt_in.dim() == 1 and tgt_in.numel() == n:
+        tgt_in = tgt_in[torch.tensor(packed.perm)]
+    targets = check_targets(tgt_in, n, logits.shape[1], logits.argmax(1), unit="sequence")
+    score0 = torch.softmax(logits, 1).gather(1, targets[:, None]).view(-1).double()
+    return pos, targets, score0
 
-    def finish(members: list[int]) -> None:
-        if not members:
-            return
-        idx = torch.tensor(members, device=dev)
-        rows, scores = m_pos[idx].cpu(), m_score[idx].cpu()
-        for r, mi in enumerate(members):
-            s = host_seq[mi]
-            if s not in final:
-                final[s] = ([], [])
-            final[s][0].append(rows[r, : host_len[mi]])
-            final[s][1].append(float(scores[r]))
-        bar.update(len({host_seq[m] for m in members}))
 
-    while host_seq:
-        active = [i for i, length in enumerate(host_len) if length >= 2]
-        if not active:
-            finish(list(range(len(host_seq))))
-            break
+@dataclass
+class _Active:
+    """The beam members expanded in a round (those of at least 2 tokens)."""
+
+    members: list[int]  # their indices among the beam's members
+    pos: torch.Tensor  # int64 [A, W] kept positions, -1 padded (W: the longest of them)
+    length: torch.Tensor  # int64 [A]
+    length_h: list[int]  # the same on the host
+    seq: torch.Tensor  # int64 [A] their sequences
+    score: torch.Tensor  # float64 [A] f_y on each
+
+
+@dataclass
+class _BeamSearch:
+    """The beam search of one call: the beams of all sequences, members grouped by sequence (internal order),
+    each sequence's members best first, and what each sequence has spent and found."""
+
+    scorer: _Scorer
+    packed: _Packed
+    targets: torch.Tensor  # int64 [N]
+    pad_id: int
+    beam_size: int
+    importance: str
+    use_deletions: bool
+    m_pos: torch.Tensor  # int64 [M, T] each member's kept positions, -1 padded
+    m_seq: torch.Tensor  # int64 [M] its sequence
+    m_score: torch.Tensor  # float64 [M] f_y on it
+    m_len: torch.Tensor  # int64 [M] its length
+    host_seq: list[int]  # m_seq on the host
+    host_len: list[int]  # m_len on the host
+    queries: list[int]
+    steps: list[int]
+    final: dict[int, tuple[list[torch.Tensor], list[float]]] = field(default_factory=dict)
+    bar: tqdm | None = None
+
+    @classmethod
+    def start(cls, scorer: _Scorer, packed: _Packed, targets: torch.Tensor, score0: torch.Tensor,
+              pos: torch.Tensor, pad_id: int, beam_size: int, importance: str, use_deletions: bool) -> "_BeamSearch":
+        """One member per sequence: the full sequence (its full-sequence query counted)."""
+        n, dev = len(packed.lengths), packed.x.device
+        return cls(scorer, packed, targets, pad_id, beam_size, importance, use_deletions, pos.clone(),
+                   torch.arange(n, device=dev), score0.clone(), torch.tensor(packed.lengths, device=dev),
+                   list(range(n)), list(packed.lengths), [1] * n, [0] * n)
+
+    def run(self) -> None:
+        """Rounds until every sequence has stopped (no valid child, or no member of 2 tokens left)."""
+        while self.host_seq:
+            active = [i for i, length in enumerate(self.host_len) if length >= 2]
+            if not active:
+                self.finish(list(range(len(self.host_seq))))
+                break
+            self.round(active)
+
+    def round(self, active: list[int]) -> None:
+        """Expand members ``active``: choose the k_b least important deletions of each, score those children,
+        and keep each sequence's best ``beam_size`` valid ones as its new beam."""
+        x = self.packed.x
+        dev = x.device
         a_idx = torch.tensor(active, device=dev)
-        a_len_h = [host_len[i] for i in active]
-        a_pos, a_len, a_seq, a_score = m_pos[a_idx], m_len[a_idx], m_seq[a_idx], m_score[a_idx]
+        a_len_h = [self.host_len[i] for i in active]
         w = max(a_len_h)
-        a_pos = a_pos[:, :w]
-        ma = len(active)
-        kb = (a_len - 3).clamp(max=beam_size).clamp(min=1)
-        slot = torch.arange(w, device=dev)
+        a = _Active(active, self.m_pos[a_idx][:, :w], self.m_len[a_idx], a_len_h, self.m_seq[a_idx],
+                    self.m_score[a_idx])
+        kb = (a.length - 3).clamp(max=self.beam_size).clamp(min=1)
         with torch.no_grad():
-            if importance == "leave_one_out":
-                member = torch.repeat_interleave(a_len)  # member m repeated a_len[m] times
-                starts = torch.cumsum(a_len, 0) - a_len
-                drop = torch.arange(member.numel(), device=dev) - starts[member]
-                m_ids, m_mask = _rows(x, a_seq, a_pos, pad_id)
-                if use_deletions:
-                    f_mat, ok_mat = scorer.deletions(m_ids, m_mask, targets[a_seq], a_len_h)
-                    f_all, ok_all = f_mat[member, drop], ok_mat[member, drop]
-                else:
-                    child = _delete(a_pos, a_len, member, drop)
-                    c_ids, c_mask = _rows(x, a_seq[member], child, pad_id)
-                    f_all, ok_all = scorer.score(c_ids, c_mask, targets[a_seq[member]],
-                                                 np.repeat(np.asarray(a_len_h) - 1, a_len_h))
-                # Deleting any token of a run of equal ids gives the same child: give every such child the
-                # score of the run's first, so that exact ties stay exact (whatever batch each row ran in).
-                run_start = torch.ones_like(a_pos, dtype=torch.bool)
-                run_start[:, 1:] = m_ids[:, 1:] != m_ids[:, :-1]
-                first = torch.cummax(torch.where(run_start, slot[None, :], torch.zeros_like(a_pos)), 1).values
-                src = starts[member] + first[member, drop]
-                f_all, ok_all = f_all[src], ok_all[src]
-                imp = torch.full((ma, w), float("inf"), dtype=torch.float64, device=dev)
-                imp[member, drop] = a_score[member] - f_all
-                for i, L in zip(active, a_len_h):
-                    queries[host_seq[i]] += L
+            if self.importance == "leave_one_out":
+                imp, f_all, ok_all, starts = self._leave_one_out(a)
             else:
-                m_ids, m_mask = _rows(x, a_seq, a_pos, pad_id)
-                imp = scorer.gradient(m_ids, m_mask, targets[a_seq], a_len_h)
-                imp = imp.masked_fill(slot[None, :] >= a_len[:, None], float("inf"))
-                for i in active:
-                    queries[host_seq[i]] += 1
-            # The k_b least important positions of each member (ties: the lower position; slots ascend).
-            rank = torch.sort(imp, dim=1, stable=True).indices
-            chosen = slot[None, :] < kb[:, None]
-            sel_member = torch.arange(ma, device=dev)[:, None].expand(ma, w)[chosen]
-            sel_drop = rank[chosen]
-            if importance == "leave_one_out":
+                imp = self._gradient(a)
+            sel_member, sel_drop = _least_important(imp, kb)
+            if self.importance == "leave_one_out":
                 c = starts[sel_member] + sel_drop
                 f, ok = f_all[c], ok_all[c]
-                child = _delete(a_pos, a_len, sel_member, sel_drop)
+                child = _delete(a.pos, a.length, sel_member, sel_drop)
             else:
-                child = _delete(a_pos, a_len, sel_member, sel_drop)
-                c_ids, c_mask = _rows(x, a_seq[sel_member], child, pad_id)
-                kb_h = kb.tolist()
-                f, ok = scorer.score(c_ids, c_mask, targets[a_seq[sel_member]],
-                                     np.repeat(np.asarray(a_len_h) - 1, kb_h))
-                for i, k in zip(active, kb_h):
-                    queries[host_seq[i]] += k
-            c_seq = a_seq[sel_member][ok]
+                child, f, ok = self._score_children(a, kb, sel_member, sel_drop)
+            c_seq = a.seq[sel_member][ok]
             child, f = child[ok], f[ok]
-            keep = _rank_pool(c_seq, f, _bit_words(child, num_words), beam_size)
+            num_words = (x.shape[1] + _BITS - 1) // _BITS
+            keep = _rank_pool(c_seq, f, _bit_words(child, num_words), self.beam_size)
             new_seq = c_seq[keep]
             new_seq_h = new_seq.tolist()
-        advanced = set(new_seq_h)
-        stopped = [i for i, s in enumerate(host_seq) if s not in advanced]
-        finish(stopped)
-        for s in advanced:
-            steps[s] += 1
-        m_pos = torch.nn.functional.pad(child[keep], (0, t_max - child.shape[1]), value=-1)
-        m_seq, m_score = new_seq, f[keep]
-        host_seq = new_seq_h
-        m_len = (m_pos >= 0).sum(1)
-        host_len = m_len.tolist()
-    bar.close()
+        self._advance(child, f, keep, new_seq, new_seq_h)
 
-    out: list[InputReduction | None] = [None] * n
-    targets_h = targets.tolist()
-    score0_h = score0.tolist()
-    x_cpu = x.cpu()
-    for s in range(n):
-        rows, scores = final[s]
-        beam = [Reduction(r.clone(), sc) for r, sc in zip(rows, scores)]
-        best = beam[0].kept
-        out[perm[s]] = InputReduction(best, x_cpu[s, best], beam[0].confidence, score0_h[s], targets_h[s], beam,
-                                      steps[s], queries[s], slen[s])
-    return out
+    def _leave_one_out(self, a: _Active) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every one-token deletion of every member scored: (importance float64 [A, W] (inf past a member's
+        end), f_y and validity of the children (member by member, slot by slot), each member's first child)."""
+        x, dev = self.packed.x, self.packed.x.device
+        w = a.pos.shape[1]
+        slot = torch.arange(w, device=dev)
+        member = torch.repeat_interleave(a.length)  # member m repeated a_len[m] times
+        starts = torch.cumsum(a.length, 0) - a.length
+        drop = torch.arange(member.numel(), device=dev) - starts[member]
+        m_ids, m_mask = _rows(x, a.seq, a.pos, self.pad_id)
+        if self.use_deletions:
+            f_mat, ok_mat = self.scorer.deletions(m_ids, m_mask, self.targets[a.seq], a.length_h)
+            f_all, ok_all = f_mat[member, drop], ok_mat[member, drop]
+        else:
+            child = _delete(a.pos, a.length, member, drop)
+            c_ids, c_mask = _rows(x, a.seq[member], child, self.pad_id)
+            f_all, ok_all = self.scorer.score(c_ids, c_mask, self.targets[a.seq[member]],
+                                              np.repeat(np.asarray(a.length_h) - 1, a.length_h))
+        # Deleting any token of a run of equal ids gives the same child: give every such child the
+        # score of the run's first, so that exact ties stay exact (whatever batch each row ran in).
+        run_start = torch.ones_like(a.pos, dtype=torch.bool)
+        run_start[:, 1:] = m_ids[:, 1:] != m_ids[:, :-1]
+        first = torch.cummax(torch.where(run_start, slot[None, :], torch.zeros_like(a.pos)), 1).values
+        src = starts[member] + first[member, drop]
+        f_all, ok_all = f_all[src], ok_all[src]
+        imp = torch.full((len(a.members), w), float("inf"), dtype=torch.float64, device=dev)
+        imp[member, drop] = a.score[member] - f_all
+        for i, L in zip(a.members, a.length_h):
+            self.queries[self.host_seq[i]] += L
+        return imp, f_all, ok_all, starts
+
+    def _gradient(self, a: _Active) -> torch.Tensor:
+        """Gradient importance of every member's positions: float64 [A, W] (inf past a member's end)."""
+        m_ids, m_mask = _rows(self.packed.x, a.seq, a.pos, self.pad_id)
+        imp = self.scorer.gradient(m_ids, m_mask, self.targets[a.seq], a.length_h)
+        slot = torch.arange(a.pos.shape[1], device=a.pos.device)
+        imp = imp.masked_fill(slot[None, :] >= a.length[:, None], float("inf"))
+        for i in a.members:
+            self.queries[self.host_seq[i]] += 1
+        return imp
+
+    def _score_children(self, a: _Active, kb: torch.Tensor, sel_member: torch.Tensor, sel_drop: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradient importance: build and score the chosen children: (kept positions, f_y, valid)."""
+        child = _delete(a.pos, a.length, sel_member, sel_drop)
+        c_ids, c_mask = _rows(self.packed.x, a.seq[sel_member], child, self.pad_id)
+        kb_h = kb.tolist()
+        f, ok = self.scorer.score(c_ids, c_mask, self.targets[a.seq[sel_member]],
+                                  np.repeat(np.asarray(a.length_h) - 1, kb_h))
+        for i, k in zip(a.members, kb_h):
+            self.queries[self.host_seq[i]] += k
+        return child, f, ok
+
+    def _advance(self, child: torch.Tensor, f: torch.Tensor, keep: torch.Tensor, new_seq: torch.Tensor,
+                 new_seq_h: list[int]) -> None:
+        """Finish the sequences that kept no child; the kept children ``child[keep]`` become the beams."""
+        advanced = set(new_seq_h)
+        stopped = [i for i, s in enumerate(self.host_seq) if s not in advanced]
+        self.finish(stopped)
+        for s in advanced:
+            self.steps[s] += 1
+        t_max = self.packed.x.shape[1]
+        self.m_pos = torch.nn.functional.pad(child[keep], (0, t_max - child.shape[1]), value=-1)
+        self.m_seq, self.m_score = new_seq, f[keep]
+        self.host_seq = new_seq_h
+        self.m_len = (self.m_pos >= 0).sum(1)
+        self.host_len = self.m_len.tolist()
+
+    def finish(self, members: list[int]) -> None:
+        """The beams of ``members``' sequences are final: record every member (best first)."""
+        if not members:
+            return
+        idx = torch.tensor(members, device=self.packed.x.device)
+        rows, scores = self.m_pos[idx].cpu(), self.m_score[idx].cpu()
+        for r, mi in enumerate(members):
+            s = self.host_seq[mi]
+            if s not in self.final:
+                self.final[s] = ([], [])
+            self.final[s][0].append(rows[r, : self.host_len[mi]])
+            self.final[s][1].append(float(scores[r]))
+        self.bar.update(len({self.host_seq[m] for m in members}))
+
+    def results(self, score0: torch.Tensor) -> list[InputReduction]:
+        """One :class:`InputReduction` per sequence, in the caller's order (``score0``: f_y on the full ones)."""
+        packed = self.packed
+        n = len(packed.lengths)
+        out: list[InputReduction | None] = [None] * n
+        targets_h = self.targets.tolist()
+        score0_h = score0.tolist()
+        x_cpu = packed.x.cpu()
+        for s in range(n):
+            rows, scores = self.final[s]
+            beam = [Reduction(r.clone(), sc) for r, sc in zip(rows, scores)]
+            best = beam[0].kept
+            out[packed.perm[s]] = InputReduction(best, x_cpu[s, best], beam[0].confidence, score0_h[s],
+                                                 targets_h[s], beam, self.steps[s], self.queries[s],
+                                                 packed.lengths[s])
+        return out
+
+
+def _least_important(imp: torch.Tensor, kb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k_b least important positions of each member (ties: the lower position; slots ascend):
+    (member, slot) of each, member by member. ``imp``: float64 [A, W]; ``kb``: int64 [A]."""
+    ma, w = imp.shape
+    slot = torch.arange(w, device=imp.device)
+    rank = torch.sort(imp, dim=1, stable=True).indices
+    chosen = slot[None, :] < kb[:, None]
+    sel_member = torch.arange(ma, device=imp.device)[:, None].expand(ma, w)[chosen]
+    return sel_member, rank[chosen]
