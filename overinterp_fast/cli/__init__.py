@@ -252,7 +252,7 @@ def _print_table(record, most: int = 60) -> None:
 
 def _sis_png(record, path: str) -> str:
     """One row per image (original, SIS over it, SIS alone) for the record's single model."""
-    from ..audit.report import on_grid
+    from ..audit.metrics import on_grid
     from ..audit.plotting import sis_figure
 
     (m,) = record.models
