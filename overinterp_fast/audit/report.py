@@ -30,6 +30,7 @@ from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..methods.results import SISResult
 from .records import AuditRecord, ModelRecord, load_audit
 from .store import REPORT_FILE
+from .config import GALLERY
 from .metrics import (
     BORDER,
     SUBSET_FRACTION,
@@ -269,9 +270,6 @@ def result_facts(record: AuditRecord, r: SISResult, label: int | None, display: 
     return facts
 
 
-GALLERY = 24  # images shown with their SIS by default; statistics and plots cover every image
-
-
 def gallery_sample(record: AuditRecord, n: int = GALLERY, seed: int = 0) -> list[tuple[int, list[str]]]:
     """The images the gallery shows: (image index, why it is shown), by index; every image when there are
     at most ``n``.
@@ -488,7 +486,7 @@ def location_section(record: AuditRecord) -> str:
 
 
 def object_section(record: AuditRecord) -> str:
-    """SIS pixels inside the given object masks, and foreground/background noise sensitivity (SPEC.md 5)."""
+    """SIS pixels inside the given object masks, and foreground/background noise sensitivity (RFS, iRFS)."""
     objects = [np.asarray(o, dtype=bool) for o in record.object_masks]
     share = float(np.mean([o.mean() for o in objects]))
     rows = []

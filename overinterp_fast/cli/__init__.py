@@ -180,27 +180,38 @@ def _noise_units(args, mean, std):
     return {"noise_sigma": args.noise_sigma / s, "value_range": ((0 - m) / s, (1 - m) / s)}
 
 
+def _audit_config(args, k: int, noise: dict):
+    """The AuditConfig the arguments ask for: the method's options, and the audit command's own (--ensemble,
+    --fraction, --batch-size) where the command has them; ``noise``: :func:`_noise_units`'s."""
+    from ..audit.config import AuditConfig
+
+    own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size") if hasattr(args, name)}
+    return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
+                       collection=args.collection, **own, **noise)
+
+
 def _run_sis(args):
     """The ``sis`` command: one model, in memory; returns the AuditRecord."""
     import numpy as np
     import torch
 
+    from ..audit.config import RunOptions
     from ..audit.runner import run_audit
 
     _check_device(args.device)
     loaded, source, namer, k, _ = _prepare(args, False, torch.device(args.device))
     items = [source[i] for i in range(len(source))]
     x = torch.stack([it["x"] for it in items]).to(args.device)
-    return run_audit(
-        {m.name: m.model for m in loaded}, x, source.image_names, np.stack([it["display"] for it in items]),
-        labels=source.image_labels, class_name=namer, threshold=args.threshold, threshold_mode=args.threshold_mode,
-        method=args.method, k=k, collection=args.collection, progress=False if args.quiet else None, title="SIS",
-        meta={"models": [args.model], "image source": source.description},
-    )
+    run = RunOptions(class_name=namer, title="SIS", progress=False if args.quiet else None,
+                     meta={"models": [args.model], "image source": source.description})
+    return run_audit({m.name: m.model for m in loaded}, x, source.image_names,
+                     np.stack([it["display"] for it in items]), _audit_config(args, k, {}), run,
+                     labels=source.image_labels)
 
 
 def _run_audit(args):
     """The ``audit`` command: streamed into the durable store in --out, resumable, sharded under torchrun."""
+    from ..audit.config import RunOptions, StoreOptions
     from ..audit.distributed import setup, teardown
     from ..audit.stream import run_stored_audit
 
@@ -208,18 +219,15 @@ def _run_audit(args):
     ranks = setup(args.device)
     try:
         loaded, source, namer, k, (mean, std) = _prepare(args, True, ranks.device)
-        run = run_stored_audit(
-            {m.name: m.model for m in loaded}, source, args.out, ranks=ranks,
-            config={"model_files": args.model, "class_names": args.class_names}, chunk_size=args.chunk_size,
-            restart=args.restart, workers=args.workers, batch_size=args.batch_size, class_name=namer, threshold=args.threshold,
-            threshold_mode=args.threshold_mode, method=args.method, k=k, collection=args.collection,
-            ensemble=args.ensemble, fraction=args.fraction, progress=False if args.quiet else None, title=args.title,
-            meta={"models": args.model, "image source": source.description}, gallery=args.gallery,
-            **_noise_units(args, mean, std),
-        )
+        storage = StoreOptions(chunk_size=args.chunk_size, restart=args.restart, workers=args.workers,
+                               identity={"model_files": args.model, "class_names": args.class_names},
+                               gallery=args.gallery)
+        run = RunOptions(class_name=namer, title=args.title, progress=False if args.quiet else None,
+                         meta={"models": args.model, "image source": source.description})
+        return run_stored_audit({m.name: m.model for m in loaded}, source, args.out,
+                                _audit_config(args, k, _noise_units(args, mean, std)), storage, run, ranks=ranks)
     finally:
         teardown(ranks)
-    return run
 
 
 def _check_device(device: str) -> None:
