@@ -10,7 +10,8 @@ What it does (docs: algorithms.md, Durable and sharded audits):
    [c * chunk_size, (c + 1) * chunk_size)). The chunk is the unit of work, of batching and of commit.
 2. Rank 0 checks the folder: a new audit writes ``results.json`` with the configuration; an audit
    with the same configuration continues; another configuration is refused (one line naming the
-   difference) unless ``restart``. Temporary files of a killed commit are removed.
+   difference) unless ``restart``. Temporary files of a killed commit are removed. While the audit runs,
+   the folder's lock (:mod:`overinterp_fast.audit.lock`) refuses a second audit there.
 3. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
    through a ``DataLoader`` (worker processes decode, crop and normalize), runs every model on each
    chunk and commits it (:func:`overinterp_fast.audit.store.commit_chunk`). Only the chunks in
@@ -36,9 +37,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .sources import ImageSource, collate
-from . import store
+from . import lock, store
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
-from .distributed import Ranks, barrier, setup, teardown
+from .distributed import Ranks, barrier, from_main, setup, teardown
 from .records import AuditRecord, ModelRecord, chunk_record, iter_chunks, load_audit, model_entries
 from .runner import (
     _plain,
@@ -241,15 +242,37 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
 def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
          run: RunOptions) -> StoredAudit:
     plan = _plan(models, source, config, storage, ranks, run.title)
-    _open_folder(out, plan, storage.restart, ranks)
-    pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
-    mine = store.share(pending, ranks.rank, ranks.world)
-    committing = _compute(out, source, plan, mine, storage.workers, ranks, run.progress)
-    done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
-                       commit_seconds=committing)
+    held = _lock(out, ranks)
+    try:
+        _open_folder(out, plan, storage.restart, ranks)
+        pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
+        mine = store.share(pending, ranks.rank, ranks.world)
+        committing = _compute(out, source, plan, mine, storage.workers, ranks, run.progress)
+        done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
+                           commit_seconds=committing)
+        if ranks.is_main:
+            _finish(done, source, plan, storage, run)
+        return done
+    finally:
+        if held is not None:
+            lock.release(out, held)
+
+
+def _lock(out: str, ranks: Ranks) -> lock.Holder | None:
+    """Rank 0 takes the folder's lock (its holder returned; None on the other ranks); every rank raises
+    :class:`~overinterp_fast.audit.lock.FolderLocked` alike when rank 0 could not take it."""
+    held, failure, error = None, None, None
     if ranks.is_main:
-        _finish(done, source, plan, storage, run)
-    return done
+        try:
+            held = lock.acquire(out, lock.job_id())
+        except Exception as exc:  # every rank must learn that rank 0 stops, whatever stopped it
+            failure, error = exc, str(exc)
+    error = from_main(ranks, error)
+    if failure is not None:
+        raise failure
+    if error is not None:
+        raise lock.FolderLocked(error)
+    return held
 
 
 def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], workers: int, ranks: Ranks,
