@@ -110,5 +110,5 @@ def check_type(value, cls: type, name: str):
     if value is None:
         return cls()
     if not isinstance(value, cls):
-        raise TypeError(f"{name} must be a {cls.__name__} (or None for the defaults), got {type(value).__name__}")
+        raise TypeError(f"{name} must be of type {cls.__name__} (or None for the defaults), got {type(value).__name__}")
     return value

@@ -132,7 +132,7 @@ def _prepare(args, several: bool, device):
     import torch
 
     from ..audit.sources import open_images, select_range
-    from .loading import class_namer, load_model
+    from .loading import class_namer, first_line, load_model
     from ..runtime.model import ModelFn
 
     specs = args.model if several else [args.model]
@@ -160,9 +160,8 @@ def _prepare(args, several: bool, device):
         try:
             num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x).shape[1])
         except (RuntimeError, AssertionError) as exc:  # a channel or size mismatch (exported graphs assert)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x.shape)} "
-                             f"(check --size, --grey): {first}") from None
+                             f"(check --size, --grey): {first_line(exc)}") from None
     k = args.k or (100 if x.device.type == "cuda" else 500)
     return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (mean, std)
 

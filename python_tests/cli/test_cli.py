@@ -860,3 +860,32 @@ def test_main_report_reduce_and_pipeline(monkeypatch, capsys, tmp_path):
 
 
 
+
+
+# ---------------------------------------------------------------------------------------------- files that are not models
+
+
+@pytest.mark.parametrize("command, suffix, expected", [
+    ("reduce", ".txt", "{path} is not a text model written by save_text_model"),
+    ("reduce", ".pt", "{path} is not a text model written by save_text_model"),
+    ("sis", ".pt", "model file '{path}' cannot be read as a TorchScript archive or a pickled torch model: "),
+    ("sis", ".pt2", "model file '{path}' cannot be read as a torch.export program (torch.export.save): "),
+    ("sis", ".onnx", "model file '{path}' cannot be read as an ONNX model: "),
+])
+def test_a_file_that_is_not_a_model_is_one_line(command, suffix, expected, image_folder, tmp_path, capsys):
+    """A text file given as --model: one line naming the file and what it should hold, no traceback."""
+    path = tmp_path / f"notes{suffix}"
+    path.write_text("these are my notes, not a model\nsecond line\n")
+    argv = [command, "--model", str(path), "--out", str(tmp_path / "o")]
+    argv += ["--text", str(path)] if command == "reduce" else ["--images", str(image_folder), "--size", "8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("overinterp-fast: error: " + expected.format(path=path))
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_pickle_that_is_not_a_model_is_named(tmp_path):
+    path = tmp_path / "numbers.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(ValueError, match=f"^'{path}' holds a list, not a torch model$"):
+        load_model(str(path))
