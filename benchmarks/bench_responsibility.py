@@ -7,7 +7,7 @@
     python benchmarks/bench_responsibility.py --no-rex --device cuda --photos chelsea coffee   # ours alone
 
 ReX is rex-xai 0.4.1 from PyPI, the tool of "I Am Big, You Are Little; I Am Right,
-You Are Wrong" (paper 002). It pins numpy 1.26, so it lives in its own virtual
+You Are Wrong" (Kelly, Chanchal, Blake et al.). It pins numpy 1.26, so it lives in its own virtual
 environment, benchmarks/.rex-venv, which this script creates when it is missing
 (python -m venv, then pip install torch==2.14.1 rex-xai==0.4.1) and drives through
 benchmarks/rex_driver.py, run with that environment's python.

@@ -23,7 +23,6 @@ several N. The stored run must stay flat; the in-memory one grows with N.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import pickle
@@ -31,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -62,6 +62,7 @@ def child(args) -> None:
 
     torch.set_num_threads(1)
     from overinterp_fast.audit import runner, store
+    from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
     from overinterp_fast.audit.records import AuditRecord, ModelRecord, save_audit
     from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
     from overinterp_fast.audit.sources import collate, open_images, select_range
@@ -71,27 +72,25 @@ def child(args) -> None:
     model = SmallCNN(args.size).eval()
     src = open_images(dataset="cifar10", data_dir=args.data, size=args.size)
     src = src.subset(select_range(len(src), None, args.count))
-    opts = dict(method=args.method, threshold=0.9, k=args.k)
+    config = AuditConfig(method=args.method, threshold=0.9, k=args.k)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     extra = {}
     if args.mode == "stored":
-        run = run_stored_audit({"cnn": model}, src, args.out, restart=True, chunk_size=args.chunk, workers=0,
-                               progress=False, report=False, load=False, **opts)
+        run = run_stored_audit({"cnn": model}, src, args.out, config,
+                               StoreOptions(chunk_size=args.chunk, restart=True, workers=0, report=False, load=False),
+                               RunOptions(progress=False))
         rank = run.ranks.rank
         extra = {"commit_s": run.commit_seconds, "finalize_s": run.finalize_seconds}
     else:  # the same chunks and batches, held in memory, written once at the end
         rank = 0
-        batch = fixed_batch_size(src, args.chunk)
-        # run_stored_audit's own defaults for every option the stored mode above does not set
-        stored_defaults = {name: p.default for name, p in inspect.signature(run_stored_audit).parameters.items()
-                           if name in ("threshold_mode", "collection", "transfer", "fraction", "mask_value",
-                                       "autocast", "noise_sigma", "value_range")}
+        # the stored mode's configuration, at the batch size it fixes
+        chunk_config = replace(config, batch_size=fixed_batch_size(src, args.chunk))
         results, names, labels, displays = [], [], [], []
         for a, b in store.chunk_ranges(len(src), args.chunk):
             c = collate([src[i] for i in range(a, b)])
-            done = runner.audit_chunk({"cnn": model}, c["x"], c["labels"], True, engine=None, batch_size=batch,
-                                      progress=False, object_masks=None, **stored_defaults, **opts)
+            done = runner.audit_chunk({"cnn": model}, c["x"], c["labels"], True, chunk_config, engine=None,
+                                      progress=False, object_masks=None)
             results += done.results[0]
             names += [src.image_names[i] for i in c["index"]]
             labels += c["labels"]

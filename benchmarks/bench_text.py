@@ -1,4 +1,4 @@
-"""Input reduction (paper 003) on the bundled Rotten Tomatoes word CNN: packed engine vs the plain transcription.
+"""Input reduction (Feng et al. 2018) on the bundled Rotten Tomatoes word CNN: packed engine vs the plain transcription.
 
 Contenders, run in interleaved rounds (minimum over rounds reported):
   reference   overinterp_fast.methods.reference.input_reduction: one sequence and one beam member at a time, each

@@ -1,4 +1,4 @@
-"""Audit two ImageNet models and their ensemble, and write the report (paper 000's model comparison).
+"""Audit two ImageNet models and their ensemble, and write the report (the model comparison of Carter et al. 2021).
 
     .venv/bin/python examples/audit_compare_models.py                  # CPU, k=1000: a few minutes
     .venv/bin/python examples/audit_compare_models.py cuda 100         # GPU, the paper's k
@@ -24,9 +24,9 @@ k = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
 
 models = {f"EfficientNet-Lite{v}": load_efficientnet_lite(v, device) for v in (0, 1)}
 images, names, displays = load_photos(224)  # [7, 3, 224, 224], normalized with mean = std = 0.5
-record = audit.run_audit(models, images.to(device), names, displays, class_name=imagenet_label, method="gradient",
-                         k=k, threshold=0.9, threshold_mode="auto", ensemble=True,
-                         title="EfficientNet-Lite0 against Lite1 and their ensemble")
+config = audit.AuditConfig(method="gradient", k=k, threshold=0.9, threshold_mode="auto", ensemble=True)
+run = audit.RunOptions(class_name=imagenet_label, title="EfficientNet-Lite0 against Lite1 and their ensemble")
+record = audit.run_audit(models, images.to(device), names, displays, config, run)
 for m in record.models:
     sizes = [r.fraction for r in m.results if r.sis is not None]
     print(f"{m.name:<26} median SIS {100 * sorted(sizes)[len(sizes) // 2]:.1f}% of the pixels, {m.seconds:.1f} s")

@@ -5,7 +5,7 @@
 
 Prints each photo's prediction, the SIS (tau = 0.9, or 0.9 * f(x) where the model
 is less confident than that) as a fraction of the image, and f on the SIS alone,
-then the share of SIS pixels in the image's outer border (paper 000 found ImageNet
+then the share of SIS pixels in the image's outer border (Carter et al. 2021 found ImageNet
 SIS mostly near the borders).
 """
 import sys

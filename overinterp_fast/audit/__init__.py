@@ -3,7 +3,8 @@
     from overinterp_fast import audit
     subset_images, masks = audit.pixel_subsets(images, results, fraction=0.05)
     audit.heatmap([r.mask for r in results]); audit.dice(a, b); audit.rfs(a_fg, a_bg)
-    record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays, method="gradient")
+    record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays,
+                             audit.AuditConfig(method="gradient"))
     audit.save_audit(record, "out/audit"); audit.build_report(record, "out/audit/report.html")
 """
 from .stats import (
@@ -21,6 +22,7 @@ from .stats import (
     rfs,
     sis_size_curve,
 )
+from .config import AuditConfig, RunOptions, StoreOptions
 from .pipeline import digits_pipeline, format_table
 from .records import AuditRecord, ModelRecord, load_audit, save_audit
 from .report import build_report, rebuild_report
@@ -32,5 +34,5 @@ __all__ = [
     "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
     "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last",
     "pixel_subsets", "random_subsets", "AuditRecord", "ModelRecord", "load_audit", "save_audit", "build_report",
-    "rebuild_report", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
+    "rebuild_report", "AuditConfig", "RunOptions", "StoreOptions", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
 ]

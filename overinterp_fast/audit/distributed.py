@@ -2,7 +2,7 @@
 
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK. With more than one process the group uses the
 gloo backend for its barriers only (no tensors are exchanged: every rank writes its own parts to
-the shared output folder), so CPU ranks and GPU ranks coordinate alike; each GPU rank computes on
+the shared output folder; rank 0 tells the others whether it got the folder's lock), so CPU ranks and GPU ranks coordinate alike; each GPU rank computes on
 cuda:LOCAL_RANK.
 """
 from __future__ import annotations
@@ -56,6 +56,17 @@ def barrier(ranks: Ranks) -> None:
 
     if ranks.world > 1 and dist.is_initialized():
         dist.barrier()
+
+
+def from_main(ranks: Ranks, value):
+    """Rank 0's ``value`` on every rank (a broadcast over the job's group; ``value`` itself without one)."""
+    import torch.distributed as dist
+
+    if ranks.world > 1 and dist.is_initialized():
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
 
 
 def teardown(ranks: Ranks) -> None:

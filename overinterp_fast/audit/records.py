@@ -29,6 +29,7 @@ import torch
 from ..methods.results import SISResult
 from . import store
 from .store import FORMAT_VERSION, RESULTS_FILE  # noqa: F401  (re-exported)
+from .table import write_table
 
 
 @dataclass
@@ -127,8 +128,6 @@ def complete_doc(record: AuditRecord, config: dict, chunk_size: int) -> dict:
 def save_audit(record: AuditRecord, folder: str, config: dict | None = None) -> str:
     """Write an in-memory record as an audit folder (results.json, one part per chunk of images,
     sis.parquet), replacing an audit already there; returns the JSON's path."""
-    from .table import write_table  # table builds on the report's helpers, which import this module
-
     os.makedirs(folder, exist_ok=True)
     store.clear(folder)
     n = len(record.image_names)

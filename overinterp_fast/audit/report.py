@@ -30,10 +30,23 @@ from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..methods.results import SISResult
 from .records import AuditRecord, ModelRecord, load_audit
 from .store import REPORT_FILE
+from .config import GALLERY
+from .metrics import (
+    BORDER,
+    SUBSET_FRACTION,
+    border_fractions,
+    border_share,
+    common_grid,
+    correctness,
+    grid_shape,
+    inside_fractions,
+    on_grid,
+    sis_fractions,
+    subset_mask,
+)
 from .stats import (
     bonferroni,
     dice,
-    fraction_inside,
     friedman,
     hausdorff,
     heatmap,
@@ -41,10 +54,8 @@ from .stats import (
     mean_ci,
     sis_size_curve,
 )
-from .subsets import BACKWARD_METHODS, keep_last_mask
+from .subsets import BACKWARD_METHODS
 
-BORDER = 0.10  # width of the border band, as a fraction of each side of the image
-SUBSET_FRACTION = 0.05  # the pixel subsets of Carter et al. 2021: the last 5% of backward selection
 CURVE_POINTS = 20
 DPI = 80
 NUMBER = re.compile(r"^-?[\d.]+(e[-+]?\d+)?%?$|^n/a$|^\[.*%\]$")  # table cells right-aligned as numbers
@@ -147,72 +158,6 @@ def _json(x: Any) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # What the sections compute (from the record only)
-
-
-def grid_shape(display: np.ndarray) -> tuple[int, int]:
-    """The pixel grid (H, W) of a display image [H, W] or [H, W, 3]."""
-    return tuple(int(s) for s in np.asarray(display).shape[:2])
-
-
-def on_grid(r: SISResult, display: np.ndarray) -> bool:
-    """Whether the result's mask lies on the display's pixel grid (False without a mask)."""
-    return r.mask is not None and tuple(r.mask.shape) == grid_shape(display)
-
-
-def common_grid(record: AuditRecord, model: ModelRecord) -> tuple[int, int] | None:
-    """(H, W) when every display has that grid and every SIS mask of the model lies on it, else None."""
-    shapes = {grid_shape(d) for d in record.displays}
-    if len(shapes) != 1:
-        return None
-    if any(r.mask is not None and not on_grid(r, d) for r, d in zip(model.results, record.displays)):
-        return None
-    return shapes.pop()
-
-
-def border_mask(shape: tuple[int, int], fraction: float = BORDER) -> np.ndarray:
-    """bool [H, W]: the outer band of ``fraction`` of each side (at least one pixel wide)."""
-    h, w = shape
-    bh, bw = max(1, round(fraction * h)), max(1, round(fraction * w))
-    inner = np.zeros((h, w), dtype=bool)
-    inner[bh:h - bh, bw:w - bw] = True
-    return ~inner
-
-
-def subset_mask(order: torch.Tensor, shape: tuple[int, int], fraction: float = SUBSET_FRACTION) -> torch.Tensor | None:
-    """bool [H, W]: the last ``fraction`` of a backward-selection order over the grid (None: order not on it)."""
-    if order.numel() != shape[0] * shape[1]:
-        return None
-    return keep_last_mask(order, fraction).view(shape)
-
-
-def sis_fractions(model: ModelRecord) -> np.ndarray:
-    """float [n]: SIS size as a fraction of the features, for the images that have a SIS."""
-    return np.array([r.fraction for r in model.results if r.sis is not None], dtype=float)
-
-
-def correctness(record: AuditRecord, model: ModelRecord) -> list[bool | None]:
-    """Per image: whether the model's class (``target``) is the true label; None where the label is unknown."""
-    return [None if lab is None else int(r.target) == int(lab) for r, lab in zip(model.results, record.labels)]
-
-
-def inside_fractions(record: AuditRecord, model: ModelRecord, regions: Sequence[np.ndarray]) -> np.ndarray:
-    """float [N]: per image, the fraction of its SIS pixels inside ``regions[i]`` (bool [H, W]);
-    NaN where the SIS is missing, empty or off the pixel grid."""
-    out = np.full(len(model.results), np.nan)
-    for i, (r, d, region) in enumerate(zip(model.results, record.displays, regions)):
-        if on_grid(r, d) and r.size:
-            out[i] = fraction_inside(r.mask.numpy(), region)
-    return out
-
-
-def border_fractions(record: AuditRecord, model: ModelRecord, fraction: float = BORDER) -> np.ndarray:
-    """float [N]: per image, the fraction of its SIS pixels in the outer border (NaN: no, empty or off-grid SIS)."""
-    return inside_fractions(record, model, [border_mask(grid_shape(d), fraction) for d in record.displays])
-
-
-def border_share(record: AuditRecord, fraction: float = BORDER) -> float:
-    """The border's share of the image area, averaged over the images."""
-    return float(np.mean([border_mask(grid_shape(d), fraction).mean() for d in record.displays]))
 
 
 def safe_test(test: Callable[[Sequence[Sequence[float]]], tuple[float, float]],
@@ -323,9 +268,6 @@ def result_facts(record: AuditRecord, r: SISResult, label: int | None, display: 
         facts.append(f"SIS over a feature grid of shape {list(r.mask.shape)}, not the image's "
                      f"{'x'.join(map(str, grid_shape(display)))} pixels: overlay skipped")
     return facts
-
-
-GALLERY = 24  # images shown with their SIS by default; statistics and plots cover every image
 
 
 def gallery_sample(record: AuditRecord, n: int = GALLERY, seed: int = 0) -> list[tuple[int, list[str]]]:
@@ -544,10 +486,7 @@ def location_section(record: AuditRecord) -> str:
 
 
 def object_section(record: AuditRecord) -> str:
-    """SIS pixels inside the given object masks, and foreground/background noise sensitivity.
-
-    (docs: algorithms.md, Foreground and background sensitivity)
-    """
+    """SIS pixels inside the given object masks, and foreground/background noise sensitivity (RFS, iRFS)."""
     objects = [np.asarray(o, dtype=bool) for o in record.object_masks]
     share = float(np.mean([o.mean() for o in objects]))
     rows = []
@@ -561,11 +500,11 @@ def object_section(record: AuditRecord) -> str:
     reference = next((m.sensitivity.get("reference") for m in record.models if m.sensitivity), "unknown")
     sigma = next((m.sensitivity.get("sigma") for m in record.models if m.sensitivity), None)
     body = [_p("Object masks were given. Left: the mean share of SIS pixels inside the object against the object's "
-               "share of the area (paper 000 found ImageNet SIS mostly outside the object). Right: accuracy with "
+               "share of the area (Carter et al. 2021 found ImageNet SIS mostly outside the object). Right: accuracy with "
                f"Gaussian noise (sigma {sigma}, in the model's input units) on only the foreground (a_fg) or "
                f"only the background (a_bg), measured against {reference}; RFS = (a_bg - a_fg) / "
                "(2 min(a, 1 - a)) and iRFS (the same with true-class probabilities) lie in [-1, 1]: above 0, "
-               "the model depends more on the object than on the background (paper 004)."),
+               "the model depends more on the object than on the background (Moayeri et al. 2022)."),
             _table(["model", "images with a non-empty SIS", "mean % of SIS pixels in the object", "95% CI",
                     "object's share of the area", "a_fg", "a_bg", "RFS", "iRFS"], rows)]
     return _section("object", "Object or background?", "\n".join(body))

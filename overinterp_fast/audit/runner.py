@@ -1,6 +1,6 @@
 """The audit job: SIS of one or more models (and their ensemble) on a set of images, plus transfer.
 
-    record = run_audit({"lite0": m0, "lite1": m1}, x, names, displays, method="gradient", ensemble=True)
+    record = run_audit({"lite0": m0, "lite1": m1}, x, names, displays, AuditConfig(method="gradient", ensemble=True))
     save_audit(record, "out/audit"); build_report(record, "out/audit/report.html")
 
 The work on one chunk of images (:func:`audit_chunk`) is shared by the in-memory ``run_audit``
@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ..api import fast_sis
 from ..runtime.inputs import check_threshold
 from ..runtime.model import Ensemble, ModelFn
+from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
 from .subsets import BACKWARD_METHODS, pixel_subsets
@@ -84,15 +85,6 @@ def check_method(method: str, shape: Sequence[int]) -> None:
         )
 
 
-def model_options(method: str, threshold: float, threshold_mode: str, mask_value, k: int,
-                  autocast: str | None) -> dict:
-    """The options a model's SIS ran with, as the record lists them."""
-    options = {"threshold": threshold, "threshold_mode": threshold_mode, "mask_value": mask_value}
-    if method == "gradient":
-        options.update(k=k, autocast=autocast)
-    return options
-
-
 def fixed_engine(model) -> str:
     """The engine a model runs on when results must not depend on timing: ONNX Runtime for ONNX models,
     else the torch model as given (engine="auto" may export a torch model to ONNX when that measures faster)."""
@@ -124,43 +116,56 @@ def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
     return transfer and n_models >= 2 and method in BACKWARD_METHODS
 
 
-def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool, *,
-                threshold: float, threshold_mode: str, method: str, k: int, collection: bool, transfer: bool,
-                fraction: float, mask_value: float, autocast: str | None, batch_size: int | None, engine: str | None,
-                progress: bool | None, object_masks: torch.Tensor | None, noise_sigma: float | torch.Tensor,
-                value_range: tuple | None) -> ChunkResult:
+def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool,
+                config: AuditConfig, *, engine: str | None, progress: bool | None,
+                object_masks: torch.Tensor | None) -> ChunkResult:
     """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
 
     ``known``: accuracies are measured against the labels (all known) rather than each model's own
     full-image prediction. ``engine``: :func:`fast_sis`'s, or None for :func:`fixed_engine` per model (never
-    chosen by timing). The other arguments are :func:`run_audit`'s (no defaults here: the in-memory and the
-    stored audit each pass all of them, so that their defaults live in one place each).
+    chosen by timing). ``object_masks``: bool [n, H, W] or None (no noise sensitivity). ``config`` says
+    what each model computes (its ``ensemble`` is the caller's: ``models`` holds the ensemble already).
     """
     results, seconds, sens, predictions = [], [], [], {}
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
     for name, model in bar:
         bar.set_postfix_str(name)
         predictions[name], f0 = predict(model, images)
-        taus = thresholds_for(f0, threshold, threshold_mode)
+        taus = thresholds_for(f0, config.threshold, config.threshold_mode)
         t0 = time.perf_counter()
-        results.append(fast_sis(model, images, taus, method=method, k=k, collection=collection,
-                                mask_value=mask_value, autocast=autocast, batch_size=batch_size,
-                                engine=fixed_engine(model) if engine is None else engine,
-                                progress=progress))
+        results.append(explain(model, images, taus, config, engine, progress))
         seconds.append(time.perf_counter() - t0)
         if object_masks is None:
             sens.append(None)
             continue
         truth = torch.tensor(labels) if known else predictions[name]
-        low, high = value_range if value_range is not None else (None, None)
-        ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), noise_sigma, low, high)
-        sens.append({"fg_correct": ns["correct_fg"].numpy(), "bg_correct": ns["correct_bg"].numpy(),
-                     "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()})
+        sens.append(_sensitivity(model, images, object_masks, truth, config))
     counts = None
-    if wants_transfer(transfer, len(models), method):
+    if wants_transfer(config.transfer, len(models), config.method):
         reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
-        counts = transfer_counts(models, results, images, reference, fraction, mask_value)
+        counts = transfer_counts(models, results, images, reference, config.fraction, config.mask_value)
     return ChunkResult(results, seconds, sens, counts)
+
+
+def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig, engine: str | None,
+            progress: bool | None) -> list:
+    """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
+    (``engine`` None: :func:`fixed_engine`)."""
+    method, k, collection, mask_value = config.method, config.k, config.collection, config.mask_value
+    autocast, batch_size = config.autocast, config.batch_size
+    return fast_sis(model, images, taus, method=method, k=k, collection=collection,
+                    mask_value=mask_value, autocast=autocast, batch_size=batch_size,
+                    engine=fixed_engine(model) if engine is None else engine,
+                    progress=progress)
+
+
+def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,
+                 config: AuditConfig) -> dict:
+    """Per image of the chunk {"fg_correct", "bg_correct": bool [n], "p_fg", "p_bg": float [n]} against ``truth``."""
+    low, high = config.value_range if config.value_range is not None else (None, None)
+    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), config.noise_sigma, low, high)
+    return {"fg_correct": ns["correct_fg"].numpy(), "bg_correct": ns["correct_bg"].numpy(),
+            "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()}
 
 
 def transfer_counts(models: Mapping[str, object], results: Sequence[Sequence], images: torch.Tensor,
@@ -225,26 +230,11 @@ def run_audit(
     images: torch.Tensor,
     image_names: Sequence[str],
     displays: Sequence[np.ndarray] | np.ndarray,
+    config: AuditConfig | None = None,
+    run: RunOptions | None = None,
     *,
     labels: Sequence[int | None] | None = None,
-    class_name: Callable[[int], str] = str,
-    threshold: float = 0.9,
-    threshold_mode: str = "auto",
-    method: str = "exact",
-    k: int = 100,
-    collection: bool = False,
-    ensemble: bool = False,
-    transfer: bool = True,
-    fraction: float = 0.05,
-    mask_value: float = 0.0,
-    autocast: str | None = None,
-    batch_size: int | None = None,
-    progress: bool | None = None,
-    title: str = "Overinterpretation audit",
-    meta: dict | None = None,
     object_masks: torch.Tensor | np.ndarray | None = None,
-    noise_sigma: float | torch.Tensor = 0.25,
-    value_range: tuple | None = None,
 ) -> AuditRecord:
     """SIS of every model on ``images``, in memory, gathered into an :class:`AuditRecord` for the report.
 
@@ -252,36 +242,26 @@ def run_audit(
         models: name -> model (torch module or callable [B, *D] -> logits [B, K], or an OnnxModel).
         images: [N, C, H, W], normalized for the models; displays: N uint8 [H, W(, 3)] arrays as a
             person sees them; image_names: N names; labels: N true classes (None where unknown).
-        class_name: index -> class name, for the report.
-        threshold, threshold_mode: tau and how it applies per image (see :func:`thresholds_for`),
-            decided per model from its own f(x).
-        method, k, collection, autocast, batch_size, mask_value: passed to :func:`fast_sis`.
-        ensemble: with two or more models, add their mean-of-logits ensemble as one more model.
-        transfer: with two or more models and a backward-selection method, measure every model's
-            accuracy on every model's ``fraction`` pixel subsets (against the labels when all are
-            known, else against each evaluated model's full-image prediction).
-        progress: progress bars (None: on a terminal only).
-        object_masks: bool [N, H, W], True on each image's object (optional). With them, every
-            model gets foreground/background noise sensitivity (docs: algorithms.md, Foreground and background
-            sensitivity): Gaussian noise
-            of standard deviation ``noise_sigma`` (in the images' units; a number or [C, 1, 1])
-            on only the object or only the background, clipped to ``value_range`` (low, high) when
-            given; accuracy against the labels when all are known, else against the model's own
-            full-image prediction. The report adds the fraction of SIS pixels inside the object.
+        config: what the audit computes (:class:`~overinterp_fast.audit.config.AuditConfig`; None: the
+            defaults). Its method options go to :func:`fast_sis`; accuracies are measured against the labels
+            when all are known, else against each model's own full-image prediction.
+        run: title, metadata, class names and progress bars (:class:`~overinterp_fast.audit.config.RunOptions`).
+        object_masks: bool [N, H, W], True on each image's object (optional). With them, every model gets
+            foreground/background noise sensitivity (RFS, iRFS) with
+            ``config.noise_sigma`` and ``config.value_range``, and the report adds the fraction of SIS pixels
+            inside the object.
 
     For audits that do not fit in memory, that must survive a crash or run on several GPUs, see
     :func:`overinterp_fast.audit.stream.run_stored_audit`.
     """
+    config = check_type(config, AuditConfig, "config")
+    run = check_type(run, RunOptions, "run")
     n = images.shape[0]
-    if len(image_names) != n or len(displays) != n:
-        raise ValueError(f"{n} images, {len(image_names)} names and {len(displays)} displays")
-    labels = [None] * n if labels is None else list(labels)
-    if len(labels) != n:
-        raise ValueError(f"{n} images and {len(labels)} labels")
+    labels = _check_images(images, image_names, displays, labels)
     if not models:
         raise ValueError("no models to audit")
-    check_method(method, images.shape)
-    models = with_ensemble(models, ensemble)
+    check_method(config.method, images.shape)
+    models = with_ensemble(models, config.ensemble)
     if object_masks is not None:
         object_masks = torch.as_tensor(np.asarray(object_masks)).bool()
         if tuple(object_masks.shape) != (n, *images.shape[-2:]):
@@ -289,22 +269,29 @@ def run_audit(
                              f"got {list(object_masks.shape)}")
     # what accuracies are measured against: the labels when all are known, else each model's own prediction
     known = all(lab is not None for lab in labels)
-    chunk = audit_chunk(models, images, labels, known, threshold=threshold, threshold_mode=threshold_mode,
-                        method=method, k=k, collection=collection, transfer=transfer, fraction=fraction,
-                        mask_value=mask_value, autocast=autocast, batch_size=batch_size, engine="auto",
-                        progress=progress, object_masks=object_masks, noise_sigma=noise_sigma,
-                        value_range=value_range)
-    options = model_options(method, threshold, threshold_mode, mask_value, k, autocast)
+    chunk = audit_chunk(models, images, labels, known, config, engine="auto", progress=run.progress,
+                        object_masks=object_masks)
     records = []
     for name, results, seconds, sens in zip(models, chunk.results, chunk.seconds, chunk.sensitivity):
-        record = ModelRecord(name, method, results, seconds, dict(options))
+        record = ModelRecord(name, config.method, results, seconds, config.model_options())
         if sens is not None:
-            record.sensitivity = sensitivity_summary(sens, _plain(noise_sigma), reference_name(known))
+            record.sensitivity = sensitivity_summary(sens, _plain(config.noise_sigma), reference_name(known))
         records.append(record)
-    table = None if chunk.transfer is None else transfer_summary(chunk.transfer, n, list(models), fraction,
+    table = None if chunk.transfer is None else transfer_summary(chunk.transfer, n, list(models), config.fraction,
                                                                   reference_name(known))
     classes = {int(c) for r in records for c in r.predictions} | {int(c) for c in labels if c is not None}
-    info = run_info(images.device, f"{n} x {list(images.shape[1:])} {images.dtype}", meta)
-    return AuditRecord(title, list(image_names), [np.asarray(d) for d in displays], labels,
-                       {c: class_name(c) for c in sorted(classes)}, records, table, info,
+    info = run_info(images.device, f"{n} x {list(images.shape[1:])} {images.dtype}", run.meta)
+    return AuditRecord(run.title, list(image_names), [np.asarray(d) for d in displays], labels,
+                       {c: run.class_name(c) for c in sorted(classes)}, records, table, info,
                        None if object_masks is None else [m.numpy() for m in object_masks])
+
+
+def _check_images(images: torch.Tensor, image_names: Sequence[str], displays, labels) -> list[int | None]:
+    """The labels as a list (None: all unknown), after checking that names, displays and labels match ``images``."""
+    n = images.shape[0]
+    if len(image_names) != n or len(displays) != n:
+        raise ValueError(f"{n} images, {len(image_names)} names and {len(displays)} displays")
+    labels = [None] * n if labels is None else list(labels)
+    if len(labels) != n:
+        raise ValueError(f"{n} images and {len(labels)} labels")
+    return labels

@@ -1,8 +1,8 @@
 """Audits at dataset scale: streamed, committed chunk by chunk, resumable, sharded across torchrun ranks.
 
     src = open_images(dataset="cifar10", data_dir="data", size=32)
-    run = run_stored_audit({"net": model}, src, "out/cifar", config={"models": ["net.pt2"]},
-                           method="exact", chunk_size=64)
+    run = run_stored_audit({"net": model}, src, "out/cifar", AuditConfig(method="exact"),
+                           StoreOptions(chunk_size=64, identity={"models": ["net.pt2"]}))
 
 What it does (docs: algorithms.md, Durable and sharded audits):
 
@@ -10,7 +10,8 @@ What it does (docs: algorithms.md, Durable and sharded audits):
    [c * chunk_size, (c + 1) * chunk_size)). The chunk is the unit of work, of batching and of commit.
 2. Rank 0 checks the folder: a new audit writes ``results.json`` with the configuration; an audit
    with the same configuration continues; another configuration is refused (one line naming the
-   difference) unless ``restart``. Temporary files of a killed commit are removed.
+   difference) unless ``restart``. Temporary files of a killed commit are removed. While the audit runs,
+   the folder's lock (:mod:`overinterp_fast.audit.lock`) refuses a second audit there.
 3. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
    through a ``DataLoader`` (worker processes decode, crop and normalize), runs every model on each
    chunk and commits it (:func:`overinterp_fast.audit.store.commit_chunk`). Only the chunks in
@@ -28,6 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -35,14 +37,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .sources import ImageSource, collate
-from . import store
-from .distributed import Ranks, barrier, setup, teardown
+from . import lock, store
+from .config import AuditConfig, RunOptions, StoreOptions, check_type
+from .distributed import Ranks, barrier, from_main, setup, teardown
 from .records import AuditRecord, ModelRecord, chunk_record, iter_chunks, load_audit, model_entries
 from .runner import (
     _plain,
     audit_chunk,
     check_method,
-    model_options,
     reference_name,
     run_info,
     sensitivity_summary,
@@ -50,8 +52,6 @@ from .runner import (
     wants_transfer,
     with_ensemble,
 )
-
-DEFAULT_CHUNK = 64
 
 
 @dataclass
@@ -84,25 +84,24 @@ def source_digest(source: ImageSource) -> str:
     return h.hexdigest()
 
 
-def audit_config(source: ImageSource, models: dict, *, method: str, threshold: float, threshold_mode: str, k: int,
-                 collection: bool, ensemble: bool, transfer: bool, fraction: float, mask_value, autocast,
-                 batch_size, noise_sigma, chunk_size: int, device: torch.device, extra: dict | None) -> dict:
-    """Everything that fixes the results of a stored audit, as JSON-ready values.
-
-    (docs: algorithms.md, Durable and sharded audits)
-    """
-    config = {
-        "models": list(models), "method": method, "threshold": threshold, "threshold_mode": threshold_mode,
-        "k": k if method == "gradient" else None, "autocast": autocast, "collection": collection,
-        "ensemble": ensemble, "transfer": transfer, "fraction": fraction, "mask_value": _plain(mask_value),
+def audit_config(source: ImageSource, models: Mapping[str, object], config: AuditConfig, chunk_size: int,
+                 device: torch.device, extra: dict | None) -> dict:
+    """Everything that fixes the results of a stored audit, as JSON-ready values: ``config`` (its batch size
+    as the audit runs it), the images, ``chunk_size``, the device type, and the caller's ``extra`` entries."""
+    method = config.method
+    result = {
+        "models": list(models), "method": method, "threshold": config.threshold,
+        "threshold_mode": config.threshold_mode, "k": config.k if method == "gradient" else None,
+        "autocast": config.autocast, "collection": config.collection, "ensemble": config.ensemble,
+        "transfer": config.transfer, "fraction": config.fraction, "mask_value": _plain(config.mask_value),
         "images": source.description, "n_images": len(source),
         "images_digest": source_digest(source), "size": source.size, "mean": _plain(source.mean),
         "std": _plain(source.std), "grey": source.grey, "object_masks": source.object_dir,
-        "noise_sigma": _plain(noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
-        "device_type": device.type, "batch_size": batch_size,
+        "noise_sigma": _plain(config.noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
+        "device_type": device.type, "batch_size": config.batch_size,
     }
-    config.update(extra or {})
-    return store._jsonable(config)
+    result.update(extra or {})
+    return store._jsonable(result)
 
 
 def fixed_batch_size(source: ImageSource, chunk_size: int) -> int:
@@ -159,89 +158,76 @@ def run_stored_audit(
     models: Mapping[str, object],
     source: ImageSource,
     out: str,
+    config: AuditConfig | None = None,
+    storage: StoreOptions | None = None,
+    run: RunOptions | None = None,
     *,
     ranks: Ranks | None = None,
-    config: dict | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-    restart: bool = False,
-    workers: int = 2,
-    device: str | torch.device = "cpu",
-    class_name: Callable[[int], str] = str,
-    threshold: float = 0.9,
-    threshold_mode: str = "auto",
-    method: str = "exact",
-    k: int = 100,
-    collection: bool = False,
-    ensemble: bool = False,
-    transfer: bool = True,
-    fraction: float = 0.05,
-    mask_value: float = 0.0,
-    autocast: str | None = None,
-    batch_size: int | None = None,
-    noise_sigma: float | torch.Tensor = 0.25,
-    value_range: tuple | None = None,
-    progress: bool | None = None,
-    title: str = "Overinterpretation audit",
-    meta: dict | None = None,
-    report: bool = True,
-    gallery: int = 24,
-    load: bool = True,
 ) -> StoredAudit:
     """Audit ``models`` on every image of ``source`` into the durable folder ``out`` (see the module docstring).
 
     Args:
         models: name -> model on the CPU (moved to this rank's device); ``source``: the images.
-        config: what identifies the models (e.g. their files) and anything else that fixes results;
-            merged into the stored configuration, which a resume must match.
-        chunk_size: images per chunk, part of the configuration. restart: discard what ``out`` holds.
-        workers: DataLoader worker processes per rank (0: load in this process).
-        device: "cpu" or "cuda" (cuda:LOCAL_RANK under torchrun).
-        report, gallery: write ``report.html`` with a gallery of ``gallery`` images (rank 0).
-        load: rank 0 reads the complete audit back into ``StoredAudit.record``.
+        config: what the audit computes (:class:`~overinterp_fast.audit.config.AuditConfig`, as for
+            :func:`overinterp_fast.audit.run_audit`); with ``storage.chunk_size`` and ``storage.identity`` it is
+            the stored configuration that a rerun must match to continue.
+        storage: chunks, loader workers, restart, device, report and gallery
+            (:class:`~overinterp_fast.audit.config.StoreOptions`).
+        run: title, metadata, class names and rank 0's progress bar
+            (:class:`~overinterp_fast.audit.config.RunOptions`).
         ranks: the torchrun layout when the caller joined the job already (:func:`.distributed.setup`).
-        The other arguments are :func:`overinterp_fast.audit.run_audit`'s.
+
+    While it writes, the folder holds a lock (:mod:`overinterp_fast.audit.lock`): a second audit writing to
+    the same folder is refused with one line; the ranks of one torchrun job share it.
     """
+    config = check_type(config, AuditConfig, "config")
+    storage = check_type(storage, StoreOptions, "storage")
+    run = check_type(run, RunOptions, "run")
     own = ranks is None
-    ranks = setup(device) if own else ranks
+    ranks = setup(storage.device) if own else ranks
     try:
-        return _run(models, source, out, ranks, config, chunk_size, restart, workers, class_name,
-                    dict(threshold=threshold, threshold_mode=threshold_mode, method=method, k=k,
-                         collection=collection, transfer=transfer, fraction=fraction, mask_value=mask_value,
-                         autocast=autocast, batch_size=batch_size, noise_sigma=noise_sigma,
-                         value_range=value_range),
-                    ensemble, progress, title, meta, report, gallery, load)
+        return _run(models, source, out, ranks, config, storage, run)
     finally:
         if own:
             teardown(ranks)
 
 
-def _run(models, source, out, ranks, config, chunk_size, restart, workers, class_name, options, ensemble, progress,
-         title, meta, report, gallery, load) -> StoredAudit:
+@dataclass
+class _Plan:
+    """A stored audit, decided: the models (ensemble included, on this rank's device), the configuration as
+    it runs (engine and batch size fixed), the stored configuration and document, and the chunks."""
+
+    models: dict
+    config: AuditConfig
+    stored: dict
+    doc: dict
+    ranges: list[tuple[int, int]]
+
+
+def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig, storage: StoreOptions,
+          ranks: Ranks, title: str) -> _Plan:
     if len(source) == 0:
         raise ValueError("no images to audit")
     if not models:
         raise ValueError("no models to audit")
-    method = options["method"]
-    check_method(method, (source.size, source.size))
+    check_method(config.method, (source.size, source.size))
     # Calibrated batch sizes and engine="auto" are chosen by timing, which would make results depend on the
     # machine and the moment; a stored audit fixes both: the engine by the model's type (runner.fixed_engine)
     # and a batch size from the configuration (given, or a function of the chunk's shape).
-    options = dict(options, engine=None, batch_size=options["batch_size"] or fixed_batch_size(source, chunk_size))
-    models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, ensemble)
-    cfg = audit_config(source, models, ensemble=ensemble, chunk_size=chunk_size, device=ranks.device, extra=config,
-                       **{k: options[k] for k in ("method", "threshold", "threshold_mode", "k", "collection",
-                                                  "transfer", "fraction", "mask_value", "autocast", "batch_size",
-                                                  "noise_sigma")})
-    ranges = store.chunk_ranges(len(source), chunk_size)
-    doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": cfg, "n_images": len(source),
-           "chunk_size": chunk_size, "title": title,
-           "models": [{"name": n, "method": method,
-                       "options": model_options(method, options["threshold"], options["threshold_mode"],
-                                                options["mask_value"], options["k"], options["autocast"])}
-                      for n in models]}
-    doc = store._jsonable(doc)
+    config = replace(config, batch_size=config.batch_size or fixed_batch_size(source, storage.chunk_size))
+    models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, config.ensemble)
+    stored = audit_config(source, models, config, storage.chunk_size, ranks.device, storage.identity)
+    doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": stored, "n_images": len(source),
+           "chunk_size": storage.chunk_size, "title": title,
+           "models": [{"name": n, "method": config.method, "options": config.model_options()} for n in models]}
+    return _Plan(models, config, stored, store._jsonable(doc), store.chunk_ranges(len(source), storage.chunk_size))
+
+
+def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
+    """Refuse another configuration (every rank alike), then on rank 0: clear on restart, remove a killed
+    commit's temporaries and write the running document when the folder holds no running audit."""
     if not restart:
-        store.check_resumable(out, cfg)  # every rank: all refuse alike
+        store.check_resumable(out, plan.stored)
     if ranks.is_main:
         os.makedirs(out, exist_ok=True)
         if restart:
@@ -249,21 +235,62 @@ def _run(models, source, out, ranks, config, chunk_size, restart, workers, class
         store.remove_temporaries(out)
         old = store.read_doc(out)
         if old is None or old.get("status") != "running":
-            store.write_json(os.path.join(out, store.RESULTS_FILE), doc)
+            store.write_json(os.path.join(out, store.RESULTS_FILE), plan.doc)
     barrier(ranks)
-    pending = [c for c in range(len(ranges)) if c not in store.committed_chunks(out)]
-    skipped = len(ranges) - len(pending)
-    mine = store.share(pending, ranks.rank, ranks.world)
+
+
+def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
+         run: RunOptions) -> StoredAudit:
+    plan = _plan(models, source, config, storage, ranks, run.title)
+    held = _lock(out, ranks)
+    try:
+        _open_folder(out, plan, storage.restart, ranks)
+        pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
+        mine = store.share(pending, ranks.rank, ranks.world)
+        committing = _compute(out, source, plan, mine, storage.workers, ranks, run.progress)
+        done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
+                           commit_seconds=committing)
+        if ranks.is_main:
+            _finish(done, source, plan, storage, run)
+        return done
+    finally:
+        if held is not None:
+            lock.release(out, held)
+
+
+def _lock(out: str, ranks: Ranks) -> lock.Holder | None:
+    """Rank 0 takes the folder's lock (its holder returned; None on the other ranks); every rank raises
+    :class:`~overinterp_fast.audit.lock.FolderLocked` alike when rank 0 could not take it."""
+    held, failure, error = None, None, None
+    if ranks.is_main:
+        try:
+            held = lock.acquire(out, lock.job_id())
+        except Exception as exc:  # every rank must learn that rank 0 stops, whatever stopped it
+            failure, error = exc, str(exc)
+    error = from_main(ranks, error)
+    if failure is not None:
+        raise failure
+    if error is not None:
+        raise lock.FolderLocked(error)
+    return held
+
+
+def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], workers: int, ranks: Ranks,
+             progress: bool | None) -> float:
+    """Compute and commit this rank's chunks ``mine``, then wait for every rank; returns the seconds spent
+    committing."""
     known = all(lab is not None for lab in source.image_labels)
-    bar = _Progress(out, ranges, len(models), enabled=ranks.is_main and (_isatty() if progress is None else progress))
-    loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*ranges[c])) for c in mine],
+    bar = _Progress(out, plan.ranges, len(plan.models),
+                    enabled=ranks.is_main and (_isatty() if progress is None else progress))
+    loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*plan.ranges[c])) for c in mine],
                                          num_workers=workers, collate_fn=collate)
     committing = 0.0
     try:
         for c, batch in zip(mine, loader):
             x = batch["x"].to(ranks.device)
             objects = None if batch["objects"] is None else batch["objects"].to(ranks.device)
-            done = audit_chunk(models, x, batch["labels"], known, progress=False, object_masks=objects, **options)
+            done = audit_chunk(plan.models, x, batch["labels"], known, plan.config, engine=None, progress=False,
+                               object_masks=objects)
             images = store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]],
                                         batch["labels"], batch["displays"],
                                         None if objects is None else list(objects.cpu().numpy()))
@@ -277,25 +304,30 @@ def _run(models, source, out, ranks, config, chunk_size, restart, workers, class
         barrier(ranks)
     finally:
         bar.close()
-    run = StoredAudit(out, len(ranges), skipped, len(mine), ranks, commit_seconds=committing)
-    if ranks.is_main:
-        missing = len(ranges) - len(store.committed_chunks(out))
-        if missing:
-            raise RuntimeError(f"{missing} chunks are not in {out!r} after every rank finished: with several "
-                               f"nodes, --out must be on a file system they all share")
-        info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
-                        meta)
-        info.update({"chunks": len(ranges), "chunk size": chunk_size, "world size": ranks.world})
-        t0 = time.perf_counter()
-        finalize(out, doc, class_name, info, options, known)
-        run.finalize_seconds = time.perf_counter() - t0
-        if report or load:
-            run.record = load_audit(out)
-        if report:
-            from .report import build_report
+    return committing
 
-            build_report(run.record, os.path.join(out, store.REPORT_FILE), gallery=gallery)
-    return run
+
+def _finish(done: StoredAudit, source: ImageSource, plan: _Plan, storage: StoreOptions, run: RunOptions) -> None:
+    """Rank 0, every rank finished: check every chunk is there, aggregate (results.json, sis.parquet), read the
+    audit back and write the report as ``storage`` asks."""
+    out, ranks = done.folder, done.ranks
+    missing = len(plan.ranges) - len(store.committed_chunks(out))
+    if missing:
+        raise RuntimeError(f"{missing} chunks are not in {out!r} after every rank finished: with several "
+                           f"nodes, --out must be on a file system they all share")
+    info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
+                    run.meta)
+    info.update({"chunks": len(plan.ranges), "chunk size": storage.chunk_size, "world size": ranks.world})
+    known = all(lab is not None for lab in source.image_labels)
+    t0 = time.perf_counter()
+    finalize(out, plan.doc, run.class_name, info, plan.config, known)
+    done.finalize_seconds = time.perf_counter() - t0
+    if storage.report or storage.load:
+        done.record = load_audit(out)
+    if storage.report:
+        from .report import build_report
+
+        build_report(done.record, os.path.join(out, store.REPORT_FILE), gallery=storage.gallery)
 
 
 def _isatty() -> bool:
@@ -312,7 +344,8 @@ def _channels(source: ImageSource) -> int:
     return int(source[0]["x"].shape[0])
 
 
-def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, options: dict, known: bool) -> None:
+def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, config: AuditConfig,
+             known: bool) -> None:
     """Aggregate the committed parts: results.json (complete), and sis.parquet written chunk by chunk."""
     import pyarrow.parquet as pq
 
@@ -345,11 +378,11 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
     for m, cols in zip(models, sens):
         if cols:
             merged = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
-            m.sensitivity = sensitivity_summary(merged, _plain(options["noise_sigma"]), ref)
+            m.sensitivity = sensitivity_summary(merged, _plain(config.noise_sigma), ref)
     names = [m["name"] for m in doc["models"]]
     transfer = None
-    if counts is not None and wants_transfer(options["transfer"], n_models, options["method"]):
-        transfer = transfer_summary(counts.tolist(), n, names, options["fraction"], ref)
+    if counts is not None and wants_transfer(config.transfer, n_models, config.method):
+        transfer = transfer_summary(counts.tolist(), n, names, config.fraction, ref)
     final = dict(doc, status="complete", class_names={str(k): v for k, v in sorted(class_names.items())},
                  models=model_entries(models), transfer=transfer, meta=info,
                  object_masks=doc["config"].get("object_masks") is not None)

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("folder", help="a folder written by 'audit', 'sis' or 'demo'")
     report.add_argument("--out", default=None, help="HTML path (default: FOLDER/report.html)")
     report.add_argument("--gallery", type=int, default=24, help="images shown with their SIS (default 24)")
-    red = sub.add_parser("reduce", help="input reduction of a text classifier (paper 003): reductions.parquet "
+    red = sub.add_parser("reduce", help="input reduction of a text classifier (Feng et al. 2018): reductions.parquet "
                          "and an HTML page")
     red.add_argument("--model", default="bundled",
                      help="'bundled' (the Rotten Tomatoes word CNN, trained once and cached) or a file written by "
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     red.add_argument("--out", required=True, help="output folder")
     red.add_argument("--quiet", action="store_true", help="no progress bars")
     pipe = sub.add_parser("digits-pipeline",
-                          help="paper 000's pixel-subset experiment on real digits (train on 5%% subsets)")
+                          help="the pixel-subset experiment of Carter et al. 2021 on real digits (train on 5%% subsets)")
     pipe.add_argument("--fraction", type=_unit_interval, default=0.05, help="pixels kept (default 0.05)")
     pipe.add_argument("--train", type=_positive, default=None, help="training images to use (default: all)")
     pipe.add_argument("--test", type=_positive, default=None, help="test images to use (default: all)")
@@ -132,7 +132,7 @@ def _prepare(args, several: bool, device):
     import torch
 
     from ..audit.sources import open_images, select_range
-    from .loading import class_namer, load_model
+    from .loading import class_namer, first_line, load_model
     from ..runtime.model import ModelFn
 
     specs = args.model if several else [args.model]
@@ -160,9 +160,8 @@ def _prepare(args, several: bool, device):
         try:
             num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x).shape[1])
         except (RuntimeError, AssertionError) as exc:  # a channel or size mismatch (exported graphs assert)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x.shape)} "
-                             f"(check --size, --grey): {first}") from None
+                             f"(check --size, --grey): {first_line(exc)}") from None
     k = args.k or (100 if x.device.type == "cuda" else 500)
     return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (mean, std)
 
@@ -180,27 +179,38 @@ def _noise_units(args, mean, std):
     return {"noise_sigma": args.noise_sigma / s, "value_range": ((0 - m) / s, (1 - m) / s)}
 
 
+def _audit_config(args, k: int, noise: dict):
+    """The AuditConfig the arguments ask for: the method's options, and the audit command's own (--ensemble,
+    --fraction, --batch-size) where the command has them; ``noise``: :func:`_noise_units`'s."""
+    from ..audit.config import AuditConfig
+
+    own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size") if hasattr(args, name)}
+    return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
+                       collection=args.collection, **own, **noise)
+
+
 def _run_sis(args):
     """The ``sis`` command: one model, in memory; returns the AuditRecord."""
     import numpy as np
     import torch
 
+    from ..audit.config import RunOptions
     from ..audit.runner import run_audit
 
     _check_device(args.device)
     loaded, source, namer, k, _ = _prepare(args, False, torch.device(args.device))
     items = [source[i] for i in range(len(source))]
     x = torch.stack([it["x"] for it in items]).to(args.device)
-    return run_audit(
-        {m.name: m.model for m in loaded}, x, source.image_names, np.stack([it["display"] for it in items]),
-        labels=source.image_labels, class_name=namer, threshold=args.threshold, threshold_mode=args.threshold_mode,
-        method=args.method, k=k, collection=args.collection, progress=False if args.quiet else None, title="SIS",
-        meta={"models": [args.model], "image source": source.description},
-    )
+    run = RunOptions(class_name=namer, title="SIS", progress=False if args.quiet else None,
+                     meta={"models": [args.model], "image source": source.description})
+    return run_audit({m.name: m.model for m in loaded}, x, source.image_names,
+                     np.stack([it["display"] for it in items]), _audit_config(args, k, {}), run,
+                     labels=source.image_labels)
 
 
 def _run_audit(args):
     """The ``audit`` command: streamed into the durable store in --out, resumable, sharded under torchrun."""
+    from ..audit.config import RunOptions, StoreOptions
     from ..audit.distributed import setup, teardown
     from ..audit.stream import run_stored_audit
 
@@ -208,18 +218,15 @@ def _run_audit(args):
     ranks = setup(args.device)
     try:
         loaded, source, namer, k, (mean, std) = _prepare(args, True, ranks.device)
-        run = run_stored_audit(
-            {m.name: m.model for m in loaded}, source, args.out, ranks=ranks,
-            config={"model_files": args.model, "class_names": args.class_names}, chunk_size=args.chunk_size,
-            restart=args.restart, workers=args.workers, batch_size=args.batch_size, class_name=namer, threshold=args.threshold,
-            threshold_mode=args.threshold_mode, method=args.method, k=k, collection=args.collection,
-            ensemble=args.ensemble, fraction=args.fraction, progress=False if args.quiet else None, title=args.title,
-            meta={"models": args.model, "image source": source.description}, gallery=args.gallery,
-            **_noise_units(args, mean, std),
-        )
+        storage = StoreOptions(chunk_size=args.chunk_size, restart=args.restart, workers=args.workers,
+                               identity={"model_files": args.model, "class_names": args.class_names},
+                               gallery=args.gallery)
+        run = RunOptions(class_name=namer, title=args.title, progress=False if args.quiet else None,
+                         meta={"models": args.model, "image source": source.description})
+        return run_stored_audit({m.name: m.model for m in loaded}, source, args.out,
+                                _audit_config(args, k, _noise_units(args, mean, std)), storage, run, ranks=ranks)
     finally:
         teardown(ranks)
-    return run
 
 
 def _check_device(device: str) -> None:
@@ -252,7 +259,7 @@ def _print_table(record, most: int = 60) -> None:
 
 def _sis_png(record, path: str) -> str:
     """One row per image (original, SIS over it, SIS alone) for the record's single model."""
-    from ..audit.report import on_grid
+    from ..audit.metrics import on_grid
     from ..audit.plotting import sis_figure
 
     (m,) = record.models

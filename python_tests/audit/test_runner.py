@@ -6,11 +6,14 @@ Tests marked ``mutation`` were written for survivors of a mutation run (mutmut):
 """
 import math
 import sys
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 from overinterp_fast.audit import runner
+from overinterp_fast.audit.config import AuditConfig, RunOptions
 from overinterp_fast.audit.records import ModelRecord
 from overinterp_fast.runtime.model import Ensemble
 from overinterp_fast.methods.results import SISResult
@@ -98,9 +101,9 @@ def test_exact_sis_size_guard_at_the_limit():
 
 @pytest.mark.mutation
 def test_model_options_engines_and_transfer_rule(tmp_path):
-    assert runner.model_options("exact", 0.9, "auto", 0.0, 100, None) == {
+    assert AuditConfig("exact", 0.9, "auto", k=100, autocast=None, mask_value=0.0).model_options() == {
         "threshold": 0.9, "threshold_mode": "auto", "mask_value": 0.0}
-    assert runner.model_options("gradient", 0.8, "relative", 0.5, 16, "bf16") == {
+    assert AuditConfig("gradient", 0.8, "relative", k=16, autocast="bf16", mask_value=0.5).model_options() == {
         "threshold": 0.8, "threshold_mode": "relative", "mask_value": 0.5, "k": 16, "autocast": "bf16"}
     assert runner.fixed_engine(Fixed().eval()) == "torch"
     from overinterp_fast import export_onnx
@@ -188,7 +191,7 @@ def test_run_audit_argument_checks():
         kw = dict(models=model, images=x, image_names=["a", "b"], displays=displays)
         kw.update(change)
         with pytest.raises(ValueError, match=whole_message(message)):
-            runner.run_audit(**kw, progress=False)
+            runner.run_audit(**kw, run=RunOptions(progress=False))
 
 
 @pytest.mark.mutation
@@ -197,9 +200,10 @@ def test_run_audit_with_labels_records_the_label_reference_and_classes():
     x = torch.stack([torch.full((1, 2, 2), 2.0), torch.full((1, 2, 2), -2.0)])
     x[0, 0, 0, 0] = -1.0
     displays = np.zeros((2, 2, 2), np.uint8)
-    rec = runner.run_audit({"a": ByMean().eval(), "b": ByMean().eval()}, x, ["p", "q"], displays, labels=[1, 4],
-                           class_name=lambda c: f"c{c}", threshold=0.5, method="exact", fraction=0.25,
-                           title="T", meta={"source": "hand"}, progress=False)
+    rec = runner.run_audit({"a": ByMean().eval(), "b": ByMean().eval()}, x, ["p", "q"], displays,
+                           AuditConfig(threshold=0.5, method="exact", fraction=0.25),
+                           RunOptions(class_name=lambda c: f"c{c}", title="T", meta={"source": "hand"},
+                                      progress=False), labels=[1, 4])
     assert rec.title == "T" and rec.image_names == ["p", "q"] and rec.labels == [1, 4]
     assert rec.class_names == {0: "c0", 1: "c1", 4: "c4"}  # predictions 1 and 0, label 4
     assert rec.transfer["reference"] == "labels" and rec.transfer["rows"] == ["a", "b"]
@@ -228,7 +232,7 @@ def test_audit_progress_bar_per_model(monkeypatch):
     def run(progress):
         tty = fake_terminal(monkeypatch)
         runner.run_audit({"first": ByMean().eval(), "second": ByLast().eval()}, x, ["p", "q"], displays,
-                         threshold=0.5, transfer=False, progress=progress)
+                         AuditConfig(threshold=0.5, transfer=False), RunOptions(progress=progress))
         return "".join(tty.text)
 
     shown = run(True)
@@ -259,11 +263,11 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     x = torch.stack([torch.full((1, 2, 2), 2.0), torch.full((1, 2, 2), -2.0)])  # ByMean: classes 1, 0
     masks = torch.ones(2, 2, 2, dtype=torch.bool)
     models = {"m": ByMean().eval()}
-    opts = dict(threshold=0.9, threshold_mode="absolute", method="gradient", k=7, collection=True, transfer=False,
-                fraction=0.25, mask_value=0.5, autocast="bf16", batch_size=5, progress=False, object_masks=masks,
-                noise_sigma=0.3)
+    config = AuditConfig(threshold=0.9, threshold_mode="absolute", method="gradient", k=7, collection=True,
+                         transfer=False, fraction=0.25, mask_value=0.5, autocast="bf16", batch_size=5, noise_sigma=0.3,
+                         value_range=(-1.0, 1.0))
     t0 = time.perf_counter()
-    done = runner.audit_chunk(models, x, [0, 0], True, engine=None, value_range=(-1.0, 1.0), **opts)
+    done = runner.audit_chunk(models, x, [0, 0], True, config, engine=None, progress=False, object_masks=masks)
     wall = time.perf_counter() - t0
     ((model, taus, kw),) = calls
     assert model is models["m"] and taus == [0.9, 0.9]
@@ -273,7 +277,8 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     assert sens == [([0, 0], 0.3, -1.0, 1.0)]  # known labels: the truth is the labels, not the predictions
     assert done.sensitivity[0]["fg_correct"].tolist() == [True, True]
     calls.clear(), sens.clear()
-    runner.audit_chunk(models, x, [None, None], False, engine="onnxruntime", value_range=None, **opts)
+    runner.audit_chunk(models, x, [None, None], False, replace(config, value_range=None), engine="onnxruntime",
+                       progress=False, object_masks=masks)
     assert calls[0][2]["engine"] == "onnxruntime"
     assert sens == [([1, 0], 0.3, None, None)]  # unknown labels: each model's own predictions, no clipping
 
@@ -284,8 +289,9 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     record (options, sensitivity with the noise sigma, transfer with the fraction)."""
     seen = []
 
-    def fake_chunk(models, images, labels, known, **kw):
-        seen.append(kw)
+    def fake_chunk(models, images, labels, known, config, **kw):
+        seen.append(dict(vars(config), **kw))
+        del seen[-1]["ensemble"]  # the ensemble is in ``models`` already
         n = images.shape[0]
         sens = {"fg_correct": np.ones(n, bool), "bg_correct": np.zeros(n, bool), "p_fg": np.full(n, 0.5),
                 "p_bg": np.full(n, 0.5)}
@@ -304,10 +310,11 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     assert rec.title == "Overinterpretation audit" and rec.transfer["fraction"] == 0.05
     assert rec.models[0].options == {"threshold": 0.9, "threshold_mode": "auto", "mask_value": 0.0}
     masks = np.ones((2, 2, 2), bool)
-    rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays, threshold=0.7,
-                           threshold_mode="relative", method="gradient", k=9, collection=True, fraction=0.5,
-                           mask_value=0.25, autocast="fp16", batch_size=4, progress=False, object_masks=masks,
-                           noise_sigma=0.125, value_range=(0.0, 1.0))
+    rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays,
+                           AuditConfig(threshold=0.7, threshold_mode="relative", method="gradient", k=9,
+                                       collection=True, fraction=0.5, mask_value=0.25, autocast="fp16", batch_size=4,
+                                       noise_sigma=0.125, value_range=(0.0, 1.0)),
+                           RunOptions(progress=False), object_masks=masks)
     kw = seen[1]
     assert torch.equal(kw.pop("object_masks"), torch.ones(2, 2, 2, dtype=torch.bool))
     assert kw == {"threshold": 0.7, "threshold_mode": "relative", "method": "gradient", "k": 9, "collection": True,
@@ -344,8 +351,6 @@ def test_stored_audit_engine_for_onnx_models_is_onnxruntime(monkeypatch, tmp_pat
                         or [_order_result([0, 1, 2, 3])] * images.shape[0])
     x = torch.stack([torch.full((1, 2, 2), 2.0), torch.full((1, 2, 2), -2.0)])
     onnx = OnnxModel(export_onnx(ByMean().eval(), str(tmp_path / "m.onnx"), x))
-    runner.audit_chunk({"onnx": onnx, "torch": ByMean().eval()}, x, [0, 1], True, threshold=0.5,
-                       threshold_mode="auto", method="exact", k=100, collection=False, transfer=False, fraction=0.05,
-                       mask_value=0.0, autocast=None, batch_size=None, engine=None, progress=False,
-                       object_masks=None, noise_sigma=0.25, value_range=None)
+    runner.audit_chunk({"onnx": onnx, "torch": ByMean().eval()}, x, [0, 1], True,
+                       AuditConfig(threshold=0.5, transfer=False), engine=None, progress=False, object_masks=None)
     assert engines_seen == ["onnxruntime", "torch"]

@@ -12,14 +12,17 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 import overinterp_fast as of
-from overinterp_fast.audit import store
+from overinterp_fast.audit import lock, store
 from overinterp_fast.audit.records import load_audit
 from overinterp_fast.audit.runner import thresholds_for
+from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
 from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.audit.sources import open_images, select_range
@@ -132,8 +135,10 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     model = tiny_cnn(3)
     src = open_images(str(tree), SIDE)
     out = str(tmp_path / "audit")
-    kw = dict(method="exact", threshold=0.5, chunk_size=3, workers=0, progress=False, report=False)
-    run = run_stored_audit({"net": model}, src, out, **kw)
+    config = AuditConfig(method="exact", threshold=0.5)
+    storage = StoreOptions(chunk_size=3, workers=0, report=False)
+    quiet = RunOptions(progress=False)
+    run = run_stored_audit({"net": model}, src, out, config, storage, quiet)
     assert (run.chunks, run.skipped, run.computed) == (3, 0, 3)
     assert_identical(run.record.models[0].results, expected_chunks(model, src, 3))
     assert run.record.image_names == src.image_names and run.record.labels == src.image_labels
@@ -143,15 +148,15 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     assert [r["image_index"] for r in rows] == list(range(7)) and [r["label"] for r in rows] == src.image_labels
     # delete one committed chunk: the rerun computes only that one and gives the same audit
     os.remove(store.part_path(out, 1, "results"))
-    again = run_stored_audit({"net": model}, src, out, **kw)
+    again = run_stored_audit({"net": model}, src, out, config, storage, quiet)
     assert (again.skipped, again.computed) == (2, 1)
     assert_identical(again.record.models[0].results, run.record.models[0].results)
     # another configuration is refused with one line naming the difference; --restart starts over
     with pytest.raises(ValueError, match=r"threshold is 0.5 there, 0.6 here.*--restart"):
-        run_stored_audit({"net": model}, src, out, **dict(kw, threshold=0.6))
+        run_stored_audit({"net": model}, src, out, replace(config, threshold=0.6), storage, quiet)
     with pytest.raises(ValueError, match="chunk_size is 3 there, 2 here"):
-        run_stored_audit({"net": model}, src, out, **dict(kw, chunk_size=2))
-    fresh = run_stored_audit({"net": model}, src, out, restart=True, **dict(kw, chunk_size=2))
+        run_stored_audit({"net": model}, src, out, config, replace(storage, chunk_size=2), quiet)
+    fresh = run_stored_audit({"net": model}, src, out, config, replace(storage, chunk_size=2, restart=True), quiet)
     assert (fresh.chunks, fresh.skipped, fresh.computed) == (4, 0, 4)
     assert_identical(fresh.record.models[0].results, expected_chunks(model, src, 2))
 
@@ -159,8 +164,8 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
 def test_incomplete_audit_is_not_loaded(tree, tmp_path):
     src = open_images(str(tree), SIDE)
     out = str(tmp_path / "audit")
-    run_stored_audit({"net": tiny_cnn(3)}, src, out, method="exact", threshold=0.5, chunk_size=3, workers=0,
-                     progress=False, report=False, load=False)
+    run_stored_audit({"net": tiny_cnn(3)}, src, out, AuditConfig(method="exact", threshold=0.5),
+                     StoreOptions(chunk_size=3, workers=0, report=False, load=False), RunOptions(progress=False))
     doc = store.read_doc(out)
     store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="running"))
     with pytest.raises(ValueError, match="not complete"):
@@ -171,8 +176,9 @@ def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys)
     """Two models, an ensemble, transfer counts summed over chunks, DataLoader worker processes, one progress bar."""
     a, b = tiny_cnn(3), tiny_cnn(4)
     src = open_images(str(tree), SIDE)
-    run = run_stored_audit({"a": a, "b": b}, src, str(tmp_path / "o"), method="exact", threshold=0.5, chunk_size=4,
-                           workers=2, ensemble=True, progress=True, gallery=2)
+    run = run_stored_audit({"a": a, "b": b}, src, str(tmp_path / "o"),
+                           AuditConfig(method="exact", threshold=0.5, ensemble=True),
+                           StoreOptions(chunk_size=4, workers=2, gallery=2), RunOptions(progress=True))
     bar = capsys.readouterr().err
     assert "21/21" in bar and "images/s" in bar  # jobs: 7 images x 3 models, counted from the committed parts
     rec = run.record
@@ -262,9 +268,14 @@ def test_sigkill_at_every_commit_stage_then_resume(model_file, tree, tmp_path, r
         p = run_cli(argv, crash)
         assert p.returncode == -signal.SIGKILL, p.stderr
         assert store.committed_chunks(str(out)) == committed
+        # the killed writer's lock stays behind, naming its dead process
+        held = lock.read_holder(str(out))
+        assert held is not None and not lock.process_alive(held.pid) and held.pid != os.getpid()
     assert store.read_doc(str(out))["status"] == "running"
     p = run_cli(argv)
     assert p.returncode == 0, p.stderr
+    assert p.stderr.count("taking over the lock") == 1 and "is gone" in p.stderr
+    assert not os.path.exists(lock.lock_path(str(out)))
     assert "4 chunks: 4 already committed" in p.stdout
     assert_same_audit(out, reference)
 
@@ -289,6 +300,7 @@ def test_sigkill_after_the_first_commit_then_resume_with_two_ranks(model_file, t
     assert q.returncode == 0, q.stderr + q.stdout
     assert f"4 chunks: {len(before)} already committed" in q.stdout and "of 2" in q.stdout
     assert_same_audit(out, reference)
+    assert not os.path.exists(lock.lock_path(str(out)))  # rank 0 took the killed writer's lock and released it
     after = {c: store.chunk_meta(str(out), c) for c in set(range(4)) - before}
     assert {m["world"] for m in after.values()} == {2} and {m["rank"] for m in after.values()} == {0, 1}
 
@@ -322,11 +334,11 @@ def test_source_digest_by_hand():
 @pytest.mark.mutation
 def test_audit_config_every_field():
     src = _source(4, mean=(0.5, 0.25, 0.125), std=0.5)
-    kw = dict(method="gradient", threshold=0.9, threshold_mode="auto", k=50, collection=False, ensemble=True,
-              transfer=True, fraction=0.05, mask_value=torch.tensor([0.0, 0.0]), autocast="bf16", batch_size=32,
-              noise_sigma=torch.tensor([0.25, 0.25, 0.25]), chunk_size=2, device=torch.device("cpu"),
-              extra={"model_files": ("a.onnx",), "chunk_size": 2})
-    cfg = stream.audit_config(src, {"a": 1, "b": 2}, **kw)
+    config = AuditConfig(method="gradient", threshold=0.9, threshold_mode="auto", k=50, collection=False,
+                         ensemble=True, transfer=True, fraction=0.05, mask_value=torch.tensor([0.0, 0.0]),
+                         autocast="bf16", batch_size=32, noise_sigma=torch.tensor([0.25, 0.25, 0.25]))
+    extra = {"model_files": ("a.onnx",), "chunk_size": 2}
+    cfg = stream.audit_config(src, {"a": 1, "b": 2}, config, 2, torch.device("cpu"), extra)
     assert cfg == {
         "models": ["a", "b"], "method": "gradient", "threshold": 0.9, "threshold_mode": "auto", "k": 50,
         "autocast": "bf16", "collection": False, "ensemble": True, "transfer": True, "fraction": 0.05,
@@ -335,11 +347,13 @@ def test_audit_config_every_field():
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
         "batch_size": 32, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON (lists)
     # k matters only for the gradient method; the noise only with object masks
-    cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, **dict(kw, method="exact", extra=None))
+    cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, replace(config, method="exact"), 2,
+                              torch.device("cpu"), None)
     assert cfg["k"] is None and cfg["noise_sigma"] == 0.25 and cfg["object_masks"] == "/masks"
     assert "model_files" not in cfg and cfg["n_images"] == 4
     cfg = stream.audit_config(_source(4, object_dir="/m"), {"a": 1},
-                              **dict(kw, noise_sigma=torch.tensor([0.1, 0.2, 0.3]), device=torch.device("meta")))
+                              replace(config, noise_sigma=torch.tensor([0.1, 0.2, 0.3])), 2, torch.device("meta"),
+                              extra)
     assert cfg["noise_sigma"] == pytest.approx([0.1, 0.2, 0.3]) and cfg["device_type"] == "meta"
 
 

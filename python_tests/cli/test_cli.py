@@ -23,6 +23,7 @@ import overinterp_fast as of
 from overinterp_fast.audit.records import load_audit
 from overinterp_fast.audit.store import TABLE_FILE
 from overinterp_fast.methods import reference
+from overinterp_fast.audit.config import AuditConfig, RunOptions
 from overinterp_fast.audit.runner import run_audit, thresholds_for
 from overinterp_fast.cli import main
 from overinterp_fast.cli.loading import class_namer, load_images, load_model
@@ -136,8 +137,8 @@ def test_class_namer(tmp_path):
 def test_run_audit_ensemble_and_transfer(image_folder):
     a, b = tiny_cnn(1), tiny_cnn(2)
     imgs = load_images(str(image_folder), SIDE)
-    rec = run_audit({"a": a, "b": b}, imgs.x, imgs.names, imgs.displays, method="exact", threshold=0.5,
-                    ensemble=True, progress=False)
+    rec = run_audit({"a": a, "b": b}, imgs.x, imgs.names, imgs.displays,
+                    AuditConfig(method="exact", threshold=0.5, ensemble=True), RunOptions(progress=False))
     assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
     # each model's results are the reference SIS with its own per-image thresholds ("auto": tau where
     # f(x) >= tau, else tau * f(x)); the ensemble is the mean of the logits, written out here
@@ -174,7 +175,7 @@ def test_run_audit_ensemble_and_transfer(image_folder):
 def test_run_audit_refuses_exact_on_large_images():
     x = torch.zeros(1, 3, 80, 80)
     with pytest.raises(ValueError, match="gradient"):
-        run_audit({"m": tiny_cnn(0)}, x, ["z"], [np.zeros((80, 80, 3), np.uint8)], method="exact")
+        run_audit({"m": tiny_cnn(0)}, x, ["z"], [np.zeros((80, 80, 3), np.uint8)], AuditConfig(method="exact"))
 
 
 def test_cli_audit_onnx_and_torchscript_then_report(image_folder, model_files, tmp_path, capsys):
@@ -255,8 +256,9 @@ def test_run_audit_object_masks_sensitivity_and_report(tmp_path):
     objects = torch.zeros(4, SIDE, SIDE, dtype=torch.bool)
     objects[:, :, : SIDE // 2] = True
     displays = [(d.permute(1, 2, 0).clamp(0, 1) * 255).to(torch.uint8).numpy() for d in x]
-    rec = run_audit({"left": LeftHalfModel().eval()}, x, list("abcd"), displays, labels=[1, 1, 1, 1],
-                    method="exact", threshold=0.9, object_masks=objects, noise_sigma=1.0, value_range=(0.0, 1.0), progress=False)
+    rec = run_audit({"left": LeftHalfModel().eval()}, x, list("abcd"), displays,
+                    AuditConfig(method="exact", threshold=0.9, noise_sigma=1.0, value_range=(0.0, 1.0)),
+                    RunOptions(progress=False), labels=[1, 1, 1, 1], object_masks=objects)
     (m,) = rec.models
     s = m.sensitivity
     # noise on the background changes nothing; on the (clipped) object it darkens it below 0.8
@@ -644,8 +646,8 @@ def test_prepare_errors_are_whole_sentences(files):
 @pytest.mark.mutation
 def test_run_sis_passes_every_option_to_run_audit(files, monkeypatch):
     seen = {}
-    monkeypatch.setattr(audit_runner, "run_audit", lambda models, x, names, displays, **kw: seen.update(
-        models=models, x=x, names=names, displays=displays, **kw) or "the record")
+    monkeypatch.setattr(audit_runner, "run_audit", lambda models, x, names, displays, config, run, **kw: seen.update(
+        models=models, x=x, names=names, displays=displays, **vars(config), **vars(run), **kw) or "the record")
     args = _args("sis", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o",
                  "--method", "exact", "--threshold", "0.7", "--threshold-mode", "relative", "--k", "9",
                  "--collection", "--quiet", "--limit", "2")
@@ -673,8 +675,8 @@ def test_run_audit_passes_every_option_and_tears_down(files, monkeypatch):
     ranks = distributed.Ranks()
     monkeypatch.setattr(distributed, "setup", lambda device: events.append(("setup", device)) or ranks)
     monkeypatch.setattr(distributed, "teardown", lambda r: events.append(("teardown", r)))
-    monkeypatch.setattr(stream, "run_stored_audit", lambda models, source, out, **kw: seen.update(
-        models=models, source=source, out=out, **kw) or "the run")
+    monkeypatch.setattr(stream, "run_stored_audit", lambda models, source, out, config, storage, run, **kw: seen.update(
+        models=models, source=source, out=out, **vars(config), **vars(storage), **vars(run), **kw) or "the run")
     out = str(files["root"] / "audit-out")
     args = _audit_args(files, "--out", out, "--chunk-size", "5", "--restart", "--workers", "0", "--batch-size", "11",
                        "--threshold", "0.6", "--threshold-mode", "absolute", "--k", "3", "--collection", "--ensemble",
@@ -684,14 +686,14 @@ def test_run_audit_passes_every_option_and_tears_down(files, monkeypatch):
     assert events == [("setup", "cpu"), ("teardown", ranks)]
     assert list(seen["models"]) == ["a", "b"] and len(seen["source"]) == 3 and seen["out"] == out
     assert seen["ranks"] is ranks
-    assert seen["config"] == {"model_files": [files["a"], files["b"]], "class_names": files["names"]}
+    assert seen["identity"] == {"model_files": [files["a"], files["b"]], "class_names": files["names"]}
     assert (seen["chunk_size"], seen["restart"], seen["workers"], seen["batch_size"]) == (5, True, 0, 11)
     assert (seen["threshold"], seen["threshold_mode"], seen["method"], seen["k"]) == (0.6, "absolute", "exact", 3)
     assert seen["collection"] is True and seen["ensemble"] is True and seen["fraction"] == 0.1
     assert seen["progress"] is False and seen["title"] == "T" and seen["gallery"] == 4
     assert seen["class_name"](1) == "one"
     assert seen["meta"] == {"models": [files["a"], files["b"]], "image source": seen["source"].description}
-    assert "noise_sigma" not in seen and "value_range" not in seen  # no object masks: no noise test
+    assert seen["noise_sigma"] == 0.25 and seen["value_range"] is None  # no object masks: the defaults, unused
     # the defaults; and the group is left even when the job fails
     monkeypatch.setattr(stream, "run_stored_audit", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
@@ -705,7 +707,8 @@ def test_run_audit_passes_every_option_and_tears_down(files, monkeypatch):
 @pytest.mark.mutation
 def test_run_audit_defaults_and_noise_units(files, monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(stream, "run_stored_audit", lambda models, source, out, **kw: seen.update(kw) or "run")
+    monkeypatch.setattr(stream, "run_stored_audit", lambda models, source, out, config, storage, run, **kw: seen.update(
+        **vars(config), **vars(storage), **vars(run), **kw) or "run")
     masks = tmp_path / "masks"
     masks.mkdir()
     from PIL import Image
@@ -716,7 +719,7 @@ def test_run_audit_defaults_and_noise_units(files, monkeypatch, tmp_path):
     assert (seen["chunk_size"], seen["restart"], seen["workers"], seen["batch_size"]) == (64, False, 2, None)
     assert seen["ensemble"] is False and seen["fraction"] == 0.05 and seen["progress"] is None
     assert seen["title"] == "Overinterpretation audit" and seen["gallery"] == 24 and seen["k"] == 500
-    assert seen["config"]["class_names"] is None
+    assert seen["identity"]["class_names"] is None
     # sigma 0.2 of the pixel range is 0.4 in inputs normalized by (x - 0.5) / 0.5; valid inputs lie in [-1, 1]
     torch.testing.assert_close(seen["noise_sigma"].flatten(), torch.tensor([0.4]))
     lo, hi = seen["value_range"]
@@ -857,3 +860,32 @@ def test_main_report_reduce_and_pipeline(monkeypatch, capsys, tmp_path):
 
 
 
+
+
+# ---------------------------------------------------------------------------------------------- files that are not models
+
+
+@pytest.mark.parametrize("command, suffix, expected", [
+    ("reduce", ".txt", "{path} is not a text model written by save_text_model"),
+    ("reduce", ".pt", "{path} is not a text model written by save_text_model"),
+    ("sis", ".pt", "model file '{path}' cannot be read as a TorchScript archive or a pickled torch model: "),
+    ("sis", ".pt2", "model file '{path}' cannot be read as a torch.export program (torch.export.save): "),
+    ("sis", ".onnx", "model file '{path}' cannot be read as an ONNX model: "),
+])
+def test_a_file_that_is_not_a_model_is_one_line(command, suffix, expected, image_folder, tmp_path, capsys):
+    """A text file given as --model: one line naming the file and what it should hold, no traceback."""
+    path = tmp_path / f"notes{suffix}"
+    path.write_text("these are my notes, not a model\nsecond line\n")
+    argv = [command, "--model", str(path), "--out", str(tmp_path / "o")]
+    argv += ["--text", str(path)] if command == "reduce" else ["--images", str(image_folder), "--size", "8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("overinterp-fast: error: " + expected.format(path=path))
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_pickle_that_is_not_a_model_is_named(tmp_path):
+    path = tmp_path / "numbers.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(ValueError, match=f"^'{path}' holds a list, not a torch model$"):
+        load_model(str(path))

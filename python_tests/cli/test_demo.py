@@ -229,8 +229,8 @@ def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
         x, ["cat", "cup"], "originals"))
     monkeypatch.setattr(imagenet, "imagenet_label", lambda t: {1: "a very long imagenet class label", 2: "cup"}[t])
 
-    def fake_audit(models, xs, names, originals, **kw):
-        calls["audit"] = (models, xs, names, originals, kw)
+    def fake_audit(models, xs, names, originals, config, run, **kw):
+        calls["audit"] = (models, xs, names, originals, dict(vars(config), **vars(run), **kw))
         return _photo_record(names)
 
     monkeypatch.setattr(runner, "run_audit", fake_audit)

@@ -768,6 +768,18 @@ def test_load_text_model_widths_and_incomplete_files(tmp_path, tiny):
             zt.load_text_model(bad)
 
 
+def test_load_text_model_refuses_a_file_that_is_no_pickle(tmp_path):
+    """A text file or an image model's archive: the same one-line refusal, not the unpickler's error."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model\n")
+    with pytest.raises(ValueError, match=whole_message(f"{notes} is not a text model written by save_text_model")):
+        zt.load_text_model(notes)
+    archive = tmp_path / "script.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(archive))
+    with pytest.raises(ValueError, match=whole_message(f"{archive} is not a text model written by save_text_model")):
+        zt.load_text_model(archive)
+
+
 @pytest.mark.mutation
 def test_running_max_by_hand():
     """The running maximum along dim 1 of a [1, 10, 1] tensor (log-step shifts: 1, 2, 4, 8)."""
