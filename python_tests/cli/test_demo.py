@@ -13,10 +13,10 @@ from overinterp_fast.cli import main
 import time
 import numpy as np
 import torch
-from torch import nn
 from overinterp_fast.cli import demo
 from overinterp_fast.audit.records import AuditRecord, ModelRecord
 from overinterp_fast.methods.results import SISResult
+from helpers import LinearDigits
 
 
 def test_demo_writes_figures_and_summary(tmp_path):
@@ -59,22 +59,10 @@ def test_cli_digits_pipeline(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------------
 
 
-class Linear(nn.Module):
-    """A seeded linear digits classifier, confident enough for SIS at tau 0.5."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.head = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return 8 * self.head(x.flatten(1))
-
-
 @pytest.fixture
 def stubbed(monkeypatch):
     seen = {"figures": []}
-    model = Linear().eval()
+    model = LinearDigits().eval()  # confident enough for SIS at tau 0.5
     monkeypatch.setattr(demo, "train_digits_cnn", lambda data: seen.setdefault("trained_on", len(data.y_train))
                         and model)
     monkeypatch.setattr(demo, "sis_figure", lambda images, masks, titles, path: seen["figures"].append(

@@ -15,7 +15,7 @@ import overinterp_fast as of
 from overinterp_fast.methods import reference
 from overinterp_fast.zoo import text as zt
 from overinterp_fast.zoo.text import WordCNN
-from helpers import fake_terminal
+from helpers import fake_terminal, recording_adam
 from overinterp_fast import api
 from overinterp_fast.text import mitigation
 from overinterp_fast.text.reduction import InputReduction, Reduction
@@ -792,14 +792,7 @@ def test_entropy_finetune_progress_bar(monkeypatch, progress, shown):
 
 @pytest.mark.mutation
 def test_entropy_finetune_defaults_seeding_and_padding_of_reductions(monkeypatch):
-    rates = []
-
-    class RecordingAdam(torch.optim.Adam):
-        def __init__(self, params, lr):
-            rates.append(lr)
-            super().__init__(params, lr=lr)
-
-    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+    adam = recording_adam(monkeypatch)
 
     class ReadsPads(nn.Module):
         """Logits from the token ids; records, per call, the pad ids seen and the masked positions."""
@@ -821,7 +814,7 @@ def test_entropy_finetune_defaults_seeding_and_padding_of_reductions(monkeypatch
     monkeypatch.setattr(mitigation, "input_reduction",
                         lambda m, to_reduce, **kw: [_fake_reduction([[0, 1], [0]]) for _ in to_reduce])
     res = mitigation.entropy_finetune(model, (seqs, labels), 1.0, pad_id=9)
-    assert rates == [1e-3] and res.steps == 2  # the defaults: lr 1e-3, batches of 64 (65 sequences: 2 batches)
+    assert adam == [{"lr": 1e-3}] and res.steps == 2  # the defaults: lr 1e-3, batches of 64 (65 sequences: 2 batches)
     assert res.reduced_examples == 130
     calls = res.model.calls
     assert len(calls) == 4 and all(pads == masked for pads, masked in calls)  # padding is pad_id, and only there
