@@ -1,7 +1,7 @@
 """Audits at dataset scale: image sources, the durable store, resume after SIGKILL, torchrun sharding, gallery.
 
 audit/stream.py's small pieces by hand: the images' digest, the stored configuration, the fixed batch size, the
-count of committed images and rank 0's progress bar. test_stored_audit.py runs whole stored audits (resumes,
+count of committed images and rank 0's progress bar. The tests above run whole stored audits (resumes,
 SIGKILL, two ranks).
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.

@@ -1,14 +1,13 @@
 """The audit job and its command line: loading models and images, run_audit, transfer, ensembles, subcommands.
 
 The command line's small pieces by hand: argument types, parser defaults, the noise units of --object-masks,
---device checks, the printed table and main's one-line errors.
-test_audit_cli.py, test_demo.py and test_text_zoo.py run the commands whole.
+--device checks, the printed table and main's one-line errors. The tests above, cli/test_demo.py and
+zoo/test_text.py run the commands whole.
 
 The command line's commands checked piece by piece: ``_prepare`` on real model files and an image folder (every
 check and default written out), and ``_run_sis``, ``_run_audit``, ``_sis_png`` and ``main`` with recorders in place
 of the jobs they start (run_audit, run_stored_audit, run_demo, rebuild_report, run_reduce, digits_pipeline), so that
-every option the user gives is seen arriving. test_audit_cli.py, test_demo.py and test_text_zoo.py run the commands
-whole.
+every option the user gives is seen arriving.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """
@@ -505,8 +504,8 @@ def test_parser_choices_types_and_required_options(capsys):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, model_files, image_folder):
-    """test_audit_cli.py's two model files (torch.export and ONNX, 5 classes) and folder of 3 photos (12 x 10), and
-    two class-names files."""
+    """The two model files of ``model_files`` (torch.export and ONNX, 5 classes), the folder of 3 photos (12 x 10)
+    of ``image_folder``, and two class-names files."""
     root = tmp_path_factory.mktemp("cli")
     (root / "names.txt").write_text("zero\none\ntwo\nthree\nfour\n")
     (root / "three.txt").write_text("zero\none\ntwo\n")

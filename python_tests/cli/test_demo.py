@@ -2,9 +2,10 @@
 
 demo.py (the README's main job) piece by piece, with the training, the ImageNet audit and the text job replaced
 by recorders: the summary written and returned, the printed table, the figure's rows, the reference comparison,
-and what each part is asked to do. test_demo.py runs the demo whole.
+and what each part is asked to do. The tests above run the demo whole.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import json
 import os

@@ -1,12 +1,11 @@
 """fast_sis (exact) against the in-package reference transcription of sis.py.
 
-exact_sis called directly on planted dyadic models: every order, value, set, score and round
-(and the progress bar's totals) written out by hand.
+exact_sis called directly on planted dyadic models: every order, value, set, score and round (and the progress bar's
+totals) written out by hand. The model outputs probabilities that are sums of dyadic weights of {0, 1} inputs, so
+every f is exact in float64 and every tie is exact (the lowest feature id is masked first).
 
-The model outputs probabilities that are sums of dyadic weights of {0, 1} inputs, so every f is
-exact in float64 and every tie is exact (the lowest feature id is masked first).
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import contextlib
 

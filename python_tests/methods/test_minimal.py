@@ -1,17 +1,17 @@
 """Minimal pixel sets that are minimal (refine=True), fewer queries (iterations="auto"), chunked rect_fill.
 
-Hand-built expectations for minimal.py's pruning.
+Hand-built expectations for minimal.py's pruning: a stand-in evaluator (helpers.RuleEvaluator) scores each candidate
+with a rule written here and records every candidate set; a wrapper records how many candidates each call (each
+round) held. The expected candidate sets, rounds, results and query counts below were traced by hand from the
+algorithm as minimal.py's docstring states it: a greedy pass in the given order; adaptive blocks (a passing block
+doubles B, a failing one halves it, and a failing block resets W to 1); at B = 1, W single removals side by side
+(the first passing one is taken, W doubles while all fail; a taken single sets B = 2, W = 1); each pass starts at
+B = W = 1; after a pass, the kept features whose failing removal was seen before a later removal are tested again,
+until a pass removes nothing; one batch per round across all rows; a per-row budget. Nothing here is computed with
+the module under test.
 
-A stand-in evaluator (helpers.RuleEvaluator) scores each candidate with a rule written here and records every
-candidate set; a wrapper records how many candidates each call (each round) held. The expected candidate sets,
-rounds, results and query counts below were traced by hand from the algorithm as minimal.py's docstring states
-it: a greedy pass in the given order; adaptive blocks (a passing block doubles B, a failing one halves it, and
-a failing block resets W to 1); at B = 1, W single removals side by side (the first passing one is taken, W
-doubles while all fail; a taken single sets B = 2, W = 1); each pass starts at B = W = 1; after a pass, the kept
-features whose failing removal was seen before a later removal are tested again, until a pass removes nothing;
-one batch per round across all rows; a per-row budget. Nothing here is computed with the module under test.
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import math
 import warnings
@@ -303,7 +303,7 @@ def test_rect_fill_is_chunked_under_the_out_of_memory_back_off(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Hand-built expectations for minimal.py's pruning (added for mutmut survivors; see TESTING.md).
+# Hand-built expectations for minimal.py's pruning (added for mutmut survivors; see docs/testing.md).
 # ----------------------------------------------------------------------------------------------------
 
 

@@ -3,9 +3,10 @@ the Hugging Face adapter and clear errors.
 
 text/sis.py and text/mitigation.py checked by hand: token_sis's checks with whole messages and what it hands
 fast_sis per length group (a recorder in fast_sis's place), the float-to-id wrapper, and entropy_finetune's
-checks, reductions, padding, step count and loss written out. test_text.py runs both end to end.
+checks, reductions, padding, step count and loss written out. The tests above run both end to end.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import math
 import pytest

@@ -2,7 +2,8 @@
 arrays, the training loop's batches, accuracy, the architectures' parameter counts and ResNet-20's zero-padded
 shortcut.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Every test here is marked ``mutation``: each was written for a survivor of a mutation run (mutmut) and pins,
+with its expectation worked out by hand, a detail that the behavioural tests let through.
 """
 import pytest
 import torch

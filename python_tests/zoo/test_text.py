@@ -4,9 +4,10 @@ text/job.py, text/report.py and zoo/text.py checked by hand: the `reduce` job's 
 loads, what it hands input reduction, the metadata, the summary and its examples) with input reduction and the clock
 replaced by recorders; the reductions table and the HTML page written out whole from reductions made by hand; the
 confidence and length histograms read back from the figure; and the text zoo's pieces (tokens, vocabulary, split,
-model, training loop, cache) on small inputs. test_text_zoo.py runs the job end to end on a trained model.
+model, training loop, cache) on small inputs. The tests above run the job end to end on a trained model.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import importlib.util
 import os
