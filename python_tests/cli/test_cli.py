@@ -132,6 +132,8 @@ def test_class_namer(tmp_path):
         class_namer(5, str(names))
 
 
+@pytest.mark.slow  # three audits of the photo folder (two models, an ensemble, transfer)
+@pytest.mark.timeout(600)  # measured 120 s wall (20 s CPU) on 2 shared cores at a load average of about 11
 def test_run_audit_ensemble_and_transfer(image_folder):
     a, b = tiny_cnn(1), tiny_cnn(2)
     imgs = load_images(str(image_folder), SIDE)
@@ -176,6 +178,8 @@ def test_run_audit_refuses_exact_on_large_images():
         run_audit({"m": tiny_cnn(0)}, x, ["z"], [np.zeros((80, 80, 3), np.uint8)], method="exact")
 
 
+@pytest.mark.slow  # audits through the command line with an ONNX and a TorchScript model, then the report
+@pytest.mark.timeout(300)  # measured 55 s wall (8 s CPU) on 2 shared cores at a load average of about 11
 def test_cli_audit_onnx_and_torchscript_then_report(image_folder, model_files, tmp_path, capsys):
     out = tmp_path / "audit"
     argv = ["audit", "--model", model_files["a"], "--model", model_files["b"], "--images", str(image_folder),
