@@ -202,8 +202,9 @@ def _assert_same_result(a, b):
 
 
 # the first test of the module's ``runs`` fixture (SIS of three CNNs, built once), so not marked slow: deselecting
-# it would move the fixture's cost to the next test; measured 72 s wall (13 s CPU) at a load average of about 11
-@pytest.mark.timeout(300)
+# it would move the fixture's cost to the next test; measured 72 s wall (13 s CPU) at a load average of about 11,
+# 7 s at 5
+@pytest.mark.timeout(120)
 def test_save_load_round_trip_keeps_everything(three, tmp_path):
     # NaNs (a score, a value, the seconds) become JSON null and come back as NaN
     m0 = three.models[0]

@@ -254,7 +254,8 @@ def assert_same_audit(out, reference):
 
 
 @pytest.mark.slow  # one subprocess audit killed at each commit stage, then resumed, and the reference audit
-@pytest.mark.timeout(600)  # measured 238 s wall (27 s CPU, most of it in subprocesses) on 2 shared cores at a load average of about 11
+@pytest.mark.timeout(450)  # measured 238 s wall (27 s CPU, mostly in subprocesses) on 2 shared cores at a load
+# average of about 11, 34 s at 5
 def test_sigkill_at_every_commit_stage_then_resume(model_file, tree, tmp_path, reference):
     out = tmp_path / "audit"
     argv = cli_args(model_file, tree, out)
@@ -272,7 +273,8 @@ def test_sigkill_at_every_commit_stage_then_resume(model_file, tree, tmp_path, r
 
 
 @pytest.mark.slow  # a subprocess audit killed from outside, then resumed by two torchrun ranks
-@pytest.mark.timeout(400)  # measured 101 s wall (22 s CPU, most of it in subprocesses) on 2 shared cores at a load average of about 11
+@pytest.mark.timeout(300)  # measured 101 s wall (22 s CPU, mostly in subprocesses) on 2 shared cores at a load
+# average of about 11, 15 s at 5
 def test_sigkill_after_the_first_commit_then_resume_with_two_ranks(model_file, tree, tmp_path, reference):
     """Killed from outside once a chunk is committed; the rest is shared by 2 ranks (torchrun, gloo), and the
     audit equals the uninterrupted single-process one bit for bit."""
