@@ -16,10 +16,11 @@ from overinterp_fast.runtime.model import initial_predictions
 
 
 class SmallCNN(nn.Module):
-    """A seeded CNN for [N, C, H, W] inputs whose decision depends on where evidence lies.
+    """A small CNN for [N, C, H, W] inputs (two 3 x 3 convolutions and a linear head, no pooling) whose decision
+    depends on where evidence lies, so that the order in which features are masked matters.
 
-    Without biases the all-zero (fully masked) input scores 1/classes for every
-    class; `scale` sharpens the softmax so that real inputs are confident.
+    Without biases the all-zero (fully masked) input scores 1/classes for every class, so the empty set is never
+    sufficient; ``scale`` sharpens the softmax so that real inputs are confident and SIS exist at tau near 0.9.
     """
 
     def __init__(self, channels=3, classes=5, width=8, scale=16.0, h=5, w=5):
@@ -36,21 +37,133 @@ class SmallCNN(nn.Module):
 
 
 def make_cnn(seed=0, dtype=torch.float64, **kw):
+    """SmallCNN drawn from ``seed`` (torch's global generator), in ``dtype`` and eval mode: the standard planted
+    model of the method tests, so that every order, value and set can be compared with the reference
+    transcriptions in float64."""
     torch.manual_seed(seed)
     return SmallCNN(**kw).to(dtype).eval()
 
 
 def make_images(n, c=3, h=5, w=5, seed=1, dtype=torch.float64):
+    """``n`` standard-normal images [n, c, h, w] from their own generator (the global one is left alone)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, c, h, w, generator=g, dtype=dtype)
 
 
 def cnn64():
+    """The ``cnn64`` fixture's model: make_cnn(0) in float64."""
     return make_cnn(0, torch.float64)
 
 
 def images64():
+    """The ``images64`` fixture's images: four 3 x 5 x 5 float64 images for cnn64."""
     return make_images(4)
+
+
+def tiny_cnn(seed: int) -> nn.Module:
+    """A seeded 5-class CNN for [N, 3, H, W] images of any size (global average pooling to 2 x 2, with biases).
+
+    Plants nothing in particular: a real, small convolutional model that torch.export and ONNX export and
+    that the stored audits and the CLI can load from a file, cheap enough for end-to-end runs.
+    """
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(24, 5)
+    ).eval()
+
+
+def seeded(model, seed=0, dtype=torch.float64):
+    """``model`` with its weights and batch-norm statistics drawn from ``seed``, in ``dtype`` and eval mode.
+
+    Plants non-trivial batch norms (means, variances and affine terms away from 0 and 1), which a freshly built
+    model lacks, so that incremental inference must fold them exactly to match the plain forward pass.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            fan_in = m.weight[0].numel()
+            m.weight.data = torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5
+            if m.bias is not None:
+                m.bias.data = torch.randn(m.bias.shape, generator=g) * 0.1
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.3, 0.3, generator=g)
+            m.running_var.uniform_(0.5, 2.0, generator=g)
+            m.weight.data.uniform_(0.5, 1.5, generator=g)
+            m.bias.data.uniform_(-0.2, 0.2, generator=g)
+    return model.to(dtype).eval()
+
+
+class PatchReader(nn.Module):
+    """Two classes; class 0 wins when the patch's channel-0 sum reaches ``need`` of its full value.
+
+    Plants known evidence: it reads nothing outside the patch ``[rows, cols]``, so every pixel outside it is
+    irrelevant, and on an image of ones its criterion is monotone in the pixels kept; responsibility maps and
+    minimal pixel sets must stay inside the patch.
+    """
+
+    def __init__(self, rows: slice, cols: slice, need: float = 0.3):
+        super().__init__()
+        self.rows, self.cols, self.need = rows, cols, need
+
+    def forward(self, x):
+        patch = x[:, 0, self.rows, self.cols].flatten(1)
+        s = patch.sum(1) - self.need * patch.shape[1]
+        return torch.stack([s, torch.zeros_like(s)], 1)
+
+
+class Dyadic(nn.Module):
+    """Two classes, already probabilities: class 0 gets ``bias + sum_j w_j x_j``, class 1 the rest.
+
+    Plants a score that is exact arithmetic: with dyadic weights (sums of powers of 1/2) and inputs in {0, 1},
+    every output is exact in float64, so every order, value, set and tie of a search can be worked out by hand.
+    ``nan_at``: the score is NaN where it would equal this value (to plant a model that fails on some sets).
+    """
+
+    def __init__(self, weights, bias=0.0, nan_at=None):
+        super().__init__()
+        self.register_buffer("w", torch.as_tensor(weights, dtype=torch.float64).flatten())
+        self.bias = bias
+        self.nan_at = nan_at
+
+    def forward(self, x):
+        s = self.bias + (x.flatten(1) * self.w).sum(1)
+        if self.nan_at is not None:
+            s = torch.where(s == self.nan_at, torch.full_like(s, float("nan")), s)
+        return torch.stack([s, 1 - s], 1)
+
+
+class LinearDigits(nn.Module):
+    """A seeded linear classifier of 8 x 8 digits (64 inputs, 10 logits) standing in for the trained digits CNN.
+
+    ``scale`` sharpens the logits so that its SIS exist at the thresholds the pipelines use; ``seed`` is kept on
+    the model, so a test can tell which training call made it.
+    """
+
+    def __init__(self, seed=0, scale=8.0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.head = nn.Linear(64, 10)
+        self.seed = seed
+        self.scale = scale
+
+    def forward(self, x):
+        return self.scale * self.head(x.flatten(1))
+
+
+class OOMAbove(nn.Module):
+    """Wraps ``model``; raises torch.OutOfMemoryError on batches larger than ``limit``, like a GPU that is
+    full, and counts the refusals in ``ooms`` (to test that the batch size backs off and the answer is the
+    same)."""
+
+    def __init__(self, model, limit):
+        super().__init__()
+        self.model, self.limit, self.ooms = model, limit, 0
+
+    def forward(self, x):
+        if x.shape[0] > self.limit:
+            self.ooms += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return self.model(x)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -226,25 +339,11 @@ class RuleEvaluator:
 
 
 def responsibility_evaluator(model, images):
+    """The CandidateEvaluator (score and top-1, targets = the model's top-1 classes) and prepared inputs that the
+    responsibility method builds for ``model`` on ``images``, for calling its descents directly."""
     s = api._setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
     targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
     return CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1), s.prep
-
-
-class PatchReader(nn.Module):
-    """Two classes; class 0 wins when the patch's channel-0 sum reaches ``need`` of its full value.
-
-    Reads nothing outside the patch, so every pixel outside it is irrelevant.
-    """
-
-    def __init__(self, rows: slice, cols: slice, need: float = 0.3):
-        super().__init__()
-        self.rows, self.cols, self.need = rows, cols, need
-
-    def forward(self, x):
-        patch = x[:, 0, self.rows, self.cols].flatten(1)
-        s = patch.sum(1) - self.need * patch.shape[1]
-        return torch.stack([s, torch.zeros_like(s)], 1)
 
 
 def top1_on(model, image, keep):
@@ -253,47 +352,41 @@ def top1_on(model, image, keep):
         return int(model(torch.where(keep, image, torch.zeros(()))[None]).argmax(1))
 
 
-def tiny_cnn(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(24, 5)
-    ).eval()
-
-
-def assert_same_result(a, b, exact_values=True):
+def assert_same_result(a, b, exact_values=True, rel=1e-12, atol=0.0, blocks=False):
+    """Two SISResults agree: the same target, order (and ``blocks`` when asked), set, mask and threshold; the
+    scores to ``rel`` and, with ``exact_values``, the backward-selection values to ``rel`` and ``atol``."""
     assert a.target == b.target
     assert torch.equal(a.order, b.order)
+    if blocks:
+        assert torch.equal(a.blocks, b.blocks)
     if exact_values:
-        torch.testing.assert_close(a.values, b.values, rtol=1e-12, atol=0)
+        torch.testing.assert_close(a.values, b.values, rtol=rel, atol=atol)
     assert (a.sis is None) == (b.sis is None)
     if a.sis is not None:
         assert torch.equal(a.sis, b.sis)
         assert torch.equal(a.mask, b.mask)
-        assert a.sis_score == pytest.approx(b.sis_score, rel=1e-12)
-    assert a.score == pytest.approx(b.score, rel=1e-12)
+        assert a.sis_score == pytest.approx(b.sis_score, rel=rel)
+    assert a.score == pytest.approx(b.score, rel=rel)
     assert a.threshold == b.threshold
-
-
-def seeded(model, seed=0, dtype=torch.float64):
-    """Weights and batch-norm statistics drawn from a seed (non-trivial batch norms), in eval mode."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            fan_in = m.weight[0].numel()
-            m.weight.data = torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5
-            if m.bias is not None:
-                m.bias.data = torch.randn(m.bias.shape, generator=g) * 0.1
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.3, 0.3, generator=g)
-            m.running_var.uniform_(0.5, 2.0, generator=g)
-            m.weight.data.uniform_(0.5, 1.5, generator=g)
-            m.bias.data.uniform_(-0.2, 0.2, generator=g)
-    return model.to(dtype).eval()
 
 
 def kinds(pl) -> dict:
     """{node name: kind} of an incremental plan."""
     return {st.node.name: st.kind for st in pl.steps}
+
+
+def recording_adam(monkeypatch) -> list[dict]:
+    """torch.optim.Adam replaced, for the rest of the test, by a subclass that records the keyword arguments of
+    every construction (in order) into the list returned; a positional learning rate fails the comparison."""
+    made: list[dict] = []
+
+    class RecordingAdam(torch.optim.Adam):
+        def __init__(self, params, **kw):
+            made.append(kw)
+            super().__init__(params, **kw)
+
+    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+    return made
 
 
 def write_cifar(root, n: int, seed: int = 0) -> np.ndarray:
@@ -317,17 +410,3 @@ def assert_one_minimal(model, image, mask, target):
         smaller = mask.clone()
         smaller[y, x] = False
         assert top1_on(model, image, smaller) != target, f"pixel ({y}, {x}) can be removed"
-
-
-class OOMAbove(nn.Module):
-    """Raises torch.OutOfMemoryError on batches larger than `limit`, like a GPU that is full."""
-
-    def __init__(self, model, limit):
-        super().__init__()
-        self.model, self.limit, self.ooms = model, limit, 0
-
-    def forward(self, x):
-        if x.shape[0] > self.limit:
-            self.ooms += 1
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return self.model(x)

@@ -4,7 +4,8 @@ The public entry points' wiring (api.py) checked by hand: the argument checks wi
 criteria and slack functions, the row estimates, and, with recorders in place of the engine choice and the
 algorithms, every option fast_sis, responsibility and sufficient_subset pass on. A wrong option passed on (a
 depth of 9, the wrong seed, a monotone rule, the guide dropped) changes what a user gets without raising; the
-result-level tests (test_responsibility.py, test_exact.py, ...) see some of these, these tests see each one.
+result-level tests (methods/test_responsibility.py, methods/test_exact.py, ...) see some of these, these
+tests see each one.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """

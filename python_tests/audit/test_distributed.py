@@ -1,6 +1,6 @@
 """audit/distributed.py checked with torch.distributed and torch.cuda replaced by recorders: what each rank
 reads from torchrun's environment, which device it computes on (the CUDA choices too, with no GPU), when the
-gloo group is created, waited on and destroyed. test_stored_audit.py runs real two-rank audits.
+gloo group is created, waited on and destroyed. audit/test_stream.py runs real two-rank audits.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """

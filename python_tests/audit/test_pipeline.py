@@ -8,20 +8,9 @@ import math
 import time
 import pytest
 import torch
-from torch import nn
 from overinterp_fast.audit import pipeline
 from overinterp_fast.zoo.digits import load_digits
-
-
-class Linear(nn.Module):
-    def __init__(self, seed):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.head = nn.Linear(64, 10)
-        self.seed = seed
-
-    def forward(self, x):
-        return 4 * self.head(x.flatten(1))
+from helpers import LinearDigits
 
 
 def _by_hand_subset(x: torch.Tensor, order: torch.Tensor, kept: int) -> torch.Tensor:
@@ -41,7 +30,7 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
 
     def fake_train(data, epochs, seed):
         trained.append({"x": data.x_train, "y": data.y_train, "epochs": epochs, "seed": seed})
-        return Linear(100 + len(trained)).eval()
+        return LinearDigits(100 + len(trained), scale=4.0).eval()
 
     def fake_accuracy(model, x, y):
         evaluated.append((model, x, y))
@@ -72,7 +61,7 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
     assert torch.equal(trained[0]["x"], x_tr)
     # the backward-selection subsets: the last ceil(0.1 * 64) = 7 pixels of each image's exact order
     import overinterp_fast as of
-    first = Linear(101).eval()
+    first = LinearDigits(101, scale=4.0).eval()
     orders_tr = [r.order for r in of.fast_sis(first, x_tr, 0.9)]
     orders_te = [r.order for r in of.fast_sis(first, x_te, 0.9)]
     bs_tr = torch.stack([_by_hand_subset(x, o, 7) for x, o in zip(x_tr, orders_tr)])
@@ -134,7 +123,7 @@ def test_pipeline_defaults(monkeypatch):
 
 @pytest.mark.mutation
 def test_pipeline_default_fraction_is_five_percent(monkeypatch):
-    monkeypatch.setattr(pipeline, "train_digits_cnn", lambda data, epochs, seed: Linear(seed).eval())
+    monkeypatch.setattr(pipeline, "train_digits_cnn", lambda data, epochs, seed: LinearDigits(seed, scale=4.0).eval())
     shown = []
     real_sis = pipeline.fast_sis
     monkeypatch.setattr(pipeline, "fast_sis", lambda model, x, tau, progress: shown.append(progress) or real_sis(

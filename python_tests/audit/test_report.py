@@ -2,7 +2,7 @@
 
 audit/report.py's computing helpers by hand (the numbers a reader of the report takes away): the formatting of
 numbers and intervals, tables, the border band, the 5% subsets, where SIS pixels lie, the guarded tests, the curve's
-thresholds, pairwise overlap and the headline sentence. test_report.py builds whole reports.
+thresholds, pairwise overlap and the headline sentence. The tests above build whole reports.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """
@@ -200,6 +200,10 @@ def _assert_same_result(a, b):
             _assert_same_result(ca, cb)
 
 
+# the first test of the module's ``runs`` fixture (SIS of three CNNs, built once), so not marked slow: deselecting
+# it would move the fixture's cost to the next test; measured 72 s wall (13 s CPU) at a load average of about 11,
+# 7 s at 5
+@pytest.mark.timeout(120)
 def test_save_load_round_trip_keeps_everything(three, tmp_path):
     # NaNs (a score, a value, the seconds) become JSON null and come back as NaN
     m0 = three.models[0]
@@ -248,7 +252,7 @@ def test_parquet_table_has_a_row_per_model_and_image(three, tmp_path):
                 assert row["sis_score"] == r.sis_score and row["collection_size"] == len(r.collection or [r])
             assert row["border_fraction"] == (None if math.isnan(border[i]) else border[i])
             assert row["object_fraction"] is None  # no object masks in this record
-            # exact SIS: no query counts and no refinement (the responsibility columns: test_audit_cli.py)
+            # exact SIS: no query counts and no refinement (the responsibility columns: cli/test_cli.py)
             assert (row["queries"], row["total_queries"], row["size_before_refine"], row["minimal"]) == (
                 None, None, None, None)
     a = [row for row in table if row["model"] == "cnn A"]

@@ -1,6 +1,6 @@
 """The audit job's pieces (audit/runner.py) checked by hand: per-image thresholds, predictions in batches, the
 ensemble, the exact-SIS size guard, the options and engines recorded, transfer counts against labels, the
-sensitivity summary and run_audit's argument checks. test_audit_cli.py runs whole audits.
+sensitivity summary and run_audit's argument checks. cli/test_cli.py runs whole audits.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """

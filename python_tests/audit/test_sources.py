@@ -1,7 +1,7 @@
-"""The image sources one piece at a time (datasets.py): file decoding, range selection, flat folders and
+"""The image sources one piece at a time (audit/sources.py): file decoding, range selection, flat folders and
 ImageFolders, CIFAR-10/100 python batches, labels files, object masks, crops and collation. Every expectation is
-built by hand from the files the test writes (PIL and numpy), never from the code under test; test_stored_audit.py
-and test_audit_cli.py run the same sources end to end.
+built by hand from the files the test writes (PIL and numpy), never from the code under test; audit/test_stream.py
+and cli/test_cli.py run the same sources end to end.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """

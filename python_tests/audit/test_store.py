@@ -1,6 +1,6 @@
 """The audit store's pieces one by one (audit/store.py): atomic files, the crash hook, the Arrow tables of results
 and images written and read back, the folder's parts, documents and configurations. Expectations are built by
-hand; test_stored_audit.py runs the same store end to end (resume, SIGKILL, torchrun).
+hand; audit/test_stream.py runs the same store end to end (resume, SIGKILL, torchrun).
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """

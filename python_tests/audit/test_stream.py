@@ -1,7 +1,7 @@
 """Audits at dataset scale: image sources, the durable store, resume after SIGKILL, torchrun sharding, gallery.
 
 audit/stream.py's small pieces by hand: the images' digest, the stored configuration, the fixed batch size, the
-count of committed images and rank 0's progress bar. test_stored_audit.py runs whole stored audits (resumes,
+count of committed images and rank 0's progress bar. The tests above run whole stored audits (resumes,
 SIGKILL, two ranks).
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
@@ -259,6 +259,9 @@ def assert_same_audit(out, reference):
                                                                   if ".tmp-" in f]
 
 
+@pytest.mark.slow  # one subprocess audit killed at each commit stage, then resumed, and the reference audit
+@pytest.mark.timeout(450)  # measured 238 s wall (27 s CPU, mostly in subprocesses) on 2 shared cores at a load
+# average of about 11, 34 s at 5
 def test_sigkill_at_every_commit_stage_then_resume(model_file, tree, tmp_path, reference):
     out = tmp_path / "audit"
     argv = cli_args(model_file, tree, out)
@@ -280,6 +283,9 @@ def test_sigkill_at_every_commit_stage_then_resume(model_file, tree, tmp_path, r
     assert_same_audit(out, reference)
 
 
+@pytest.mark.slow  # a subprocess audit killed from outside, then resumed by two torchrun ranks
+@pytest.mark.timeout(300)  # measured 101 s wall (22 s CPU, mostly in subprocesses) on 2 shared cores at a load
+# average of about 11, 15 s at 5
 def test_sigkill_after_the_first_commit_then_resume_with_two_ranks(model_file, tree, tmp_path, reference):
     """Killed from outside once a chunk is committed; the rest is shared by 2 ranks (torchrun, gloo), and the
     audit equals the uninterrupted single-process one bit for bit."""

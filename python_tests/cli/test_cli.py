@@ -1,14 +1,13 @@
 """The audit job and its command line: loading models and images, run_audit, transfer, ensembles, subcommands.
 
 The command line's small pieces by hand: argument types, parser defaults, the noise units of --object-masks,
---device checks, the printed table and main's one-line errors.
-test_audit_cli.py, test_demo.py and test_text_zoo.py run the commands whole.
+--device checks, the printed table and main's one-line errors. The tests above, cli/test_demo.py and
+zoo/test_text.py run the commands whole.
 
 The command line's commands checked piece by piece: ``_prepare`` on real model files and an image folder (every
 check and default written out), and ``_run_sis``, ``_run_audit``, ``_sis_png`` and ``main`` with recorders in place
 of the jobs they start (run_audit, run_stored_audit, run_demo, rebuild_report, run_reduce, digits_pipeline), so that
-every option the user gives is seen arriving. test_audit_cli.py, test_demo.py and test_text_zoo.py run the commands
-whole.
+every option the user gives is seen arriving.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """
@@ -134,6 +133,8 @@ def test_class_namer(tmp_path):
         class_namer(5, str(names))
 
 
+@pytest.mark.slow  # three audits of the photo folder (two models, an ensemble, transfer)
+@pytest.mark.timeout(300)  # measured 120 s wall (20 s CPU) on 2 shared cores at a load average of about 11, 52 s at 5
 def test_run_audit_ensemble_and_transfer(image_folder):
     a, b = tiny_cnn(1), tiny_cnn(2)
     imgs = load_images(str(image_folder), SIDE)
@@ -178,6 +179,8 @@ def test_run_audit_refuses_exact_on_large_images():
         run_audit({"m": tiny_cnn(0)}, x, ["z"], [np.zeros((80, 80, 3), np.uint8)], AuditConfig(method="exact"))
 
 
+@pytest.mark.slow  # audits through the command line with an ONNX and a TorchScript model, then the report
+@pytest.mark.timeout(180)  # measured 55 s wall (8 s CPU) on 2 shared cores at a load average of about 11, 8 s at 5
 def test_cli_audit_onnx_and_torchscript_then_report(image_folder, model_files, tmp_path, capsys):
     out = tmp_path / "audit"
     argv = ["audit", "--model", model_files["a"], "--model", model_files["b"], "--images", str(image_folder),
@@ -507,8 +510,8 @@ def test_parser_choices_types_and_required_options(capsys):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, model_files, image_folder):
-    """test_audit_cli.py's two model files (torch.export and ONNX, 5 classes) and folder of 3 photos (12 x 10), and
-    two class-names files."""
+    """The two model files of ``model_files`` (torch.export and ONNX, 5 classes), the folder of 3 photos (12 x 10)
+    of ``image_folder``, and two class-names files."""
     root = tmp_path_factory.mktemp("cli")
     (root / "names.txt").write_text("zero\none\ntwo\nthree\nfour\n")
     (root / "three.txt").write_text("zero\none\ntwo\n")

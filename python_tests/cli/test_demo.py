@@ -2,9 +2,10 @@
 
 demo.py (the README's main job) piece by piece, with the training, the ImageNet audit and the text job replaced
 by recorders: the summary written and returned, the printed table, the figure's rows, the reference comparison,
-and what each part is asked to do. test_demo.py runs the demo whole.
+and what each part is asked to do. The tests above run the demo whole.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import json
 import os
@@ -13,12 +14,14 @@ from overinterp_fast.cli import main
 import time
 import numpy as np
 import torch
-from torch import nn
 from overinterp_fast.cli import demo
 from overinterp_fast.audit.records import AuditRecord, ModelRecord
 from overinterp_fast.methods.results import SISResult
+from helpers import LinearDigits
 
 
+@pytest.mark.slow  # the whole demo: trains the digits CNN and audits 7 photos with EfficientNet-Lite0
+@pytest.mark.timeout(450)  # measured 283 s wall (60 s CPU) on 2 shared cores at a load average of about 11, 31 s at 5
 def test_demo_writes_figures_and_summary(tmp_path):
     pytest.importorskip("timm")
     out = str(tmp_path / "demo")
@@ -59,22 +62,10 @@ def test_cli_digits_pipeline(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------------
 
 
-class Linear(nn.Module):
-    """A seeded linear digits classifier, confident enough for SIS at tau 0.5."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.head = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return 8 * self.head(x.flatten(1))
-
-
 @pytest.fixture
 def stubbed(monkeypatch):
     seen = {"figures": []}
-    model = Linear().eval()
+    model = LinearDigits().eval()  # confident enough for SIS at tau 0.5
     monkeypatch.setattr(demo, "train_digits_cnn", lambda data: seen.setdefault("trained_on", len(data.y_train))
                         and model)
     monkeypatch.setattr(demo, "sis_figure", lambda images, masks, titles, path: seen["figures"].append(

@@ -1,8 +1,9 @@
 """Models and images from the command line, piece by piece (loading.py): zoo names, the file kinds and their
 errors, the input side of ONNX models, class names and object masks. Expectations are written by hand;
-test_audit_cli.py loads real files of every kind end to end.
+cli/test_cli.py loads real files of every kind end to end.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Every test here is marked ``mutation``: each was written for a survivor of a mutation run (mutmut) and pins,
+with its expectation worked out by hand, a detail that the behavioural tests let through.
 """
 import json
 import types

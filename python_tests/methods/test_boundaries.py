@@ -10,23 +10,7 @@ from torch import nn
 import overinterp_fast as of
 from overinterp_fast.methods import reference
 from overinterp_fast.methods.findsis import find_sis, sis_score
-from helpers import assert_sets_sufficient
-
-
-class Dyadic(nn.Module):
-    """Two classes, already probabilities: class 0 gets bias + sum_j w_j x_j, class 1 the rest.
-
-    With dyadic weights and inputs in {0, 1} every output is exact in float64.
-    """
-
-    def __init__(self, weights, bias=0.0):
-        super().__init__()
-        self.register_buffer("w", torch.as_tensor(weights, dtype=torch.float64).flatten())
-        self.bias = bias
-
-    def forward(self, x):
-        s = self.bias + (x.flatten(1) * self.w).sum(1)
-        return torch.stack([s, 1 - s], 1)
+from helpers import Dyadic, assert_sets_sufficient
 
 
 def ones(n, h, w):

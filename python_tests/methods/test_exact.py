@@ -1,28 +1,25 @@
 """fast_sis (exact) against the in-package reference transcription of sis.py.
 
-exact_sis called directly on planted dyadic models: every order, value, set, score and round
-(and the progress bar's totals) written out by hand.
+exact_sis called directly on planted dyadic models: every order, value, set, score and round (and the progress bar's
+totals) written out by hand. The model outputs probabilities that are sums of dyadic weights of {0, 1} inputs, so
+every f is exact in float64 and every tie is exact (the lowest feature id is masked first).
 
-The model outputs probabilities that are sums of dyadic weights of {0, 1} inputs, so every f is
-exact in float64 and every tie is exact (the lowest feature id is masked first).
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
+import contextlib
+
 import pytest
 import torch
 from torch import nn
+
 import overinterp_fast as of
-from overinterp_fast.methods import reference
-from helpers import assert_same_lists, assert_sets_sufficient, cuda, make_cnn, make_images
-import contextlib
-from overinterp_fast.methods import exact
+from overinterp_fast.methods import exact, reference
 from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner
 from overinterp_fast.runtime.inputs import prepare
 from overinterp_fast.runtime.model import ModelFn
-from helpers import assert_same_result  # noqa: F811
-from helpers import OOMAbove  # noqa: F811
-
-
+from helpers import Dyadic, OOMAbove, assert_same_lists, assert_same_result, assert_sets_sufficient, cuda
+from helpers import make_cnn, make_images
 
 
 def assert_same(res_a, res_b, collection=False):
@@ -274,22 +271,6 @@ def test_per_image_thresholds(cnn64, images64):
 # ----------------------------------------------------------------------------------------------------
 
 W = [0.25, 0.125, 0.25, 0.125, 0.125, 0.125]  # six features (a 2 x 3 image), summing to 1
-
-
-class Dyadic(nn.Module):
-    """Class 0 gets bias + sum_j w_j x_j, class 1 the rest (already probabilities)."""
-
-    def __init__(self, weights, bias=0.0, nan_at=None):
-        super().__init__()
-        self.register_buffer("w", torch.as_tensor(weights, dtype=torch.float64).flatten())
-        self.bias = bias
-        self.nan_at = nan_at
-
-    def forward(self, x):
-        s = self.bias + (x.flatten(1) * self.w).sum(1)
-        if self.nan_at is not None:
-            s = torch.where(s == self.nan_at, torch.full_like(s, float("nan")), s)
-        return torch.stack([s, 1 - s], 1)
 
 
 class Bar:

@@ -4,25 +4,14 @@ import pytest
 import torch
 import overinterp_fast as of
 from overinterp_fast.methods import reference
-from helpers import assert_same_lists, assert_sets_sufficient, fake_terminal, make_cnn, make_images
-from helpers import OOMAbove
-
-
-def assert_same_gradient_result(a, b):
-    assert a.target == b.target
-    assert torch.equal(a.order, b.order)
-    assert torch.equal(a.blocks, b.blocks)
-    torch.testing.assert_close(a.values, b.values, rtol=1e-10, atol=1e-12)
-    assert (a.sis is None) == (b.sis is None)
-    if a.sis is not None:
-        assert torch.equal(a.sis, b.sis)
-        assert torch.equal(a.mask, b.mask)
-        assert a.sis_score == pytest.approx(b.sis_score, rel=1e-10)
-    assert a.score == pytest.approx(b.score, rel=1e-10)
+from helpers import assert_same_lists, assert_same_result, assert_sets_sufficient, fake_terminal, make_cnn
+from helpers import make_images, OOMAbove
 
 
 def assert_same(res_a, res_b, collection=False):
-    assert_same_lists(res_a, res_b, assert_same_gradient_result, collection)
+    """Every result (and round) equal to the other's, blocks included; values and scores to 1e-10."""
+    compare = lambda a, b: assert_same_result(a, b, rel=1e-10, atol=1e-12, blocks=True)  # noqa: E731
+    assert_same_lists(res_a, res_b, compare, collection)
 
 
 @pytest.mark.parametrize("seed,k", [(0, 3), (1, 4), (2, 7)])

@@ -1,37 +1,34 @@
 """Minimal pixel sets that are minimal (refine=True), fewer queries (iterations="auto"), chunked rect_fill.
 
-Hand-built expectations for minimal.py's pruning.
+Hand-built expectations for minimal.py's pruning: a stand-in evaluator (helpers.RuleEvaluator) scores each candidate
+with a rule written here and records every candidate set; a wrapper records how many candidates each call (each
+round) held. The expected candidate sets, rounds, results and query counts below were traced by hand from the
+algorithm as minimal.py's docstring states it: a greedy pass in the given order; adaptive blocks (a passing block
+doubles B, a failing one halves it, and a failing block resets W to 1); at B = 1, W single removals side by side
+(the first passing one is taken, W doubles while all fail; a taken single sets B = 2, W = 1); each pass starts at
+B = W = 1; after a pass, the kept features whose failing removal was seen before a later removal are tested again,
+until a pass removes nothing; one batch per round across all rows; a per-row budget. Nothing here is computed with
+the module under test.
 
-A stand-in evaluator (helpers.RuleEvaluator) scores each candidate with a rule written here and records every
-candidate set; a wrapper records how many candidates each call (each round) held. The expected candidate sets,
-rounds, results and query counts below were traced by hand from the algorithm as minimal.py's docstring states
-it: a greedy pass in the given order; adaptive blocks (a passing block doubles B, a failing one halves it, and
-a failing block resets W to 1); at B = 1, W single removals side by side (the first passing one is taken, W
-doubles while all fail; a taken single sets B = 2, W = 1); each pass starts at B = W = 1; after a pass, the kept
-features whose failing removal was seen before a later removal are tested again, until a pass removes nothing;
-one batch per round across all rows; a per-row budget. Nothing here is computed with the module under test.
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import math
 import warnings
+
 import pytest
 import torch
 from torch import nn
+
 import overinterp_fast as of
 from overinterp_fast.ops import kernels as _ops
-from overinterp_fast import api
-from overinterp_fast.runtime.batching import CandidateEvaluator
-from overinterp_fast.runtime.model import initial_predictions
+from overinterp_fast.methods.minimal import prune_to_minimal
 from overinterp_fast.methods.prefix import boundary_prefix
 from overinterp_fast.methods.responsibility import (AUTO_DICE, AUTO_MIN_ITERATIONS, AUTO_PATIENCE, AUTO_TOP_FRACTION,
-                                            MutantCache, auto_responsibility,
-                                            compute_responsibility, descend, ranking_positions)
-from helpers import make_cnn, make_images
-from overinterp_fast.methods.minimal import prune_to_minimal
-from helpers import RuleEvaluator, top1
-from helpers import PatchReader, top1_on  # noqa: F811
-from helpers import assert_one_minimal  # noqa: F811
+                                                    MutantCache, auto_responsibility, compute_responsibility, descend,
+                                                    ranking_positions)
+from helpers import PatchReader, RuleEvaluator, assert_one_minimal, make_cnn, make_images, responsibility_evaluator
+from helpers import top1, top1_on
 
 
 
@@ -181,12 +178,6 @@ def test_sufficient_subset_refine_threshold_criterion():
         of.sufficient_subset(model, images, ranking, tau, refine=1)
 
 
-def _evaluator(model, images):
-    s = api._setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
-    targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
-    return CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1), s.prep
-
-
 def test_boundary_search_is_a_sequential_boundary():
     """On a ranking, the boundary k passes and k - 1 fails (plain forward passes); with a monotone
     criterion (a model that sums evidence) it is the first passing prefix of a one-by-one scan."""
@@ -196,7 +187,7 @@ def test_boundary_search_is_a_sequential_boundary():
         (make_cnn(3, torch.float32, h=12, w=16), make_images(3, h=12, w=16, seed=2, dtype=torch.float32)),
     ]:
         with torch.inference_mode():
-            ev, prep = _evaluator(model, images)
+            ev, prep = responsibility_evaluator(model, images)
             scores = torch.randn(3, 12 * 16)
             present = torch.ones(3, 12 * 16, dtype=torch.bool)
             pos = ranking_positions(scores, present)
@@ -219,9 +210,9 @@ def test_auto_iterations_stop_by_the_documented_rule_and_are_deterministic():
     model = PatchReader(slice(4, 8), slice(6, 12)).eval()
     x = 0.5 + torch.rand(3, 3, 12, 16, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        ev, prep = _evaluator(model, x)
+        ev, prep = responsibility_evaluator(model, x)
         present = torch.ones(3, 12 * 16, dtype=torch.bool)
-        passes = lambda i, f, t: bool(t)  # noqa: E731
+        passes = top1
         maps, q, info = auto_responsibility(ev, prep, present, passes, 10, 10, 0, False)
         again, q2, _ = auto_responsibility(ev, prep, present, passes, 10, 10, 0, False)
         last = max(info.iterations)  # the hand check below needs no more iterations than this
@@ -248,9 +239,9 @@ def test_mutant_cache_scores_a_repeated_descent_once():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(2, h=12, w=12, seed=4, dtype=torch.float32)
     with torch.inference_mode():
-        ev, prep = _evaluator(model, images)
+        ev, prep = responsibility_evaluator(model, images)
         present = torch.ones(2, 144, dtype=torch.bool)
-        passes = lambda i, f, t: bool(t)  # noqa: E731
+        passes = top1
         cache = MutantCache()
         one, q1 = descend(ev, prep, present, passes, [(0, 7), (1, 7)], 10, 4, cache)
         two, q2 = descend(ev, prep, present, passes, [(0, 7), (1, 7), (1, 7)], 10, 4, cache)
@@ -266,9 +257,9 @@ def test_descend_sums_the_maps_of_each_image(monkeypatch):
     images = make_images(4, h=12, w=12, seed=5, dtype=torch.float32)
     descents = [(3, 1), (0, 1), (3, 2), (0, 3), (1, 4)]
     with torch.inference_mode():
-        ev, prep = _evaluator(model, images)
+        ev, prep = responsibility_evaluator(model, images)
         present = torch.ones(4, 144, dtype=torch.bool)
-        passes = lambda i, f, t: bool(t)  # noqa: E731
+        passes = top1
         each, q_each = descend(ev, prep, present, passes, descents, 10, 4, MutantCache())
         summed, q_sum = descend(ev, prep, present, passes, descents, 10, 4, MutantCache(), per_image=True)
         none, q_none = descend(ev, prep, present, passes, [], 10, 4, MutantCache(), per_image=True)

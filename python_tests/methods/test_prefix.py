@@ -5,7 +5,8 @@ records every candidate it sees, so the sizes probed, their order and the answer
 sequences derived by hand from the algorithms' descriptions (FindSIS over a ranking; the exponential
 search then bisection of boundary_prefix). Nothing here is computed with the module under test.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Every test here is marked ``mutation``: each was written for a survivor of a mutation run (mutmut) and pins,
+with its expectation worked out by hand, a detail that the behavioural tests let through.
 """
 import pytest
 import torch

@@ -1,15 +1,14 @@
-"""Batch size by measurement: the choice from given timings, the measurement loop with a fake clock,
-the cache, the small-job fallback, and that a user's batch_size wins. No test asserts a real timing.
+"""Batch size by measurement (runtime/calibration.py): the choice from given timings, the measurement loop with a
+fake clock, the cache, the small-job fallback, and that a user's batch_size wins. No test asserts a real timing.
 
-The batch-size measurement traced call by call (calibration.py; see docs/notes/mutation-testing.md).
+The batch-size measurement traced call by call: where the tests above check what the measurement chooses, the tests
+after them pin how it gets there, worked by hand from the docstrings: which sizes are probed in which order, where
+the budget stops the ladder, which sizes are timed again, what an out-of-memory error does, and the schedule's
+arithmetic. The fake clock starts at 1000 s and the probe costs whole seconds (16 rows: 3 s, 32: 4 s, 64: 6 s,
+128: 10 s), so every comparison with the budget is exact.
 
-test_calibration.py checks what the measurement chooses; these tests pin how it gets there, worked by
-hand from the docstrings: which sizes are probed in which order, where the budget stops the ladder,
-which sizes are timed again, what an out-of-memory error does, and the schedule's arithmetic. The fake
-clock starts at 1000 s and the probe costs whole seconds (16 rows: 3 s, 32: 4 s, 64: 6 s, 128: 10 s),
-so every comparison with the budget is exact.
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import pytest
 import torch

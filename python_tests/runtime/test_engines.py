@@ -1,13 +1,13 @@
-"""Forward engines: ONNX Runtime gives the torch SIS, un-exportable models fall back with one line,
+"""Forward engines (runtime/engines.py): ONNX Runtime gives the torch SIS, un-exportable models fall back with one line,
 every set is checked on the user's model (and repaired where a stand-in engine is optimistic), bad names fail.
 
 engines.py's decisions checked piece by piece: what each calibration is asked for, when incremental scoring is
-predicted to pay, when a small job is timed, the compiled model's check, the export cache and its keys.
+predicted to pay, when a small job is timed, the compiled model's check, the export cache and its keys. Both
+scoring paths give the same SIS (runtime/test_incremental.py and the tests above), so a wrong decision here only
+costs time; these tests pin the decisions themselves, with the timings and probes replaced by recorders.
 
-Both scoring paths give the same SIS (test_incremental.py, test_engines.py), so a wrong decision here only costs
-time; these tests pin the decisions themselves, with the timings and probes replaced by recorders.
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import warnings
 import pytest

@@ -201,6 +201,8 @@ def test_auto_considers_plans_by_estimated_work(monkeypatch):
         of.fast_sis(small, make_images(1), 0.5, incremental="yes")
 
 
+@pytest.mark.slow  # incremental against dense inference on EfficientNet-Lite0 with its real weights
+@pytest.mark.timeout(300)  # measured 24 to 58 s wall (12 to 58 s CPU) on 2 shared cores at load averages 4 to 9
 def test_efficientnet_lite0_patches():
     zoo = pytest.importorskip("overinterp_fast.zoo.imagenet")
     try:

@@ -1,10 +1,9 @@
 """inputs.py checked function by function: every expectation is written out by hand.
 
-Written for the mutants that the older tests (which go through fast_sis and match messages
-by a fragment) let survive: error messages are matched whole (anchored), boundaries of every
-check are probed from both sides, and the Prepared fields are compared element by element.
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Every test here is marked ``mutation``: written for the mutants of a mutation run (mutmut) that the older tests
+(which go through fast_sis and match messages by a fragment) let survive: error messages are matched whole
+(anchored), boundaries of every check are probed from both sides, and the Prepared fields are compared element
+by element.
 """
 from fractions import Fraction
 import numpy as np

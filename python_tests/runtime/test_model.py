@@ -1,10 +1,9 @@
 """model.py checked function by function, with expectations written out by hand.
 
-Written for the mutants that the older tests (through fast_sis, messages matched by a fragment)
-let survive: messages are matched whole, the ensemble mean and the softmax are computed on
-planted constant outputs, and each check is probed on both sides of its condition.
-
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Every test here is marked ``mutation``: written for the mutants of a mutation run (mutmut) that the older tests
+(through fast_sis, messages matched by a fragment) let survive: messages are matched whole, the ensemble mean
+and the softmax are computed on planted constant outputs, and each check is probed on both sides of its
+condition.
 """
 import math
 import pathlib

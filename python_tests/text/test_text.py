@@ -4,9 +4,10 @@ the Hugging Face adapter and clear errors.
 
 text/sis.py and text/mitigation.py checked by hand: token_sis's checks with whole messages and what it hands
 fast_sis per length group (a recorder in fast_sis's place), the float-to-id wrapper, and entropy_finetune's
-checks, reductions, padding, step count and loss written out. test_text.py runs both end to end.
+checks, reductions, padding, step count and loss written out. The tests above run both end to end.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import math
 import pytest
@@ -16,7 +17,7 @@ import overinterp_fast as of
 from overinterp_fast.methods import reference
 from overinterp_fast.zoo import text as zt
 from overinterp_fast.zoo.text import WordCNN
-from helpers import fake_terminal
+from helpers import fake_terminal, recording_adam
 from overinterp_fast import api
 from overinterp_fast.text import mitigation
 from overinterp_fast.text.reduction import InputReduction, Reduction
@@ -793,14 +794,7 @@ def test_entropy_finetune_progress_bar(monkeypatch, progress, shown):
 
 @pytest.mark.mutation
 def test_entropy_finetune_defaults_seeding_and_padding_of_reductions(monkeypatch):
-    rates = []
-
-    class RecordingAdam(torch.optim.Adam):
-        def __init__(self, params, lr):
-            rates.append(lr)
-            super().__init__(params, lr=lr)
-
-    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+    adam = recording_adam(monkeypatch)
 
     class ReadsPads(nn.Module):
         """Logits from the token ids; records, per call, the pad ids seen and the masked positions."""
@@ -822,7 +816,7 @@ def test_entropy_finetune_defaults_seeding_and_padding_of_reductions(monkeypatch
     monkeypatch.setattr(mitigation, "input_reduction",
                         lambda m, to_reduce, **kw: [_fake_reduction([[0, 1], [0]]) for _ in to_reduce])
     res = mitigation.entropy_finetune(model, (seqs, labels), 1.0, pad_id=9)
-    assert rates == [1e-3] and res.steps == 2  # the defaults: lr 1e-3, batches of 64 (65 sequences: 2 batches)
+    assert adam == [{"lr": 1e-3}] and res.steps == 2  # the defaults: lr 1e-3, batches of 64 (65 sequences: 2 batches)
     assert res.reduced_examples == 130
     calls = res.model.calls
     assert len(calls) == 4 and all(pads == masked for pads, masked in calls)  # padding is pad_id, and only there

@@ -2,12 +2,14 @@
 arrays, the training loop's batches, accuracy, the architectures' parameter counts and ResNet-20's zero-padded
 shortcut.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Every test here is marked ``mutation``: each was written for a survivor of a mutation run (mutmut) and pins,
+with its expectation worked out by hand, a detail that the behavioural tests let through.
 """
 import pytest
 import torch
 from torch import nn
 from overinterp_fast.zoo import cifar, digits
+from helpers import recording_adam
 
 
 @pytest.mark.mutation
@@ -152,20 +154,14 @@ def test_digits_cnn_layers():
 
 @pytest.mark.mutation
 def test_train_digits_cnn_defaults(monkeypatch):
-    rates, losses = [], []
-
-    class RecordingAdam(torch.optim.Adam):
-        def __init__(self, params, lr):
-            rates.append(lr)
-            super().__init__(params, lr=lr)
-
+    losses = []
+    adam = recording_adam(monkeypatch)
     real = nn.functional.cross_entropy
-    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
     monkeypatch.setattr(nn.functional, "cross_entropy", lambda logits, y: losses.append(len(y)) or real(logits, y))
     d = digits.load_digits()
     small = digits.DigitsData(d.x_train[:10], d.y_train[:10], d.x_test, d.y_test, d.raw_test, d.mean, d.std)
     m = digits.train_digits_cnn(small)
-    assert rates == [3e-3] and losses == [10] * 15  # 15 epochs of one batch
+    assert adam == [{"lr": 3e-3}] and losses == [10] * 15  # 15 epochs of one batch
     assert sum(p.numel() for p in m.parameters()) == 160 + 4640 + 5130  # width 16
     seeded = digits.train_digits_cnn(small, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), seeded.state_dict().values()))

@@ -5,7 +5,8 @@ unknown module, two keys on one name, more than five keys missing, unexpected or
 loaded (CPU, weights only, to the device, channels_last), the crop's offsets and normalization's per-channel
 statistics on small arrays, the bundled photos (the motorcycle's left view) and the class names.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import numpy as np
 import pytest

@@ -4,9 +4,10 @@ text/job.py, text/report.py and zoo/text.py checked by hand: the `reduce` job's 
 loads, what it hands input reduction, the metadata, the summary and its examples) with input reduction and the clock
 replaced by recorders; the reductions table and the HTML page written out whole from reductions made by hand; the
 confidence and length histograms read back from the figure; and the text zoo's pieces (tokens, vocabulary, split,
-model, training loop, cache) on small inputs. test_text_zoo.py runs the job end to end on a trained model.
+model, training loop, cache) on small inputs. The tests above run the job end to end on a trained model.
 
-Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
+Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the
+behavioural tests above let through, with every expectation worked out by hand.
 """
 import importlib.util
 import os
@@ -23,7 +24,7 @@ from overinterp_fast.audit.report import CSS
 from overinterp_fast.text import job
 from overinterp_fast.text import report as text_report
 from overinterp_fast.text.reduction import InputReduction, Reduction
-from helpers import whole_message
+from helpers import recording_adam, whole_message
 
 
 def test_snippets_are_the_critic_snippets():
@@ -585,13 +586,8 @@ def test_train_text_cnn_defaults_batches_and_threads(monkeypatch):
     """Defaults: seed 0, 6 epochs of batches of 64 (65 snippets: 64 + 1, every snippet once an epoch), a 64-wide
     model of 64 filters, Adam with lr 2e-3 and weight decay 1e-5, one thread while training (restored after);
     the widths given are the model's."""
-    adam, batches, threads = [], [], []
-
-    class RecordingAdam(torch.optim.Adam):
-        def __init__(self, params, **kw):
-            adam.append(kw)
-            super().__init__(params, **kw)
-
+    batches, threads = [], []
+    adam = recording_adam(monkeypatch)
     real_ce = torch.nn.functional.cross_entropy
 
     def ce(logits, y):
@@ -599,7 +595,6 @@ def test_train_text_cnn_defaults_batches_and_threads(monkeypatch):
         threads.append(torch.get_num_threads())
         return real_ce(logits, y)
 
-    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
     monkeypatch.setattr(torch.nn.functional, "cross_entropy", ce)
     before = torch.get_num_threads()
     data = tiny_data(65)
