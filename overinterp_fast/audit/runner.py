@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import fast_sis
+from ..attr.options import GradientOptions
 from ..runtime.inputs import check_threshold
 from ..runtime.model import Ensemble, ModelFn
 from .records import AuditRecord, ModelRecord
@@ -143,10 +144,11 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
         predictions[name], f0 = predict(model, images)
         taus = thresholds_for(f0, threshold, threshold_mode)
         t0 = time.perf_counter()
-        results.append(fast_sis(model, images, taus, method=method, k=k, collection=collection,
-                                mask_value=mask_value, autocast=autocast, batch_size=batch_size,
+        options = GradientOptions(k=k, autocast=autocast) if method == "gradient" else None
+        results.append(fast_sis(model, images, taus, method=method, collection=collection,
+                                mask_value=mask_value, batch_size=batch_size,
                                 engine=fixed_engine(model) if engine is None else engine,
-                                progress=progress))
+                                progress=progress, options=options))
         seconds.append(time.perf_counter() - t0)
         if object_masks is None:
             sens.append(None)

@@ -1,6 +1,7 @@
 """Sufficient sets from a ranking (minimal pixel sets), with collections of disjoint sets."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -10,6 +11,7 @@ from .blocks import block_positions, scan_sizes
 from ..runtime.inputs import Prepared
 from .guided import guided_first_prefix
 from .minimal import prune_to_minimal
+from .ranking import ranking_positions
 from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
 from ..runtime.schedule import upload
@@ -109,23 +111,45 @@ def refined_sets(
     return out, q_boundary, q_prune
 
 
+@dataclass(frozen=True)
+class ExtractionConfig:
+    """How :func:`extract_sets` extracts a set from a ranking.
+
+    Attributes:
+        step: refine=False: the prefix sizes step, step*2, ..., p (ReX's extraction uses 10).
+        collection: also find every further disjoint set (the ranking recomputed on the rest).
+        verifier: the user's model, when the evaluator runs a stand-in engine named ``engine``; each set is
+            checked there. None: the evaluator is the user's model.
+        engine: the name of the engine that scores the candidates (``SISResult.engine``).
+        refine: False, True or "boundary" (see :func:`extract_sets`).
+        refine_budget: the most pruning queries per image and round (None: no limit; "auto": see
+            :func:`refined_sets`).
+        refine_scan: with refine=True, the boundary is found by a scan in steps of ``refine_scan`` and bisection
+            inside the last step (None: by exponential search).
+        block: rank pixels square by square, squares of ``block`` x ``block`` pixels (None or 1: pixel by pixel).
+        guide: slack(image, f, top1, margin), positive when a prefix passes (None: no guided search).
+    """
+
+    step: int = 1
+    collection: bool = False
+    verifier: CandidateEvaluator | None = None
+    engine: str = "torch"
+    refine: bool | str = False
+    refine_budget: int | str | None = None
+    refine_scan: int | None = None
+    block: int | None = None
+    guide: Callable[[int, float, bool, float], float] | None = None
+
+
 def extract_sets(
     evaluator: CandidateEvaluator,
     prep: Prepared,
     targets: torch.Tensor,
     scores0: torch.Tensor,
+    thresholds: list[float],
     rank_fn: Callable[[torch.Tensor], tuple[torch.Tensor, list[int] | None]],
     passes: Callable[[int, float, bool], bool],
-    step: int,
-    collection: bool,
-    thresholds: list[float],
-    verifier: CandidateEvaluator | None = None,
-    engine: str = "torch",
-    refine: bool | str = False,
-    refine_budget: int | str | None = None,
-    refine_scan: int | None = None,
-    block: int | None = None,
-    guide: Callable[[int, float, bool, float], float] | None = None,
+    config: ExtractionConfig = ExtractionConfig(),
 ) -> list[SISResult]:
     """Per image, a sufficient set from its ranking.
 
@@ -155,8 +179,9 @@ def extract_sets(
     Each result counts its queries: ``queries`` (the ranking), ``extraction_queries``
     and ``refine_queries``.
     """
-    from .responsibility import ranking_positions
-
+    step, collection, verifier, engine = config.step, config.collection, config.verifier, config.engine
+    refine, refine_budget, refine_scan, block, guide = (config.refine, config.refine_budget, config.refine_scan,
+                                                        config.block, config.guide)
     dev = prep.images.device
     n, p = prep.images.shape[0], prep.num_features
     present = torch.ones((n, p), dtype=torch.bool, device=dev)

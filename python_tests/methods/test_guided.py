@@ -199,7 +199,7 @@ def test_the_coarse_scan_steps_by_32_sizes_then_by_a_tenth():
 
 def test_the_slack_of_each_criterion():
     """What guides fast_sis's search: the margin for top-1; log f - log tau for a threshold (0 exactly at f = tau)."""
-    from overinterp_fast.api import _slack
+    from overinterp_fast.runtime.job import slack as _slack
 
     assert _slack("top1", [0.9])(0, 0.2, False, -1.5) == -1.5
     tau = _slack("threshold", [0.25, 0.5])

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 import overinterp_fast as of
 from overinterp_fast.ops import kernels as _ops
-from overinterp_fast import api
+from overinterp_fast.runtime import job
 from overinterp_fast.runtime.batching import CandidateEvaluator
 from overinterp_fast.runtime.model import initial_predictions
 from overinterp_fast.methods.prefix import boundary_prefix
@@ -182,7 +182,7 @@ def test_sufficient_subset_refine_threshold_criterion():
 
 
 def _evaluator(model, images):
-    s = api._setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
+    s = job.setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
     targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
     return CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1), s.prep
 
