@@ -156,18 +156,18 @@ def test_fast_sis_prefix_search_options():
     error."""
     model = make_cnn(3, torch.float32, h=16, w=16)
     images = make_images(3, h=16, w=16, seed=11, dtype=torch.float32)
-    kw = dict(method="responsibility", iterations=3)
+    kw = dict(method="responsibility")
     for ps in ("guided", "scan"):
-        for r, img in zip(of.fast_sis(model, images, prefix_search=ps, **kw), images):
+        for r, img in zip(of.fast_sis(model, images, **kw, options=of.MinimalPixelSetOptions(iterations=3, prefix_search=ps)), images):
             assert r.sis is not None and top1_on(model, img, r.mask) == r.target
-        for r, img in zip(of.fast_sis(model, images, 0.3, criterion="threshold", prefix_search=ps, **kw), images):
+        for r, img in zip(of.fast_sis(model, images, 0.3, **kw, options=of.MinimalPixelSetOptions(iterations=3, criterion="threshold", prefix_search=ps)), images):
             if r.sis is not None:
                 with torch.no_grad():
                     f = torch.softmax(model(torch.where(r.mask, img, torch.zeros(()))[None]), 1)[0, r.target]
                 assert f >= 0.3
     for bad in ("full", None, 1):
         with pytest.raises(ValueError, match="prefix_search"):
-            of.fast_sis(model, images, prefix_search=bad, **kw)
+            of.fast_sis(model, images, **kw, options=of.MinimalPixelSetOptions(iterations=3, prefix_search=bad))
 
 
 def test_the_earliest_pass_is_bracketed_even_when_its_slack_disagrees():
