@@ -67,7 +67,7 @@ def fast_sis(
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
     cls = METHODS[method]
     if options is not None and not isinstance(options, cls.options_class):
-        raise ValueError(f"options for method={method!r} must be a {cls.options_class.__name__} (or None), got "
+        raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
                          f"{type(options).__name__}")
     run = RunOptions(threshold, outputs, engine, batch_size, collection)
     job = cls.from_options(model, run, options, name=f'method="{method}"')

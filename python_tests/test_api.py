@@ -808,7 +808,7 @@ def test_fast_sis_argument_messages():
     ("exact", "ExactOptions", {"incremental": True})])
 def test_fast_sis_refuses_another_method_s_options(method, wanted, given):
     with pytest.raises(ValueError, match=whole_message(
-            f"options for method={method!r} must be a {wanted} (or None), got {type(given).__name__}")):
+            f"options for method={method!r} must be {wanted} (or None), got {type(given).__name__}")):
         of.fast_sis(make_cnn(0), make_images(1), method=method, options=given)
 
 

@@ -121,7 +121,7 @@ class SISAttribution:
         call the caller (None: the class name)."""
         options = cls.options_class() if options is None else options
         if not isinstance(options, cls.options_class):
-            raise ValueError(f"options of {cls.__name__} must be a {cls.options_class.__name__}, got "
+            raise ValueError(f"options of {cls.__name__} must be {cls.options_class.__name__}, got "
                              f"{type(options).__name__}")
         obj = cls.__new__(cls)
         SISAttribution.__init__(obj, forward_func, run, options)
