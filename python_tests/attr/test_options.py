@@ -80,7 +80,8 @@ def test_auto_iterations_is_a_minimal_pixel_set_option():
 
 
 def test_from_options_refuses_another_class_s_options():
-    with pytest.raises(ValueError, match=whole_message("options of ExactSIS must be ExactOptions, got GradientOptions")):
+    with pytest.raises(ValueError,
+                       match=whole_message("options of ExactSIS must be ExactOptions, got GradientOptions")):
         attr.ExactSIS.from_options(make_cnn(0), RunOptions(), of.GradientOptions())
 
 

@@ -136,7 +136,8 @@ def test_remembering_evaluator_by_hand():
 def test_fast_sis_with_the_memory():
     model = PatchReader(ROWS, COLS, need=0.4).eval()
     x = torch.ones(2, 1, 28, 28, dtype=torch.float64)
-    plain = of.fast_sis(model, x, method="responsibility", progress=False, options=of.MinimalPixelSetOptions(iterations=5))
+    plain = of.fast_sis(model, x, method="responsibility", progress=False,
+                        options=of.MinimalPixelSetOptions(iterations=5))
     got = research_sets(model, x, iterations=5, monotone_memory=True, progress=False)
     for a, b in zip(plain, got):  # the same maps (monotone criterion), so the same sets
         assert torch.equal(a.mask, b.mask) and torch.equal(a.order, b.order)

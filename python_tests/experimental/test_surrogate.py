@@ -395,7 +395,8 @@ def test_ranking_maps_adds_virtual_descents_fitted_on_the_run_s_mutants(iteratio
         ev, prep = responsibility_evaluator(model, x)
         present = torch.ones(1, 28 * 28, dtype=torch.bool)
         for virtual in (1, 5):
-            got, q = ranking_maps(ev, prep, present, _top1, DescentPlan(iterations, 10, 4, 7, False, True, research_hook(virtual)))
+            got, q = ranking_maps(ev, prep, present, _top1, DescentPlan(iterations, 10, 4, 7, False, True,
+                                                                        research_hook(virtual)))
             cache = MutantCache()
             if iterations == "auto":
                 maps, want_q, _ = auto_responsibility(ev, prep, present, _top1, 10, 4, 7, False, monotone=True,

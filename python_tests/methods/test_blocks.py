@@ -79,7 +79,8 @@ def test_auto_block_and_checks():
             check_block(bad)
     x = torch.rand(1, 3, 8, 8)
     with pytest.raises(ValueError, match="block must be"):
-        of.fast_sis(PatchReader(slice(0, 2), slice(0, 2)), x, method="responsibility", options=of.MinimalPixelSetOptions(block=0))
+        of.fast_sis(PatchReader(slice(0, 2), slice(0, 2)), x, method="responsibility",
+                    options=of.MinimalPixelSetOptions(block=0))
 
 
 @pytest.mark.parametrize("rows,cols", [(slice(4, 12), slice(14, 22)), (slice(20, 26), slice(0, 9))])
@@ -89,7 +90,8 @@ def test_square_scan_finds_the_first_passing_square_then_the_pixel_boundary(rows
     forward passes), and the pruned set lies inside the planted patch and is 1-minimal."""
     model = PatchReader(rows, cols, need=0.4).eval()
     x = 0.5 + torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(rows.start + cols.start))
-    res = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4, block=4, refine_budget=None))
+    res = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4, block=4,
+                                                                                           refine_budget=None))
     maps = of.responsibility(model, x, iterations=4, seed=0, monotone=True)
     inside = torch.zeros(32, 32, dtype=torch.bool)
     inside[rows, cols] = True
@@ -202,7 +204,8 @@ def test_block_one_ranks_and_reports_the_raw_map_and_boundary_uses_squares():
     m, = of.responsibility(model, x, iterations=3, seed=0)
     r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, block=1))
     assert torch.equal(r.values, m.map.view(-1)[r.order].double())
-    b, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, block=4, refine="boundary"))
+    b, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, block=4,
+                                                                                          refine="boundary"))
     order, _, _ = brute_block_ranking(m.map.view(-1).tolist(), [True] * 1024, 32, 32, 4)
     assert b.order.tolist() == order and b.minimal is None
 

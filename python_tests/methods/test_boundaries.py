@@ -117,7 +117,8 @@ def test_all_masked_input_passes_gives_one_empty_set(method):
     x = torch.rand(2, 1, 3, 3, dtype=torch.float64)
     run = {
         "exact": lambda: of.fast_sis(model, x, 0.75, outputs="probabilities", collection=True),
-        "gradient": lambda: of.fast_sis(model, x, 0.75, method="gradient", outputs="probabilities", collection=True, options=of.GradientOptions(k=4)),
+        "gradient": lambda: of.fast_sis(model, x, 0.75, method="gradient", outputs="probabilities", collection=True,
+                                        options=of.GradientOptions(k=4)),
         "reference": lambda: reference.sis(model, x, 0.75, outputs="probabilities", collection=True),
         "reference-gradient": lambda: reference.gradient_sis(model, x, 0.75, k=4, outputs="probabilities",
                                                              collection=True),
@@ -190,7 +191,8 @@ def test_every_set_of_every_round_is_sufficient_on_the_planted_models():
     model = Dyadic([0.25] * 4).eval()
     x = ones(1, 2, 2)
     for res in (of.fast_sis(model, x, 0.5, outputs="probabilities", collection=True),
-                of.fast_sis(model, x, 0.5, method="gradient", outputs="probabilities", collection=True, options=of.GradientOptions(k=1))):
+                of.fast_sis(model, x, 0.5, method="gradient", outputs="probabilities", collection=True,
+                            options=of.GradientOptions(k=1))):
         assert assert_sets_sufficient(model, x, res, outputs="probabilities") == 2
 
 
@@ -214,7 +216,8 @@ def test_first_passing_prefix_chunks_and_criteria(criterion, size):
     model = Counting().eval()
     x = torch.ones(1, 100, dtype=torch.float64)
     ranking = -torch.arange(100.0)[None]  # feature 0 first
-    (r,) = of.sufficient_subset(model, x, ranking, 0.9, criterion=criterion, outputs="probabilities", batch_size=1000, refine=False)
+    (r,) = of.sufficient_subset(model, x, ranking, 0.9, criterion=criterion, outputs="probabilities", batch_size=1000,
+                                refine=False)
     assert r.sis.tolist() == list(range(size))
     assert r.sis_score == pytest.approx((size + 0.25) / 101, rel=1e-15)
     assert model.rows == 1 + {91: 94, 51: 62}[size]  # the unmasked input, then the candidates

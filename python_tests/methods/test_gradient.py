@@ -77,11 +77,13 @@ def test_patch_features_and_packing_invariance():
     model = make_cnn(4, h=6, w=6)
     images = make_images(3, h=6, w=6, seed=3)
     patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2
-    together = of.fast_sis(model, images, 0.3, method="gradient", features=patches, collection=True, options=of.GradientOptions(k=2))
+    together = of.fast_sis(model, images, 0.3, method="gradient", features=patches, collection=True,
+                           options=of.GradientOptions(k=2))
     assert_same(together, reference.gradient_sis(model, images, 0.3, k=2, features=patches, collection=True), True)
     assert assert_sets_sufficient(model, images, together, features=patches) >= 3
     for i in range(3):
-        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", features=patches, collection=True, options=of.GradientOptions(k=2))
+        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", features=patches, collection=True,
+                            options=of.GradientOptions(k=2))
         assert_same([together[i]], alone, collection=True)
 
 
@@ -141,7 +143,8 @@ def test_per_image_baselines_equal_transcription():
     model = make_cnn(1, h=4, w=4)
     images = make_images(2, h=4, w=4, seed=11)
     base = make_images(2, h=4, w=4, seed=12) * 0.5
-    fast = of.fast_sis(model, images, 0.3, method="gradient", mask_value=base, collection=True, options=of.GradientOptions(k=3))
+    fast = of.fast_sis(model, images, 0.3, method="gradient", mask_value=base, collection=True,
+                       options=of.GradientOptions(k=3))
     ref = reference.gradient_sis(model, images, 0.3, k=3, mask_value=base, collection=True)
     assert_same(fast, ref, collection=True)
     assert len(fast[0].collection) != len(fast[1].collection)  # a round with one of the two images
@@ -167,7 +170,8 @@ class _AutocastRecorder(torch.nn.Module):
 @pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None)])
 def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
     model = _AutocastRecorder(4, [0.3, 0.0]).eval()
-    (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", options=of.GradientOptions(k=1, autocast=autocast))
+    (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", options=of.GradientOptions(k=1,
+                                                                                                   autocast=autocast))
     backward = [c for c in model.calls if c[0]]
     assert len(backward) == 4  # one gradient step per feature (k=1)
     assert all(c[1] == (autocast is not None) for c in backward)
@@ -184,7 +188,8 @@ def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
 @pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
 def test_gradient_progress_bar(monkeypatch, progress, shown):
     tty = fake_terminal(monkeypatch)
-    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", progress=progress, options=of.GradientOptions(k=2))
+    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", progress=progress,
+                options=of.GradientOptions(k=2))
     if not shown:
         assert "".join(tty.text) == ""
         return
@@ -192,7 +197,8 @@ def test_gradient_progress_bar(monkeypatch, progress, shown):
     assert last.startswith("gradient SIS: 100%") and " 3/3 [" in last  # ceil(5 / 2) steps
     assert "step/s" in last or "s/step" in last
     tty.text.clear()  # two rounds (see the next test): 4 steps, then 1; the total grows with each round
-    of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities", collection=True, progress=progress, options=of.GradientOptions(k=1))
+    of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities", collection=True,
+                progress=progress, options=of.GradientOptions(k=1))
     assert " 5/5 [" in tty.last_line()
 
 
@@ -228,7 +234,8 @@ def test_non_finite_score_with_a_finite_gradient_is_refused():
 
     with pytest.raises(FloatingPointError, match=r"^the model's score or its gradient with respect to the mask is "
                                                  r"NaN or inf$"):
-        of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities", options=of.GradientOptions(k=1))
+        of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities",
+                    options=of.GradientOptions(k=1))
 
 
 def test_autocast_and_k_options_by_hand():
@@ -274,5 +281,6 @@ def test_a_set_that_fails_its_own_verification_is_not_reported():
         f = torch.full_like(x[:, 0], 0.6 if x.shape[0] == 2 else 0.5) + 0 * x.sum(1)
         return torch.stack([f, 1 - f], 1)
 
-    res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", outputs="probabilities", options=of.GradientOptions(k=1))
+    res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", outputs="probabilities",
+                      options=of.GradientOptions(k=1))
     assert [r.score for r in res] == pytest.approx([0.6, 0.6]) and [r.sis for r in res] == [None, None]

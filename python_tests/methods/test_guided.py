@@ -158,9 +158,11 @@ def test_fast_sis_prefix_search_options():
     images = make_images(3, h=16, w=16, seed=11, dtype=torch.float32)
     kw = dict(method="responsibility")
     for ps in ("guided", "scan"):
-        for r, img in zip(of.fast_sis(model, images, **kw, options=of.MinimalPixelSetOptions(iterations=3, prefix_search=ps)), images):
+        opts = of.MinimalPixelSetOptions(iterations=3, prefix_search=ps)
+        for r, img in zip(of.fast_sis(model, images, **kw, options=opts), images):
             assert r.sis is not None and top1_on(model, img, r.mask) == r.target
-        for r, img in zip(of.fast_sis(model, images, 0.3, **kw, options=of.MinimalPixelSetOptions(iterations=3, criterion="threshold", prefix_search=ps)), images):
+        opts = of.MinimalPixelSetOptions(iterations=3, criterion="threshold", prefix_search=ps)
+        for r, img in zip(of.fast_sis(model, images, 0.3, **kw, options=opts), images):
             if r.sis is not None:
                 with torch.no_grad():
                     f = torch.softmax(model(torch.where(r.mask, img, torch.zeros(()))[None]), 1)[0, r.target]

@@ -115,8 +115,10 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
     model = CountWindows().eval()
     x = 0.5 + torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     kw = dict(method="responsibility")
-    scanned = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=0, prefix_search="scan"))
-    guided = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=0))  # the default: prefix_search="guided"
+    scanned = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=0,
+                                                                            prefix_search="scan"))
+    # the default: prefix_search="guided"
+    guided = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=0))
     rex = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine=False))
     jump = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine="boundary"))
     for s, g, r, j in zip(scanned, guided, rex, jump):
@@ -139,7 +141,8 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
 def test_refine_boundary_is_the_exact_boundary_prefix():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(3, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, refine="boundary"))
+    res = of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3,
+                                                                                                refine="boundary"))
     for img, r in zip(images, res):
         k = r.size
         assert k == r.size_before_refine and r.refine_queries == 0 and torch.equal(r.sis, r.order[:k])
@@ -154,7 +157,8 @@ def test_refine_on_a_cnn_is_one_minimal_whatever_the_batching():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
     res = of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4))
-    again = of.fast_sis(model, images, method="responsibility", batch_size=5, options=of.MinimalPixelSetOptions(iterations=4))
+    again = of.fast_sis(model, images, method="responsibility", batch_size=5,
+                        options=of.MinimalPixelSetOptions(iterations=4))
     for img, r, s in zip(images, res, again):
         assert_one_minimal(model, img, r.mask, r.target)
         assert torch.equal(r.mask, s.mask)

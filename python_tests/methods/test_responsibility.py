@@ -45,7 +45,8 @@ def patch_images(n=3, seed=0):
 def test_planted_evidence_mps_inside_the_patch():
     model = PatchModel().eval()
     x = patch_images()
-    res = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=20, refine=False))  # ReX's settings
+    res = of.fast_sis(model, x, method="responsibility",
+                      options=of.MinimalPixelSetOptions(iterations=20, refine=False))  # ReX's settings
     inside = torch.zeros(24, 32, dtype=torch.bool)
     inside[model.rows, model.cols] = True
     for r in res:
@@ -57,7 +58,8 @@ def test_planted_evidence_mps_inside_the_patch():
 def test_every_mps_restores_the_top1_class():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", collection=True, options=of.MinimalPixelSetOptions(iterations=5, refine=False))
+    res = of.fast_sis(model, images, method="responsibility", collection=True,
+                      options=of.MinimalPixelSetOptions(iterations=5, refine=False))
     assert assert_sets_sufficient(model, images, res, criterion="top1", rel=1e-5) == sum(len(r.collection) for r in res)
     for r in res:
         for c in r.collection:  # steps of 10 pixels, or all that the round had
@@ -118,7 +120,8 @@ def test_mps_that_needs_the_whole_image():
 def test_collection_gives_disjoint_sets():
     model = PatchModel().eval()
     x = patch_images(2)
-    res = of.fast_sis(model, x, method="responsibility", collection=True, options=of.MinimalPixelSetOptions(iterations=5))
+    res = of.fast_sis(model, x, method="responsibility", collection=True,
+                      options=of.MinimalPixelSetOptions(iterations=5))
     for r in res:
         assert len(r.collection) >= 2
         seen = torch.zeros(24, 32, dtype=torch.bool)
@@ -134,7 +137,8 @@ def test_threshold_criterion_and_bad_options():
     images = make_images(2, h=12, w=12, seed=4, dtype=torch.float32)
     with torch.no_grad():
         f = torch.softmax(model(images), 1).max(1).values
-    res = of.fast_sis(model, images, 0.9 * f, method="responsibility", options=of.MinimalPixelSetOptions(criterion="threshold", iterations=3))
+    res = of.fast_sis(model, images, 0.9 * f, method="responsibility",
+                      options=of.MinimalPixelSetOptions(criterion="threshold", iterations=3))
     assert all(r.sis_score >= r.threshold for r in res)
     assert assert_sets_sufficient(model, images, res, rel=1e-5) == 2
     with pytest.raises(ValueError, match="criterion"):
@@ -320,11 +324,14 @@ def test_fast_sis_turns_monotone_on_except_for_rex_extraction():
     assert on.queries < off.queries
     r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4))
     assert r.queries == on.queries
-    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4, refine=False))
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4,
+                                                                                          refine=False))
     assert r.queries == off.queries
-    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4, refine=False, monotone=True))
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4,
+                                                                                          refine=False, monotone=True))
     assert r.queries == on.queries
-    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4, monotone=False))
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4,
+                                                                                          monotone=False))
     assert r.queries == off.queries
     for bad in ("yes", 1, 0):
         with pytest.raises(ValueError, match="monotone must be None, True or False"):

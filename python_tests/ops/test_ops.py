@@ -487,7 +487,8 @@ def test_without_the_extension_everything_runs_on_the_pure_versions():
 
     model, x = make_cnn(0), make_images(2)
     assert got["exact"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5)]
-    assert got["resp"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5, method="responsibility", options=of.MinimalPixelSetOptions(iterations=2))]
+    assert got["resp"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5, method="responsibility",
+                                                                 options=of.MinimalPixelSetOptions(iterations=2))]
 
 
 # ------------------------------------------------------------------------------------------ CUDA

@@ -195,7 +195,8 @@ def test_fast_sis_uses_the_calibrated_batch_size(monkeypatch, job):
     assert max(model.sizes) == 100
     assert [r.size and r.sis.tolist() for r in res] == [r.size and r.sis.tolist() for r in want]
     model.sizes.clear()
-    of.fast_sis(model, images, 0.3, engine="torch", options=of.ExactOptions(incremental=False))  # cached: no second measurement
+    of.fast_sis(model, images, 0.3, engine="torch",
+                options=of.ExactOptions(incremental=False))  # cached: no second measurement
     assert len(calls) == 1 and max(model.sizes) == 100
     calibration.clear_cache()
     fake.update({32: 0.2, 64: 5.0, 100: 8.0})  # calls of 32 rows now far cheaper than larger ones

@@ -79,8 +79,10 @@ def scores_of(model, images):
 
 def compare(model, images, tau, features=None, collection=False, mask_value=0.0, exact_values=True):
     """incremental=True against incremental=False and against the reference."""
-    inc = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value, options=of.ExactOptions(incremental=True))
-    dense = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value, options=of.ExactOptions(incremental=False))
+    inc = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
+                      options=of.ExactOptions(incremental=True))
+    dense = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
+                        options=of.ExactOptions(incremental=False))
     ref = reference.sis(model, images, tau, features=features, collection=collection, mask_value=mask_value)
     check = lambda a, b: assert_same_result(a, b, exact_values)  # noqa: E731
     assert_same_lists(inc, dense, check, collection)
