@@ -57,7 +57,22 @@ class SurrogateOptions:
 _D = SurrogateOptions  # the defaults' single source
 
 
-class SurrogateResponsibility(Responsibility):
+class _WithResearch:
+    """The research options' keywords and hook, for a class whose descents take a hook (Responsibility,
+    MinimalPixelSet); ``research``: its :class:`SurrogateOptions`."""
+
+    def __init__(self, forward_func, *, virtual_iterations: int = _D.virtual_iterations,
+                 gated_iterations: int = _D.gated_iterations, monotone_memory: bool = _D.monotone_memory,
+                 **kwargs) -> None:
+        super().__init__(forward_func, **kwargs)
+        self.research = SurrogateOptions(virtual_iterations, gated_iterations, monotone_memory)
+        self.research.check_with(self.options.iterations, self.options.criterion)
+
+    def _hook(self) -> RankingHook:
+        return self.research.hook()
+
+
+class SurrogateResponsibility(_WithResearch, Responsibility):
     """:class:`~overinterp_fast.attr.Responsibility` with the research options of :class:`SurrogateOptions`.
 
     Args:
@@ -69,18 +84,8 @@ class SurrogateResponsibility(Responsibility):
         ...                                virtual_iterations=100).compute_maps(images)
     """
 
-    def __init__(self, forward_func, *, virtual_iterations: int = _D.virtual_iterations,
-                 gated_iterations: int = _D.gated_iterations, monotone_memory: bool = _D.monotone_memory,
-                 **kwargs) -> None:
-        super().__init__(forward_func, **kwargs)
-        self.research = SurrogateOptions(virtual_iterations, gated_iterations, monotone_memory)
-        self.research.check_with(self.options.iterations, self.options.criterion)
 
-    def _hook(self) -> RankingHook:
-        return self.research.hook()
-
-
-class SurrogateMinimalPixelSet(MinimalPixelSet):
+class SurrogateMinimalPixelSet(_WithResearch, MinimalPixelSet):
     """:class:`~overinterp_fast.attr.MinimalPixelSet` with the research options of :class:`SurrogateOptions`
     (the sets are extracted and checked on the model as always).
 
@@ -92,13 +97,3 @@ class SurrogateMinimalPixelSet(MinimalPixelSet):
         >>> sets = SurrogateMinimalPixelSet(model, iterations=8, gated_iterations=9, virtual_iterations=100,
         ...                                 monotone_memory=True).find_sis(images)
     """
-
-    def __init__(self, forward_func, *, virtual_iterations: int = _D.virtual_iterations,
-                 gated_iterations: int = _D.gated_iterations, monotone_memory: bool = _D.monotone_memory,
-                 **kwargs) -> None:
-        super().__init__(forward_func, **kwargs)
-        self.research = SurrogateOptions(virtual_iterations, gated_iterations, monotone_memory)
-        self.research.check_with(self.options.iterations, self.options.criterion)
-
-    def _hook(self) -> RankingHook:
-        return self.research.hook()
