@@ -262,7 +262,7 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
     """A job that calibrates (calibration.MIN_ROWS lowered so a small one does): auto times both
     paths and says so in one line; whichever it takes, and each forced, the SIS equal the reference."""
     from overinterp_fast.runtime import calibration
-    from overinterp_fast import api
+    from overinterp_fast.attr import exact as attr_exact
     calibration.clear_cache()
     monkeypatch.setattr(calibration, "MIN_ROWS", 0)
     model = seeded(SmallCNN(8), seed=3)
@@ -274,10 +274,10 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
     assert len(lines) == 1 and "timed: predicted" in lines[0], lines
     assert_same_lists(got, want, assert_same_result)
     used = []
-    real = api.IncrementalEvaluator
-    monkeypatch.setattr(api, "IncrementalEvaluator", lambda *a: used.append(1) or real(*a))
+    real = attr_exact.IncrementalEvaluator
+    monkeypatch.setattr(attr_exact, "IncrementalEvaluator", lambda *a: used.append(1) or real(*a))
     for pays in (True, False):
-        monkeypatch.setattr(api, "incremental_pays", lambda *a, pays=pays: pays)
+        monkeypatch.setattr(attr_exact, "incremental_pays", lambda *a, pays=pays: pays)
         used.clear()
         assert_same_lists(of.fast_sis(model, images, 0.3), want, assert_same_result)
         assert used == ([1] if pays else [])
