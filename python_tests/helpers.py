@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from overinterp_fast import api
+from overinterp_fast.runtime import job
 from overinterp_fast.runtime.batching import CandidateEvaluator
 from overinterp_fast.runtime.model import initial_predictions
 
@@ -341,7 +341,7 @@ class RuleEvaluator:
 def responsibility_evaluator(model, images):
     """The CandidateEvaluator (score and top-1, targets = the model's top-1 classes) and prepared inputs that the
     responsibility method builds for ``model`` on ``images``, for calling its descents directly."""
-    s = api._setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
+    s = job.setup(model, images, 0.9, None, 0.0, "logits", None, "responsibility")
     targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
     return CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1), s.prep
 

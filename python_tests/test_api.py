@@ -9,6 +9,8 @@ tests see each one.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -16,10 +18,14 @@ import overinterp_fast as of
 from helpers import make_cnn, make_images
 import math
 from overinterp_fast import api
+from overinterp_fast.attr import exact as attr_exact, gradient as attr_gradient, minimal as attr_minimal
+from overinterp_fast.attr import responsibility as attr_resp, subset as attr_subset
+from overinterp_fast.runtime import job
 from overinterp_fast.runtime.batching import CandidateEvaluator
 from overinterp_fast.runtime.engines import Engine
 from overinterp_fast.runtime.model import ModelFn
-from overinterp_fast.methods.responsibility import ResponsibilityMap
+from overinterp_fast.methods.extraction import ExtractionConfig
+from overinterp_fast.methods.responsibility import DescentPlan, ResponsibilityMap
 from helpers import make_cnn, make_images, whole_message
 
 
@@ -157,76 +163,76 @@ SENTINEL = ["the algorithm's result"]
 @pytest.mark.mutation
 def test_responsibility_rows_by_hand():
     # 14 mutants per active box and descent, about 6 levels; "auto": one descent per image at a time, ~13 of them
-    assert api._responsibility_rows(3, 8) == (3 * 8 * 14, 3 * 8 * 14 * 6)
-    assert api._responsibility_rows(1, 20) == (280, 1680)
-    assert api._responsibility_rows(3, "auto") == (42, 3 * 13 * 14 * 6)
+    assert attr_resp.responsibility_rows(3, 8) == (3 * 8 * 14, 3 * 8 * 14 * 6)
+    assert attr_resp.responsibility_rows(1, 20) == (280, 1680)
+    assert attr_resp.responsibility_rows(3, "auto") == (42, 3 * 13 * 14 * 6)
 
 
 @pytest.mark.mutation
 def test_passes_top1_and_threshold():
-    top1 = api._passes("top1", [0.5, 0.9])
+    top1 = job.passes("top1", [0.5, 0.9])
     assert top1(0, 0.0, True) is True and top1(1, 1.0, False) is False
     assert top1(0, 0.0, torch.tensor(True)) is True  # a bool, whatever the top-1 flag's type
-    thr = api._passes("threshold", [0.5, 0.9])
+    thr = job.passes("threshold", [0.5, 0.9])
     assert thr(0, 0.5, False) and not thr(0, 0.49, True)  # f >= tau, the top-1 flag unused
     assert thr(1, 0.9, False) and not thr(1, 0.89, True)  # the image's own threshold
     with pytest.raises(ValueError, match=whole_message("criterion must be one of ('top1', 'threshold'), got 'TOP1'")):
-        api._passes("TOP1", [0.5])
+        job.passes("TOP1", [0.5])
 
 
 @pytest.mark.mutation
 def test_slack_top1_is_the_margin_and_threshold_the_log_ratio():
-    top1 = api._slack("top1", [0.5])
+    top1 = job.slack("top1", [0.5])
     assert top1(0, 0.01, False, -2.5) == -2.5 and top1(0, 0.99, True, 1.75) == 1.75
-    thr = api._slack("threshold", [0.5, 0.2])
+    thr = job.slack("threshold", [0.5, 0.2])
     assert thr(0, 0.25, True, 9.0) == pytest.approx(math.log(0.25) - math.log(0.5), abs=1e-15)
     assert thr(1, 0.4, False, -9.0) == pytest.approx(math.log(2.0), abs=1e-15)
     assert thr(0, 0.5, False, 0.0) == 0.0  # passing exactly at tau: slack 0, not negative
     # f = 0 (or tau = 0) stays finite: log is taken of at least 1e-300
     assert thr(0, 0.0, False, 0.0) == pytest.approx(math.log(1e-300) - math.log(0.5), rel=1e-12)
-    assert api._slack("threshold", [0.0])(0, 0.0, False, 0.0) == 0.0
-    assert api._slack("threshold", [0.0])(0, 1e-300, False, 0.0) == 0.0
-    assert api._slack("threshold", [0.0])(0, 1.0, False, 0.0) == pytest.approx(-math.log(1e-300), rel=1e-12)
+    assert job.slack("threshold", [0.0])(0, 0.0, False, 0.0) == 0.0
+    assert job.slack("threshold", [0.0])(0, 1e-300, False, 0.0) == 0.0
+    assert job.slack("threshold", [0.0])(0, 1.0, False, 0.0) == pytest.approx(-math.log(1e-300), rel=1e-12)
 
 
 @pytest.mark.mutation
 def test_check_prefix_search_messages():
     for ok in ("guided", "scan"):
-        api.check_prefix_search(ok)
+        job.check_prefix_search(ok)
     for bad in ("Guided", "", None, ("guided",), 1):
         with pytest.raises(ValueError, match=whole_message(
                 f"prefix_search must be one of ('guided', 'scan'), got {bad!r}")):
-            api.check_prefix_search(bad)
+            job.check_prefix_search(bad)
 
 
 @pytest.mark.mutation
 def test_check_flag_takes_only_the_three_objects():
     for ok in (True, False):
-        api._check_flag("monotone", ok, none=False)
-        api._check_flag("monotone", ok, none=True)
-    api._check_flag("incremental", None, none=True)
+        job.check_flag("monotone", ok, none=False)
+        job.check_flag("monotone", ok, none=True)
+    job.check_flag("incremental", None, none=True)
     with pytest.raises(ValueError, match=whole_message("monotone must be True or False, got None")):
-        api._check_flag("monotone", None, none=False)
+        job.check_flag("monotone", None, none=False)
     for bad in (1, 0, "True"):
         with pytest.raises(ValueError, match=whole_message(f"monotone must be None, True or False, got {bad!r}")):
-            api._check_flag("monotone", bad, none=True)
+            job.check_flag("monotone", bad, none=True)
         with pytest.raises(ValueError, match=whole_message(f"flag must be True or False, got {bad!r}")):
-            api._check_flag("flag", bad, none=False)
+            job.check_flag("flag", bad, none=False)
 
 
 @pytest.mark.mutation
 def test_check_refine_and_its_budget():
     for ok in (True, False, "boundary"):
-        api._check_refine(ok)
+        job.check_refine(ok)
     for bad in (1, 0, "Boundary", None, "auto"):
         with pytest.raises(ValueError, match=whole_message(f"refine must be True, False or 'boundary', got {bad!r}")):
-            api._check_refine(bad)
+            job.check_refine(bad)
     for ok in (None, "auto", 0, 1, 500):
-        api._check_refine(True, ok)
+        job.check_refine(True, ok)
     for bad in (-1, True, False, 1.5, "Auto", "none"):
         with pytest.raises(ValueError, match=whole_message(
                 f"refine_budget must be 'auto', an int >= 0 or None, got {bad!r}")):
-            api._check_refine(True, bad)
+            job.check_refine(True, bad)
 
 
 @pytest.mark.mutation
@@ -234,17 +240,17 @@ def test_check_pixels_messages():
     model, x = make_cnn(0), make_images(2)
     msg = "responsibility works on images [N, C, H, W] with the default pixel features (features=None)"
     patches = torch.arange(25).view(5, 5) // 5  # 5 features, not pixels
-    s = api._setup(model, x, 0.5, patches, 0.0, "logits", 4, "exact")
+    s = job.setup(model, x, 0.5, patches, 0.0, "logits", 4, "exact")
     with pytest.raises(ValueError, match=whole_message(msg)):
-        api._check_pixels(s, "responsibility")
-    api._check_pixels(api._setup(model, x, 0.5, None, 0.0, "logits", 4, "exact"), "x")
+        job.check_pixels(s, "responsibility")
+    job.check_pixels(job.setup(model, x, 0.5, None, 0.0, "logits", 4, "exact"), "x")
     with pytest.raises(ValueError, match=whole_message(msg)):  # a feature map, even one id per pixel, is not pixels
-        api._check_pixels(api._setup(model, x, 0.5, torch.arange(25).view(5, 5), 0.0, "logits", 4, "exact"),
+        job.check_pixels(job.setup(model, x, 0.5, torch.arange(25).view(5, 5), 0.0, "logits", 4, "exact"),
                           "responsibility")
-    flat = api._setup(lambda v: v[:, :3] * 4, torch.randn(2, 6, dtype=torch.float64), 0.5, None, 0.0, "logits", 4,
+    flat = job.setup(lambda v: v[:, :3] * 4, torch.randn(2, 6, dtype=torch.float64), 0.5, None, 0.0, "logits", 4,
                       "exact")
     with pytest.raises(ValueError, match=whole_message("what " + msg[len("responsibility "):])):
-        api._check_pixels(flat, "what")
+        job.check_pixels(flat, "what")
     with pytest.raises(ValueError, match=whole_message(
             'method="responsibility" ' + msg[len("responsibility "):] + "; images must have a batch dimension: "
             "pass images[None]")):
@@ -257,28 +263,28 @@ def test_check_pixels_messages():
 def test_setup_batch_size_device_and_runner(monkeypatch):
     model, x = make_cnn(0), make_images(2)
     seen = []
-    monkeypatch.setattr(api, "auto_batch_size", lambda images, total_candidates: seen.append(
+    monkeypatch.setattr(job, "auto_batch_size", lambda images, total_candidates: seen.append(
         (images.shape, total_candidates)) or 11)
-    s = api._setup(model, x, [0.5, 0.6], None, 0.0, "probabilities", None, "exact")
+    s = job.setup(model, x, [0.5, 0.6], None, 0.0, "probabilities", None, "exact")
     assert seen == [(x.shape, 2 * 25)]  # every candidate of the job: images x features
     assert s.runner.chunk == 11 and s.runner.device == x.device and s.batch_size is None
     assert s.thresholds == [0.5, 0.6] and s.fn.outputs == "probabilities" and s.fn.model is model
-    s = api._setup(model, x, 0.5, None, 0.0, "logits", 5, "exact")
+    s = job.setup(model, x, 0.5, None, 0.0, "logits", 5, "exact")
     assert len(seen) == 1 and s.runner.chunk == 5 and s.batch_size == 5  # the user's size: no guess
     assert s.fn.outputs == "logits"
     with pytest.raises(ValueError, match="batch_size"):
-        api._setup(model, x, 0.5, None, 0.0, "logits", 0, "exact")
+        job.setup(model, x, 0.5, None, 0.0, "logits", 0, "exact")
 
 
 @pytest.mark.mutation
 def test_setup_keeps_channels_last_for_a_channels_last_model():
     model, x = make_cnn(0).to(memory_format=torch.channels_last), make_images(2)
-    s = api._setup(model, x, 0.5, None, 0.0, "logits", 4, "exact")
+    s = job.setup(model, x, 0.5, None, 0.0, "logits", 4, "exact")
     assert s.prep.images.is_contiguous(memory_format=torch.channels_last)
-    s = api._setup(make_cnn(0), x, 0.5, None, 0.0, "logits", 4, "exact")
+    s = job.setup(make_cnn(0), x, 0.5, None, 0.0, "logits", 4, "exact")
     assert s.prep.images.is_contiguous() and not s.prep.images.is_contiguous(memory_format=torch.channels_last)
     # not 4-d: left as it is
-    s = api._setup(model, x.flatten(1), 0.5, None, 0.0, "logits", 4, "exact")
+    s = job.setup(model, x.flatten(1), 0.5, None, 0.0, "logits", 4, "exact")
     assert s.prep.images.dim() == 2
 
 
@@ -289,40 +295,48 @@ def test_setup_refuses_gradients_on_onnx(tmp_path):
     of.export_onnx(model, path, x)
     onnx = of.OnnxModel(path)
     for method in ("exact", "responsibility"):
-        api._setup(onnx, x, 0.5, None, 0.0, "logits", 4, method)
+        job.setup(onnx, x, 0.5, None, 0.0, "logits", 4, method)
     with pytest.raises(ValueError, match=whole_message(
             "method='gradient' needs gradients, and ONNX Runtime has no autograd; on ONNX models use a black-box "
             "method: 'exact', 'responsibility'")):
-        api._setup(onnx, x, 0.5, None, 0.0, "logits", 4, "gradient")
+        job.setup(onnx, x, 0.5, None, 0.0, "logits", 4, "gradient")
 
 
 # ---------------------------------------------------------------- recorders
 
 class Recorder:
-    """Stands in for select_engine, ranking_maps, extract_sets, exact_sis and gradient_sis, and records calls."""
+    """Stands in for select_engine, ranking_maps, extract_sets, exact_sis and gradient_sis where the attr classes
+    call them, and records calls (a config object's or plan's fields as entries of the record)."""
 
     def __init__(self, monkeypatch, batch=7, verify=False):
         self.engines, self.maps, self.extracts, self.exacts, self.gradients = [], [], [], [], []
         self.batch, self.verify = batch, verify
-        for name in ("select_engine", "ranking_maps", "extract_sets", "exact_sis", "gradient_sis"):
-            monkeypatch.setattr(api, name, getattr(self, name))
+        monkeypatch.setattr(job, "select_engine", self.select_engine)
+        for module, name in ((attr_resp, "ranking_maps"), (attr_minimal, "ranking_maps"),
+                             (attr_minimal, "extract_sets"), (attr_subset, "extract_sets"),
+                             (attr_exact, "exact_sis"), (attr_gradient, "gradient_sis")):
+            monkeypatch.setattr(module, name, getattr(self, name))
 
     def select_engine(self, engine, user, prep, targets, **kw):
         self.engines.append({"engine": engine, "user": user, "prep": prep, "targets": targets, **kw})
         fn = ModelFn(user.model, outputs=user.outputs) if self.verify else user
         return Engine("onnxruntime" if self.verify else "torch", fn, self.batch, None, self.verify)
 
-    def ranking_maps(self, evaluator, prep, present, passes, *args):
-        self.maps.append({"evaluator": evaluator, "prep": prep, "present": present, "passes": passes, "args": args})
+    def ranking_maps(self, evaluator, prep, present, passes, plan):
+        assert type(plan) is DescentPlan
+        self.maps.append({"evaluator": evaluator, "prep": prep, "present": present, "passes": passes,
+                          "args": (plan.iterations, plan.depth, plan.min_box, plan.seed, plan.progress,
+                                   plan.monotone), "hook": plan.hook})
         n, _, h, w = prep.images.shape
         maps = torch.arange(n * h * w, dtype=torch.float64).view(n, h, w)
         return maps, [100 + i for i in range(n)]
 
-    def extract_sets(self, evaluator, prep, targets, scores0, rank_fn, passes, step, collection, thresholds, **kw):
+    def extract_sets(self, evaluator, prep, targets, scores0, thresholds, rank_fn, passes, config):
+        assert type(config) is ExtractionConfig
         present = torch.ones(prep.images.shape[0], prep.num_features, dtype=torch.bool)
         self.extracts.append({"evaluator": evaluator, "prep": prep, "targets": targets, "scores0": scores0,
-                              "ranked": rank_fn(present), "passes": passes, "step": step, "collection": collection,
-                              "thresholds": thresholds, **kw})
+                              "ranked": rank_fn(present), "passes": passes, "thresholds": thresholds,
+                              **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}})
         return SENTINEL
 
     def exact_sis(self, fn, prep, targets, scores0, **kw):
@@ -354,9 +368,8 @@ def _top(model, x):
 def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0, h=56, w=112), make_images(2, h=56, w=112)
-    out = of.fast_sis(model, x, 0.5, method="responsibility", iterations=5, seed=17, progress=False,
-                      virtual_iterations=30, gated_iterations=2, refine_budget=40, collection=True,
-                      monotone_memory=True)
+    out = of.fast_sis(model, x, 0.5, method="responsibility", progress=False, collection=True,
+                      options=of.MinimalPixelSetOptions(iterations=5, seed=17, refine_budget=40))
     assert out is SENTINEL
     (eng,) = rec.engines
     assert eng["targets"].tolist() == _top(model, x) and eng["prep"] is rec.maps[0]["prep"]
@@ -367,9 +380,8 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 5 * 14, 2 * 5 * 14 * 6)
     assert eng["exact_shape"] is None and eng["rival_s"] is None
     (m,) = rec.maps
-    # iterations, depth 10, min_box 10 (ReX's), seed, progress, monotone (None and refine=True: on), virtual, gated,
-    # monotone_memory
-    assert m["args"] == (5, 10, 10, 17, False, True, 30, 2, True)
+    # iterations, depth 10, min_box 10 (ReX's), seed, progress, monotone (None and refine=True: on); no research hook
+    assert m["args"] == (5, 10, 10, 17, False, True) and m["hook"] is None
     assert m["present"].shape == (2, 56 * 112) and bool(m["present"].all())
     (e,) = rec.extracts
     assert e["evaluator"] is m["evaluator"] and e["evaluator"].runner.chunk == 7  # the engine's batch size
@@ -393,17 +405,17 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
 def test_fast_sis_responsibility_criterion_block_scan_and_monotone(monkeypatch):
     rec = Recorder(monkeypatch, verify=True)
     model, x = make_cnn(0), make_images(2)
-    of.fast_sis(model, x, [0.3, 0.6], method="responsibility", criterion="threshold", block=2,
-                prefix_search="scan", refine="boundary", monotone=False, engine="onnxruntime", batch_size=4,
-                target=torch.tensor([3, 1]), mask_value=0.5)
+    of.fast_sis(model, x, [0.3, 0.6], method="responsibility", engine="onnxruntime", batch_size=4,
+                target=torch.tensor([3, 1]), mask_value=0.5,
+                options=of.MinimalPixelSetOptions(criterion="threshold", block=2, prefix_search="scan",
+                                                  refine="boundary", monotone=False))
     assert rec.engines[0]["targets"].tolist() == [3, 1] and rec.extracts[0]["targets"].tolist() == [3, 1]
     torch.testing.assert_close(rec.extracts[0]["scores0"].double(), _scores0(model, x, [3, 1]), rtol=1e-12, atol=0)
     assert bool((rec.extracts[0]["prep"].baseline == 0.5).all())
     _check_evaluator(rec.extracts[0]["verifier"], model, rec.extracts[0]["prep"], [3, 1])
     assert rec.engines[0]["engine"] == "onnxruntime" and rec.engines[0]["batch_size"] == 4
     (m,), (e,) = rec.maps, rec.extracts
-    assert m["args"] == (8, 10, 10, 0, None, False, 0, 0, False)  # the defaults: 8 iterations, seed 0, no surrogate,
-    # no memory
+    assert m["args"] == (8, 10, 10, 0, None, False) and m["hook"] is None  # the defaults: 8 iterations, seed 0
     assert e["block"] == 2 and e["guide"] is None and e["refine"] == "boundary"
     assert e["refine_budget"] == "auto"
     assert e["passes"](1, 0.6, False) and not e["passes"](1, 0.59, True) and e["passes"](0, 0.3, False)
@@ -419,16 +431,16 @@ def test_fast_sis_responsibility_criterion_block_scan_and_monotone(monkeypatch):
     (True, False, False), (False, True, True), ("boundary", False, False)])
 def test_fast_sis_monotone_default_follows_refine(monkeypatch, refine, monotone, skip):
     rec = Recorder(monkeypatch)
-    of.fast_sis(make_cnn(0), make_images(1), method="responsibility", refine=refine, monotone=monotone,
-                iterations=20)
+    of.fast_sis(make_cnn(0), make_images(1), method="responsibility",
+                options=of.MinimalPixelSetOptions(refine=refine, monotone=monotone, iterations=20))
     assert rec.maps[0]["args"][5] is skip and rec.maps[0]["args"][0] == 20
 
 
 @pytest.mark.mutation
 def test_fast_sis_responsibility_threshold_guide_and_auto_rows(monkeypatch):
     rec = Recorder(monkeypatch)
-    of.fast_sis(make_cnn(0), make_images(3), 0.4, method="responsibility", criterion="threshold",
-                iterations="auto")
+    of.fast_sis(make_cnn(0), make_images(3), 0.4, method="responsibility",
+                options=of.MinimalPixelSetOptions(criterion="threshold", iterations="auto"))
     assert (rec.engines[0]["max_rows"], rec.engines[0]["expected_rows"]) == (42, 3 * 13 * 14 * 6)
     assert rec.maps[0]["args"][0] == "auto"
     assert rec.extracts[0]["guide"](2, 0.2, True, 5.0) == pytest.approx(math.log(0.5), abs=1e-15)
@@ -440,12 +452,11 @@ def test_responsibility_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0), make_images(2)
     got = of.responsibility(model, x, iterations=3, seed=9, depth=4, min_box=2, progress=False, monotone=True,
-                            virtual_iterations=5, gated_iterations=1, criterion="threshold", threshold=0.25,
-                            batch_size=6, engine="torch")
+                            criterion="threshold", threshold=0.25, batch_size=6, engine="torch")
     (eng,), (m,) = rec.engines, rec.maps
     assert eng["engine"] == "torch" and eng["batch_size"] == 6 and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 3 * 14, 2 * 3 * 14 * 6)
-    assert m["args"] == (3, 4, 2, 9, False, True, 5, 1, False)
+    assert m["args"] == (3, 4, 2, 9, False, True) and m["hook"] is None
     assert m["evaluator"].runner.chunk == 7 and m["evaluator"].measure == m["evaluator"].fn.score_and_top1
     assert m["passes"](0, 0.25, False) and not m["passes"](1, 0.24, True)
     assert m["present"].shape == (2, 25) and m["present"].dtype == torch.bool and bool(m["present"].all())
@@ -458,28 +469,28 @@ def test_responsibility_passes_every_option(monkeypatch):
         assert r.map.shape == (5, 5) and r.map.device.type == "cpu"
         assert r.map.flatten().tolist() == list(range(25 * i, 25 * i + 25))
         assert r.queries == 100 + i and r.target == top[i] and isinstance(r.target, int) and r.iterations == 3
-    # the defaults: ReX's 20 iterations, depth 10, min_box 10, seed 0, every mutant scored, top-1 criterion
+    # the defaults: 8 iterations, depth 10, min_box 10, seed 0, every mutant scored (monotone None: off for plain
+    # maps), top-1 criterion
     of.responsibility(model, x, target=torch.tensor([1, 2]), mask_value=0.25)
-    assert rec.maps[1]["args"] == (20, 10, 10, 0, None, False, 0, 0, False)
+    assert rec.maps[1]["args"] == (8, 10, 10, 0, None, False) and rec.maps[1]["hook"] is None
     assert rec.engines[1]["targets"].tolist() == [1, 2] and bool((rec.maps[1]["prep"].baseline == 0.25).all())
     assert rec.maps[1]["passes"](0, 0.0, True) is True and rec.maps[1]["passes"](0, 1.0, False) is False
     assert rec.engines[1]["engine"] == "auto" and rec.engines[1]["batch_size"] is None
     assert [r.target for r in of.responsibility(model, x, target=torch.tensor([1, 2]))] == [1, 2]
-    of.responsibility(model, x, iterations=2, monotone_memory=True)
-    assert rec.maps[3]["args"] == (2, 10, 10, 0, None, False, 0, 0, True)
+    of.responsibility(model, x, iterations=2, monotone=None)
+    assert rec.maps[3]["args"] == (2, 10, 10, 0, None, False)
 
 
 @pytest.mark.mutation
 def test_responsibility_argument_checks():
     model, x = make_cnn(0), make_images(1)
-    with pytest.raises(ValueError, match=whole_message("monotone must be True or False, got None")):
-        of.responsibility(model, x, monotone=None)
+    with pytest.raises(ValueError, match=whole_message("monotone must be None, True or False, got 1")):
+        of.responsibility(model, x, monotone=1)
     with pytest.raises(ValueError, match="engine must be one of"):
         of.responsibility(model, x, engine="gpu")
-    with pytest.raises(ValueError, match="virtual_iterations"):
-        of.responsibility(model, x, virtual_iterations=-1)
-    with pytest.raises(ValueError, match="gated_iterations"):
-        of.responsibility(model, x, gated_iterations=-1)
+    for research in ("virtual_iterations", "gated_iterations", "monotone_memory"):  # in experimental only
+        with pytest.raises(TypeError, match=research):
+            of.responsibility(model, x, **{research: 1})
     with pytest.raises(ValueError, match="criterion must be one of"):
         of.responsibility(model, x, criterion="top5")
     with pytest.raises(ValueError, match=whole_message(
@@ -508,16 +519,17 @@ def test_sufficient_subset_passes_every_option(monkeypatch):
     assert scores.dtype == torch.float64 and scores.shape == (2, 25) and queries is None
     assert scores.flatten().tolist() == list(range(50))
     assert e["step"] == 3 and e["collection"] is False and e["thresholds"] == [0.2, 0.3]
+    assert e["refine_scan"] is None
     assert e["refine"] is True and e["refine_budget"] is None and e["engine"] == "torch" and e["verifier"] is None
     assert e["evaluator"].runner.chunk == 7 and e["evaluator"].measure == e["evaluator"].fn.score_and_top1
     # the default criterion is the SIS one (f >= tau), not top-1
     assert e["passes"](1, 0.3, False) and not e["passes"](1, 0.29, True)
-    assert "guide" not in e and "block" not in e
-    # defaults: ReX's extraction off (refine=False), budget "auto", step 1; rounds capped at 64, batches at 32
+    assert e["guide"] is None and e["block"] is None
+    # defaults: refine=True (as MinimalPixelSet), budget "auto", step 1; rounds capped at 64, batches at 32
     big = make_images(1, h=10, w=10)
     of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), 0.5, criterion="top1")
     assert (rec.engines[1]["max_rows"], rec.engines[1]["expected_rows"]) == (32, 64)
-    assert rec.extracts[1]["step"] == 1 and rec.extracts[1]["refine"] is False
+    assert rec.extracts[1]["step"] == 1 and rec.extracts[1]["refine"] is True
     assert rec.extracts[1]["refine_budget"] == "auto" and rec.extracts[1]["thresholds"] == [0.5]
     assert rec.extracts[1]["passes"](0, 0.0, True) is True
     of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), 0.5, step=4)
@@ -546,13 +558,13 @@ def test_sufficient_subset_features_target_batch_and_verifier(monkeypatch):
 @pytest.mark.mutation
 def test_black_box_entry_points_take_onnx_models(monkeypatch, tmp_path):
     rec = Recorder(monkeypatch)
-    monkeypatch.setattr(api, "choose_incremental", lambda fn, prep, incremental: None)
+    monkeypatch.setattr(attr_exact, "choose_incremental", lambda fn, prep, incremental: None)
     model, x = make_cnn(0, torch.float32), make_images(2, dtype=torch.float32)
     path = str(tmp_path / "m.onnx")
     of.export_onnx(model, path, x)
     of.responsibility(path, x, iterations=1)
     of.sufficient_subset(path, x, torch.randn(2, 25))
-    of.fast_sis(path, x, method="responsibility", iterations=1)
+    of.fast_sis(path, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=1))
     of.fast_sis(path, x)
     assert len(rec.maps) == 2 and len(rec.extracts) == 2 and len(rec.exacts) == 1
     for not_a_tensor in (x.numpy(), x.tolist()):  # a clear error (the ONNX session is made on the CPU first)
@@ -569,7 +581,8 @@ def test_sufficient_subset_argument_checks():
             of.sufficient_subset(model, x, r, step=bad)
     for bad in (torch.randn(3, 25), torch.randn(2, 24), torch.randn(2, 5, 6), r.numpy()):
         with pytest.raises(ValueError, match=whole_message("ranking must be a tensor [N, *grid] with 25 scores per "
-                                                           "image")):
+                                                           "image, or an attribution of the inputs' shape "
+                                                           "[2, 3, 5, 5]")):
             of.sufficient_subset(model, x, bad)
     for v in (float("nan"), float("inf"), -float("inf")):
         bad = r.clone()
@@ -588,8 +601,8 @@ def test_sufficient_subset_argument_checks():
 def test_fast_sis_gradient_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0), make_images(3)
-    out = of.fast_sis(model, x, [0.1, 0.2, 0.3], method="gradient", k=4, autocast="bf16", collection=True,
-                      progress=False)
+    out = of.fast_sis(model, x, [0.1, 0.2, 0.3], method="gradient", collection=True, progress=False,
+                      options=of.GradientOptions(k=4, autocast="bf16"))
     assert out is SENTINEL
     (eng,), (g,) = rec.engines, rec.gradients
     assert eng["engine"] == "torch" and eng["measure_fn"] == "score_and_top1"
@@ -610,13 +623,13 @@ def test_fast_sis_gradient_passes_every_option(monkeypatch):
     assert rec.gradients[1]["thresholds"] == [0.9] * 3  # the default threshold
     assert rec.engines[1]["expected_rows"] == 3 * (1 + 1)
     with pytest.raises(ValueError, match=whole_message("k (features masked per gradient step) must be a positive int, got 0")):
-        of.fast_sis(model, x, method="gradient", k=0)
+        of.fast_sis(model, x, method="gradient", options=of.GradientOptions(k=0))
 
 
 @pytest.mark.mutation
 def test_fast_sis_exact_dense_path_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch, verify=True)
-    monkeypatch.setattr(api, "choose_incremental", lambda fn, prep, incremental: None)
+    monkeypatch.setattr(attr_exact, "choose_incremental", lambda fn, prep, incremental: None)
     model, x = make_cnn(0), make_images(2)
     out = of.fast_sis(model, x, 0.35, collection=True, progress=False, engine="onnxruntime")
     assert out is SENTINEL
@@ -647,7 +660,7 @@ class _Cal:
 def _incremental_stubs(monkeypatch, rec, pays):
     calls = {}
     plan = object()
-    monkeypatch.setattr(api, "choose_incremental", lambda fn, prep, incremental: calls.setdefault(
+    monkeypatch.setattr(attr_exact, "choose_incremental", lambda fn, prep, incremental: calls.setdefault(
         "choose", []).append(incremental) or plan)
 
     def calibration(pl, fn, prep, targets, *, batch_size, exact_shape):
@@ -673,11 +686,11 @@ def _incremental_stubs(monkeypatch, rec, pays):
             calls["evaluator"] = (pl, fn.model, runner.chunk)
             calls["evaluator_args"] = (prep, targets)
 
-    monkeypatch.setattr(api, "incremental_calibration", calibration)
-    monkeypatch.setattr(api, "exact_job_time", job_time)
-    monkeypatch.setattr(api, "time_small_job", small_job)
-    monkeypatch.setattr(api, "incremental_pays", pays_fn)
-    monkeypatch.setattr(api, "IncrementalEvaluator", FakeIncremental)
+    monkeypatch.setattr(attr_exact, "incremental_calibration", calibration)
+    monkeypatch.setattr(attr_exact, "exact_job_time", job_time)
+    monkeypatch.setattr(attr_exact, "time_small_job", small_job)
+    monkeypatch.setattr(attr_exact, "incremental_pays", pays_fn)
+    monkeypatch.setattr(attr_exact, "IncrementalEvaluator", FakeIncremental)
     return calls, plan
 
 
@@ -720,21 +733,21 @@ def test_fast_sis_exact_incremental_forced_and_untimed(monkeypatch):
     rec = Recorder(monkeypatch)
     calls, plan = _incremental_stubs(monkeypatch, rec, pays=False)
     model, x = make_cnn(0), make_images(2)
-    of.fast_sis(model, x, 0.5, incremental=True)
+    of.fast_sis(model, x, 0.5, options=of.ExactOptions(incremental=True))
     # forced: no dense engine, no timing, no vote
     assert calls["choose"] == [True] and rec.engines == [] and "pays" not in calls and "small_job" not in calls
     assert calls["calibration"] == (plan, None, (2, 25))
     assert calls["evaluator"] == (plan, model, 3) and rec.exacts[0]["batch_size"] == 3
-    of.fast_sis(model, x, 0.5, incremental=True, engine="torch")  # "torch" runs the torch model: allowed
+    of.fast_sis(model, x, 0.5, engine="torch", options=of.ExactOptions(incremental=True))  # torch: allowed
     assert calls["choose"] == [True, True]
     # another engine named: the incremental path is not considered (False), the dense engine is used
-    monkeypatch.setattr(api, "exact_job_time", lambda *a: pytest.fail("not timed"))
+    monkeypatch.setattr(attr_exact, "exact_job_time", lambda *a: pytest.fail("not timed"))
     calls.clear()
-    monkeypatch.setattr(api, "choose_incremental", lambda fn, prep, incremental: calls.setdefault(
+    monkeypatch.setattr(attr_exact, "choose_incremental", lambda fn, prep, incremental: calls.setdefault(
         "choose", []).append(incremental) or None)
     of.fast_sis(model, x, 0.5, engine="compile")
     assert calls["choose"] == [False] and rec.engines[-1]["engine"] == "compile"
-    of.fast_sis(model, x, 0.5, engine="torch", incremental=False)
+    of.fast_sis(model, x, 0.5, engine="torch", options=of.ExactOptions(incremental=False))
     assert calls["choose"] == [False, False]
     of.fast_sis(model, x, 0.5, engine="torch")
     assert calls["choose"] == [False, False, None]
@@ -744,8 +757,8 @@ def test_fast_sis_exact_incremental_forced_and_untimed(monkeypatch):
 def test_fast_sis_rival_is_none_without_incremental_times(monkeypatch):
     rec = Recorder(monkeypatch)
     calls, plan = _incremental_stubs(monkeypatch, rec, pays=False)
-    monkeypatch.setattr(api, "incremental_calibration", lambda *a, **k: _Cal(3, {}))
-    monkeypatch.setattr(api, "exact_job_time", lambda *a: pytest.fail("no times: nothing to predict from"))
+    monkeypatch.setattr(attr_exact, "incremental_calibration", lambda *a, **k: _Cal(3, {}))
+    monkeypatch.setattr(attr_exact, "exact_job_time", lambda *a: pytest.fail("no times: nothing to predict from"))
     of.fast_sis(make_cnn(0), make_images(1), 0.5)
     assert rec.engines[0]["rival_s"] is None
 
@@ -758,39 +771,58 @@ def test_fast_sis_argument_messages():
         of.fast_sis(model, x, method="rex")
     for bad in (1, 0, "auto"):
         with pytest.raises(ValueError, match=whole_message(f"incremental must be None, True or False, got {bad!r}")):
-            of.fast_sis(model, x, incremental=bad)
+            of.fast_sis(model, x, options=of.ExactOptions(incremental=bad))
     for engine in ("onnxruntime", "compile"):
         with pytest.raises(ValueError, match=whole_message(
                 f"incremental=True runs the torch model; engine must be 'auto' or 'torch', got {engine!r}")):
-            of.fast_sis(model, x, incremental=True, engine=engine)
+            of.fast_sis(model, x, engine=engine, options=of.ExactOptions(incremental=True))
         with pytest.raises(ValueError, match=whole_message(
                 "method='gradient' needs the torch model's gradients; engine must be 'auto' or 'torch', "
                 f"got {engine!r}")):
             of.fast_sis(model, x, method="gradient", engine=engine)
     with pytest.raises(ValueError, match="block must be"):
-        of.fast_sis(model, x, method="responsibility", block=0)
+        of.MinimalPixelSetOptions(block=0)
     with pytest.raises(ValueError, match="prefix_search must be one of"):
-        of.fast_sis(model, x, method="responsibility", prefix_search="binary")
+        of.MinimalPixelSetOptions(prefix_search="binary")
     with pytest.raises(ValueError, match="refine must be"):
-        of.fast_sis(model, x, method="responsibility", refine=None)
+        of.MinimalPixelSetOptions(refine=None)
     with pytest.raises(ValueError, match="refine_budget must be"):
-        of.fast_sis(model, x, method="responsibility", refine_budget=-1)
-    with pytest.raises(ValueError, match=whole_message(
-            'gated_iterations needs an int number of iterations, not iterations="auto"')):
-        of.fast_sis(model, x, method="responsibility", iterations="auto", gated_iterations=2)
+        of.MinimalPixelSetOptions(refine_budget=-1)
     with pytest.raises(ValueError, match="monotone must be None, True or False"):
-        of.fast_sis(model, x, method="responsibility", monotone=1)
-    with pytest.raises(ValueError, match="virtual_iterations"):
-        of.fast_sis(model, x, method="responsibility", virtual_iterations=-2)
-    with pytest.raises(ValueError, match="gated_iterations"):
-        of.fast_sis(model, x, method="responsibility", gated_iterations=-2)
+        of.MinimalPixelSetOptions(monotone=1)
     with pytest.raises(ValueError, match="iterations"):
-        of.fast_sis(model, x, method="responsibility", iterations=0)
+        of.MinimalPixelSetOptions(iterations=0)
     with pytest.raises(ValueError, match=whole_message("seed must be an int >= 0, got -1")):
-        of.fast_sis(model, x, method="responsibility", seed=-1)  # before any model work, not numpy's error mid-job
+        of.MinimalPixelSetOptions(seed=-1)  # before any model work, not numpy's error mid-job
     with pytest.raises(ValueError, match=whole_message("seed must be an int >= 0, got -1")):
         of.responsibility(model, x, seed=-1)
     with pytest.raises(ValueError, match="autocast"):
-        of.fast_sis(model, x, method="gradient", autocast="int8")
+        of.GradientOptions(autocast="int8")
     with pytest.raises(ValueError, match="engine must be one of"):
         of.fast_sis(model, x, engine="cuda")
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("method, wanted, given", [
+    ("exact", "ExactOptions", of.GradientOptions()), ("gradient", "GradientOptions", of.ExactOptions()),
+    ("responsibility", "MinimalPixelSetOptions", of.ResponsibilityOptions()),
+    ("exact", "ExactOptions", {"incremental": True})])
+def test_fast_sis_refuses_another_method_s_options(method, wanted, given):
+    with pytest.raises(ValueError, match=whole_message(
+            f"options for method={method!r} must be {wanted} (or None), got {type(given).__name__}")):
+        of.fast_sis(make_cnn(0), make_images(1), method=method, options=given)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("old", ["k", "autocast", "iterations", "seed", "criterion", "refine", "refine_budget",
+                                 "block", "prefix_search", "monotone", "incremental", "virtual_iterations",
+                                 "gated_iterations", "monotone_memory"])
+def test_fast_sis_refuses_the_old_keywords(old):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+        of.fast_sis(make_cnn(0), make_images(1), **{old: 1})
+
+
+def test_fast_sis_takes_at_most_ten_keyword_arguments():
+    import inspect
+    kinds = [p.kind for p in inspect.signature(of.fast_sis).parameters.values()]
+    assert kinds.count(inspect.Parameter.KEYWORD_ONLY) <= 10

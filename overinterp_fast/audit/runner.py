@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import fast_sis
+from ..attr.options import GradientOptions
 from ..runtime.inputs import check_threshold
 from ..runtime.model import Ensemble, ModelFn
 from .config import AuditConfig, RunOptions, check_type
@@ -151,12 +152,10 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
             progress: bool | None) -> list:
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
     (``engine`` None: :func:`fixed_engine`)."""
-    method, k, collection, mask_value = config.method, config.k, config.collection, config.mask_value
-    autocast, batch_size = config.autocast, config.batch_size
-    return fast_sis(model, images, taus, method=method, k=k, collection=collection,
-                    mask_value=mask_value, autocast=autocast, batch_size=batch_size,
-                    engine=fixed_engine(model) if engine is None else engine,
-                    progress=progress)
+    options = GradientOptions(k=config.k, autocast=config.autocast) if config.method == "gradient" else None
+    return fast_sis(model, images, taus, method=config.method, collection=config.collection,
+                    mask_value=config.mask_value, batch_size=config.batch_size,
+                    engine=fixed_engine(model) if engine is None else engine, progress=progress, options=options)
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,

@@ -33,7 +33,8 @@ import torch
 from ..runtime.batching import ChunkRunner
 from ..runtime.inputs import Prepared
 from .mutant_memory import remembered_responsibility
-from ..methods.responsibility import MutantCache, auto_responsibility, compute_responsibility, descend, score_painted_rows
+from ..methods.responsibility import (DescentPlan, MutantCache, RankingHook, compute_responsibility, descend,
+                                      score_painted_rows)
 
 GRID = 14  # cells per side: 16 x 16 pixels at 224 x 224
 L2 = 1.0
@@ -428,27 +429,22 @@ def check_gated_iterations(gated_iterations, iterations: int | str) -> None:
         raise ValueError('gated_iterations needs an int number of iterations, not iterations="auto"')
 
 
-def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes, iterations: int | str, depth: int,
-                 min_box: int, seed: int, progress: bool | None, monotone: bool, virtual_iterations: int,
-                 gated_iterations: int = 0, monotone_memory: bool = False) -> tuple[torch.Tensor, list[int]]:
-    """The maps fast_sis and responsibility rank by: ``iterations`` real descents per image (an int:
-    :func:`~overinterp_fast.methods.responsibility.compute_responsibility`, seeds seed + t; "auto":
-    :func:`~overinterp_fast.methods.responsibility.auto_responsibility`; with ``monotone_memory``, an int ``iterations``
-    only: :func:`~overinterp_fast.experimental.mutant_memory.remembered_responsibility`) with one mutant cache, then
-    ``gated_iterations`` gated ones (an int ``iterations`` only, see :func:`check_gated_iterations`:
-    :func:`add_gated_descents`, seeds
-    seed + iterations + t), then ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`).
-    Returns (float64 [N, H, W], the model's queries per image)."""
-    cache = MutantCache()
-    if iterations == "auto":  # gated_iterations is 0 here (check_gated_iterations)
-        maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, depth, min_box, seed, progress,
-                                               monotone=monotone, cache=cache)
-    else:
-        real = remembered_responsibility if monotone_memory else compute_responsibility
-        maps, queries = real(evaluator, prep, present, passes, iterations, depth, min_box, seed, progress,
-                             monotone=monotone, cache=cache)
-        maps, queries = add_gated_descents(maps, queries, cache, evaluator, prep, present, passes, gated_iterations,
-                                           seed + iterations, depth, min_box, monotone)
-    maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations, depth,
-                                min_box, seed)
-    return maps, queries
+def research_hook(virtual_iterations: int = 0, gated_iterations: int = 0,
+                  monotone_memory: bool = False) -> RankingHook:
+    """The :class:`~overinterp_fast.methods.responsibility.RankingHook` of the research options, for
+    :func:`~overinterp_fast.methods.responsibility.ranking_maps`: the real descents (an int number of iterations)
+    run with the mutant memory (``monotone_memory``:
+    :func:`~overinterp_fast.experimental.mutant_memory.remembered_responsibility`), then ``gated_iterations`` gated
+    ones (an int number of iterations only, see :func:`check_gated_iterations`: :func:`add_gated_descents`, seeds
+    seed + iterations + t), then ``virtual_iterations`` virtual ones (:func:`add_virtual_descents`)."""
+
+    def after(maps, queries, cache, evaluator, prep, present, passes, plan: DescentPlan):
+        if plan.iterations != "auto":  # gated_iterations is 0 with "auto" (check_gated_iterations)
+            maps, queries = add_gated_descents(maps, queries, cache, evaluator, prep, present, passes,
+                                               gated_iterations, plan.seed + plan.iterations, plan.depth,
+                                               plan.min_box, plan.monotone)
+        maps = add_virtual_descents(maps, cache, evaluator.runner, prep, present, passes, virtual_iterations,
+                                    plan.depth, plan.min_box, plan.seed)
+        return maps, queries
+
+    return RankingHook(descents=remembered_responsibility if monotone_memory else None, after=after)

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .responsibility import order_positions
+from .ranking import order_positions
 
 AUTO_GRID = 784  # block="auto": squares of side round(sqrt(H W / 784)), i.e. about a 28 x 28 grid (8 at 224 x 224)
 SCAN_SQUARES = 64  # the scan steps one square at a time over the first 64 squares of the ranking ...
@@ -43,7 +43,7 @@ def block_positions(
     its present pixels, rounded to 9 decimals. Squares rank by descending score (equal scores: the higher square index
     first, squares numbered row-major); inside a square, pixels rank by descending score (equal
     scores: the higher pixel index first). With ``block=1`` the ranking is that of
-    :func:`~overinterp_fast.methods.responsibility.ranking_positions`.
+    :func:`~overinterp_fast.methods.ranking.ranking_positions`.
 
     Args:
         scores: float [n, H*W]. present: bool [n, H*W] (absent pixels rank last, at position H*W).

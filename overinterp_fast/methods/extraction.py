@@ -1,6 +1,7 @@
 """Sufficient sets from a ranking (minimal pixel sets), with collections of disjoint sets."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -10,6 +11,7 @@ from .blocks import block_positions, scan_sizes
 from ..runtime.inputs import Prepared
 from .guided import guided_first_prefix
 from .minimal import prune_to_minimal
+from .ranking import ranking_positions
 from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
 from ..runtime.schedule import upload
@@ -109,54 +111,75 @@ def refined_sets(
     return out, q_boundary, q_prune
 
 
+@dataclass(frozen=True)
+class ExtractionConfig:
+    """How :func:`extract_sets` extracts a set from a ranking.
+
+    Attributes:
+        step: refine=False: the prefix sizes step, step*2, ..., p (ReX's extraction uses 10).
+        collection: also find every further disjoint set (the ranking recomputed on the rest).
+        verifier: the user's model, when the evaluator runs a stand-in engine named ``engine``; each set is
+            checked there. None: the evaluator is the user's model.
+        engine: the name of the engine that scores the candidates (``SISResult.engine``).
+        refine: False, True or "boundary" (see :func:`extract_sets`).
+        refine_budget: the most pruning queries per image and round (None: no limit; "auto": see
+            :func:`refined_sets`).
+        refine_scan: with refine=True, the boundary is found by a scan in steps of ``refine_scan`` and bisection
+            inside the last step (None: by exponential search).
+        block: rank pixels square by square, squares of ``block`` x ``block`` pixels (None or 1: pixel by pixel).
+        guide: slack(image, f, top1, margin), positive when a prefix passes (None: no guided search).
+    """
+
+    step: int = 1
+    collection: bool = False
+    verifier: CandidateEvaluator | None = None
+    engine: str = "torch"
+    refine: bool | str = False
+    refine_budget: int | str | None = None
+    refine_scan: int | None = None
+    block: int | None = None
+    guide: Callable[[int, float, bool, float], float] | None = None
+
+
 def extract_sets(
     evaluator: CandidateEvaluator,
     prep: Prepared,
     targets: torch.Tensor,
     scores0: torch.Tensor,
+    thresholds: list[float],
     rank_fn: Callable[[torch.Tensor], tuple[torch.Tensor, list[int] | None]],
     passes: Callable[[int, float, bool], bool],
-    step: int,
-    collection: bool,
-    thresholds: list[float],
-    verifier: CandidateEvaluator | None = None,
-    engine: str = "torch",
-    refine: bool | str = False,
-    refine_budget: int | str | None = None,
-    refine_scan: int | None = None,
-    block: int | None = None,
-    guide: Callable[[int, float, bool, float], float] | None = None,
+    config: ExtractionConfig = ExtractionConfig(),
 ) -> list[SISResult]:
-    """Per image, a sufficient set from its ranking.
+    """Per image, a sufficient set from its ranking (the options: :class:`ExtractionConfig`).
 
-    refine=False: the first prefix of the ranking (in steps of ``step`` features) that
-    passes (ReX's extraction). refine=True: a pixel-exact boundary prefix
-    (:func:`~overinterp_fast.methods.prefix.boundary_prefix`), pruned to a 1-minimal set
-    (:func:`~overinterp_fast.methods.minimal.prune_to_minimal`, least-ranked features first).
-    refine="boundary": the pixel-exact boundary prefix, not pruned. ``refine_budget``: the most
-    pruning queries per image and round (None: no limit); ``SISResult.minimal`` says whether
-    the pruning finished (the set is certified 1-minimal) or ran out of budget. ``refine_scan``:
-    with refine=True, the boundary is found by a scan in steps of ``refine_scan`` and bisection
-    inside the last step (see :func:`refined_sets`); None: by exponential search.
-    ``block`` (refine=True or "boundary", pixel features of [N, C, H, W] images): rank the pixels
-    square by square (:func:`~overinterp_fast.methods.blocks.block_positions`; ``values`` then holds each
-    pixel's square mean, the score it is ranked by) and, where a square holds at least
-    ``refine_scan`` pixels, scan one square at a time instead of steps of ``refine_scan``.
-    ``guide`` (refine=True with ``refine_scan``): slack(image, f, top1, margin), positive when a prefix
-    passes; the first passing prefix in steps of ``refine_scan`` (of the square ranking too) is then found
-    by :func:`~overinterp_fast.methods.guided.guided_first_prefix` instead of a scan.
+    refine=False: the first prefix of the ranking (in steps of ``step`` features) that passes (ReX's
+    extraction). refine=True: a pixel-exact boundary prefix (:func:`refined_sets`: a scan in steps of
+    ``refine_scan`` or an exponential search, then bisection), pruned to a 1-minimal set
+    (:func:`~overinterp_fast.methods.minimal.prune_to_minimal`, least-ranked features first, at most
+    ``refine_budget`` queries per image and round; ``SISResult.minimal`` says whether the set is certified).
+    refine="boundary": the boundary prefix, not pruned. ``block`` (refine=True or "boundary", pixel features of
+    [N, C, H, W] images): rank the pixels square by square
+    (:func:`~overinterp_fast.methods.blocks.block_positions`; ``values`` then holds each pixel's square mean) and,
+    where a square holds at least ``refine_scan`` pixels, scan one square at a time. ``guide``: the first passing
+    prefix in steps of ``refine_scan`` is found by :func:`~overinterp_fast.methods.guided.guided_first_prefix`.
 
-    ``rank_fn(present)`` ranks the features still allowed (bool [N, p]) and returns
-    (scores float [N, p], queries per image or None). With ``collection``, each set
-    found is masked and the ranking recomputed on the rest, while the rest passes.
-    ``passes(image, f, top1)``. With ``verifier`` (the user's model, when ``evaluator``
-    runs a stand-in engine named ``engine``), each set is checked there and, where it
-    fails, the next prefix sizes are tried on the user's model until one passes.
-    Each result counts its queries: ``queries`` (the ranking), ``extraction_queries``
-    and ``refine_queries``.
+    Args:
+        evaluator: scores candidates (f, top-1 is the target). prep: the prepared images [N, *D].
+        targets: int64 [N]. scores0: f of each image, float64 [N]. thresholds: one per image.
+        rank_fn: ``rank_fn(present)`` ranks the features still allowed (bool [N, p]): (scores float [N, p],
+            queries per image or None). With ``collection``, each set found is masked and the ranking recomputed
+            on the rest, while the rest passes.
+        passes: ``passes(image, f, top1) -> bool``.
+        config: the :class:`ExtractionConfig`. With its ``verifier`` (the user's model, when ``evaluator`` runs a
+            stand-in engine), each set is checked there and, where it fails, the search goes on there.
+
+    Returns:
+        One :class:`~overinterp_fast.methods.results.SISResult` per image, its queries counted: ``queries`` (the
+        ranking), ``extraction_queries`` and ``refine_queries``.
     """
-    from .responsibility import ranking_positions
-
+    step, collection, verifier, engine = config.step, config.collection, config.verifier, config.engine
+    refine, refine_budget, guide = config.refine, config.refine_budget, config.guide
     dev = prep.images.device
     n, p = prep.images.shape[0], prep.num_features
     present = torch.ones((n, p), dtype=torch.bool, device=dev)
@@ -167,14 +190,7 @@ def extract_sets(
         rows = torch.tensor(active, device=dev)
         scores, queries = rank_fn(present)
         ranked = scores[rows].reshape(len(active), p)
-        scan = refine_scan if refine is True else None
-        if refine and block and block > 1:
-            h, w = prep.images.shape[-2:]
-            pos, ends, ranked = block_positions(ranked, present[rows], h, w, block)
-            if scan and block * block >= scan and guide is None:
-                scan = [scan_sizes(e) for e in ends]
-        else:
-            pos = ranking_positions(ranked, present[rows])
+        pos, ranked, scan = _positions(ranked, present[rows], prep, config)
         counts = present[rows].sum(1).tolist()
         row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
         row_guide = None if guide is None else (
@@ -188,16 +204,7 @@ def extract_sets(
                                           prune=refine is True, budget=refine_budget, scan=scan, guide=row_guide)
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
-            counted = CountingEvaluator(evaluator, n)
-            sizes = [list(range(step, c, step)) + [c] if c else [] for c in counts]
-            hits = first_passing_prefix(counted, pos, active, sizes, row_passes)
-            if verifier is not None:
-                counted_v = CountingEvaluator(verifier, n)
-                hits = _verify(counted_v, pos, active, counts, sizes, hits, row_passes, p)
-                for i in active:
-                    counted.counts[i] += counted_v.counts[i]
-            hits = [None if h is None else (sizes[r][h[0]], h[1]) for r, h in enumerate(hits)]
-            extraction = [counted.counts[i] for i in active]
+            hits, extraction = _prefix_hits(evaluator, verifier, pos, active, counts, step, row_passes, n)
         pos_cpu, scores_cpu = pos.cpu(), ranked.double().cpu()
         nxt = []
         for r, i in enumerate(active):
@@ -224,17 +231,53 @@ def extract_sets(
             if collection and found is not None and 0 < found.numel() < counts[r]:
                 present[i, found.to(dev)] = False
                 nxt.append(i)
-        if nxt:  # does what is left still pass?
-            rows = torch.tensor(nxt, device=dev)
-            f, top1 = evaluator(present, rows, rows, torch.full_like(rows, -1))
-            nxt_active = []
-            for i, fi, ti in zip(nxt, f.tolist(), top1.tolist()):
-                if passes(i, fi, ti):
-                    round_score[i] = fi
-                    nxt_active.append(i)
-            nxt = nxt_active
-        active = nxt
+        active = _still_passing(evaluator, present, nxt, passes, round_score)
     return [first_with_collection(r, collection) for r in rounds]
+
+
+def _positions(ranked: torch.Tensor, present: torch.Tensor, prep: Prepared,
+               config: ExtractionConfig) -> tuple[torch.Tensor, torch.Tensor, int | list[list[int]] | None]:
+    """(every feature's position int64 [R, p], the scores ranked by [R, p], the refined boundary's scan) of the
+    rows ``ranked`` (scores [R, p]) with features ``present`` (bool [R, p]): square by square with a ``block``
+    (refine only), else feature by feature."""
+    block, refine = config.block, config.refine
+    scan = config.refine_scan if refine is True else None
+    if refine and block and block > 1:
+        h, w = prep.images.shape[-2:]
+        pos, ends, ranked = block_positions(ranked, present, h, w, block)
+        if scan and block * block >= scan and config.guide is None:
+            scan = [scan_sizes(e) for e in ends]
+        return pos, ranked, scan
+    return ranking_positions(ranked, present), ranked, scan
+
+
+def _prefix_hits(evaluator, verifier, pos, active, counts, step, row_passes, n) -> tuple[list, list[int]]:
+    """refine=False: per row, (the first passing prefix size in steps of ``step``, f on it) or None, checked on
+    the ``verifier`` where there is one; and the queries per row."""
+    counted = CountingEvaluator(evaluator, n)
+    sizes = [list(range(step, c, step)) + [c] if c else [] for c in counts]
+    hits = first_passing_prefix(counted, pos, active, sizes, row_passes)
+    if verifier is not None:
+        counted_v = CountingEvaluator(verifier, n)
+        hits = _verify(counted_v, pos, active, counts, sizes, hits, row_passes, pos.shape[1])
+        for i in active:
+            counted.counts[i] += counted_v.counts[i]
+    hits = [None if h is None else (sizes[r][h[0]], h[1]) for r, h in enumerate(hits)]
+    return hits, [counted.counts[i] for i in active]
+
+
+def _still_passing(evaluator, present: torch.Tensor, nxt: list[int], passes, round_score: list[float]) -> list[int]:
+    """The images of ``nxt`` whose features still ``present`` pass (their next round's f goes to ``round_score``)."""
+    if not nxt:
+        return []
+    rows = torch.tensor(nxt, device=present.device)
+    f, top1 = evaluator(present, rows, rows, torch.full_like(rows, -1))
+    still = []
+    for i, fi, ti in zip(nxt, f.tolist(), top1.tolist()):
+        if passes(i, fi, ti):
+            round_score[i] = fi
+            still.append(i)
+    return still
 
 
 def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tuple[int, float] | None]:

@@ -1,4 +1,5 @@
-"""Causal responsibility maps and minimal pixel sets (paper 002; the ReX algorithm, SPEC.md section 3a).
+"""Causal responsibility maps and minimal pixel sets (paper 002; the ReX algorithm; docs: algorithms.md,
+Causal responsibility and minimal pixel sets).
 
 Black box: forward passes only, so it serves torch and ONNX models alike.
 
@@ -43,6 +44,7 @@ from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.inputs import Prepared
 from ..runtime.schedule import upload
+from .ranking import ranking_positions
 
 SUBSETS = [[c for c in range(4) if s >> c & 1] for s in range(1, 15)]  # the 14 non-empty proper subsets
 # monotone=True: for each subset, the indices of its proper supersets among SUBSETS, and the rounds of a level
@@ -413,28 +415,6 @@ def compute_responsibility(
                    MutantCache() if cache is None else cache, progress, monotone, per_image=True)
 
 
-def ranking_positions(scores: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-    """Position of every feature when ranked by descending score (ties: higher index first).
-
-    scores: [n, p]; present: bool [n, p] (absent features rank last, at position p).
-    Returns int64 [n, p].
-    """
-    n, p = scores.shape
-    s = torch.where(present, scores.double(), torch.full_like(scores, -torch.inf, dtype=torch.float64))
-    # descending score; equal scores: the higher index first (a stable sort of the reversed features)
-    order = torch.sort(s.flip(1), dim=1, descending=True, stable=True).indices
-    return order_positions(p - 1 - order, present)
-
-
-def order_positions(order: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-    """Position of every feature from a ranked order: int64 [n, p], ``order[r, k]`` at position k;
-    features not ``present`` (bool [n, p]) at position p."""
-    n, p = order.shape
-    pos = torch.empty_like(order)
-    pos.scatter_(1, order, torch.arange(p, device=order.device).expand(n, p).contiguous())
-    return torch.where(present, pos, torch.full_like(pos, p))
-
-
 AUTO_MAX_ITERATIONS = 20  # iterations="auto" never runs more than ReX's default
 # The stopping rule, chosen from data (benchmarks/auto_rule_data.py, benchmarks/results/README.md "auto rule"):
 # stop an image after iteration t >= AUTO_MIN_ITERATIONS once the AUTO_TOP_FRACTION top-ranked pixels have kept a
@@ -520,3 +500,69 @@ def auto_responsibility(
         active = still
     bar.close()
     return total, queries, AutoInfo(runs, cache.hits)
+
+
+@dataclass(frozen=True)
+class RankingHook:
+    """Where research code (:mod:`overinterp_fast.experimental`) plugs into :func:`ranking_maps`.
+
+    Attributes:
+        descents: runs an int number of real descents instead of :func:`compute_responsibility` (same
+            arguments and result); None: :func:`compute_responsibility`.
+        after: ``after(maps, queries, cache, evaluator, prep, present, passes, plan) -> (maps, queries)``, called
+            once the real descents are done (``maps`` float64 [N, H, W], ``queries`` per image, ``cache`` their
+            :class:`MutantCache`, ``plan`` the :class:`DescentPlan`); None: the real descents' maps as they are.
+    """
+
+    descents: Callable | None = None
+    after: Callable | None = None
+
+
+@dataclass(frozen=True)
+class DescentPlan:
+    """The descents :func:`ranking_maps` runs.
+
+    Attributes:
+        iterations: descents per image (an int: seeds seed + t; "auto": :func:`auto_responsibility`).
+        depth: levels per descent at most. min_box: boxes with a smaller area (pixels) are not split.
+        seed: the first descent's seed (an int >= 0).
+        progress: show a progress bar (None: only on a terminal).
+        monotone: see :func:`descend`.
+        hook: research code's :class:`RankingHook` (None: the plain descents).
+    """
+
+    iterations: int | str
+    depth: int = 10
+    min_box: int = 10
+    seed: int = 0
+    progress: bool | None = None
+    monotone: bool = False
+    hook: RankingHook | None = None
+
+
+def ranking_maps(evaluator, prep: Prepared, present: torch.Tensor, passes,
+                 plan: DescentPlan) -> tuple[torch.Tensor, list[int]]:
+    """The maps minimal pixel sets and responsibility maps rank by: ``plan.iterations`` real descents per image
+    with one mutant cache (an int: :func:`compute_responsibility`, or the hook's ``descents``; "auto":
+    :func:`auto_responsibility`), then the hook's ``after``.
+
+    Args:
+        evaluator: scores mutants (f, top-1 is the target). prep: the prepared images [N, C, H, W].
+        present: bool [N, H*W], the pixels that may be kept. passes: ``passes(image, f, top1) -> bool``.
+        plan: the :class:`DescentPlan`.
+
+    Returns:
+        (float64 [N, H, W] the summed log maps, the model's queries per image).
+    """
+    cache = MutantCache()
+    hook = plan.hook or RankingHook()
+    if plan.iterations == "auto":
+        maps, queries, _ = auto_responsibility(evaluator, prep, present, passes, plan.depth, plan.min_box, plan.seed,
+                                               plan.progress, monotone=plan.monotone, cache=cache)
+    else:
+        real = hook.descents or compute_responsibility
+        maps, queries = real(evaluator, prep, present, passes, plan.iterations, plan.depth, plan.min_box, plan.seed,
+                             plan.progress, monotone=plan.monotone, cache=cache)
+    if hook.after is not None:
+        maps, queries = hook.after(maps, queries, cache, evaluator, prep, present, passes, plan)
+    return maps, queries

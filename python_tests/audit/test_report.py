@@ -80,8 +80,8 @@ def runs():
             "cnn C": make_cnn(3, channels=3, h=H, w=W)}
     res = {
         "cnn A": of.fast_sis(nets["cnn A"], x, _thresholds(nets["cnn A"], x, 3, 0.6), collection=True, progress=False),
-        "cnn B": of.fast_sis(nets["cnn B"], x, _thresholds(nets["cnn B"], x, 0), method="gradient", k=8,
-                             progress=False),
+        "cnn B": of.fast_sis(nets["cnn B"], x, _thresholds(nets["cnn B"], x, 0), method="gradient", progress=False,
+                             options=of.GradientOptions(k=8)),
         "cnn C": of.fast_sis(nets["cnn C"], x, _thresholds(nets["cnn C"], x, 2), progress=False),
     }
     return x, nets, res

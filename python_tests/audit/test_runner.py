@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from overinterp_fast.attr.options import GradientOptions
 from overinterp_fast.audit import runner
 from overinterp_fast.audit.config import AuditConfig, RunOptions
 from overinterp_fast.audit.records import ModelRecord
@@ -271,8 +272,8 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     wall = time.perf_counter() - t0
     ((model, taus, kw),) = calls
     assert model is models["m"] and taus == [0.9, 0.9]
-    assert kw == {"method": "gradient", "k": 7, "collection": True, "mask_value": 0.5, "autocast": "bf16",
-                  "batch_size": 5, "engine": "torch", "progress": False}  # engine None: fixed_engine's
+    assert kw == {"method": "gradient", "collection": True, "mask_value": 0.5, "batch_size": 5, "engine": "torch",
+                  "progress": False, "options": GradientOptions(k=7, autocast="bf16")}  # engine None: fixed_engine's
     assert 0 <= done.seconds[0] <= wall and done.transfer is None
     assert sens == [([0, 0], 0.3, -1.0, 1.0)]  # known labels: the truth is the labels, not the predictions
     assert done.sensitivity[0]["fg_correct"].tolist() == [True, True]

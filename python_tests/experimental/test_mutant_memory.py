@@ -7,10 +7,22 @@ right, so the maps must be those of the same descents scored by the model, for f
 import pytest
 import torch
 import overinterp_fast as of
+from overinterp_fast.experimental import SurrogateMinimalPixelSet, SurrogateResponsibility
 from overinterp_fast.experimental.mutant_memory import MutantMemory, RememberingEvaluator, remembered_responsibility
 from overinterp_fast.methods.responsibility import MutantCache, compute_responsibility
 from helpers import fake_terminal
 from helpers import PatchReader, responsibility_evaluator, top1 as _top1
+
+
+def research_maps(model, x, progress=False, **kw):
+    """of.responsibility with the research options: experimental.SurrogateResponsibility."""
+    return SurrogateResponsibility(model, **kw).compute_maps(x, show_progress=progress)
+
+
+def research_sets(model, x, progress=False, **kw):
+    """of.fast_sis(method="responsibility") with the research options: experimental.SurrogateMinimalPixelSet."""
+    return SurrogateMinimalPixelSet(model, **kw).find_sis(x, show_progress=progress)
+
 
 ROWS, COLS = slice(8, 16), slice(12, 20)
 
@@ -63,14 +75,14 @@ def test_on_a_monotone_criterion_the_maps_are_the_descents_own(need, seed):
     model = PatchReader(ROWS, COLS, need=need).eval()
     x = torch.ones(2, 1, 28, 28, dtype=torch.float64)
     without = of.responsibility(model, x, iterations=6, min_box=4, seed=seed, monotone=True, progress=False)
-    got = of.responsibility(model, x, iterations=6, min_box=4, seed=seed, monotone=True, monotone_memory=True,
+    got = research_maps(model, x, iterations=6, min_box=4, seed=seed, monotone=True, monotone_memory=True,
                             progress=False)
     for a, b in zip(without, got):
         assert a.map.abs().sum() > 0 and torch.equal(a.map, b.map)
         assert b.queries < a.queries and b.iterations == 6 and b.target == a.target
     # the same with every mutant scored (monotone=False) and with gated descents after the remembered ones
     full = of.responsibility(model, x, iterations=3, min_box=4, seed=seed, progress=False)
-    full_mem = of.responsibility(model, x, iterations=3, min_box=4, seed=seed, monotone_memory=True, progress=False)
+    full_mem = research_maps(model, x, iterations=3, min_box=4, seed=seed, monotone_memory=True, progress=False)
     assert all(torch.equal(a.map, b.map) and b.queries < a.queries for a, b in zip(full, full_mem))
 
 
@@ -124,8 +136,9 @@ def test_remembering_evaluator_by_hand():
 def test_fast_sis_with_the_memory():
     model = PatchReader(ROWS, COLS, need=0.4).eval()
     x = torch.ones(2, 1, 28, 28, dtype=torch.float64)
-    plain = of.fast_sis(model, x, method="responsibility", iterations=5, progress=False)
-    got = of.fast_sis(model, x, method="responsibility", iterations=5, monotone_memory=True, progress=False)
+    plain = of.fast_sis(model, x, method="responsibility", progress=False,
+                        options=of.MinimalPixelSetOptions(iterations=5))
+    got = research_sets(model, x, iterations=5, monotone_memory=True, progress=False)
     for a, b in zip(plain, got):  # the same maps (monotone criterion), so the same sets
         assert torch.equal(a.mask, b.mask) and torch.equal(a.order, b.order)
         assert b.mask[ROWS, COLS].sum() == b.mask.sum() > 0 and b.total_queries < a.total_queries
@@ -144,11 +157,11 @@ def test_bad_options(kw, message):
     model = PatchReader(ROWS, COLS).eval()
     x = torch.ones(1, 1, 28, 28)
     with pytest.raises(ValueError) as err:
-        of.fast_sis(model, x, method="responsibility", **kw)
+        research_sets(model, x, **kw)
     assert str(err.value) == message
     if kw.get("iterations") != "auto":
         with pytest.raises(ValueError) as err:
-            of.responsibility(model, x, **kw)
+            research_maps(model, x, **kw)
         assert str(err.value) == message
 
 
@@ -156,8 +169,11 @@ def test_bad_options(kw, message):
 def test_progress_bar_counts_the_waves(monkeypatch, progress, shown):
     terminal = fake_terminal(monkeypatch)
     model = PatchReader(ROWS, COLS, need=0.4).eval()
-    of.responsibility(model, torch.ones(1, 1, 28, 28), iterations=3, min_box=4, monotone_memory=True,
-                      progress=progress)
+    maps = SurrogateResponsibility(model, iterations=3, min_box=4, monotone_memory=True)
+    if progress is None:  # the runtime's progress=None (a bar on a terminal), as the function forms take it
+        maps._maps(torch.ones(1, 1, 28, 28), None, 0.0, None, None)
+    else:
+        maps.compute_maps(torch.ones(1, 1, 28, 28), show_progress=progress)
     terminal.assert_finished_bar(shown, "responsibility", 3, "descent")
 
 

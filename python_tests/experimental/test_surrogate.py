@@ -6,10 +6,22 @@ criterion built to be linear in the cell fractions.
 import pytest
 import torch
 import overinterp_fast as of
+from overinterp_fast.experimental import SurrogateMinimalPixelSet, SurrogateResponsibility
 from overinterp_fast.methods.responsibility import MutantCache, compute_responsibility
 from overinterp_fast.experimental.surrogate import (SEED_OFFSET, Surrogate, add_virtual_descents, cell_fractions, fit_surrogate,
                                        virtual_descents)
 from helpers import PatchReader, responsibility_evaluator, top1 as _top1
+
+
+def research_maps(model, x, progress=False, **kw):
+    """of.responsibility with the research options: experimental.SurrogateResponsibility."""
+    return SurrogateResponsibility(model, **kw).compute_maps(x, show_progress=progress)
+
+
+def research_sets(model, x, progress=False, **kw):
+    """of.fast_sis(method="responsibility") with the research options: experimental.SurrogateMinimalPixelSet."""
+    return SurrogateMinimalPixelSet(model, **kw).find_sis(x, show_progress=progress)
+
 
 # a 28x28 image of ones; the patch rows 8:16, cols 12:20 is the 2x2-pixel cells (4..7, 6..9) of a 14x14 grid.
 # PatchReader(need=0.4): class 0 (the class of the whole image) while more than 25.6 of its 64 pixels are kept,
@@ -117,8 +129,8 @@ def test_virtual_iterations_cost_no_query_and_change_only_the_ranking():
     model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
     x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(1))
     base, = of.responsibility(model, x, iterations=4, seed=2, monotone=True)
-    more, = of.responsibility(model, x, iterations=4, seed=2, monotone=True, virtual_iterations=6)
-    again, = of.responsibility(model, x, iterations=4, seed=2, monotone=True, virtual_iterations=6)
+    more, = research_maps(model, x, iterations=4, seed=2, monotone=True, virtual_iterations=6)
+    again, = research_maps(model, x, iterations=4, seed=2, monotone=True, virtual_iterations=6)
     assert more.queries == base.queries and not torch.equal(more.map, base.map) and torch.equal(more.map, again.map)
     with torch.inference_mode():  # the same sum, built from the parts
         ev, prep = responsibility_evaluator(model, x)
@@ -130,8 +142,8 @@ def test_virtual_iterations_cost_no_query_and_change_only_the_ranking():
         alone = virtual_descents(sur, prep, present, [0], 6, 10, 10, 2 + SEED_OFFSET)
     torch.testing.assert_close(more.map, want[0], rtol=0, atol=1e-9)
     torch.testing.assert_close(more.map, base.map + alone[0], rtol=0, atol=1e-9)
-    r0, = of.fast_sis(model, x, method="responsibility", iterations=4, seed=2)
-    r1, = of.fast_sis(model, x, method="responsibility", iterations=4, seed=2, virtual_iterations=6)
+    r0, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4, seed=2))
+    r1, = research_sets(model, x, iterations=4, seed=2, virtual_iterations=6)
     assert r1.queries == r0.queries and r1.sis is not None
     mask = r1.mask.any(0) if r1.mask.dim() == 3 else r1.mask
     with torch.no_grad():
@@ -147,9 +159,9 @@ def test_bad_virtual_and_gated_iterations_are_refused(option, bad):
     model = PatchReader(ROWS, COLS).eval()
     x = torch.ones(1, 1, 28, 28)
     with pytest.raises(ValueError, match=f"{option} must be an int >= 0"):
-        of.fast_sis(model, x, method="responsibility", **{option: bad})
+        research_sets(model, x, **{option: bad})
     with pytest.raises(ValueError, match=f"{option} must be an int >= 0"):
-        of.responsibility(model, x, **{option: bad})
+        research_maps(model, x, **{option: bad})
 
 
 def test_gated_iterations_need_an_int_number_of_iterations():
@@ -158,7 +170,7 @@ def test_gated_iterations_need_an_int_number_of_iterations():
     x = torch.ones(1, 1, 28, 28)
     whole = r'^gated_iterations needs an int number of iterations, not iterations="auto"$'
     with pytest.raises(ValueError, match=whole):
-        of.fast_sis(model, x, method="responsibility", iterations="auto", gated_iterations=2)
+        research_sets(model, x, iterations="auto", gated_iterations=2)
     with pytest.raises(ValueError, match="margin must be in"):
         GatedEvaluator(type("E", (), {"runner": None})(), None, margin=0.6)
 
@@ -171,9 +183,9 @@ def test_gated_iterations_cost_fewer_queries_than_as_many_real_ones():
     x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(1))
     three, = of.responsibility(model, x, iterations=3, seed=2, monotone=True)
     six, = of.responsibility(model, x, iterations=6, seed=2, monotone=True)
-    gated, = of.responsibility(model, x, iterations=3, seed=2, monotone=True, gated_iterations=3)
+    gated, = research_maps(model, x, iterations=3, seed=2, monotone=True, gated_iterations=3)
     assert three.queries < gated.queries < six.queries
-    r, = of.fast_sis(model, x, method="responsibility", iterations=3, gated_iterations=3, seed=2)
+    r, = research_sets(model, x, iterations=3, gated_iterations=3, seed=2)
     mask = r.mask.any(0) if r.mask.dim() == 3 else r.mask
     with torch.no_grad():
         assert int(model(torch.where(mask, x[0], torch.zeros(())).unsqueeze(0)).argmax(1)) == r.target
@@ -375,14 +387,16 @@ def test_ranking_maps_adds_virtual_descents_fitted_on_the_run_s_mutants(iteratio
     """ranking_maps = the real descents (fixed or auto) + the virtual descents of a surrogate fitted to the
     mutants those real descents scored (one cache), built here from the parts; with one virtual descent too."""
     from overinterp_fast.methods.responsibility import auto_responsibility
-    from overinterp_fast.experimental.surrogate import ranking_maps
+    from overinterp_fast.experimental.surrogate import research_hook
+    from overinterp_fast.methods.responsibility import DescentPlan, ranking_maps
     model = PatchReader(slice(4, 10), slice(3, 9), need=0.4).eval()
     x = 0.5 + torch.rand(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         ev, prep = responsibility_evaluator(model, x)
         present = torch.ones(1, 28 * 28, dtype=torch.bool)
         for virtual in (1, 5):
-            got, q = ranking_maps(ev, prep, present, _top1, iterations, 10, 4, 7, False, True, virtual)
+            got, q = ranking_maps(ev, prep, present, _top1, DescentPlan(iterations, 10, 4, 7, False, True,
+                                                                        research_hook(virtual)))
             cache = MutantCache()
             if iterations == "auto":
                 maps, want_q, _ = auto_responsibility(ev, prep, present, _top1, 10, 4, 7, False, monotone=True,
@@ -403,7 +417,8 @@ def test_surrogate_makes_its_tensors_beside_its_inputs_not_on_torch_s_default_de
     """Under a meta default device (as torch.set_default_device("cuda") would be for CPU inputs), the fit, the
     rectangle scores (also of no mutant) and ranking_maps give what they give outside: a tensor made on meta
     holds no data, so any tensor made on the default device fails."""
-    from overinterp_fast.experimental.surrogate import ranking_maps
+    from overinterp_fast.experimental.surrogate import research_hook
+    from overinterp_fast.methods.responsibility import DescentPlan, ranking_maps
     ev, prep, present, cache = _scored(0.4, 2, 4, 10, 0)
     rects = torch.tensor([[0, 0, 14, 28], [14, 0, 28, 14], [8, 12, 16, 20]])
     owner, images = torch.tensor([0, 0, 1]), torch.tensor([0, 1])
@@ -413,7 +428,7 @@ def test_surrogate_makes_its_tensors_beside_its_inputs_not_on_torch_s_default_de
         sur = fit_surrogate(cache, present, _top1, 2, 28, 28, ev.runner)
         scores = sur.score_rectangles(rects, owner, images, present)
         empty = sur.score_rectangles(torch.zeros(0, 4, dtype=torch.int64), none, none, present)
-        maps, q = ranking_maps(ev, prep, present, _top1, 3, 10, 4, 7, False, True, 4, 2)
+        maps, q = ranking_maps(ev, prep, present, _top1, DescentPlan(3, 10, 4, 7, False, True, research_hook(4, 2)))
         return sur.weight, sur.bias, scores, empty, maps, q
 
     with torch.inference_mode():
@@ -637,7 +652,8 @@ def test_ranking_maps_passes_monotone_to_the_gated_descents(monkeypatch):
     """ranking_maps hands its monotone option to add_gated_descents (as it does to the real descents)."""
     import inspect
     import overinterp_fast.experimental.surrogate as sg
-    from overinterp_fast.experimental.surrogate import ranking_maps
+    from overinterp_fast.experimental.surrogate import research_hook
+    from overinterp_fast.methods.responsibility import DescentPlan, ranking_maps
     seen = []
     real = sg.add_gated_descents
 
@@ -649,5 +665,5 @@ def test_ranking_maps_passes_monotone_to_the_gated_descents(monkeypatch):
     ev, prep, present = _patch_run()
     with torch.inference_mode():
         for monotone in (True, False):
-            ranking_maps(ev, prep, present, _top1, 2, 10, 4, 5, False, monotone, 0, gated_iterations=1)
+            ranking_maps(ev, prep, present, _top1, DescentPlan(2, 10, 4, 5, False, monotone, research_hook(0, 1)))
     assert seen == [True, False]

@@ -79,7 +79,8 @@ def test_auto_block_and_checks():
             check_block(bad)
     x = torch.rand(1, 3, 8, 8)
     with pytest.raises(ValueError, match="block must be"):
-        of.fast_sis(PatchReader(slice(0, 2), slice(0, 2)), x, method="responsibility", block=0)
+        of.fast_sis(PatchReader(slice(0, 2), slice(0, 2)), x, method="responsibility",
+                    options=of.MinimalPixelSetOptions(block=0))
 
 
 @pytest.mark.parametrize("rows,cols", [(slice(4, 12), slice(14, 22)), (slice(20, 26), slice(0, 9))])
@@ -89,7 +90,8 @@ def test_square_scan_finds_the_first_passing_square_then_the_pixel_boundary(rows
     forward passes), and the pruned set lies inside the planted patch and is 1-minimal."""
     model = PatchReader(rows, cols, need=0.4).eval()
     x = 0.5 + torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(rows.start + cols.start))
-    res = of.fast_sis(model, x, method="responsibility", iterations=4, block=4, refine_budget=None)
+    res = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4, block=4,
+                                                                                           refine_budget=None))
     maps = of.responsibility(model, x, iterations=4, seed=0, monotone=True)
     inside = torch.zeros(32, 32, dtype=torch.bool)
     inside[rows, cols] = True
@@ -120,16 +122,16 @@ def test_refine_budget_auto_prunes_small_sets_and_leaves_large_ones():
     big = PatchReader(slice(0, 24), slice(0, 24), need=0.7).eval()  # needs about 0.7 x 576 = 403 pixels
     small = PatchReader(slice(3, 7), slice(3, 7), need=0.4).eval()
     x = 0.5 + torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
-    kw = dict(method="responsibility", iterations=2)
-    b, = of.fast_sis(big, x, **kw)
+    kw = dict(method="responsibility")
+    b, = of.fast_sis(big, x, **kw, options=of.MinimalPixelSetOptions(iterations=2))
     assert b.size_before_refine > 256 and b.size == b.size_before_refine
     assert b.refine_queries == 0 and b.minimal is False and top1_on(big, x[0], b.mask) == b.target
-    s, = of.fast_sis(small, x, **kw)
+    s, = of.fast_sis(small, x, **kw, options=of.MinimalPixelSetOptions(iterations=2))
     assert s.size_before_refine <= 256 and s.minimal is True and s.refine_queries > 0
     assert_one_minimal(small, x[0], s.mask, s.target)
     for bad in ("none", -3):
         with pytest.raises(ValueError, match="refine_budget must be 'auto', an int >= 0 or None"):
-            of.fast_sis(small, x, refine_budget=bad, **kw)
+            of.fast_sis(small, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=bad))
 
 
 def test_defaults_are_eight_monotone_iterations_ranked_in_auto_squares():
@@ -153,7 +155,7 @@ def test_square_scan_per_row_and_the_redo_on_the_model_keeps_each_rows_squares()
     pixel 28 (image 0) and pixel 0 (image 1); the model needs {28} and {0, 5}: image 1's set {0} fails there and is
     redone on the model with image 1's own squares: 16 fails, 24 passes (one round of 2), bisection 20, 18, 17:
     boundary 18 (S0 and pixels 4, 5), pruned to {0, 5}."""
-    from overinterp_fast.methods.extraction import extract_sets
+    from overinterp_fast.methods.extraction import ExtractionConfig, extract_sets
     from overinterp_fast.runtime.inputs import prepare
 
     from helpers import RuleEvaluator
@@ -166,9 +168,10 @@ def test_square_scan_per_row_and_the_redo_on_the_model_keeps_each_rows_squares()
     engine = RuleEvaluator(need({0: {28}, 1: {0}}))
     model = RuleEvaluator(need({0: {28}, 1: {0, 5}}))
     prep = prepare(torch.ones(2, 1, 6, 6, dtype=torch.float64))
-    a, b = extract_sets(engine, prep, torch.tensor([1, 1]), torch.ones(2, dtype=torch.float64),
-                        lambda present: (scores, None), lambda i, f, t: bool(t), 10, False, [0.5, 0.5],
-                        verifier=model, engine="stand-in", refine=True, refine_budget=None, refine_scan=10, block=4)
+    a, b = extract_sets(engine, prep, torch.tensor([1, 1]), torch.ones(2, dtype=torch.float64), [0.5, 0.5],
+                        lambda present: (scores, None), lambda i, f, t: bool(t),
+                        ExtractionConfig(step=10, verifier=model, engine="stand-in", refine=True, refine_budget=None,
+                                         refine_scan=10, block=4))
     assert a.order[:4].tolist() == [28, 29, 34, 35] and a.order[4:12].tolist() == [4, 5, 10, 11, 16, 17, 22, 23]
     assert b.order[:16].tolist() == [0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15, 18, 19, 20, 21]
     # the engine's scan of image 0: squares 4 and 12 (one round of 2), then bisection of (0, 4): 2 and 1 pass
@@ -199,9 +202,10 @@ def test_block_one_ranks_and_reports_the_raw_map_and_boundary_uses_squares():
     model = PatchReader(slice(4, 12), slice(14, 22), need=0.4).eval()
     x = 0.5 + torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(4))
     m, = of.responsibility(model, x, iterations=3, seed=0)
-    r, = of.fast_sis(model, x, method="responsibility", iterations=3, block=1)
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, block=1))
     assert torch.equal(r.values, m.map.view(-1)[r.order].double())
-    b, = of.fast_sis(model, x, method="responsibility", iterations=3, block=4, refine="boundary")
+    b, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, block=4,
+                                                                                          refine="boundary"))
     order, _, _ = brute_block_ranking(m.map.view(-1).tolist(), [True] * 1024, 32, 32, 4)
     assert b.order.tolist() == order and b.minimal is None
 

@@ -22,7 +22,8 @@ EXACT_AND_REFERENCE = [
     lambda m, x, tau, **kw: reference.sis(m, x, tau, outputs="probabilities", **kw),
 ]
 GRADIENT_AND_REFERENCE = [
-    lambda m, x, tau, k, **kw: of.fast_sis(m, x, tau, method="gradient", k=k, outputs="probabilities", **kw),
+    lambda m, x, tau, k, **kw: of.fast_sis(m, x, tau, method="gradient", outputs="probabilities",
+                                           options=of.GradientOptions(k=k), **kw),
     lambda m, x, tau, k, **kw: reference.gradient_sis(m, x, tau, k=k, outputs="probabilities", **kw),
 ]
 
@@ -82,14 +83,14 @@ def test_sufficient_subset_at_tau_and_ranking_ties():
     model = Dyadic([0.5, 0.25, 0.125, 0.0625]).eval()
     x = ones(2, 2, 2)
     ranking = torch.tensor([[4.0, 3.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
-    res = of.sufficient_subset(model, x, ranking, 0.75, outputs="probabilities")
+    res = of.sufficient_subset(model, x, ranking, 0.75, outputs="probabilities", refine=False)
     assert res[0].order.tolist() == [0, 1, 2, 3]
     assert res[0].sis.tolist() == [0, 1] and res[0].sis_score == 0.75  # 0.5 + 0.25 = tau exactly
     assert res[1].order.tolist() == [3, 2, 1, 0]  # equal scores: the higher index first
     assert res[1].sis.tolist() == [3, 2, 1, 0] and res[1].sis_score == 0.9375  # 0.0625+0.125+0.25 < 0.75
-    step2 = of.sufficient_subset(model, x, ranking, 0.75, outputs="probabilities", step=3)
+    step2 = of.sufficient_subset(model, x, ranking, 0.75, outputs="probabilities", step=3, refine=False)
     assert step2[0].sis.tolist() == [0, 1, 2]  # sizes 3, 4: the first size that passes
-    none = of.sufficient_subset(model, x, ranking, 1.0, outputs="probabilities")
+    none = of.sufficient_subset(model, x, ranking, 1.0, outputs="probabilities", refine=False)
     assert all(r.sis is None for r in none)  # even all features (0.9375) stay below tau
 
 
@@ -100,8 +101,8 @@ def test_all_masked_input_passes_gives_one_empty_set(method):
     x = torch.rand(2, 1, 3, 3, dtype=torch.float64)
     run = {
         "exact": lambda: of.fast_sis(model, x, 0.75, outputs="probabilities", collection=True),
-        "gradient": lambda: of.fast_sis(model, x, 0.75, method="gradient", k=4, outputs="probabilities",
-                                        collection=True),
+        "gradient": lambda: of.fast_sis(model, x, 0.75, method="gradient", outputs="probabilities", collection=True,
+                                        options=of.GradientOptions(k=4)),
         "reference": lambda: reference.sis(model, x, 0.75, outputs="probabilities", collection=True),
         "reference-gradient": lambda: reference.gradient_sis(model, x, 0.75, k=4, outputs="probabilities",
                                                              collection=True),
@@ -116,12 +117,12 @@ def test_all_masked_input_passes_gives_one_empty_set(method):
 def test_a_single_feature(method):
     model = Dyadic([1.0]).eval()
     x = ones(1, 1, 1)
-    kw = {"k": 5} if method == "gradient" else {}
-    (r,) = of.fast_sis(model, x, 1.0, method=method, outputs="probabilities", collection=True, **kw)
+    opts = of.GradientOptions(k=5) if method == "gradient" else None
+    (r,) = of.fast_sis(model, x, 1.0, method=method, outputs="probabilities", collection=True, options=opts)
     assert r.order.tolist() == [0] and r.values.tolist() == [0.0]
     assert r.sis.tolist() == [0] and r.sis_score == 1.0 and r.mask.tolist() == [[True]]
     assert len(r.collection) == 1
-    (unconfident,) = of.fast_sis(Dyadic([0.5]).eval(), x, 0.75, method=method, outputs="probabilities", **kw)
+    (unconfident,) = of.fast_sis(Dyadic([0.5]).eval(), x, 0.75, method=method, outputs="probabilities", options=opts)
     assert unconfident.sis is None and unconfident.mask is None and unconfident.score == 0.5
 
 
@@ -129,22 +130,22 @@ def test_a_single_feature_responsibility():
     model = Dyadic([1.0]).eval()
     (r,) = of.fast_sis(model, ones(1, 1, 1), method="responsibility", outputs="probabilities")
     assert r.sis.tolist() == [0] and r.sis_score == 1.0  # the whole (one-pixel) image
-    (m,) = of.responsibility(model, ones(1, 1, 1), outputs="probabilities")
+    (m,) = of.responsibility(model, ones(1, 1, 1), outputs="probabilities", iterations=20)
     assert m.queries == 0 and m.map.tolist() == [[0.0]]  # below the minimum box: no descent
 
 
 @pytest.mark.parametrize("method", ["exact", "gradient"])
 def test_image_already_at_the_mask_value(method):
     model = Dyadic([0.25] * 4, bias=0.5).eval()
-    kw = {"k": 3} if method == "gradient" else {}
+    opts = of.GradientOptions(k=3) if method == "gradient" else None
     for x, mv, f in ((torch.zeros(1, 1, 2, 2, dtype=torch.float64), 0.0, 0.5),
                      (torch.full((1, 1, 2, 2), 0.25, dtype=torch.float64), torch.full((1, 1, 2, 2), 0.25), 0.75)):
-        (r,) = of.fast_sis(model, x, f, method=method, mask_value=mv, outputs="probabilities", **kw)
+        (r,) = of.fast_sis(model, x, f, method=method, mask_value=mv, outputs="probabilities", options=opts)
         # masking changes nothing: f stays f(x) = tau at every step, so the fully masked input passes
         assert r.score == f and set(r.values.tolist()) == {f}
         assert r.sis.tolist() == [] and r.order.tolist() == [0, 1, 2, 3]
     (r,) = of.fast_sis(model, torch.zeros(1, 1, 2, 2, dtype=torch.float64), 0.6, method=method,
-                       outputs="probabilities", **kw)
+                       outputs="probabilities", options=opts)
     assert r.sis is None and r.values.tolist() == [0.5] * r.values.numel()
 
 
@@ -174,7 +175,8 @@ def test_every_set_of_every_round_is_sufficient_on_the_planted_models():
     model = Dyadic([0.25] * 4).eval()
     x = ones(1, 2, 2)
     for res in (of.fast_sis(model, x, 0.5, outputs="probabilities", collection=True),
-                of.fast_sis(model, x, 0.5, method="gradient", k=1, outputs="probabilities", collection=True)):
+                of.fast_sis(model, x, 0.5, method="gradient", outputs="probabilities", collection=True,
+                            options=of.GradientOptions(k=1))):
         assert assert_sets_sufficient(model, x, res, outputs="probabilities") == 2
 
 
@@ -198,8 +200,8 @@ def test_first_passing_prefix_chunks_and_criteria(criterion, size):
     model = Counting().eval()
     x = torch.ones(1, 100, dtype=torch.float64)
     ranking = -torch.arange(100.0)[None]  # feature 0 first
-    (r,) = of.sufficient_subset(model, x, ranking, 0.9, criterion=criterion, outputs="probabilities",
-                                batch_size=1000)
+    (r,) = of.sufficient_subset(model, x, ranking, 0.9, criterion=criterion, outputs="probabilities", batch_size=1000,
+                                refine=False)
     assert r.sis.tolist() == list(range(size))
     assert r.sis_score == pytest.approx((size + 0.25) / 101, rel=1e-15)
     assert model.rows == 1 + {91: 94, 51: 62}[size]  # the unmasked input, then the candidates

@@ -8,7 +8,7 @@ Tests marked ``mutation`` were written for survivors of a mutation run (mutmut):
 """
 import pytest
 import torch
-from overinterp_fast.methods.extraction import CountingEvaluator, extract_sets
+from overinterp_fast.methods.extraction import CountingEvaluator, ExtractionConfig, extract_sets
 from overinterp_fast.runtime.inputs import prepare
 from helpers import RuleEvaluator, top1
 
@@ -31,8 +31,9 @@ def run(evaluator, scores, *, n=None, p=None, step=1, collection=False, verifier
         return scores, queries
 
     return extract_sets(evaluator, prep, torch.arange(n) + 1, torch.linspace(0.5, 0.9, n, dtype=torch.float64),
-                        rank_fn, passes, step, collection, [0.25 + 0.125 * i for i in range(n)], verifier=verifier,
-                        engine="stand-in", refine=refine, refine_budget=refine_budget, refine_scan=refine_scan)
+                        [0.25 + 0.125 * i for i in range(n)], rank_fn, passes,
+                        ExtractionConfig(step=step, collection=collection, verifier=verifier, engine="stand-in",
+                                         refine=refine, refine_budget=refine_budget, refine_scan=refine_scan))
 
 
 DESC = torch.arange(11, -1, -1, dtype=torch.float64)  # feature 0 ranked first, then 1, ...
@@ -268,8 +269,8 @@ def test_refine_scan_brackets_from_zero_and_rows_that_never_pass():
 def test_extract_sets_defaults_name_the_torch_engine_and_do_not_refine():
     ev = RuleEvaluator(needs(i0={0, 4}))
     prep = prepare(torch.ones(1, 12, dtype=torch.float64))
-    (r,) = extract_sets(ev, prep, torch.tensor([0]), torch.tensor([0.5], dtype=torch.float64),
-                        lambda present: (DESC[None], None), top1, 3, False, [0.5])
+    (r,) = extract_sets(ev, prep, torch.tensor([0]), torch.tensor([0.5], dtype=torch.float64), [0.5],
+                        lambda present: (DESC[None], None), top1, ExtractionConfig(step=3))
     assert r.engine == "torch" and r.sis.tolist() == list(range(6)) and r.refine_queries is None
     assert r.size_before_refine is None and r.minimal is None
 

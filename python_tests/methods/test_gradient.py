@@ -21,7 +21,7 @@ def test_float64_equals_transcription(seed, k):
     with torch.no_grad():
         top = torch.softmax(model(images), 1).max(1).values.sort().values
     tau = float(top[1] + top[2]) / 2
-    fast = of.fast_sis(model, images, tau, method="gradient", k=k, batch_size=7)
+    fast = of.fast_sis(model, images, tau, method="gradient", batch_size=7, options=of.GradientOptions(k=k))
     ref = reference.gradient_sis(model, images, tau, k=k)
     assert_same(fast, ref)
     assert any(r.sis is None for r in fast) and any(r.sis is not None and r.sis.numel() > 0 for r in fast)
@@ -35,7 +35,7 @@ def test_float64_equals_transcription(seed, k):
 def test_float64_collection_equals_transcription():
     model = make_cnn(3)
     images = make_images(4, seed=41)
-    fast = of.fast_sis(model, images, 0.25, method="gradient", k=2, collection=True)
+    fast = of.fast_sis(model, images, 0.25, method="gradient", collection=True, options=of.GradientOptions(k=2))
     ref = reference.gradient_sis(model, images, 0.25, k=2, collection=True)
     assert_same(fast, ref, collection=True)
     assert max(len(r.collection) for r in fast) >= 2
@@ -48,7 +48,7 @@ def test_every_sis_is_verified_on_many_images():
     data = load_digits()
     model = train_digits_cnn(data, epochs=3)
     images = data.x_test[:60]
-    res = of.fast_sis(model, images, 0.9, method="gradient", k=4, collection=True)
+    res = of.fast_sis(model, images, 0.9, method="gradient", collection=True, options=of.GradientOptions(k=4))
     # every round of every image, each by its own forward pass
     checked = assert_sets_sufficient(model, images, res, rel=1e-5)
     assert checked == sum(len(r.collection) for r in res) and checked >= 50
@@ -57,7 +57,7 @@ def test_every_sis_is_verified_on_many_images():
 def test_autocast_sis_still_verified_in_full_precision():
     model = make_cnn(1, torch.float32, h=6, w=6)
     images = make_images(6, h=6, w=6, seed=5, dtype=torch.float32)
-    res = of.fast_sis(model, images, 0.3, method="gradient", k=3, autocast="bf16")
+    res = of.fast_sis(model, images, 0.3, method="gradient", options=of.GradientOptions(k=3, autocast="bf16"))
     assert any(r.sis is not None for r in res)
     assert assert_sets_sufficient(model, images, res, rel=1e-5) == sum(r.sis is not None for r in res)
 
@@ -66,31 +66,33 @@ def test_patch_features_and_packing_invariance():
     model = make_cnn(4, h=6, w=6)
     images = make_images(3, h=6, w=6, seed=3)
     patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2
-    together = of.fast_sis(model, images, 0.3, method="gradient", k=2, features=patches, collection=True)
+    together = of.fast_sis(model, images, 0.3, method="gradient", features=patches, collection=True,
+                           options=of.GradientOptions(k=2))
     assert_same(together, reference.gradient_sis(model, images, 0.3, k=2, features=patches, collection=True), True)
     assert assert_sets_sufficient(model, images, together, features=patches) >= 3
     for i in range(3):
-        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", k=2, features=patches, collection=True)
+        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", features=patches, collection=True,
+                            options=of.GradientOptions(k=2))
         assert_same([together[i]], alone, collection=True)
 
 
 def test_out_of_memory_in_backward_backs_off(cnn64, images64):
-    want = of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
+    want = of.fast_sis(cnn64, images64, 0.3, method="gradient", options=of.GradientOptions(k=5))
     flaky = OOMAbove(cnn64, limit=2).eval()
     with pytest.warns(UserWarning, match="out of memory"):
-        got = of.fast_sis(flaky, images64, 0.3, method="gradient", k=5, batch_size=8)
+        got = of.fast_sis(flaky, images64, 0.3, method="gradient", batch_size=8, options=of.GradientOptions(k=5))
     assert_same(got, want)
 
 
 def test_gradient_options_are_checked(cnn64, images64):
     with pytest.raises(ValueError, match="k \\(features masked"):
-        of.fast_sis(cnn64, images64, 0.3, method="gradient", k=0)
+        of.fast_sis(cnn64, images64, 0.3, method="gradient", options=of.GradientOptions(k=0))
     with pytest.raises(ValueError, match="autocast"):
-        of.fast_sis(cnn64, images64, 0.3, method="gradient", autocast="int8")
+        of.fast_sis(cnn64, images64, 0.3, method="gradient", options=of.GradientOptions(autocast="int8"))
 
 
 def test_user_model_gradients_untouched(cnn64, images64):
-    of.fast_sis(cnn64, images64, 0.3, method="gradient", k=5)
+    of.fast_sis(cnn64, images64, 0.3, method="gradient", options=of.GradientOptions(k=5))
     reference.gradient_sis(cnn64, images64[:1], 0.3, k=5)
     assert all(p.grad is None for p in cnn64.parameters())
 
@@ -119,7 +121,7 @@ def test_per_image_thresholds_gradient(cnn64, images64):
     with torch.no_grad():
         f = torch.softmax(cnn64(images64), 1).max(1).values
     rel = 0.8 * f
-    fast = of.fast_sis(cnn64, images64, rel, method="gradient", k=4, collection=True)
+    fast = of.fast_sis(cnn64, images64, rel, method="gradient", collection=True, options=of.GradientOptions(k=4))
     assert_same(fast, reference.gradient_sis(cnn64, images64, rel, k=4, collection=True), collection=True)
     assert all(r.sis is not None and r.sis_score >= r.threshold for r in fast)
     assert assert_sets_sufficient(cnn64, images64, fast) == sum(len(r.collection) for r in fast)
@@ -130,7 +132,8 @@ def test_per_image_baselines_equal_transcription():
     model = make_cnn(1, h=4, w=4)
     images = make_images(2, h=4, w=4, seed=11)
     base = make_images(2, h=4, w=4, seed=12) * 0.5
-    fast = of.fast_sis(model, images, 0.3, method="gradient", k=3, mask_value=base, collection=True)
+    fast = of.fast_sis(model, images, 0.3, method="gradient", mask_value=base, collection=True,
+                       options=of.GradientOptions(k=3))
     ref = reference.gradient_sis(model, images, 0.3, k=3, mask_value=base, collection=True)
     assert_same(fast, ref, collection=True)
     assert len(fast[0].collection) != len(fast[1].collection)  # a round with one of the two images
@@ -156,7 +159,8 @@ class _AutocastRecorder(torch.nn.Module):
 @pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None)])
 def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
     model = _AutocastRecorder(4, [0.3, 0.0]).eval()
-    (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, autocast=autocast)
+    (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", options=of.GradientOptions(k=1,
+                                                                                                   autocast=autocast))
     backward = [c for c in model.calls if c[0]]
     assert len(backward) == 4  # one gradient step per feature (k=1)
     assert all(c[1] == (autocast is not None) for c in backward)
@@ -173,8 +177,8 @@ def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
 @pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
 def test_gradient_progress_bar(monkeypatch, progress, shown):
     tty = fake_terminal(monkeypatch)
-    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", k=2,
-                progress=progress)
+    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", progress=progress,
+                options=of.GradientOptions(k=2))
     if not shown:
         assert "".join(tty.text) == ""
         return
@@ -182,8 +186,8 @@ def test_gradient_progress_bar(monkeypatch, progress, shown):
     assert last.startswith("gradient SIS: 100%") and " 3/3 [" in last  # ceil(5 / 2) steps
     assert "step/s" in last or "s/step" in last
     tty.text.clear()  # two rounds (see the next test): 4 steps, then 1; the total grows with each round
-    of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
-                collection=True, progress=progress)
+    of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities", collection=True,
+                progress=progress, options=of.GradientOptions(k=1))
     assert " 5/5 [" in tty.last_line()
 
 
@@ -202,8 +206,8 @@ def test_collection_goes_on_after_a_set_of_all_but_one_feature():
     model = _all_but_one_first
 
     for run in (of.fast_sis, reference.gradient_sis):
-        (r,) = run(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities",
-                   collection=True) if run is of.fast_sis else run(model, torch.ones(1, 4), 0.5, k=1,
+        (r,) = run(model, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities", collection=True,
+                   options=of.GradientOptions(k=1)) if run is of.fast_sis else run(model, torch.ones(1, 4), 0.5, k=1,
                                                                      outputs="probabilities", collection=True)
         assert r.order.tolist() == [0, 1, 2, 3]
         assert [c.sis.tolist() for c in r.collection] == [[3, 2, 1], [0]]
@@ -219,7 +223,8 @@ def test_non_finite_score_with_a_finite_gradient_is_refused():
 
     with pytest.raises(FloatingPointError, match=r"^the model's score or its gradient with respect to the mask is "
                                                  r"NaN or inf$"):
-        of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", k=1, outputs="probabilities")
+        of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities",
+                    options=of.GradientOptions(k=1))
 
 
 def test_autocast_and_k_options_by_hand():
@@ -265,5 +270,6 @@ def test_a_set_that_fails_its_own_verification_is_not_reported():
         f = torch.full_like(x[:, 0], 0.6 if x.shape[0] == 2 else 0.5) + 0 * x.sum(1)
         return torch.stack([f, 1 - f], 1)
 
-    res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", k=1, outputs="probabilities")
+    res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", outputs="probabilities",
+                      options=of.GradientOptions(k=1))
     assert [r.score for r in res] == pytest.approx([0.6, 0.6]) and [r.sis for r in res] == [None, None]

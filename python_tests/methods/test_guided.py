@@ -156,18 +156,20 @@ def test_fast_sis_prefix_search_options():
     error."""
     model = make_cnn(3, torch.float32, h=16, w=16)
     images = make_images(3, h=16, w=16, seed=11, dtype=torch.float32)
-    kw = dict(method="responsibility", iterations=3)
+    kw = dict(method="responsibility")
     for ps in ("guided", "scan"):
-        for r, img in zip(of.fast_sis(model, images, prefix_search=ps, **kw), images):
+        opts = of.MinimalPixelSetOptions(iterations=3, prefix_search=ps)
+        for r, img in zip(of.fast_sis(model, images, **kw, options=opts), images):
             assert r.sis is not None and top1_on(model, img, r.mask) == r.target
-        for r, img in zip(of.fast_sis(model, images, 0.3, criterion="threshold", prefix_search=ps, **kw), images):
+        opts = of.MinimalPixelSetOptions(iterations=3, criterion="threshold", prefix_search=ps)
+        for r, img in zip(of.fast_sis(model, images, 0.3, **kw, options=opts), images):
             if r.sis is not None:
                 with torch.no_grad():
                     f = torch.softmax(model(torch.where(r.mask, img, torch.zeros(()))[None]), 1)[0, r.target]
                 assert f >= 0.3
     for bad in ("full", None, 1):
         with pytest.raises(ValueError, match="prefix_search"):
-            of.fast_sis(model, images, prefix_search=bad, **kw)
+            of.fast_sis(model, images, **kw, options=of.MinimalPixelSetOptions(iterations=3, prefix_search=bad))
 
 
 def test_the_earliest_pass_is_bracketed_even_when_its_slack_disagrees():
@@ -199,7 +201,7 @@ def test_the_coarse_scan_steps_by_32_sizes_then_by_a_tenth():
 
 def test_the_slack_of_each_criterion():
     """What guides fast_sis's search: the margin for top-1; log f - log tau for a threshold (0 exactly at f = tau)."""
-    from overinterp_fast.api import _slack
+    from overinterp_fast.runtime.job import slack as _slack
 
     assert _slack("top1", [0.9])(0, 0.2, False, -1.5) == -1.5
     tau = _slack("threshold", [0.25, 0.5])

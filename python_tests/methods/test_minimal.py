@@ -62,8 +62,8 @@ def test_planted_patch_mps_is_inside_and_one_minimal(rows, cols):
 def test_refine_false_is_rex_extraction_and_refine_true_shrinks_it():
     model = PatchReader(slice(4, 12), slice(14, 22)).eval()
     x = 0.5 + torch.rand(2, 3, 24, 32, generator=torch.Generator().manual_seed(5))
-    rex = of.fast_sis(model, x, method="responsibility", iterations=6, refine=False)
-    ours = of.fast_sis(model, x, method="responsibility", iterations=6)
+    rex = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=6, refine=False))
+    ours = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=6))
     for img, a, b in zip(x, rex, ours):
         assert a.size % 10 == 0 and a.size_before_refine is None and a.refine_queries is None
         assert torch.equal(a.order, b.order)  # the same ranking
@@ -78,11 +78,11 @@ def test_refine_budget_stops_the_pruning_and_says_so():
     rows, cols = slice(2, 14), slice(4, 20)
     model = PatchReader(rows, cols, need=0.5).eval()
     x = 0.5 + torch.rand(2, 3, 16, 24, generator=torch.Generator().manual_seed(11))
-    kw = dict(method="responsibility", iterations=3)
-    capped = of.fast_sis(model, x, refine_budget=7, **kw)
-    free = of.fast_sis(model, x, refine_budget=None, **kw)
-    none = of.fast_sis(model, x, refine_budget=0, **kw)
-    boundary = of.fast_sis(model, x, refine="boundary", **kw)
+    kw = dict(method="responsibility")
+    capped = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=3, refine_budget=7))
+    free = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=3, refine_budget=None))
+    none = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=3, refine_budget=0))
+    boundary = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=3, refine="boundary"))
     for img, c, f, z, b in zip(x, capped, free, none, boundary):
         assert b.minimal is None and f.size > 7  # more pixels than the capped run may test
         assert c.minimal is False and c.refine_queries <= 7 and top1_on(model, img, c.mask) == c.target
@@ -92,7 +92,7 @@ def test_refine_budget_stops_the_pruning_and_says_so():
         assert_one_minimal(model, img, f.mask, f.target)
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="refine_budget"):
-            of.fast_sis(model, x, refine_budget=bad, **kw)
+            of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=3, refine_budget=bad))
 
 
 class CountWindows(nn.Module):
@@ -111,11 +111,13 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
     (10, 20, 40, 80, 160 fail, 320 passes) and bisects down to 200."""
     model = CountWindows().eval()
     x = 0.5 + torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
-    kw = dict(method="responsibility", iterations=2)
-    scanned = of.fast_sis(model, x, refine_budget=0, prefix_search="scan", **kw)
-    guided = of.fast_sis(model, x, refine_budget=0, **kw)  # the default: prefix_search="guided"
-    rex = of.fast_sis(model, x, refine=False, **kw)
-    jump = of.fast_sis(model, x, refine="boundary", **kw)
+    kw = dict(method="responsibility")
+    scanned = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=0,
+                                                                            prefix_search="scan"))
+    # the default: prefix_search="guided"
+    guided = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=0))
+    rex = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine=False))
+    jump = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine="boundary"))
     for s, g, r, j in zip(scanned, guided, rex, jump):
         assert r.size == 30 and s.size_before_refine == s.size == 30 and j.size == 200
         assert torch.equal(s.sis, s.order[:30]) and s.minimal is False
@@ -127,7 +129,7 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
         # the scan: sizes 10, 20 (first round of 2 on a CPU), then 30, 40, 50, 60 (a round of 4); the bisection
         # of (20, 30]: 25, 27, 28, 29 (all fail)
         assert s.extraction_queries == 6 + 4
-    pruned = of.fast_sis(model, x, refine_budget=None, **kw)
+    pruned = of.fast_sis(model, x, **kw, options=of.MinimalPixelSetOptions(iterations=2, refine_budget=None))
     for img, r in zip(x, pruned):
         assert r.size == 30 and r.minimal is True  # every single removal leaves 29 pixels: fails
         assert_one_minimal(model, img, r.mask, r.target)
@@ -136,7 +138,8 @@ def test_refine_true_scans_in_steps_of_ten_like_rex_then_bisects():
 def test_refine_boundary_is_the_exact_boundary_prefix():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(3, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", iterations=3, refine="boundary")
+    res = of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3,
+                                                                                                refine="boundary"))
     for img, r in zip(images, res):
         k = r.size
         assert k == r.size_before_refine and r.refine_queries == 0 and torch.equal(r.sis, r.order[:k])
@@ -144,14 +147,15 @@ def test_refine_boundary_is_the_exact_boundary_prefix():
         assert top1_on(model, img, prefix(k)) == r.target
         assert k == 1 or top1_on(model, img, prefix(k - 1)) != r.target
     with pytest.raises(ValueError, match="refine"):
-        of.fast_sis(model, images, method="responsibility", refine="prune")
+        of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(refine="prune"))
 
 
 def test_refine_on_a_cnn_is_one_minimal_whatever_the_batching():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", iterations=4)
-    again = of.fast_sis(model, images, method="responsibility", iterations=4, batch_size=5)
+    res = of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4))
+    again = of.fast_sis(model, images, method="responsibility", batch_size=5,
+                        options=of.MinimalPixelSetOptions(iterations=4))
     for img, r, s in zip(images, res, again):
         assert_one_minimal(model, img, r.mask, r.target)
         assert torch.equal(r.mask, s.mask)

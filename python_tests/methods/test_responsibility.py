@@ -45,7 +45,8 @@ def patch_images(n=3, seed=0):
 def test_planted_evidence_mps_inside_the_patch():
     model = PatchModel().eval()
     x = patch_images()
-    res = of.fast_sis(model, x, method="responsibility", iterations=20, refine=False)  # ReX's settings
+    res = of.fast_sis(model, x, method="responsibility",
+                      options=of.MinimalPixelSetOptions(iterations=20, refine=False))  # ReX's settings
     inside = torch.zeros(24, 32, dtype=torch.bool)
     inside[model.rows, model.cols] = True
     for r in res:
@@ -57,8 +58,8 @@ def test_planted_evidence_mps_inside_the_patch():
 def test_every_mps_restores_the_top1_class():
     model = make_cnn(2, torch.float32, h=12, w=12)
     images = make_images(4, h=12, w=12, seed=4, dtype=torch.float32)
-    res = of.fast_sis(model, images, method="responsibility", iterations=5, collection=True,
-                      refine=False)
+    res = of.fast_sis(model, images, method="responsibility", collection=True,
+                      options=of.MinimalPixelSetOptions(iterations=5, refine=False))
     assert assert_sets_sufficient(model, images, res, criterion="top1", rel=1e-5) == sum(len(r.collection) for r in res)
     for r in res:
         for c in r.collection:  # steps of 10 pixels, or all that the round had
@@ -98,7 +99,7 @@ def test_batched_descent_equals_the_plain_transcription():
 def test_tiny_image_below_the_minimum_box():
     x = 0.5 + torch.rand(2, 1, 3, 3)
     model = PatchModel(slice(0, 3), slice(0, 3)).eval()
-    maps = of.responsibility(model, x)
+    maps = of.responsibility(model, x, iterations=20)
     assert all(m.queries == 0 and torch.equal(m.map, torch.zeros(3, 3, dtype=torch.float64)) for m in maps)
     res = of.fast_sis(model, x, method="responsibility")
     assert all(r.sis is not None for r in res)
@@ -112,14 +113,15 @@ def test_mps_that_needs_the_whole_image():
             return torch.stack([s - (full - 0.5), torch.zeros_like(s)], 1)
 
     x = torch.ones(1, 3, 12, 12)
-    res = of.fast_sis(AllPixels().eval(), x, method="responsibility", iterations=3)
+    res = of.fast_sis(AllPixels().eval(), x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3))
     assert res[0].sis.numel() == 144 and res[0].mask.all()
 
 
 def test_collection_gives_disjoint_sets():
     model = PatchModel().eval()
     x = patch_images(2)
-    res = of.fast_sis(model, x, method="responsibility", iterations=5, collection=True)
+    res = of.fast_sis(model, x, method="responsibility", collection=True,
+                      options=of.MinimalPixelSetOptions(iterations=5))
     for r in res:
         assert len(r.collection) >= 2
         seen = torch.zeros(24, 32, dtype=torch.bool)
@@ -135,11 +137,12 @@ def test_threshold_criterion_and_bad_options():
     images = make_images(2, h=12, w=12, seed=4, dtype=torch.float32)
     with torch.no_grad():
         f = torch.softmax(model(images), 1).max(1).values
-    res = of.fast_sis(model, images, 0.9 * f, method="responsibility", criterion="threshold", iterations=3)
+    res = of.fast_sis(model, images, 0.9 * f, method="responsibility",
+                      options=of.MinimalPixelSetOptions(criterion="threshold", iterations=3))
     assert all(r.sis_score >= r.threshold for r in res)
     assert assert_sets_sufficient(model, images, res, rel=1e-5) == 2
     with pytest.raises(ValueError, match="criterion"):
-        of.fast_sis(model, images, method="responsibility", criterion="top5")
+        of.fast_sis(model, images, method="responsibility", options=of.MinimalPixelSetOptions(criterion="top5"))
     with pytest.raises(ValueError, match="iterations"):
         of.responsibility(model, images, iterations=0)
     with pytest.raises(ValueError, match="default pixel features"):
@@ -154,7 +157,7 @@ def test_sufficient_subset_equals_a_sequential_scan():
     with torch.no_grad():
         f = torch.softmax(model(images), 1).max(1).values
     tau = (0.9 * f).tolist()
-    res = of.sufficient_subset(model, images, ranking, tau)
+    res = of.sufficient_subset(model, images, ranking, tau, refine=False)
     for i, r in enumerate(res):
         keys = [(-float(ranking[i].flatten()[j]), -j) for j in range(25)]
         order = [j for _, j in sorted(zip(keys, range(25)))]
@@ -319,19 +322,25 @@ def test_fast_sis_turns_monotone_on_except_for_rex_extraction():
     on, = of.responsibility(model, x, iterations=3, seed=4, monotone=True)
     off, = of.responsibility(model, x, iterations=3, seed=4)
     assert on.queries < off.queries
-    r, = of.fast_sis(model, x, method="responsibility", iterations=3, seed=4)
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4))
     assert r.queries == on.queries
-    r, = of.fast_sis(model, x, method="responsibility", iterations=3, seed=4, refine=False)
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4,
+                                                                                          refine=False))
     assert r.queries == off.queries
-    r, = of.fast_sis(model, x, method="responsibility", iterations=3, seed=4, refine=False, monotone=True)
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4,
+                                                                                          refine=False, monotone=True))
     assert r.queries == on.queries
-    r, = of.fast_sis(model, x, method="responsibility", iterations=3, seed=4, monotone=False)
+    r, = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=3, seed=4,
+                                                                                          monotone=False))
     assert r.queries == off.queries
     for bad in ("yes", 1, 0):
         with pytest.raises(ValueError, match="monotone must be None, True or False"):
-            of.fast_sis(model, x, method="responsibility", monotone=bad)
-    with pytest.raises(ValueError, match="monotone must be True or False"):
-        of.responsibility(model, x, monotone=None)
+            of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(monotone=bad))
+    # plain maps: monotone=None ("auto") is off, as ReX (one default per option name)
+    auto, = of.responsibility(model, x, iterations=3, seed=4, monotone=None)
+    assert auto.queries == off.queries and torch.equal(auto.map, off.map)
+    with pytest.raises(ValueError, match="monotone must be None, True or False"):
+        of.responsibility(model, x, monotone=1, iterations=20)
     assert math.isfinite(float(on.map.sum()))
 
 

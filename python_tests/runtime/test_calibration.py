@@ -189,30 +189,31 @@ def test_fast_sis_uses_the_calibrated_batch_size(monkeypatch, job):
     monkeypatch.setattr(calibration, "measure", lambda probe, sizes, **kw: calls.append(list(sizes)) or
                         {b: fake[b] for b in sizes})
     want = of.reference.sis(model.inner, images, 0.3)
-    res = of.fast_sis(model, images, 0.3, engine="torch", incremental=False)
+    res = of.fast_sis(model, images, 0.3, engine="torch", options=of.ExactOptions(incremental=False))
     assert calls == [[16, 32, 64, 100]]
     assert max(model.sizes) == 100
     assert [r.size and r.sis.tolist() for r in res] == [r.size and r.sis.tolist() for r in want]
     model.sizes.clear()
-    of.fast_sis(model, images, 0.3, engine="torch", incremental=False)  # cached: no second measurement
+    of.fast_sis(model, images, 0.3, engine="torch",
+                options=of.ExactOptions(incremental=False))  # cached: no second measurement
     assert len(calls) == 1 and max(model.sizes) == 100
     calibration.clear_cache()
     fake.update({32: 0.2, 64: 5.0, 100: 8.0})  # calls of 32 rows now far cheaper than larger ones
     model.sizes.clear()
-    of.fast_sis(model, images, 0.3, engine="torch", incremental=False)
+    of.fast_sis(model, images, 0.3, engine="torch", options=of.ExactOptions(incremental=False))
     assert max(model.sizes[1:]) == 32
 
 
 def test_user_batch_size_wins(monkeypatch, job):
     model, images = job
     monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("calibrated despite batch_size"))
-    of.fast_sis(model, images, 0.3, batch_size=24, engine="torch", incremental=False)
+    of.fast_sis(model, images, 0.3, batch_size=24, engine="torch", options=of.ExactOptions(incremental=False))
     assert max(model.sizes[1:]) == 24  # the first call: the unmasked images
 
 
 def test_calibration_measures_real_candidates(job):
     model, images = job
-    res = of.fast_sis(model, images, 0.3, engine="torch", incremental=False)
+    res = of.fast_sis(model, images, 0.3, engine="torch", options=of.ExactOptions(incremental=False))
     cals = list(calibration._CACHE.values())
     assert len(cals) == 1 and cals[0].source == "measured" and cals[0].batch_size in cals[0].times
     assert all(t > 0 for t in cals[0].times.values()) and cals[0].batch_size >= calibration.MIN_CHOICE

@@ -81,9 +81,9 @@ def scores_of(model, images):
 def compare(model, images, tau, features=None, collection=False, mask_value=0.0, exact_values=True):
     """incremental=True against incremental=False and against the reference."""
     inc = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
-                      incremental=True)
+                      options=of.ExactOptions(incremental=True))
     dense = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
-                        incremental=False)
+                        options=of.ExactOptions(incremental=False))
     ref = reference.sis(model, images, tau, features=features, collection=collection, mask_value=mask_value)
     check = lambda a, b: assert_same_result(a, b, exact_values)  # noqa: E731
     assert_same_lists(inc, dense, check, collection)
@@ -129,7 +129,7 @@ def test_pool_residual_float64_superpixels_and_channel_mask_value():
 
 def test_float32_sis_equal_to_reference():
     model, images = make_cnn(5, torch.float32), make_images(4, seed=7, dtype=torch.float32)
-    inc = of.fast_sis(model, images, 0.3, incremental=True)
+    inc = of.fast_sis(model, images, 0.3, options=of.ExactOptions(incremental=True))
     ref = reference.sis(model, images, 0.3)
     for a, b in zip(inc, ref):
         assert (a.sis is None) == (b.sis is None)
@@ -181,7 +181,7 @@ def test_untraceable_model_falls_back_with_one_log_line(caplog):
     assert len(lines) == 1 and "cannot trace" in lines[0].getMessage()
     assert_same_lists(got, reference.sis(model, images, 0.3), assert_same_result)
     with pytest.raises(ValueError, match="incremental=True, but torch.fx cannot trace"):
-        of.fast_sis(model, images, 0.3, incremental=True)
+        of.fast_sis(model, images, 0.3, options=of.ExactOptions(incremental=True))
 
 
 def test_auto_considers_plans_by_estimated_work(monkeypatch):
@@ -198,7 +198,7 @@ def test_auto_considers_plans_by_estimated_work(monkeypatch):
     pl = incremental.choose(ModelFn(big), prepare(make_images(1, h=32, w=32)), None)
     assert pl is not None and pl.cost_ratio < incremental.AUTO_MAX_COST_RATIO
     with pytest.raises(ValueError, match="incremental must be"):
-        of.fast_sis(small, make_images(1), 0.5, incremental="yes")
+        of.fast_sis(small, make_images(1), 0.5, options=of.ExactOptions(incremental="yes"))
 
 
 @pytest.mark.slow  # incremental against dense inference on EfficientNet-Lite0 with its real weights
@@ -215,7 +215,7 @@ def test_efficientnet_lite0_patches():
     pl = incremental.plan(ModelFn(model), prepare(images.contiguous(memory_format=torch.channels_last), patches))
     assert {st.kind for st in pl.steps} >= {"window", "pointwise", "merge", "gap"}
     tau = float(scores_of(model, images)[0]) * 0.5
-    inc = of.fast_sis(model, images, tau, features=patches, incremental=True)
+    inc = of.fast_sis(model, images, tau, features=patches, options=of.ExactOptions(incremental=True))
     ref = reference.sis(model, images, tau, features=patches)
     assert torch.equal(inc[0].sis, ref[0].sis)
     torch.testing.assert_close(inc[0].values, ref[0].values, rtol=1e-4, atol=1e-6)
@@ -265,7 +265,7 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
     """A job that calibrates (calibration.MIN_ROWS lowered so a small one does): auto times both
     paths and says so in one line; whichever it takes, and each forced, the SIS equal the reference."""
     from overinterp_fast.runtime import calibration
-    from overinterp_fast import api
+    from overinterp_fast.attr import exact as attr_exact
     calibration.clear_cache()
     monkeypatch.setattr(calibration, "MIN_ROWS", 0)
     model = seeded(SmallCNN(8), seed=3)
@@ -277,10 +277,10 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
     assert len(lines) == 1 and "timed: predicted" in lines[0], lines
     assert_same_lists(got, want, assert_same_result)
     used = []
-    real = api.IncrementalEvaluator
-    monkeypatch.setattr(api, "IncrementalEvaluator", lambda *a: used.append(1) or real(*a))
+    real = attr_exact.IncrementalEvaluator
+    monkeypatch.setattr(attr_exact, "IncrementalEvaluator", lambda *a: used.append(1) or real(*a))
     for pays in (True, False):
-        monkeypatch.setattr(api, "incremental_pays", lambda *a, pays=pays: pays)
+        monkeypatch.setattr(attr_exact, "incremental_pays", lambda *a, pays=pays: pays)
         used.clear()
         assert_same_lists(of.fast_sis(model, images, 0.3), want, assert_same_result)
         assert used == ([1] if pays else [])
@@ -430,7 +430,7 @@ def test_base_runs_only_when_an_images_present_row_changed(monkeypatch):
     monkeypatch.setattr(incremental.IncrementalEvaluator, "__call__", call)
     monkeypatch.setattr(incremental.IncrementalEngine, "base", base)
     tau = float(scores_of(model, images).min()) * 0.9
-    got = of.fast_sis(model, images, tau, incremental=True, batch_size=7)
+    got = of.fast_sis(model, images, tau, batch_size=7, options=of.ExactOptions(incremental=True))
     last, expected = {}, {}
     for i, row in seen:
         if last.get(i) != row:

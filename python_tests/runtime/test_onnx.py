@@ -198,7 +198,7 @@ def test_gradient_method_on_onnx_names_the_black_box_methods(onnx_path):
 
 def test_responsibility_runs_on_onnx(cnn32, onnx_path):
     images = make_images(2, seed=6, dtype=torch.float32)
-    res = of.fast_sis(onnx_path, images, method="responsibility", iterations=4)
+    res = of.fast_sis(onnx_path, images, method="responsibility", options=of.MinimalPixelSetOptions(iterations=4))
     assert assert_sets_sufficient(cnn32, images, res, criterion="top1", rel=1e-4) == 2  # restores the top-1 class
     maps = of.responsibility(OnnxModel(onnx_path), images, iterations=4)
     assert all(m.queries > 0 for m in maps)

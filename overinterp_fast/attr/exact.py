@@ -1,0 +1,103 @@
+"""ExactSIS: Sufficient Input Subsets by backward selection over every feature (docs: algorithms.md, Exact SIS)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..methods.exact import exact_sis
+from ..methods.results import SISResult
+from ..runtime import job
+from ..runtime.batching import CandidateEvaluator
+from ..runtime.calibration import exact_job_time
+from ..runtime.engines import Engine, incremental_calibration, incremental_pays, time_small_job
+from ..runtime.incremental import IncrementalEvaluator
+from ..runtime.incremental import choose as choose_incremental
+from ..runtime.model import initial_predictions
+from ._base import SetAttribution
+from .options import ExactOptions, RunOptions
+
+_R, _E = RunOptions, ExactOptions  # the defaults' single source
+
+
+class ExactSIS(SetAttribution):
+    """Exact SIS: backward selection over every feature (p(p+1)/2 forward passes per image), then FindSIS.
+
+    ``attribute()`` returns the backward-selection order as scores: feature ``order[t - 1]`` (the t-th masked,
+    1-based) scores t, so sorting by score, descending, gives the order back from the last masked.
+
+    Args:
+        forward_func: torch module (in eval mode) or callable [B, *D] -> logits [B, K]; a list of models is an
+            ensemble; an ``.onnx`` path, ``onnxruntime.InferenceSession`` or OnnxModel.
+        threshold: tau in [0, 1]: the SIS keeps f >= tau (a number, or one per example: a sequence or [N]).
+        outputs: "logits" (f = softmax probability) or "probabilities".
+        engine: what scores the candidates: "auto", "torch", "onnxruntime" or "compile"; every SIS is checked
+            on the model as given (docs: guides/exact.md).
+        batch_size: candidates per forward call (None: calibrated).
+        collection: also find every further disjoint SIS (``SISResult.collection``).
+        incremental: :class:`~overinterp_fast.attr.options.ExactOptions`' ``incremental``.
+
+    Example:
+        >>> sis = ExactSIS(model, threshold=0.9)
+        >>> results = sis.find_sis(images)            # list[SISResult]
+        >>> scores = sis.attribute(images)            # images' shape [N, C, H, W]
+    """
+
+    options_class = ExactOptions
+
+    def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs, engine: str = _R.engine,
+                 batch_size: int | None = _R.batch_size, collection: bool = _R.collection,
+                 incremental: bool | None = _E.incremental) -> None:
+        super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size, collection),
+                         ExactOptions(incremental))
+
+    def _check(self) -> None:
+        engine = self.run.engine
+        if self.options.incremental and engine not in ("auto", "torch"):
+            raise ValueError(f"incremental=True runs the torch model; engine must be 'auto' or 'torch', got {engine!r}")
+
+    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
+        run = self.run
+        s = job.setup(self.forward_func, images, run.threshold, features, mask_value, run.outputs, run.batch_size,
+                      "exact")
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
+            first_pass_s = time.perf_counter() - t0
+            incremental, eng = self._incremental(s, targets, first_pass_s)
+            common = dict(thresholds=s.thresholds, collection=run.collection)
+            if incremental is not None:
+                return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
+                                 runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
+            if eng is None:
+                eng = self._dense(s, targets)
+            verifier = (CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1)
+                        if eng.verify else None)
+            return exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size, runner=s.runner,
+                             progress=progress, verifier=verifier, engine=eng.name)
+
+    def _dense(self, s: job.Setup, targets: torch.Tensor, rival_s: float | None = None) -> Engine:
+        """The dense engine of the job: every candidate of n images of p features."""
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        return job.choose_engine(s, self.run.engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
+                                 exact_shape=(n, p), rival_s=rival_s)
+
+    def _incremental(self, s: job.Setup, targets: torch.Tensor,
+                     first_pass_s: float) -> tuple[IncrementalEvaluator | None, Engine | None]:
+        """(the incremental evaluator where it runs the job, else None; the dense engine where it was chosen while
+        timing the incremental path against it, else None). The runner takes the incremental batch size."""
+        engine, incremental = self.run.engine, self.options.incremental
+        pl = choose_incremental(s.fn, s.prep, incremental if engine in ("auto", "torch") else False)
+        if pl is None:
+            return None, None
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        icl = incremental_calibration(pl, s.fn, s.prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
+        eng = None
+        if incremental is None:  # auto: time it against the dense engine (no ONNX export when it is short)
+            rival = exact_job_time(icl.times, icl.batch_size, n, p) if icl.times else None
+            eng = self._dense(s, targets, rival)
+            icl, eng = time_small_job(pl, s.fn, s.prep, targets, icl, eng, (n, p), first_pass_s)
+        if eng is None or incremental_pays(pl, icl, eng, (n, p)):
+            s.runner.chunk = icl.batch_size
+            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None
+        return None, eng

@@ -1,0 +1,166 @@
+"""The options of every method: one frozen dataclass per method, checked when made, the single source of the
+defaults (the :mod:`overinterp_fast.attr` classes and :func:`overinterp_fast.fast_sis` take their defaults from
+here). A bad value is a one-line ValueError naming the option.
+
+    opts = MinimalPixelSetOptions(iterations=20, refine=False)   # ReX's extraction
+    of.fast_sis(model, images, method="responsibility", options=opts)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..methods.blocks import check_block
+from ..methods.gradient import check_autocast, check_k
+from ..methods.responsibility import check_responsibility_options
+from ..runtime.engines import check_engine
+from ..runtime.job import check_criterion, check_flag, check_prefix_search, check_refine, check_step
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every method shares: the threshold, the model's outputs, the engine, the batch size, collections.
+
+    Attributes:
+        threshold: tau in [0, 1] (a number, or one per image: a sequence or tensor [N]).
+        outputs: "logits" (f = softmax probability) or "probabilities".
+        engine: "auto", "torch", "onnxruntime" or "compile" (docs: guides/exact.md).
+        batch_size: candidates per forward call (None: calibrated).
+        collection: also find every further disjoint set.
+    """
+
+    threshold: float | list[float] | torch.Tensor = 0.9
+    outputs: str = "logits"
+    engine: str = "auto"
+    batch_size: int | None = None
+    collection: bool = False
+
+    def __post_init__(self):
+        check_engine(self.engine)
+
+
+@dataclass(frozen=True)
+class ExactOptions:
+    """Options of exact SIS (docs: algorithms.md, Exact SIS).
+
+    Attributes:
+        incremental: score each candidate by recomputing only the part of each layer its masked feature reaches
+            (docs: algorithms.md, Incremental inference; runs the torch model, so it takes the place of the
+            engine). None: where the model traces and timing predicts it is faster; True: always; False: never.
+    """
+
+    incremental: bool | None = None
+
+    def __post_init__(self):
+        check_flag("incremental", self.incremental, none=True)
+
+
+@dataclass(frozen=True)
+class GradientOptions:
+    """Options of batched-gradient SIS (docs: algorithms.md, Batched-gradient SIS).
+
+    Attributes:
+        k: features masked per gradient step (an int >= 1).
+        autocast: None, "bf16" or "fp16" for the gradient steps (FindSIS and every SIS's check run in the
+            images' dtype).
+    """
+
+    k: int = 100
+    autocast: str | torch.dtype | None = None
+
+    def __post_init__(self):
+        check_k(self.k)
+        check_autocast(self.autocast)
+
+
+@dataclass(frozen=True)
+class ResponsibilityOptions:
+    """Options of causal responsibility maps (ReX's algorithm; docs: algorithms.md, Causal responsibility and
+    minimal pixel sets).
+
+    Attributes:
+        iterations: independent random descents per image (seeds seed + t), run together (an int >= 1).
+        seed: the first descent's seed (an int >= 0).
+        depth: levels per descent at most. min_box: boxes with a smaller area (pixels) are not split.
+        criterion: a mutant passes when its top-1 class is the target ("top1", ReX's) or when f >= threshold
+            ("threshold").
+        monotone: True: skip the mutants none of whose supersets passed (see
+            :func:`~overinterp_fast.methods.responsibility.descend`). None ("auto"): off for plain maps, as
+            ReX. False: every mutant is scored.
+    """
+
+    iterations: int = 8
+    seed: int = 0
+    depth: int = 10
+    min_box: int = 10
+    criterion: str = "top1"
+    monotone: bool | None = None
+
+    def __post_init__(self):
+        check_responsibility_options(self.iterations, self.depth, self.min_box, self.seed)
+        check_flag("monotone", self.monotone, none=True)
+        check_criterion(self.criterion)
+
+
+@dataclass(frozen=True)
+class MinimalPixelSetOptions:
+    """Options of minimal pixel sets: a responsibility ranking (depth 10, boxes of 10 pixels, as ReX) and a
+    sufficient set extracted from it (docs: algorithms.md, Causal responsibility and minimal pixel sets).
+
+    Attributes:
+        iterations: descents per image (an int >= 1), or "auto": stop an image's descents once its top-ranked
+            pixels have settled (:func:`~overinterp_fast.methods.responsibility.auto_responsibility`).
+        seed: the first descent's seed (an int >= 0).
+        criterion: "top1" (ReX's: the set restores the top-1 class) or "threshold" (f >= threshold).
+        monotone: see :class:`ResponsibilityOptions`; None ("auto"): on, except with refine=False (ReX's
+            algorithm scores every mutant).
+        refine: True: a pixel-exact boundary prefix pruned towards a 1-minimal set; "boundary": the boundary
+            prefix only; False: ReX's extraction (the first passing prefix in steps of 10).
+        refine_budget: the most pruning queries per image (None: no limit; "auto": sets of up to 256 pixels are
+            pruned without limit, larger ones are not pruned).
+        block: rank the pixels square by square, squares of ``block`` x ``block`` pixels ("auto": about a
+            28 x 28 grid; 1: pixel by pixel); refine=True or "boundary" only.
+        prefix_search: "guided" (the first passing prefix in steps of 10, found from the margins of a few tried
+            prefixes) or "scan" (one square at a time).
+    """
+
+    iterations: int | str = 8
+    seed: int = 0
+    criterion: str = "top1"
+    monotone: bool | None = None
+    refine: bool | str = True
+    refine_budget: int | str | None = "auto"
+    block: int | str = "auto"
+    prefix_search: str = "guided"
+
+    def __post_init__(self):
+        check_responsibility_options(1 if self.iterations == "auto" else self.iterations, 10, 10, self.seed)
+        check_refine(self.refine, self.refine_budget)
+        check_block(self.block)
+        check_flag("monotone", self.monotone, none=True)
+        check_prefix_search(self.prefix_search)
+        check_criterion(self.criterion)
+
+
+@dataclass(frozen=True)
+class SubsetOptions:
+    """Options of sufficient subsets of a ranking (docs: algorithms.md, Sufficient subsets of a ranking).
+
+    Attributes:
+        criterion: "threshold" (f >= threshold: the sets are SIS) or "top1" (the top-1 class is the target).
+        step: refine=False: prefix sizes step, step*2, ..., p (ReX uses 10).
+        refine: True: a feature-exact boundary prefix pruned to a 1-minimal set; "boundary": the boundary prefix
+            only; False: the first passing prefix in steps of ``step``.
+        refine_budget: see :class:`MinimalPixelSetOptions`.
+    """
+
+    criterion: str = "threshold"
+    step: int = 1
+    refine: bool | str = True
+    refine_budget: int | str | None = "auto"
+
+    def __post_init__(self):
+        check_step(self.step)
+        check_refine(self.refine, self.refine_budget)
+        check_criterion(self.criterion)

@@ -1,0 +1,74 @@
+"""MinimalPixelSet (overinterp_fast/attr/minimal.py): the ranking is ReX's map (the reference transcription's),
+the attribution gives it back, and the sets are fast_sis(method="responsibility")'s."""
+import pytest
+import torch
+
+import overinterp_fast as of
+from overinterp_fast.attr import MinimalPixelSet
+from overinterp_fast.methods import reference
+from helpers import PatchReader, assert_same_lists, assert_same_result, fake_terminal, top1_on, whole_message
+
+
+def _x(n=2):
+    return 0.5 + torch.rand(n, 3, 16, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+
+MODEL = PatchReader(slice(3, 9), slice(2, 7), need=0.4)
+
+
+def test_order_is_the_reference_map_s_ranking_and_the_set_restores_the_top1_class():
+    model, x = MODEL.eval(), _x()
+    # monotone=False and pixel blocks: the ranking is the map of ReX's descents (depth 10, boxes of 10 pixels)
+    got = MinimalPixelSet(model, iterations=3, seed=1, monotone=False, block=1).find_sis(x)
+    plain = reference.responsibility(model, x, iterations=3, seed=1)
+    for r, (ref_map, _), img in zip(got, plain, x):
+        flat = ref_map.flatten().tolist()
+        want = sorted(range(256), key=lambda j: (-flat[j], -j))  # descending; ties: the higher index first
+        assert r.order.tolist() == want
+        torch.testing.assert_close(r.values, ref_map.flatten()[r.order], rtol=0, atol=1e-12)
+        assert r.sis is not None and top1_on(model, img, r.mask) == r.target
+
+
+def test_attribute_gives_the_ranking_back():
+    model, x = MODEL.eval(), _x()
+    mps = MinimalPixelSet(model, iterations=2)
+    got = mps.attribute(x)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    for a, r in zip(got, mps.find_sis(x)):
+        assert torch.equal(a[0], a[2])
+        scores = a[0].flatten()
+        assert torch.argsort(scores, descending=True, stable=True).tolist() == r.order.tolist()
+        assert scores[r.order[0]] == 256 and scores[r.order[-1]] == 1
+
+
+@pytest.mark.parametrize("options", [dict(), dict(iterations=3, refine=False), dict(criterion="threshold",
+                                                                                     prefix_search="scan", block=2)])
+def test_find_sis_equals_fast_sis(options):
+    model, x = MODEL.eval(), _x()
+    got = MinimalPixelSet(model, threshold=0.4, collection=True, **options).find_sis(x, baselines=0.25)
+    fast = of.fast_sis(model, x, 0.4, method="responsibility", mask_value=0.25, collection=True,
+                       options=of.MinimalPixelSetOptions(**options))
+    assert_same_lists(got, fast, assert_same_result, collection=True)
+    assert all(a.total_queries == b.total_queries and a.minimal == b.minimal for a, b in zip(got, fast))
+
+
+def test_another_method_s_option_is_refused():
+    model = MODEL.eval()
+    for option in ("depth", "min_box", "k", "incremental", "step", "virtual_iterations", "monotone_memory"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
+            MinimalPixelSet(model, **{option: 1})
+    with pytest.raises(ValueError, match=whole_message("block must be 'auto' or an int >= 1, got 0")):
+        MinimalPixelSet(model, block=0)
+    with pytest.raises(ValueError, match=whole_message(
+            "MinimalPixelSet works on images [N, C, H, W] with the default pixel features (features=None)")):
+        MinimalPixelSet(model).find_sis(_x(1), feature_mask=torch.arange(256).view(16, 16) // 16)
+
+
+@pytest.mark.parametrize("show", [True, False])
+def test_show_progress_draws_a_bar(monkeypatch, show):
+    tty = fake_terminal(monkeypatch)
+    MinimalPixelSet(MODEL.eval(), iterations=1).find_sis(_x(1), show_progress=show)
+    if show:
+        assert "responsibility:" in "".join(tty.text).replace("\r", "\n")
+    else:
+        assert "".join(tty.text) == ""
