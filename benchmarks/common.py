@@ -30,6 +30,8 @@ RESULTS = os.path.join(HERE, "results")
 # fast_sis's own keywords; every other keyword given to explain() is an option of the method
 # (exact: incremental; gradient: k, autocast; responsibility: iterations, seed, refine, refine_budget, block,
 # monotone, criterion, prefix_search)
+OPTIONS = {"exact": of.attr.ExactOptions, "gradient": of.attr.GradientOptions,
+           "responsibility": of.attr.MinimalPixelSetOptions}
 COMMON_KEYWORDS = frozenset({"target", "mask_value", "features", "collection", "batch_size", "outputs", "progress",
                              "engine"})
 
@@ -38,8 +40,7 @@ def explain(model, images: torch.Tensor, threshold: float = 0.9, *, method: str 
     """``fast_sis(model, images, threshold, method=method, ...)`` with progress off unless asked.
 
     ``keywords`` mixes fast_sis's own keywords (COMMON_KEYWORDS) and the method's options; they are
-    split here. Today both go to fast_sis as keywords; with options objects the method's options become
-    ``options=<the method's options class>(**method_options)``.
+    split here: the method's options go to fast_sis as ``options=<the method's options class>(**method_options)``.
 
     Returns:
         list[SISResult], one per image of ``images`` [N, *D].
@@ -47,7 +48,8 @@ def explain(model, images: torch.Tensor, threshold: float = 0.9, *, method: str 
     common = {k: v for k, v in keywords.items() if k in COMMON_KEYWORDS}
     method_options = {k: v for k, v in keywords.items() if k not in COMMON_KEYWORDS}
     common.setdefault("progress", False)
-    return of.fast_sis(model, images, threshold, method=method, **common, **method_options)
+    options = OPTIONS[method](**method_options) if method_options else None
+    return of.fast_sis(model, images, threshold, method=method, options=options, **common)
 
 
 # ---- configurations ----

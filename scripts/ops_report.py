@@ -27,11 +27,11 @@ def small_cnn(device: torch.device) -> nn.Module:
 
 def run_methods(model: nn.Module, images: torch.Tensor) -> dict:
     """Every method on ``images`` [N, 3, 12, 12]: {method: [(order, sis) per image]}. The one place this script calls
-    the library's short path (method options as fast_sis keywords)."""
+    the library's short path (method options as options objects)."""
     res = {
         "exact": of.fast_sis(model, images, 0.5, collection=True),
-        "gradient": of.fast_sis(model, images, 0.5, method="gradient", k=20),
-        "responsibility": of.fast_sis(model, images, 0.5, method="responsibility", iterations=4),
+        "gradient": of.fast_sis(model, images, 0.5, method="gradient", options=of.attr.GradientOptions(k=20)),
+        "responsibility": of.fast_sis(model, images, 0.5, method="responsibility", options=of.attr.MinimalPixelSetOptions(iterations=4)),
     }
     return {name: [(r.order.tolist(), None if r.sis is None else r.sis.tolist()) for r in rs]
             for name, rs in res.items()}
