@@ -13,7 +13,7 @@ For the memory to fill before it is used, the descents run in waves (:func:`reme
 wave t holds descent t (seed + t) of every image. On a criterion that is monotone in the pixels
 kept the map is the one the same descents give without the memory; the top-1 class of a real
 model is not monotone, and on EfficientNet-Lite0 about 12% of the inferred answers were wrong
-(benchmarks/results/README.md, "Monotone inference across descents"). The map is then an
+(docs: notes/measurements.md, "Monotone inference across descents"). The map is then an
 estimate of ReX's, not ReX's; every set extracted from it is still checked on the model.
 
 Measured (7 photos, EfficientNet-Lite0, 6 runs): 8 remembered descents, then 9 gated and 100

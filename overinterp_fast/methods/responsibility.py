@@ -416,7 +416,7 @@ def compute_responsibility(
 
 
 AUTO_MAX_ITERATIONS = 20  # iterations="auto" never runs more than ReX's default
-# The stopping rule, chosen from data (benchmarks/auto_rule_data.py, benchmarks/results/README.md "auto rule"):
+# The stopping rule, chosen from data (docs: notes/measurements.md, "Choosing the `iterations="auto"` rule from data"):
 # stop an image after iteration t >= AUTO_MIN_ITERATIONS once the AUTO_TOP_FRACTION top-ranked pixels have kept a
 # Dice of at least AUTO_DICE with those of the iteration before for AUTO_PATIENCE iterations in a row.
 AUTO_MIN_ITERATIONS = 6
