@@ -93,3 +93,14 @@ def test_upload_to_cuda_copies_without_waiting_for_the_gpu():
         torch.cuda.set_sync_debug_mode("default")
     assert [t.device.type for t in parts] == ["cuda", "cuda"]
     assert [t.tolist() for t in parts] == [[0, 1, 2, 3, 4], [7, 8]]
+
+
+@pytest.mark.mutation
+def test_upload_flattens_each_part_into_int64_views_of_one_tensor():
+    a, b, c = upload(torch.device("cpu"), [[1, 2], [3, 4]], np.array([5], dtype=np.int32), [])
+    assert (a.tolist(), b.tolist(), c.tolist()) == ([1, 2, 3, 4], [5], [])
+    assert [t.dtype for t in (a, b, c)] == [torch.int64] * 3
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # one tensor, one transfer
+    assert upload(torch.device("cpu")) == ()
+    (m,) = upload(torch.device("meta"), [1, 2])  # any other device: one copy there
+    assert m.device.type == "meta" and m.dtype == torch.int64 and tuple(m.shape) == (2,)
