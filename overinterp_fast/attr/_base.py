@@ -9,6 +9,7 @@ import torch
 
 from ..methods.results import SISResult
 from ..runtime.inputs import check_feature_map, default_feature_map
+from ..runtime import job
 from ..runtime.job import check_flag
 from .options import RunOptions
 
@@ -130,6 +131,13 @@ class SISAttribution:
 
     def _check(self) -> None:
         """Checks between the run options and the method's (none by default)."""
+
+    def _setup(self, images, features, mask_value, method: str) -> "job.Setup":
+        """The validated job (:func:`overinterp_fast.runtime.job.setup`) of ``images`` with this object's run
+        options; ``method`` names what the inputs are checked for ("exact" for any black-box forward job)."""
+        run = self.run
+        return job.setup(self.forward_func, images, run.threshold, features, mask_value, run.outputs,
+                         run.batch_size, method)
 
     def _captum(self, inputs, target, baselines, feature_mask, show_progress) -> tuple:
         """Captum's data-side arguments as the runtime's: (target, mask_value, features, progress)."""

@@ -8,7 +8,6 @@ import torch
 from ..methods.exact import exact_sis
 from ..methods.results import SISResult
 from ..runtime import job
-from ..runtime.batching import CandidateEvaluator
 from ..runtime.calibration import exact_job_time
 from ..runtime.engines import Engine, incremental_calibration, incremental_pays, time_small_job
 from ..runtime.incremental import IncrementalEvaluator
@@ -58,8 +57,7 @@ class ExactSIS(SetAttribution):
 
     def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
         run = self.run
-        s = job.setup(self.forward_func, images, run.threshold, features, mask_value, run.outputs, run.batch_size,
-                      "exact")
+        s = self._setup(images, features, mask_value, "exact")
         with torch.inference_mode():
             t0 = time.perf_counter()
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
@@ -71,10 +69,8 @@ class ExactSIS(SetAttribution):
                                  runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
             if eng is None:
                 eng = self._dense(s, targets)
-            verifier = (CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1)
-                        if eng.verify else None)
             return exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size, runner=s.runner,
-                             progress=progress, verifier=verifier, engine=eng.name)
+                             progress=progress, verifier=job.verifier(s, eng, targets), engine=eng.name)
 
     def _dense(self, s: job.Setup, targets: torch.Tensor, rival_s: float | None = None) -> Engine:
         """The dense engine of the job: every candidate of n images of p features."""

@@ -46,8 +46,7 @@ class GradientSIS(SetAttribution):
 
     def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
         run, k = self.run, self.options.k
-        s = job.setup(self.forward_func, images, run.threshold, features, mask_value, run.outputs, run.batch_size,
-                      "gradient")
+        s = self._setup(images, features, mask_value, "gradient")
         n, p = s.prep.images.shape[0], s.prep.num_features
         with torch.no_grad():
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)

@@ -44,8 +44,7 @@ def start_maps(obj: SISAttribution, images, target, mask_value, features, iterat
     """Set up a responsibility job of ``obj`` (Responsibility or MinimalPixelSet; call it in inference mode):
     images [N, C, H, W] with pixel features, the targets, the engine sized for ``iterations`` descents."""
     run = obj.run
-    s = job.setup(obj.forward_func, images, run.threshold, features, mask_value, run.outputs, run.batch_size,
-                  "responsibility")
+    s = obj._setup(images, features, mask_value, "responsibility")
     job.check_pixels(s, obj.name)
     passes = job.passes(criterion, s.thresholds)
     targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
@@ -57,7 +56,7 @@ def start_maps(obj: SISAttribution, images, target, mask_value, features, iterat
 
 
 class Responsibility(SISAttribution):
-    """Causal responsibility maps (paper 002, ReX 0.4.1's algorithm): ``iterations`` random descents per image
+    """Causal responsibility maps (ReX 0.4.1's algorithm, after Kelly, Chanchal and Blake): ``iterations`` random descents per image
     through boxes of pixels, all run together; the map is the sum over descents of log(per-descent map).
 
     ``attribute()`` returns the map broadcast over channels (inputs' shape [N, C, H, W] and dtype; higher = more

@@ -61,8 +61,7 @@ class SufficientSubset(SISAttribution):
 
     def _run(self, images, ranking, target, mask_value, features) -> list[SISResult]:
         o, run = self.options, self.run
-        s = job.setup(self.forward_func, images, run.threshold, features, mask_value, run.outputs, run.batch_size,
-                      "exact")
+        s = self._setup(images, features, mask_value, "exact")
         n, p = s.prep.images.shape[0], s.prep.num_features
         scores = feature_scores(ranking, s.prep)
         passes = job.passes(o.criterion, s.thresholds)

@@ -1,4 +1,4 @@
-"""Causal responsibility maps and minimal pixel sets (paper 002; the ReX algorithm; docs: algorithms.md,
+"""Causal responsibility maps and minimal pixel sets (the ReX algorithm of Kelly, Chanchal and Blake; docs: algorithms.md,
 Causal responsibility and minimal pixel sets).
 
 Black box: forward passes only, so it serves torch and ONNX models alike.

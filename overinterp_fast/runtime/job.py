@@ -76,11 +76,15 @@ def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int
     return eng
 
 
+def verifier(s: Setup, eng: Engine, targets: torch.Tensor) -> CandidateEvaluator | None:
+    """The user's model's evaluator of (f, top-1) for checking sets, or None where the engine runs that model."""
+    return CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1) if eng.verify else None
+
+
 def evaluators(s: Setup, eng: Engine, targets: torch.Tensor) -> tuple[CandidateEvaluator, CandidateEvaluator | None]:
-    """(the engine's evaluator of (f, top-1), the user's model's for checking sets, or None when they are one)."""
+    """(the engine's evaluator of (f, top-1), :func:`verifier`)."""
     evaluator = CandidateEvaluator(eng.fn, s.prep, targets, s.runner, measure=eng.fn.score_and_top1)
-    verifier = CandidateEvaluator(s.fn, s.prep, targets, s.runner, measure=s.fn.score_and_top1) if eng.verify else None
-    return evaluator, verifier
+    return evaluator, verifier(s, eng, targets)
 
 
 def check_criterion(criterion) -> None:
