@@ -120,7 +120,7 @@ DO_BUILD="${BUILD:-}"
 if [ "$DO_BUILD" = 1 ] && [ "$MODE" != bench ] && [ "$DEVICE" = cuda ] && built; then
   note "ok       build (the extension with CUDA kernels is already there)"
 elif [ "$DO_BUILD" = 1 ]; then
-  step build "${BUILD_TIMEOUT:-240}" build.log build || exit 1
+  export -f build; export PY; step build "${BUILD_TIMEOUT:-240}" build.log bash -c build || exit 1
   ldd overinterp_fast/_C*.so 2>/dev/null | grep -q 'libstdc++' || note "warning: the extension links libstdc++ statically"
 else  # the CPU rehearsal: check that the build's inputs parse, keep the extension in the tree
   step "build (rehearsal: setup.py parses; BUILD=1 builds)" 60 build.log $PY setup.py --name || exit 1
