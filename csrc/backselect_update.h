@@ -11,7 +11,7 @@ namespace overinterp_fast {
 inline void check_backselect_update(const at::Tensor& scores, const at::Tensor& rows, const at::Tensor& counts,
                                     const at::Tensor& steps, const at::Tensor& remaining,
                                     const at::Tensor& present, const at::Tensor& order,
-                                    const at::Tensor& values) {
+                                    const at::Tensor& values, bool check_indices) {
   TORCH_CHECK(scores.scalar_type() == at::kDouble && scores.dim() == 2 && scores.is_contiguous(),
               "backselect_update: scores must be a contiguous float64 [N, P] tensor");
   TORCH_CHECK(remaining.scalar_type() == at::kLong && remaining.sizes() == scores.sizes() &&
@@ -33,6 +33,7 @@ inline void check_backselect_update(const at::Tensor& scores, const at::Tensor& 
   for (const auto* t : {&rows, &counts, &steps, &remaining, &present, &order, &values}) {
     TORCH_CHECK(t->device() == scores.device(), "backselect_update: all tensors must be on ", scores.device());
   }
+  if (!check_indices) return;
   const int64_t S = scores.size(1), P = present.size(1);
   check_ranges("backselect_update", {{rows, 0, scores.size(0), "row"},
                                      {counts, 1, std::min(S, P) + 1, "count"},

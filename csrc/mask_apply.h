@@ -24,7 +24,7 @@ struct MaskApplyPlan {
 inline MaskApplyPlan plan_mask_apply(
     const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
     const at::Tensor& present, const at::Tensor& cand_image, const at::Tensor& cand_row,
-    const at::Tensor& cand_feature) {
+    const at::Tensor& cand_feature, bool check_indices) {
   TORCH_CHECK(base.dim() >= 2, "mask_apply: base must be [N, *D], got ", base.sizes());
   TORCH_CHECK(at::isFloatingType(base.scalar_type()), "mask_apply: base must be floating point, got ",
               base.scalar_type());
@@ -48,7 +48,7 @@ inline MaskApplyPlan plan_mask_apply(
                 ", found one on ", t->device());
   }
 
-  check_ranges("mask_apply", {{cand_image, 0, base.size(0), "cand_image"},
+  if (check_indices) check_ranges("mask_apply", {{cand_image, 0, base.size(0), "cand_image"},
                               {cand_row, 0, present.size(0), "cand_row"},
                               {cand_feature, -1, present.size(1), "cand_feature"},
                               {feature_map, 0, present.size(1), "feature_map id"}});

@@ -19,14 +19,16 @@ TORCH_LIBRARY(overinterp_fast, m) {
   //           = baseline[cand_image[b], e]  otherwise (baseline row 0 when baseline has one row)
   m.def(
       "mask_apply(Tensor base, Tensor baseline, Tensor feature_map, Tensor present, "
-      "Tensor cand_image, Tensor cand_row, Tensor cand_feature) -> Tensor");
+      "Tensor cand_image, Tensor cand_row, Tensor cand_feature, bool check_indices=True) -> Tensor");
   // One backward-selection step for each row in `rows`: segmented argmax of
   // scores[row, :count] (ties to the lowest feature id), then in place: the
   // chosen feature is appended to order/values at `steps`, cleared in
   // `present` and removed from the compact `remaining` list.
+  // check_indices=false skips the host-side range checks (csrc/check.h), which cost one device
+  // synchronisation per call on CUDA: only for callers whose indices were checked where they were made.
   m.def(
       "backselect_update(Tensor scores, Tensor rows, Tensor counts, Tensor steps, "
-      "Tensor(a!) remaining, Tensor(b!) present, Tensor(c!) order, Tensor(d!) values) -> ()");
+      "Tensor(a!) remaining, Tensor(b!) present, Tensor(c!) order, Tensor(d!) values, bool check_indices=True) -> ()");
   // out[o, y, x] = sum of weights[r] over rectangles r with owner[r] == o that
   // cover (y, x); rects[r] = (y0, x0, y1, x1), half-open, clipped to the image.
   // int64 weights keep the sums exact (2D difference arrays and prefix sums).

@@ -9,8 +9,9 @@ namespace {
 
 void backselect_update_cpu(const at::Tensor& scores, const at::Tensor& rows, const at::Tensor& counts,
                            const at::Tensor& steps, const at::Tensor& remaining, const at::Tensor& present,
-                           const at::Tensor& order, const at::Tensor& values) {
-  check_backselect_update(scores, rows, counts, steps, remaining, present, order, values);  // indices too
+                           const at::Tensor& order, const at::Tensor& values,
+                           bool check_indices) {
+  check_backselect_update(scores, rows, counts, steps, remaining, present, order, values, check_indices);  // indices too
   const int64_t K = rows.size(0);
   if (K == 0) return;
   auto rows_c = rows.contiguous(), counts_c = counts.contiguous(), steps_c = steps.contiguous();

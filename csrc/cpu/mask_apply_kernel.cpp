@@ -36,9 +36,9 @@ void mask_apply_cpu_impl(const MaskApplyPlan& plan, const bool* present, const i
 
 at::Tensor mask_apply_cpu(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
                           const at::Tensor& present, const at::Tensor& cand_image, const at::Tensor& cand_row,
-                          const at::Tensor& cand_feature) {
+                          const at::Tensor& cand_feature, bool check_indices) {
   MaskApplyPlan plan =
-      plan_mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature);
+      plan_mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature, check_indices);
   if (plan.batch == 0 || plan.elems == 0) return plan.out;
   auto present_c = present.contiguous();
   auto img = cand_image.contiguous(), row = cand_row.contiguous(), feat = cand_feature.contiguous();

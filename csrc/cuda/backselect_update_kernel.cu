@@ -65,9 +65,10 @@ __global__ void backselect_update_kernel(const double* __restrict__ scores, cons
 
 void backselect_update_cuda(const at::Tensor& scores, const at::Tensor& rows, const at::Tensor& counts,
                             const at::Tensor& steps, const at::Tensor& remaining, const at::Tensor& present,
-                            const at::Tensor& order, const at::Tensor& values) {
+                            const at::Tensor& order, const at::Tensor& values,
+                           bool check_indices) {
   const c10::cuda::CUDAGuard guard(scores.device());
-  check_backselect_update(scores, rows, counts, steps, remaining, present, order, values);
+  check_backselect_update(scores, rows, counts, steps, remaining, present, order, values, check_indices);
   const int64_t K = rows.size(0);
   if (K == 0) return;
   auto rows_c = rows.contiguous(), counts_c = counts.contiguous(), steps_c = steps.contiguous();

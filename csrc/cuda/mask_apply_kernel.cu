@@ -33,10 +33,10 @@ __global__ void mask_apply_kernel(const scalar_t* __restrict__ base, const scala
 
 at::Tensor mask_apply_cuda(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
                            const at::Tensor& present, const at::Tensor& cand_image, const at::Tensor& cand_row,
-                           const at::Tensor& cand_feature) {
+                           const at::Tensor& cand_feature, bool check_indices) {
   const c10::cuda::CUDAGuard guard(base.device());
   MaskApplyPlan plan =
-      plan_mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature);
+      plan_mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature, check_indices);
   const int64_t total = plan.batch * plan.elems;
   if (total == 0) return plan.out;
   auto present_c = present.contiguous();

@@ -4,8 +4,13 @@ State lives on the images' device: per image the present features (bool [N, p]),
 a compact list of them (int64 [N, p + 1]), the scores of the step in flight
 (float64 [N, p + 1]) and the order/values of the round. Column p of ``remaining``
 is a permanent -1, so slot p is "mask nothing": the score of the current input.
-The host only schedules (see schedule.py) and synchronises at the end of a round,
-where FindSIS and the collection logic need the values.
+The host only schedules (see schedule.py): a step's candidate count is known in advance
+(one feature leaves per step), so within a round the host never waits for the device.
+It reads device values only through :func:`~overinterp_fast.runtime.sync.to_host`, at
+the start and where rounds end or start (FindSIS, the collection logic and the
+verification need the values), never per step. The candidate indices are checked where
+they are made (the queue's bounds; ``remaining`` is kept valid by backselect_update),
+so the ops skip their own per-call checks, each of which would wait for the device.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from ..runtime.model import ModelFn, check_finite_scores
 from .prefix import verify_prefix_sets
 from .results import SISResult, first_with_collection
 from ..runtime.schedule import CandidateQueue, upload
+from ..runtime.sync import to_host
 
 _STEP, _SCORE = 0, 1
 
@@ -81,10 +87,9 @@ class _ExactRun:
         scores = images.new_zeros((n, cols), dtype=torch.float64)
         finite = images.new_ones((), dtype=torch.bool)
 
-        host_scores = scores0.tolist()
-        targets_host = targets.tolist()
+        host_scores, targets_host = (t.tolist() for t in to_host(scores0, targets, label="start"))
         state = [_Image(p, host_scores[i]) for i in range(n)]
-        queue = CandidateQueue()
+        queue = CandidateQueue(images=n, slots=cols)
         for i in range(n):
             queue.push(i, 0, p, _STEP)
         return cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
@@ -114,6 +119,7 @@ class _ExactRun:
                 self.present,
                 self.order,
                 self.values,
+                False,  # rows/counts/steps come from the host's bookkeeping; remaining is kept valid
             )
             for i in stepped:
                 st = state[i]
@@ -131,10 +137,10 @@ class _ExactRun:
 
     def finish_rounds(self, ids: list[int]) -> None:
         """FindSIS on the rounds of images ``ids`` that just ended; with a collection, queue their next rounds."""
-        check_finite_scores(self.finite)
         thresholds = self.thresholds
-        rows = torch.tensor(ids, device=self.prep.images.device)
-        ords, vals = self.order[rows].cpu(), self.values[rows].cpu()
+        (rows,) = upload(self.prep.images.device, ids)
+        finite, ords, vals = to_host(self.finite, self.order[rows], self.values[rows], label="round end")
+        check_finite_scores(finite)
         found = {}
         for k, i in enumerate(ids):
             st = self.state[i]
@@ -168,11 +174,12 @@ class _ExactRun:
         """Queue image i's next round: what this round started with (its order ``o``), less its SIS."""
         p = self.prep.num_features
         st = self.state[i]
-        keep = torch.zeros_like(self.present[i])
-        keep[o] = True  # (host indices may index a tensor on any device)
+        keep = torch.zeros(p, dtype=torch.bool, device="cpu")  # on the host: o and sis are host tensors
+        keep[o] = True
         keep[sis] = False
-        rest = keep.nonzero().flatten()
-        self.present[i] = keep
+        (rest,) = upload(self.prep.images.device, keep.nonzero().flatten())
+        self.present[i] = False
+        self.present[i, rest] = True
         # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
         self.remaining[i, : rest.numel()] = rest
         st.count, st.step = rest.numel(), 0
@@ -195,10 +202,11 @@ class _ExactRun:
 
     def start_rounds(self, ids: list[int]) -> None:
         """The inputs of images ``ids``' new rounds are scored: start those that pass their threshold."""
-        check_finite_scores(self.finite)
         p = self.prep.num_features
-        new_scores = self.scores[torch.tensor(ids, device=self.prep.images.device), p].tolist()
-        for i, s in zip(ids, new_scores):
+        (rows,) = upload(self.prep.images.device, ids)
+        finite, new_scores = to_host(self.finite, self.scores[rows, p], label="round start")
+        check_finite_scores(finite)
+        for i, s in zip(ids, new_scores.tolist()):
             st = self.state[i]
             st.score = s
             if s >= self.thresholds[i]:
@@ -232,8 +240,8 @@ def exact_sis(
     :class:`~overinterp_fast.runtime.incremental.IncrementalEvaluator`).
     """
     run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine)
-    if evaluator is None:
-        evaluator = CandidateEvaluator(fn, prep, targets, runner)
+    if evaluator is None:  # the queue and backselect_update make valid indices: no per-call checks
+        evaluator = CandidateEvaluator(fn, prep, targets, runner, check_indices=False)
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
     run.bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",
@@ -241,6 +249,6 @@ def exact_sis(
     while run.queue:
         run.step(evaluator, run.queue.take(batch_size))
     run.bar.close()
-    check_finite_scores(run.finite)
+    check_finite_scores(to_host(run.finite, label="end")[0])
 
     return [first_with_collection(st.rounds, collection) for st in run.state]

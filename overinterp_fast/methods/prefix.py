@@ -18,6 +18,7 @@ import torch
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.model import check_finite_scores
 from ..runtime.schedule import upload
+from ..runtime.sync import to_host
 
 FIRST_CHUNK = {"cuda": 8}  # per device type; others: 2
 MAX_CHUNK = {"cuda": 1 << 30}  # per device type; others: 32
@@ -25,13 +26,15 @@ MAX_CHUNK = {"cuda": 1 << 30}  # per device type; others: 32
 
 def evaluate_prefixes(evaluator, pos: torch.Tensor, images: list[int], rows: list[int], sizes: list[int]):
     """Score candidate c = the prefix of ``sizes[c]`` features of row ``rows[c]``'s ranking (``pos``, image
-    ``images[rows[c]]``) in one call of ``evaluator``; its measure's output (f float64 [C] first, checked finite)."""
+    ``images[rows[c]]``) in one call of ``evaluator``; its measure's output (f float64 [C] first, checked finite),
+    read to the host in one transfer (:func:`~overinterp_fast.runtime.sync.to_host`)."""
     dev = pos.device
     rows_t, sizes_t, img_t = upload(dev, rows, sizes, [images[r] for r in rows])  # one host-to-device copy
     present = pos[rows_t] < sizes_t.view(-1, 1)  # [C, p]
     out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
-    check_finite_scores(torch.isfinite(out[0]).all())
-    return out
+    *out, finite = to_host(*out, torch.isfinite(out[0]).all(), label="prefixes")
+    check_finite_scores(finite)
+    return tuple(out)
 
 
 def first_passing_prefix(

@@ -212,7 +212,8 @@ def _register_fakes() -> None:
         return lambda fn: fn
 
     @register_fake("overinterp_fast::mask_apply")
-    def _mask_apply_fake(base, baseline, feature_map, present, cand_image, cand_row, cand_feature):
+    def _mask_apply_fake(base, baseline, feature_map, present, cand_image, cand_row, cand_feature,
+                         check_indices=True):
         torch._check(base.dim() >= 2)
         torch._check(feature_map.shape == base.shape[1:])
         torch._check(cand_image.shape == cand_row.shape == cand_feature.shape)
@@ -221,7 +222,7 @@ def _register_fakes() -> None:
         return base.new_empty(shape).contiguous(memory_format=fmt)
 
     @register_fake("overinterp_fast::backselect_update")
-    def _backselect_update_fake(scores, rows, counts, steps, remaining, present, order, values):
+    def _backselect_update_fake(scores, rows, counts, steps, remaining, present, order, values, check_indices=True):
         torch._check(rows.shape == counts.shape == steps.shape)
         return None
 
@@ -302,6 +303,7 @@ def mask_apply(
     cand_image: torch.Tensor,
     cand_row: torch.Tensor,
     cand_feature: torch.Tensor,
+    check_indices: bool = True,
 ) -> torch.Tensor:
     """Write a batch of masked candidates in one pass.
 
@@ -313,11 +315,13 @@ def mask_apply(
         cand_image, cand_row, cand_feature: int64 [B]. Candidate b starts from
             image ``cand_image[b]`` with the features of ``present[cand_row[b]]``
             and additionally masks feature ``cand_feature[b]`` (-1: none).
+        check_indices: check every index on the host first (one device synchronisation per call on CUDA).
+            False only where the indices were checked when they were made (the exact SIS step loop).
 
     Returns:
         [B, *D] tensor in base's dtype and memory format.
     """
-    return call("mask_apply", base, baseline, feature_map, present, cand_image, cand_row, cand_feature)
+    return call("mask_apply", base, baseline, feature_map, present, cand_image, cand_row, cand_feature, check_indices)
 
 
 def backselect_update(
@@ -329,6 +333,7 @@ def backselect_update(
     present: torch.Tensor,
     order: torch.Tensor,
     values: torch.Tensor,
+    check_indices: bool = True,
 ) -> None:
     """Finish one backward-selection step for each row in ``rows``, in place.
 
@@ -339,9 +344,10 @@ def backselect_update(
             position in order/values to write.
         remaining: int64 [N, S], compact lists of present feature ids (-1 past the end).
         present: bool [N, p]; order: int64 [N, m]; values: float64 [N, m].
+        check_indices: as in :func:`mask_apply`.
 
     Picks the largest score, ties to the lowest feature id; writes order/values,
     clears the feature in ``present`` and removes it from ``remaining`` (the last
     entry moves into its slot).
     """
-    call("backselect_update", scores, rows, counts, steps, remaining, present, order, values)
+    call("backselect_update", scores, rows, counts, steps, remaining, present, order, values, check_indices)

@@ -88,7 +88,8 @@ def _sample_mask_apply(device: torch.device, g: torch.Generator) -> list[list]:
 
 
 @pure_op("mask_apply", _sample_mask_apply)
-def mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature) -> torch.Tensor:
+def mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_feature,
+               check_indices: bool = True) -> torch.Tensor:
     """out[b] = base[cand_image[b]] where present[cand_row[b], fm] and fm != cand_feature[b], else baseline.
 
     Shapes as ``overinterp_fast.ops.mask_apply``: base [N, *D], baseline [1 or N, *D],
@@ -113,8 +114,9 @@ def mask_apply(base, baseline, feature_map, present, cand_image, cand_row, cand_
     for t in (baseline, feature_map, present, cand_image, cand_row, cand_feature):
         _check(t.device == base.device, f"mask_apply: all tensors must be on {base.device}, found one on {t.device}")
     p = present.shape[1]
-    check_ranges("mask_apply", [(cand_image, 0, base.shape[0], "cand_image"), (cand_row, 0, present.shape[0], "cand_row"),
-                                (cand_feature, -1, p, "cand_feature"), (feature_map, 0, p, "feature_map id")])
+    if check_indices:
+        check_ranges("mask_apply", [(cand_image, 0, base.shape[0], "cand_image"), (cand_row, 0, present.shape[0], "cand_row"),
+                                    (cand_feature, -1, p, "cand_feature"), (feature_map, 0, p, "feature_map id")])
     lead = (-1,) + (1,) * feature_map.dim()
     keep = present[cand_row][:, feature_map] & (feature_map.unsqueeze(0) != cand_feature.view(lead))  # [B, *D]
     fill = baseline[cand_image] if baseline.shape[0] > 1 else baseline.expand(cand_image.shape[0], *base.shape[1:])
@@ -145,7 +147,8 @@ def _sample_backselect_update(device: torch.device, g: torch.Generator) -> list[
 
 
 @pure_op("backselect_update", _sample_backselect_update)
-def backselect_update(scores, rows, counts, steps, remaining, present, order, values) -> None:
+def backselect_update(scores, rows, counts, steps, remaining, present, order, values,
+                      check_indices: bool = True) -> None:
     """One backward-selection step per row in ``rows``, in place (see ``overinterp_fast.ops.backselect_update``).
 
     Largest ``scores[row, :count]`` wins, ties to the lowest feature id; the feature is
@@ -171,13 +174,15 @@ def backselect_update(scores, rows, counts, steps, remaining, present, order, va
     for t in (rows, counts, steps, remaining, present, order, values):
         _check(t.device == scores.device, f"backselect_update: all tensors must be on {scores.device}")
     s, p = scores.shape[1], present.shape[1]
-    check_ranges("backselect_update", [(rows, 0, scores.shape[0], "row"), (counts, 1, min(s, p) + 1, "count"),
-                                       (steps, 0, order.shape[1], "step")])
+    if check_indices:
+        check_ranges("backselect_update", [(rows, 0, scores.shape[0], "row"), (counts, 1, min(s, p) + 1, "count"),
+                                           (steps, 0, order.shape[1], "step")])
     if rows.numel() == 0:
         return
     slots = remaining[rows]  # [K, S]
     scored = torch.arange(s, device=rows.device).unsqueeze(0) < counts.unsqueeze(1)
-    check_ranges("backselect_update", [(slots.masked_fill(~scored, 0), 0, p, "remaining feature")])
+    if check_indices:
+        check_ranges("backselect_update", [(slots.masked_fill(~scored, 0), 0, p, "remaining feature")])
     cand = scores[rows]
     cand = cand.masked_fill(~scored | cand.isnan(), -torch.inf)  # NaN: some scored feature (the engines raise)
     best_score = cand.max(1, keepdim=True).values

@@ -90,20 +90,24 @@ class CandidateEvaluator:
     """Builds candidates with the fused mask-apply kernel and scores them, chunked by a ChunkRunner.
 
     ``measure(x, targets)`` says what is computed per candidate (default: f,
-    float64 [B]; e.g. ``fn.score_and_top1`` for (f, top-1 correct)).
+    float64 [B]; e.g. ``fn.score_and_top1`` for (f, top-1 correct)). ``check_indices=False`` skips the ops'
+    index checks (one device synchronisation per call on CUDA): only for callers whose candidate indices were
+    checked when they were made (the exact SIS step loop).
     """
 
     def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner,
-                 measure: Callable | None = None):
+                 measure: Callable | None = None, check_indices: bool = True):
         self.fn = fn
         self.prep = prep
         self.targets = targets
         self.runner = runner
         self.measure = measure or fn.score
+        self.check_indices = check_indices
 
     def measuring(self, measure: Callable) -> "CandidateEvaluator":
         """The same candidates, scored by ``measure`` instead (e.g. ``fn.score_top1_margin``)."""
-        return CandidateEvaluator(self.fn, self.prep, self.targets, self.runner, measure=measure)
+        return CandidateEvaluator(self.fn, self.prep, self.targets, self.runner, measure=measure,
+                                  check_indices=self.check_indices)
 
     def __call__(
         self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor
@@ -112,7 +116,8 @@ class CandidateEvaluator:
         p = self.prep
 
         def work(sl: slice) -> torch.Tensor:
-            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl])
+            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl],
+                                self.check_indices)
             return self.measure(x, self.targets[image[sl]])
 
         return self.runner.run(image.shape[0], work)

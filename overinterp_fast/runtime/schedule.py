@@ -37,12 +37,20 @@ class Batch:
 
 
 class CandidateQueue:
-    def __init__(self) -> None:
+    """FIFO of segments. With ``images`` and ``slots``, every segment pushed must lie in [0, images) x [0, slots):
+    the indices the batches carry are checked here, where they are made, so the ops that read them need not."""
+
+    def __init__(self, images: int | None = None, slots: int | None = None) -> None:
         self._queue: deque[Segment] = deque()
+        self._images, self._slots = images, slots
 
     def push(self, image: int, start: int, stop: int, tag: int) -> None:
         if stop <= start:
             raise ValueError("a segment needs at least one slot")
+        if self._images is not None and not 0 <= image < self._images:
+            raise IndexError(f"image {image} out of range [0, {self._images})")
+        if self._slots is not None and not (0 <= start and stop <= self._slots):
+            raise IndexError(f"slots [{start}, {stop}) out of range [0, {self._slots})")
         self._queue.append(Segment(image, start, stop, tag))
 
     def __bool__(self) -> bool:
