@@ -72,6 +72,11 @@ def to_host(*tensors: torch.Tensor, label: str = "") -> tuple[torch.Tensor, ...]
         reads.tensors += len(tensors)
         reads.by_label[label] = reads.by_label.get(label, 0) + 1
     _local.inside = True
+    # This is the one sanctioned wait: under torch.cuda.set_sync_debug_mode("error") (tests of the loops) it
+    # must not count as a stray synchronisation.
+    debug = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+    if debug:
+        torch.cuda.set_sync_debug_mode(0)
     try:
         out, streams = [], {}
         for t in tensors:
@@ -89,3 +94,5 @@ def to_host(*tensors: torch.Tensor, label: str = "") -> tuple[torch.Tensor, ...]
         return tuple(out)
     finally:
         _local.inside = False
+        if debug:
+            torch.cuda.set_sync_debug_mode(debug)

@@ -483,3 +483,86 @@ def test_float32_images_are_scored_in_float64(monkeypatch):
     assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
     assert b.order.tolist() == [4, 5, 1, 3, 0, 2] and b.sis is None
     assert [r.sis.tolist() for r in c.collection] == [[2, 0], [5, 4, 3, 1]]
+
+
+# ------------------------------------------------------------------ host reads of the step loop
+
+W12 = [w / 2 for w in W for _ in range(2)]  # the same six weights, each split over two features: 12 features
+_SYNCING_OPS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item", "masked_select", "unique")
+
+
+class _SyncingOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ops that make the host wait for a GPU (a scalar read, nonzero, ...), by name."""
+
+    def __init__(self, seen, paused):
+        super().__init__()
+        self.seen, self.paused = seen, paused
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in _SYNCING_OPS and not self.paused:  # paused: a list, non-empty at round boundaries
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _reads(monkeypatch, x, weights, batch_size):
+    """(host reads, ops that would wait for a GPU inside the steps, rounds, backward-selection steps, results) of
+    one exact_sis collection."""
+    seen, paused = [], []
+    step = exact._ExactRun.step
+
+    def watched(self, evaluator, batch):
+        with _SyncingOps(seen, paused):
+            return step(self, evaluator, batch)
+
+    def boundary(method):  # where rounds end or start the loop reads (through to_host) and works on the host
+        def call(self, ids):
+            paused.append(1)
+            try:
+                return method(self, ids)
+            finally:
+                paused.pop()
+        return call
+
+    monkeypatch.setattr(exact._ExactRun, "step", watched)
+    monkeypatch.setattr(exact._ExactRun, "finish_rounds", boundary(exact._ExactRun.finish_rounds))
+    monkeypatch.setattr(exact._ExactRun, "start_rounds", boundary(exact._ExactRun.start_rounds))
+    with of.runtime.sync.counting() as reads:
+        res, _ = run(Dyadic(weights), x, [0.375, 0.8, 0.5], True, batch_size, monkeypatch)
+    done = [s for r in res for s in (r.collection or [r])]  # every round run
+    return reads, seen, len(done), sum(s.order.numel() for s in done), res
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 1000])
+def test_host_reads_per_round_not_per_step(monkeypatch, batch_size):
+    """Three images, collections of several rounds, at p = 6 and p = 12: the loop reads the device only through
+    to_host, at most once at the start, once at the end, and once per round that ends or starts, however many
+    steps the rounds take; inside a step no op that waits for a GPU runs at all."""
+    import overinterp_fast.runtime.sync  # noqa: F401  (of.runtime.sync)
+
+    small = _reads(monkeypatch, images(FULL, HALF, FULL), W, batch_size)
+    x12 = torch.tensor([[1.0] * 12, [1.0] * 8 + [0.0] * 4, [1.0] * 12], dtype=torch.float64).view(3, 1, 2, 6)
+    large = _reads(monkeypatch, x12, W12, batch_size)
+    for reads, seen, rounds, steps, res in (small, large):
+        assert seen == []
+        assert set(reads.by_label) <= {"start", "round end", "round start", "end"}
+        assert reads.by_label["start"] == 1 and reads.by_label["end"] == 1
+        assert reads.count <= 2 + 2 * rounds
+    assert large[3] > 2 + 2 * large[2]  # one read per backward-selection step could not fit under the bound
+    # the p = 6 answer is the hand-built one of the tests above
+    a = small[4][0]
+    assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
+
+
+@cuda
+def test_step_loop_never_waits_for_the_gpu(monkeypatch):
+    """On a GPU the whole loop runs under torch.cuda.set_sync_debug_mode("error"): any synchronising op outside
+    to_host raises. The answer is the hand-built one."""
+    x = images(FULL, HALF, FULL).cuda()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        res, _ = run(Dyadic(W).cuda(), x, [0.375, 0.8, 0.5], True, 4, monkeypatch, chunk=3)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert [r.sis.tolist() for r in res[0].collection] == [[2, 0], [5, 4, 3]]
+    assert [r.sis.tolist() for r in res[2].collection] == [[2, 0], [5, 4, 3, 1]]
