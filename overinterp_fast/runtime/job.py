@@ -62,7 +62,15 @@ def setup(model, images, threshold, features, mask_value, outputs, batch_size, m
         )
     fn.check_compatible(prep.images)
     first = batch_size or auto_batch_size(prep.images, total_candidates=prep.images.shape[0] * prep.num_features)
-    return Setup(fn, prep, thresholds, ChunkRunner(first, prep.images.device), batch_size)
+    runner = ChunkRunner(first, prep.images.device)
+    fixed_shapes(fn, runner)
+    return Setup(fn, prep, thresholds, runner, batch_size)
+
+
+def fixed_shapes(fn: ModelFn, runner: ChunkRunner) -> None:
+    """Pad ``fn``'s forward calls to the runner's few batch shapes (batching.bucket), except on ONNX Runtime,
+    whose sessions do not plan per shape."""
+    fn.pad_to = None if isinstance(fn.model, OnnxModel) else runner.bucket
 
 
 def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int, expected_rows: int,
@@ -73,6 +81,7 @@ def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int
                         expected_rows=expected_rows, measure_fn=measure_fn, exact_shape=exact_shape,
                         rival_s=rival_s)
     s.runner.chunk = eng.batch_size
+    fixed_shapes(eng.fn, s.runner)
     return eng
 
 

@@ -76,6 +76,8 @@ class ModelFn:
             raise ValueError(f"outputs must be one of {OUTPUT_KINDS}, got {outputs!r}")
         self.model = model
         self.outputs = outputs
+        # rows -> the batch shape to pad a call to (runtime.batching.bucket); None: calls run as they come
+        self.pad_to: Callable[[int], int] | None = None
 
     def check_compatible(self, images: torch.Tensor) -> None:
         """Clear errors for a model in training mode or on another device/dtype than the images."""
@@ -103,8 +105,17 @@ class ModelFn:
                 )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Model output [B, K], checked for shape, dtype and device."""
-        return self.check_output(self.model(x), x.shape[0], x.device)
+        """Model output [B, K] for x [B, *D], checked for shape, dtype and device.
+
+        With ``pad_to`` set, x is padded to ``pad_to(B)`` rows (copies of its last row) and the extra outputs are
+        dropped, so the model sees a few fixed batch shapes (each row's output is its own: a model in eval mode
+        computes rows independently, up to the floating-point noise of the batch size it runs at).
+        """
+        n = x.shape[0]
+        m = self.pad_to(n) if self.pad_to is not None and n > 0 else n
+        if m == n:
+            return self.check_output(self.model(x), n, x.device)
+        return self.check_output(self.model(pad_rows(x, m)), m, x.device)[:n]
 
     @staticmethod
     def check_output(out, batch: int, device: torch.device) -> torch.Tensor:
@@ -149,6 +160,17 @@ class ModelFn:
         """f for each row of x: float64 [B]. Non-finite values are left for the caller to report."""
         probs = self.probabilities(self.forward(x))
         return probs.gather(1, target.view(-1, 1)).view(-1).double()
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [B, *D] followed by copies of its last row up to [rows, *D] (rows >= B >= 1), in x's memory format."""
+    n = x.shape[0]
+    fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+        and not x.is_contiguous() else torch.contiguous_format
+    out = x.new_empty((rows, *x.shape[1:])).contiguous(memory_format=fmt)
+    out[:n] = x
+    out[n:] = x[n - 1:n]
+    return out
 
 
 def model_memory_format(model) -> torch.memory_format:

@@ -172,3 +172,77 @@ def test_candidate_evaluator_builds_the_candidates_by_hand():
     assert ev.fn is fn and ev.prep is prep and ev.runner is runner and ev.targets.tolist() == [0, 1]
     f = ev(present, image, row, feature)
     assert f.dtype == torch.float64 and f.tolist() == pytest.approx([1 - 0.69, 0.02, 1 - 0.27], abs=1e-12)
+
+
+# ------------------------------------------------------------------ fixed batch shapes
+
+
+def test_bucket_sizes_by_hand():
+    from overinterp_fast.runtime.batching import bucket_sizes
+
+    assert bucket_sizes(300) == (1, 2, 3, 5, 10, 19, 38, 75, 150, 300)
+    assert bucket_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert bucket_sizes(1) == (1,)
+    assert bucket_sizes(3) == (1, 2, 3)
+
+
+@pytest.mark.parametrize("rows,chunk,want", [(288, 303, 303), (152, 303, 152), (153, 303, 303), (76, 303, 76),
+                                             (77, 303, 152), (1, 303, 1), (2, 303, 2), (4, 303, 5),
+                                             (303, 303, 303), (400, 303, 400), (33, 64, 64), (32, 64, 32)])
+def test_bucket_pads_to_the_smallest_size_that_holds_the_rows(rows, chunk, want):
+    from overinterp_fast.runtime.batching import bucket
+
+    assert bucket(rows, chunk) == want
+    assert ChunkRunner(chunk, torch.device("cpu")).bucket(rows) == want
+
+
+class RowsSeen(torch.nn.Module):
+    """Logits [B, 3] that depend on each row alone; records the batch sizes it is called with."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def forward(self, x):
+        self.rows.append(x.shape[0])
+        s = x.flatten(1).sum(1)
+        return torch.stack([s, 2 * s, -s], 1)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_forward_pads_to_the_bucket_and_drops_the_padding(channels_last):
+    model = RowsSeen()
+    fn = ModelFn(model)
+    x = torch.arange(5 * 2 * 2 * 3, dtype=torch.float64).view(5, 2, 2, 3)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    want = torch.stack([x.flatten(1).sum(1), 2 * x.flatten(1).sum(1), -x.flatten(1).sum(1)], 1)
+    runner = ChunkRunner(16, torch.device("cpu"))
+    fn.pad_to = runner.bucket
+    seen = []
+    model.forward = lambda t, f=model.forward: seen.append(t.is_contiguous(memory_format=torch.channels_last)) or f(t)
+    out = fn.forward(x)
+    assert model.rows == [8] and out.shape == (5, 3) and torch.equal(out, want)
+    assert seen == [channels_last]
+    fn.pad_to = None
+    fn.forward(x)
+    assert model.rows == [8, 5]
+
+
+def test_fast_sis_calls_the_model_in_a_few_fixed_shapes_and_equals_the_reference():
+    """Exact SIS of 2 images of 25 pixels at batch_size 20: without padding the model would see the step sizes
+    (50, 48, 46, ... split at 20: 10, 8, 6, ...); padded, every call is one of the bucket sizes of 20. The answer
+    is still the reference's."""
+    import overinterp_fast as of
+    from overinterp_fast.methods import reference
+    from overinterp_fast.runtime.batching import bucket_sizes
+    from helpers import assert_same_lists, assert_same_result, make_cnn, make_images
+
+    model = make_cnn(0)
+    rows = []
+    model.register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[0]))
+    images = make_images(2, seed=3)
+    fast = of.fast_sis(model, images, 0.2, batch_size=20, engine="torch",
+                       options=of.ExactOptions(incremental=False))
+    assert set(rows) <= set(bucket_sizes(20)) and len(rows) > 20
+    assert_same_lists(fast, reference.sis(model.eval(), images, 0.2), assert_same_result, False)
