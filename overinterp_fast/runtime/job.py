@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import graphs
 from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
 from .engines import Engine, select_engine
 from .inputs import Prepared, check_threshold, prepare
@@ -69,8 +70,14 @@ def setup(model, images, threshold, features, mask_value, outputs, batch_size, m
 
 def fixed_shapes(fn: ModelFn, runner: ChunkRunner) -> None:
     """Pad ``fn``'s forward calls to the runner's few batch shapes (batching.bucket), except on ONNX Runtime,
-    whose sessions do not plan per shape."""
-    fn.pad_to = None if isinstance(fn.model, OnnxModel) else runner.bucket
+    whose sessions do not plan per shape; on a CUDA device, replay each shape's forward pass as a CUDA graph
+    (runtime.graphs)."""
+    if isinstance(fn.model, OnnxModel):
+        fn.pad_to = None
+        return
+    fn.pad_to = runner.bucket
+    if runner.device.type == "cuda" and graphs.enabled() and not isinstance(fn.run, graphs.GraphedForward):
+        fn.run = graphs.for_model(fn.model)
 
 
 def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int, expected_rows: int,

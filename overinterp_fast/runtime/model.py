@@ -78,6 +78,7 @@ class ModelFn:
         self.outputs = outputs
         # rows -> the batch shape to pad a call to (runtime.batching.bucket); None: calls run as they come
         self.pad_to: Callable[[int], int] | None = None
+        self.run = model  # what forward calls: the model, or a runtime.graphs.GraphedForward of it
 
     def check_compatible(self, images: torch.Tensor) -> None:
         """Clear errors for a model in training mode or on another device/dtype than the images."""
@@ -114,8 +115,8 @@ class ModelFn:
         n = x.shape[0]
         m = self.pad_to(n) if self.pad_to is not None and n > 0 else n
         if m == n:
-            return self.check_output(self.model(x), n, x.device)
-        return self.check_output(self.model(pad_rows(x, m)), m, x.device)[:n]
+            return self.check_output(self.run(x), n, x.device)
+        return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
 
     @staticmethod
     def check_output(out, batch: int, device: torch.device) -> torch.Tensor:
