@@ -63,7 +63,36 @@ CONFIGS = {
     "cnn32-px": (lambda: SmallCNN(32), 32, 1, 1),
     "resnet20-px": (ResNet20, 32, 1, 1),
     "effnet-32x32": (lambda: _efficientnet_lite0(), 224, 32, 1),
+    # the stride-2 CNN (StrideCNN) where forward passes are cheap: 2 images of 12x12 (p = 144), 1 of 24x24
+    "stride12-px": (lambda: StrideCNN(), 12, 1, 2),
+    "stride24-px": (lambda: StrideCNN(), 24, 1, 1),
+    # ImageNet scale: Inception-v3 (random weights), 8x8-pixel patches; 299x299 -> 38x38 = 1,444 features and
+    # 1,043,290 candidates (a GPU's job); 75x75 (Inception-v3's smallest input) -> 10x10 = 100 features, the
+    # same code path at a size two CPU cores finish in about a minute
+    "inception-299-8x8": (lambda: _inception_v3(), 299, 8, 1),
+    "inception-75-8x8": (lambda: _inception_v3(), 75, 8, 1),
 }
+
+
+class StrideCNN(torch.nn.Module):
+    """3x3 convolutions with padding 1, no biases: 3->16, 16->32 (stride 2), 32->64 (stride 2), each followed by
+    ReLU; global average pooling; a linear layer to 10 classes; logits x 20 (confident enough for SIS)."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        conv = lambda cin, cout, stride: torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)  # noqa: E731
+        self.net = torch.nn.Sequential(
+            conv(3, 16, 1), torch.nn.ReLU(), conv(16, 32, 2), torch.nn.ReLU(), conv(32, 64, 2), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, classes, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 20 * self.net(x)
+
+
+def _inception_v3():
+    from torchvision.models import inception_v3
+
+    return inception_v3(weights=None, aux_logits=False, init_weights=True)
 
 
 def _efficientnet_lite0():
@@ -73,11 +102,12 @@ def _efficientnet_lite0():
 
 
 def patch_map(size: int, patch: int) -> torch.Tensor | None:
-    """Feature map int64 [size, size] of square patches (None for pixels)."""
+    """Feature map int64 [size, size] of square patches, the last row and column of patches cut short where
+    ``patch`` does not divide ``size`` (None for pixels)."""
     if patch == 1:
         return None
     r = torch.arange(size) // patch
-    return r.view(-1, 1) * (size // patch) + r.view(1, -1)
+    return r.view(-1, 1) * -(-size // patch) + r.view(1, -1)
 
 
 def make_case(name: str, n_images: int | None, device, dtype=torch.float32):
@@ -87,7 +117,7 @@ def make_case(name: str, n_images: int | None, device, dtype=torch.float32):
     torch.manual_seed(0)
     model = factory().to(device=device, dtype=dtype).eval()
     images = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
-    return model, images, patch_map(size, patch), (size // patch) ** 2
+    return model, images, patch_map(size, patch), (-(-size // patch)) ** 2
 
 
 # ---- the bare forward passes ----

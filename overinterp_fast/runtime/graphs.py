@@ -63,7 +63,8 @@ class GraphedForward:
         if (self.failed is not None or x.device.type != "cuda" or torch.is_grad_enabled()
                 or torch.cuda.is_current_stream_capturing()):
             return self.model(x)
-        key = (tuple(x.shape), x.stride(), x.dtype, x.device)
+        # inference mode apart: its static input could not be written outside it (and the other way round)
+        key = (tuple(x.shape), x.stride(), x.dtype, x.device, torch.is_inference_mode_enabled())
         g = self.graphs.get(key)
         if g is None:
             if len(self.graphs) >= MAX_GRAPHS:

@@ -566,3 +566,17 @@ def test_step_loop_never_waits_for_the_gpu(monkeypatch):
         torch.cuda.set_sync_debug_mode(0)
     assert [r.sis.tolist() for r in res[0].collection] == [[2, 0], [5, 4, 3]]
     assert [r.sis.tolist() for r in res[2].collection] == [[2, 0], [5, 4, 3, 1]]
+
+
+def test_many_images_run_in_lockstep_and_fill_every_batch():
+    """16 images of 25 pixels, batch_size 64: 16 * 325 = 5,200 candidates. Run one image after another, the
+    steps (25, 24, ..., 1 candidates) would make 400 model calls of ragged sizes; in lockstep the steps of all
+    images share batches, so the calls are 81 full batches of 64 plus at most a few short tails."""
+    model = make_cnn(2)
+    rows = []
+    model.register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[0]))
+    images = make_images(16, seed=4)
+    res = of.fast_sis(model, images, 0.0, batch_size=64, engine="torch", options=of.ExactOptions(incremental=False))
+    steps = rows[1:]  # after the unmasked images' own pass
+    assert sum(r.order.numel() for r in res) == 16 * 25
+    assert steps.count(64) >= 5200 // 64 - 2 and len(steps) <= 5200 // 64 + 6
