@@ -663,3 +663,29 @@ def test_patch_gather_cuda():
         want, want_changed = patch_gather_ref(*args, pad_value=0.0)
         torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
         assert changed.cpu().tolist() == want_changed.tolist()
+
+
+def test_check_indices_false_skips_only_the_range_checks(impl):
+    """check_indices=False (the exact loop, whose indices are checked where they are made) gives the same results
+    on valid indices, kernel and pure version alike; with the default a bad index still raises."""
+    args = random_case()
+    want = mask_apply_ref(*args)
+    assert torch.equal(impl("mask_apply")(*args, False), want)
+    assert torch.equal(impl("mask_apply")(*args, True), want)
+    bad = list(args)
+    bad[4] = bad[4] + 100
+    with pytest.raises(RuntimeError, match="cand_image .* out of range"):
+        impl("mask_apply")(*bad)
+    checked, unchecked = bookkeeping_case(), bookkeeping_case()
+    impl("backselect_update")(*checked)
+    impl("backselect_update")(*unchecked, False)
+    assert all(torch.equal(a, b) for a, b in zip(checked, unchecked))
+    bad = bookkeeping_case()
+    bad[2] = bad[2] + 100
+    with pytest.raises(RuntimeError, match="count .* out of range"):
+        impl("backselect_update")(*bad)
+
+
+def test_opcheck_with_check_indices_off():
+    torch.library.opcheck(torch.ops.overinterp_fast.mask_apply.default, (*random_case(), False))
+    torch.library.opcheck(torch.ops.overinterp_fast.backselect_update.default, (*bookkeeping_case(), False))
