@@ -390,13 +390,30 @@ class _DescentRun:
                 d.alive = False
 
     def log_maps(self, descents: list[tuple[int, int]], per_image: bool, n: int) -> torch.Tensor:
-        """The log per-iteration maps: float64 [D, H, W], or [N, H, W] summed per image (``per_image``)."""
+        """The log per-iteration maps: float64 [D, H, W], or [N, H, W] summed per image (``per_image``).
+
+        Each image's maps are added descent by descent in the given order, one descent of an image per addition:
+        no two additions into one map run at once, so the sums do not depend on the device's scheduling (an
+        index_add_ with repeated rows adds in any order on CUDA, and ties of the ranking would break apart).
+        """
         h, w, dev = self.h, self.w, self.dev
-        (row_t,) = upload(dev, [i for i, _ in descents] if per_image else range(len(self.state)))
+        rows = [i for i, _ in descents] if per_image else list(range(len(self.state)))
+        seen: dict[int, int] = {}
+        step = []  # each descent's place among the descents of its map
+        for r in rows:
+            step.append(seen.get(r, 0))
+            seen[r] = step[-1] + 1
         out = torch.zeros(n if per_image else len(self.state), h, w, dtype=torch.float64, device=dev)
 
         def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
-            out.index_add_(0, row_t[sl], torch.log1p(acc.double() / _UNIT))
+            logs = torch.log1p(acc.double() / _UNIT)
+            by_step: dict[int, list[int]] = {}
+            for j in range(sl.start, sl.stop):
+                by_step.setdefault(step[j], []).append(j)
+            groups = [by_step[k] for k in sorted(by_step)]
+            parts = upload(dev, *([j - sl.start for j in g] for g in groups), *([rows[j] for j in g] for g in groups))
+            for at, row in zip(parts[: len(groups)], parts[len(groups):]):
+                out.index_add_(0, row, logs[at])
             return acc.new_zeros(0)  # the runner concatenates the (empty) results; the maps are in ``out``
 
         _rect_cover(self.evaluator.runner, self.resp_rects, self.resp_owner, self.resp_weight, len(self.state), h, w,
