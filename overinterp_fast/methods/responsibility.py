@@ -29,6 +29,12 @@ painted by the ``rect_fill`` kernel (2D difference arrays, exact integer sums)
 and written by ``mask_apply``; responsibility is accumulated by ``rect_fill`` as
 well (weights 6/k, so the sums are exact integers); the minimal pixel set is the
 first passing prefix of the ranking in steps of 10 pixels, evaluated in batches.
+
+The host draws the splits and keeps the mutant cache; the masks, the scores and the
+maps stay on the images' device. The host reads device values only through
+:func:`~overinterp_fast.runtime.sync.to_host`, once per scoring round (the round's
+scores: one round per level, three with ``monotone=True``), however many mutants the
+round holds; it uploads each round's rectangles in one copy.
 """
 from __future__ import annotations
 
@@ -256,6 +262,9 @@ def descend(
     quadrants) passed as failing, without a query: exact where passing is monotone in the pixels
     kept; the top-1 criterion of a real model is nearly so (on EfficientNet-Lite0, 1.3% of the
     passing mutants were missed at 71% of the queries). False: every mutant is scored (ReX).
+
+    Host reads: one :func:`~overinterp_fast.runtime.sync.to_host` per scoring round that has mutants to score
+    (so at most one per level, three with ``monotone``), none for the maps.
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
