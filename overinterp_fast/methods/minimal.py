@@ -8,7 +8,8 @@ single removals evaluated side by side (the first that passes is taken; the ones
 before it are kept; W doubles while all fail). Every round evaluates one batch
 across all rows, built on the device from one upload of host indices, and reads its
 answers back in one transfer (:func:`~overinterp_fast.runtime.sync.to_host`); the host
-keeps its own copy of the current sets, so planning a round reads nothing. The criterion need not be monotone, so a kept feature's failing
+keeps its own copy of the current sets, so planning a round reads nothing. The
+criterion need not be monotone, so a kept feature's failing
 test only counts while the set it was tested against is the final one: after a
 pass, the features tested before a later removal are tested again, until a pass
 removes nothing. The result is then 1-minimal by direct test, and passes.
