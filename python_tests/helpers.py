@@ -410,3 +410,59 @@ def assert_one_minimal(model, image, mask, target):
         smaller = mask.clone()
         smaller[y, x] = False
         assert top1_on(model, image, smaller) != target, f"pixel ({y}, {x}) can be removed"
+
+
+def strict_sync(monkeypatch, device) -> list[str]:
+    """From now on in the test, the ways the library may make the host wait for a CUDA ``device`` are let
+    through and listed: ``runtime.sync.to_host`` (the counted reads, wherever a module imported it) and the
+    ``rect_fill`` and ``mask_apply`` ops (each checks its indices on the host: one wait per call). Returns the list
+    of those calls by name ("to_host", "rect_fill", "mask_apply"), in order. With :func:`sync_errors` around a
+    block, any other synchronising call there raises. On the CPU the calls are listed all the same."""
+    import sys
+
+    from overinterp_fast.ops import kernels
+    from overinterp_fast.runtime import sync
+
+    calls: list[str] = []
+    cuda = torch.device(device).type == "cuda"
+
+    def let_through(name, fn):
+        def run(*args, **kwargs):
+            calls.append(name)
+            if not cuda:
+                return fn(*args, **kwargs)
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("default")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        return run
+
+    to_host = sync.to_host
+    reads = let_through("to_host", to_host)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("overinterp_fast.") and getattr(module, "to_host", None) is to_host:
+            monkeypatch.setattr(module, "to_host", reads)
+    for op in ("rect_fill", "mask_apply"):
+        monkeypatch.setattr(kernels, op, let_through(op, getattr(kernels, op)))
+    return calls
+
+
+class sync_errors:
+    """``with sync_errors(device):`` any call that makes the host wait for a CUDA ``device`` raises in the block
+    (torch.cuda.set_sync_debug_mode("error")), but those :func:`strict_sync` lets through; on the CPU, nothing."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        return False

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ..runtime.sync import to_host
 from .ranking import order_positions
 
 AUTO_GRID = 784  # block="auto": squares of side round(sqrt(H W / 784)), i.e. about a 28 x 28 grid (8 at 224 x 224)
@@ -81,7 +82,8 @@ def block_positions(
     squares = mean.shape[1]
     by_square = squares - 1 - torch.sort(mean.flip(1), dim=1, descending=True, stable=True).indices
     ends = counts.gather(1, by_square).long()
-    sizes = [[int(v) for v, e in zip(row.cumsum(0).tolist(), row.tolist()) if e > 0] for row in ends.cpu()]
+    (ends,) = to_host(ends, label="square ends")
+    sizes = [[int(v) for v, e in zip(row.cumsum(0).tolist(), row.tolist()) if e > 0] for row in ends]
     return pos, sizes, torch.where(present, key, torch.zeros((), dtype=key.dtype, device=dev))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..runtime.batching import CandidateEvaluator
@@ -15,23 +16,37 @@ from .ranking import ranking_positions
 from .prefix import boundary_prefix, first_passing_prefix, verify_prefix_sets
 from .results import SISResult, first_with_collection
 from ..runtime.schedule import upload
+from ..runtime.sync import to_host
 
 AUTO_PRUNE_FEATURES = 256  # refine_budget="auto": sets of up to this many features are pruned to 1-minimal
 
 
 class CountingEvaluator:
-    """Wraps a CandidateEvaluator and counts the candidates (forward passes) of each image."""
+    """Wraps a CandidateEvaluator and counts the candidates (forward passes) of each image of n.
+
+    The tally stays on the candidates' device; :attr:`counts` reads it (one read each time it is asked).
+    """
 
     def __init__(self, evaluator: CandidateEvaluator, n: int):
         self.evaluator = evaluator
         self.runner = evaluator.runner
         self.prep = evaluator.prep
-        self.counts = [0] * n
+        self.n = n
+        self._tally: torch.Tensor | None = None  # int64 [n] on the candidates' device, from the first call
 
     def __call__(self, present, image, row, feature):
-        for i, c in zip(*torch.unique(image, return_counts=True)):
-            self.counts[int(i)] += int(c)
+        if self._tally is None:
+            self._tally = torch.zeros(self.n, dtype=torch.int64, device=image.device)
+        self._tally.index_add_(0, image, torch.ones_like(image))  # (bincount would read its size from the device)
         return self.evaluator(present, image, row, feature)
+
+    @property
+    def counts(self) -> list[int]:
+        """Candidates per image so far (n ints), read from the device."""
+        if self._tally is None:
+            return [0] * self.n
+        (tally,) = to_host(self._tally, label="query counts")
+        return tally.tolist()
 
 
 def refined_sets(
@@ -73,7 +88,8 @@ def refined_sets(
         else:
             counted = CountingEvaluator(evaluator, max(images, default=-1) + 1)
             first = first_passing_prefix(counted, pos, images, sizes, passes)
-            scanned = [counted.counts[i] for i in images]  # one row per image
+            tally = counted.counts
+            scanned = [tally[i] for i in images]  # one row per image
         brackets = [None if h is None else (sizes[r][h[0] - 1] if h[0] else 0, sizes[r][h[0]], h[1])
                     for r, h in enumerate(first)]
         hits, q_boundary = boundary_prefix(evaluator, pos, images, [c if b else 0 for c, b in zip(counts, brackets)],
@@ -85,9 +101,10 @@ def refined_sets(
     rows = [r for r, h in enumerate(hits) if h is not None]
     out: list[tuple[torch.Tensor, int, float, bool | None] | None] = [None] * len(images)
     q_prune = [0] * len(images)
+    prefix = dict(zip(rows, prefix_features(pos, rows, [hits[r][0] for r in rows])))  # one read
     unpruned = rows if not prune else [r for r in rows if budget == "auto" and hits[r][0] > AUTO_PRUNE_FEATURES]
     for r in unpruned:
-        out[r] = (torch.argsort(pos[r])[: hits[r][0]].cpu(), hits[r][0], hits[r][1], None if not prune else False)
+        out[r] = (prefix[r], hits[r][0], hits[r][1], None if not prune else False)
     if not prune:
         return out, q_boundary, q_prune
     rows = [r for r in rows if r not in unpruned]
@@ -97,18 +114,28 @@ def refined_sets(
     dev = pos.device
     rows_t, k_t = upload(dev, rows, [hits[r][0] for r in rows])  # one host-to-device copy
     sets = pos[rows_t] < k_t.view(-1, 1)
-    orders = [torch.argsort(pos[r])[: hits[r][0]].flip(0).tolist() for r in rows]  # least responsible first
+    orders = [prefix[r].flip(0).tolist() for r in rows]  # least responsible first
     # the boundary's predecessor (prefix k - 1) failed: removing the last pixel is known to fail
     known = [o[0] if hits[r][0] >= 2 else None for o, r in zip(orders, rows)]
     pruned, f, q, certified = prune_to_minimal(evaluator, sets, orders, [images[r] for r in rows],
                                                [hits[r][1] for r in rows], lambda j, fj, tj: passes(rows[j], fj, tj),
                                                known, budget)
+    (pruned,) = to_host(pruned, label="pruned sets")
     for j, r in enumerate(rows):
-        keep = pruned[j]
-        ranked = torch.argsort(pos[r])[: hits[r][0]]
-        out[r] = (ranked[keep[ranked]].cpu(), hits[r][0], f[j], certified[j])
+        ranked = prefix[r]
+        out[r] = (ranked[pruned[j, ranked]], hits[r][0], f[j], certified[j])
         q_prune[r] = q[j]
     return out, q_boundary, q_prune
+
+
+def prefix_features(pos: torch.Tensor, rows: list[int], sizes: list[int]) -> list[torch.Tensor]:
+    """The features of the prefix of ``sizes[j]`` features of ranking row ``rows[j]`` (``pos`` int64 [R, p], each
+    feature's position), in ranking order: one int64 [sizes[j]] CPU tensor per row, all read in one transfer."""
+    if not rows:
+        return []
+    (rows_t,) = upload(pos.device, rows)
+    (first,) = to_host(torch.argsort(pos[rows_t], dim=1)[:, : max(sizes)], label="prefixes' features")
+    return [first[j, :k].clone() for j, k in enumerate(sizes)]
 
 
 @dataclass(frozen=True)
@@ -183,15 +210,16 @@ def extract_sets(
     dev = prep.images.device
     n, p = prep.images.shape[0], prep.num_features
     present = torch.ones((n, p), dtype=torch.bool, device=dev)
+    left = [p] * n  # features still present per image (the host's copy of present.sum(1))
     rounds: list[list[SISResult]] = [[] for _ in range(n)]
-    round_score = scores0.tolist()
+    round_score, target_list = (t.tolist() for t in to_host(scores0, targets, label="extraction start"))
     active = list(range(n))
     while active:
-        rows = torch.tensor(active, device=dev)
+        (rows,) = upload(dev, active)
         scores, queries = rank_fn(present)
         ranked = scores[rows].reshape(len(active), p)
         pos, ranked, scan = _positions(ranked, present[rows], prep, config)
-        counts = present[rows].sum(1).tolist()
+        counts = [left[i] for i in active]
         row_passes = lambda r, f, top1, active=active: passes(active[r], f, top1)  # noqa: E731
         row_guide = None if guide is None else (
             lambda r, f, top1, margin, active=active: guide(active[r], f, top1, margin))
@@ -205,10 +233,10 @@ def extract_sets(
             hits = [None if x is None else (x[1], x[2]) for x in refined]
         else:
             hits, extraction = _prefix_hits(evaluator, verifier, pos, active, counts, step, row_passes, n)
-        pos_cpu, scores_cpu = pos.cpu(), ranked.double().cpu()
-        nxt = []
+        orders, scores_cpu = to_host(torch.argsort(pos, dim=1), ranked.double(), label="rankings")
+        nxt, gone = [], []
         for r, i in enumerate(active):
-            order = torch.argsort(pos_cpu[r])[: counts[r]]
+            order = orders[r, : counts[r]].clone()
             hit = hits[r]
             if hit is None:
                 found = None
@@ -219,7 +247,7 @@ def extract_sets(
             rounds[i].append(
                 SISResult(
                     order=order, values=scores_cpu[r, order], sis=found,
-                    mask=None if found is None else prep.feature_mask(found), target=int(targets[i]),
+                    mask=None if found is None else prep.feature_mask(found), target=target_list[i],
                     score=round_score[i], threshold=thresholds[i], sis_score=None if hit is None else hit[1],
                     queries=None if queries is None else queries[i], engine=engine,
                     extraction_queries=extraction[r],
@@ -229,8 +257,12 @@ def extract_sets(
                 )
             )
             if collection and found is not None and 0 < found.numel() < counts[r]:
-                present[i, found.to(dev)] = False
+                gone.append(found)
+                left[i] -= found.numel()
                 nxt.append(i)
+        if nxt:  # each set found leaves its image's features: one copy for all
+            img, feat = upload(dev, np.repeat(nxt, [g.numel() for g in gone]), torch.cat(gone))
+            present[img, feat] = False
         active = _still_passing(evaluator, present, nxt, passes, round_score)
     return [first_with_collection(r, collection) for r in rounds]
 
@@ -257,21 +289,21 @@ def _prefix_hits(evaluator, verifier, pos, active, counts, step, row_passes, n) 
     counted = CountingEvaluator(evaluator, n)
     sizes = [list(range(step, c, step)) + [c] if c else [] for c in counts]
     hits = first_passing_prefix(counted, pos, active, sizes, row_passes)
+    tally = counted.counts
     if verifier is not None:
         counted_v = CountingEvaluator(verifier, n)
         hits = _verify(counted_v, pos, active, counts, sizes, hits, row_passes, pos.shape[1])
-        for i in active:
-            counted.counts[i] += counted_v.counts[i]
+        tally = [a + b for a, b in zip(tally, counted_v.counts)]
     hits = [None if h is None else (sizes[r][h[0]], h[1]) for r, h in enumerate(hits)]
-    return hits, [counted.counts[i] for i in active]
+    return hits, [tally[i] for i in active]
 
 
 def _still_passing(evaluator, present: torch.Tensor, nxt: list[int], passes, round_score: list[float]) -> list[int]:
     """The images of ``nxt`` whose features still ``present`` pass (their next round's f goes to ``round_score``)."""
     if not nxt:
         return []
-    rows = torch.tensor(nxt, device=present.device)
-    f, top1 = evaluator(present, rows, rows, torch.full_like(rows, -1))
+    (rows,) = upload(present.device, nxt)
+    f, top1 = to_host(*evaluator(present, rows, rows, torch.full_like(rows, -1)), label="rest")
     still = []
     for i, fi, ti in zip(nxt, f.tolist(), top1.tolist()):
         if passes(i, fi, ti):
@@ -285,8 +317,7 @@ def _verify(verifier, pos, active, counts, sizes, hits, rows_pass, p) -> list[tu
     todo = [r for r, h in enumerate(hits) if h is not None]
     if not todo:
         return hits
-    pos_cpu = pos.cpu()
-    keep_first = [torch.argsort(pos_cpu[r])[: counts[r]] for r in todo]
+    keep_first = prefix_features(pos, todo, [counts[r] for r in todo])
     rest = [sizes[r][hits[r][0]:] for r in todo]
     checked = verify_prefix_sets(verifier, [active[r] for r in todo], keep_first, rest,
                                  lambda k, f, top1: rows_pass(todo[k], f, top1), p)
@@ -310,10 +341,13 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     dev = pos.device
     p = pos.shape[1]
     sets = torch.zeros((len(todo), p), dtype=torch.bool, device=dev)
-    for j, r in enumerate(todo):
-        sets[j, refined[r][0].to(dev)] = True
-    img = torch.tensor([active[r] for r in todo], device=dev)
-    f, top1 = verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1))
+    members = [refined[r][0] for r in todo]  # int64 [k] CPU, each set's features
+    img, row, feat = upload(dev, [active[r] for r in todo],
+                            np.repeat(np.arange(len(todo)), [m.numel() for m in members]),
+                            torch.cat(members))  # one host-to-device copy
+    sets[row, feat] = True
+    f, top1 = to_host(*verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1)),
+                      label="verified sets")
     out = list(refined)
     again = []
     for j, (r, fj, tj) in enumerate(zip(todo, f.tolist(), top1.tolist())):
@@ -323,7 +357,7 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
         else:
             again.append(r)
     if again:
-        redo, q_b, q_p = refined_sets(verifier, pos[torch.tensor(again, device=dev)], [active[r] for r in again],
+        redo, q_b, q_p = refined_sets(verifier, pos[upload(dev, again)[0]], [active[r] for r in again],
                                       [counts[r] for r in again], lambda k, f, t: rows_pass(again[k], f, t),
                                       prune=prune, budget=budget,
                                       scan=[scan[r] for r in again] if isinstance(scan, list) else scan,

@@ -6,7 +6,10 @@ it still passes; removal is tried in adaptive blocks (a block of B consecutive
 candidates in one query: passing doubles B, failing halves it) and, at B = 1, as W
 single removals evaluated side by side (the first that passes is taken; the ones
 before it are kept; W doubles while all fail). Every round evaluates one batch
-across all rows. The criterion need not be monotone, so a kept feature's failing
+across all rows, built on the device from one upload of host indices, and reads its
+answers back in one transfer (:func:`~overinterp_fast.runtime.sync.to_host`); the host
+keeps its own copy of the current sets, so planning a round reads nothing. The
+criterion need not be monotone, so a kept feature's failing
 test only counts while the set it was tested against is the final one: after a
 pass, the features tested before a later removal are tested again, until a pass
 removes nothing. The result is then 1-minimal by direct test, and passes.
@@ -26,6 +29,8 @@ import torch
 
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.model import check_finite_scores
+from ..runtime.schedule import upload
+from ..runtime.sync import to_host
 
 MAX_WIDTH = {"cuda": 1024}  # single removals evaluated side by side per row and round; others: 32
 
@@ -74,17 +79,27 @@ def prune_to_minimal(
     """
     dev = sets.device
     cur = sets.clone()
+    (kept,) = to_host(sets, label="pruning start")
+    kept = kept.clone()  # the host's copy of ``cur``, changed with it
     wmax = MAX_WIDTH.get(dev.type, 32)
     rows = _start_rows(orders, scores, known_failing, budget)
     while True:
-        plan = _plan_round(rows, cur)
+        plan = _plan_round(rows, kept)
         if not plan:
             break
-        present, img, prow, feat = _round_candidates(plan, cur, images)
-        t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)  # noqa: E731
-        f, top1 = evaluator(torch.stack(present), t(img), t(prow), t(feat))
-        check_finite_scores(torch.isfinite(f).all())
-        _apply_round(plan, rows, cur, f.tolist(), top1.tolist(), passes, wmax)
+        base, (clear_at, clear_feat), img, prow, feat = _round_candidates(plan, images)
+        base_t, clear_at_t, clear_feat_t, img_t, prow_t, feat_t = upload(dev, base, clear_at, clear_feat, img, prow,
+                                                                          feat)  # one host-to-device copy
+        present = cur[base_t]
+        present[clear_at_t, clear_feat_t] = False
+        f, top1 = evaluator(present, img_t, prow_t, feat_t)
+        f, top1, finite = to_host(f, top1, torch.isfinite(f).all(), label="pruning")  # the round's one read
+        check_finite_scores(finite)
+        at, gone = _apply_round(plan, rows, f.tolist(), top1.tolist(), passes, wmax)
+        if at:  # what passed leaves the sets, on the host and on the device
+            kept[at, gone] = False
+            at_t, gone_t = upload(dev, at, gone)
+            cur[at_t, gone_t] = False
     return cur, [row.f for row in rows], [row.queries for row in rows], [row.certified for row in rows]
 
 
@@ -100,16 +115,16 @@ def _start_rows(orders: list[list[int]], scores: list[float], known_failing: lis
     return rows
 
 
-def _plan_round(rows: list[_Row], cur: torch.Tensor) -> list[tuple[int, str, list[int]]]:
+def _plan_round(rows: list[_Row], kept: torch.Tensor) -> list[tuple[int, str, list[int]]]:
     """What each unfinished row tries this round: (row, kind, features), kind "block" removes all the features
     at once, "single" one each. Rows at the end of a pass start the next one (or finish, certified); rows out of
-    budget finish."""
+    budget finish. ``kept``: bool [R, p] on the host, each row's current set."""
     plan = []
     for r, row in enumerate(rows):
         if row.done:
             continue
         if row.j >= len(row.queue):  # end of a pass: retest what a later removal made stale
-            live = cur[r, row.order].tolist()
+            live = kept[r, row.order].tolist()
             row.queue = [c for c, keep in zip(row.order, live) if keep and row.tested.get(c, -1) < row.removals]
             row.j, row.block, row.width = 0, 1, 1
             if not row.queue:
@@ -126,40 +141,44 @@ def _plan_round(rows: list[_Row], cur: torch.Tensor) -> list[tuple[int, str, lis
     return plan
 
 
-def _round_candidates(plan: list[tuple[int, str, list[int]]], cur: torch.Tensor,
-                      images: list[int]) -> tuple[list[torch.Tensor], list[int], list[int], list[int]]:
-    """The round's candidates for the evaluator: (present sets bool [p] each, and per candidate its image, its
-    present row and the feature it masks (-1: none)). A block is one set without its features; singles share
-    their row's current set."""
-    present, img, prow, feat = [], [], [], []
+def _round_candidates(plan: list[tuple[int, str, list[int]]], images: list[int]) -> tuple[
+        list[int], tuple[list[int], list[int]], list[int], list[int], list[int]]:
+    """The round's candidates for the evaluator, as host index lists: (``base``, (``at``, ``feature``), ``img``,
+    ``prow``, ``feat``). Present row q is row ``base[q]`` of the current sets, less ``feature[j]`` wherever
+    ``at[j]`` is q; candidate b starts from image ``img[b]`` with present row ``prow[b]`` and masks feature
+    ``feat[b]`` (-1: none). A block is one present row without its features; singles share their row's current
+    set."""
+    base, at, cleared, img, prow, feat = [], [], [], [], [], []
     for r, kind, feats in plan:
+        base.append(r)
         if kind == "block":
-            s = cur[r].clone()
-            s[torch.tensor(feats, device=cur.device)] = False
-            present.append(s)
+            at += [len(base) - 1] * len(feats)
+            cleared += feats
             img.append(images[r])
-            prow.append(len(present) - 1)
+            prow.append(len(base) - 1)
             feat.append(-1)
         else:
-            present.append(cur[r])
             for c in feats:
                 img.append(images[r])
-                prow.append(len(present) - 1)
+                prow.append(len(base) - 1)
                 feat.append(c)
-    return present, img, prow, feat
+    return base, (at, cleared), img, prow, feat
 
 
-def _apply_round(plan: list[tuple[int, str, list[int]]], rows: list[_Row], cur: torch.Tensor, f: list[float],
-                 top1: list[bool], passes: Callable[[int, float, bool], bool], wmax: int) -> None:
-    """Take the round's answers (f and top-1 per candidate, in plan order): remove what passed from ``cur``
-    and adapt each row's block size and width."""
+def _apply_round(plan: list[tuple[int, str, list[int]]], rows: list[_Row], f: list[float], top1: list[bool],
+                 passes: Callable[[int, float, bool], bool], wmax: int) -> tuple[list[int], list[int]]:
+    """Take the round's answers (f and top-1 per candidate, in plan order): adapt each row's block size and
+    width. Returns what passed, to be removed from the current sets: (rows, features), one pair per feature."""
+    gone_row: list[int] = []
+    gone: list[int] = []
     at = 0
     for r, kind, feats in plan:
         row = rows[r]
         if kind == "block":
             row.queries += 1
             if passes(r, f[at], top1[at]):
-                cur[r, torch.tensor(feats, device=cur.device)] = False
+                gone_row += [r] * len(feats)
+                gone += feats
                 row.f, row.removals, row.j = f[at], row.removals + 1, row.j + len(feats)
                 row.block *= 2
             else:
@@ -175,7 +194,9 @@ def _apply_round(plan: list[tuple[int, str, list[int]]], rows: list[_Row], cur: 
             row.j += len(feats)
             row.width = min(2 * row.width, wmax)
         else:
-            cur[r, feats[hit]] = False
+            gone_row.append(r)
+            gone.append(feats[hit])
             row.f, row.removals, row.j = f[at + hit], row.removals + 1, row.j + hit + 1
             row.block, row.width = 2, 1
         at += len(feats)
+    return gone_row, gone

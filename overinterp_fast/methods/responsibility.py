@@ -29,6 +29,12 @@ painted by the ``rect_fill`` kernel (2D difference arrays, exact integer sums)
 and written by ``mask_apply``; responsibility is accumulated by ``rect_fill`` as
 well (weights 6/k, so the sums are exact integers); the minimal pixel set is the
 first passing prefix of the ranking in steps of 10 pixels, evaluated in batches.
+
+The host draws the splits and keeps the mutant cache; the masks, the scores and the
+maps stay on the images' device. The host reads device values only through
+:func:`~overinterp_fast.runtime.sync.to_host`, once per scoring round (the round's
+scores: one round per level, three with ``monotone=True``), however many mutants the
+round holds; it uploads each round's rectangles in one copy.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.inputs import Prepared
 from ..runtime.schedule import upload
+from ..runtime.sync import to_host
 from .ranking import ranking_positions
 
 SUBSETS = [[c for c in range(4) if s >> c & 1] for s in range(1, 15)]  # the 14 non-empty proper subsets
@@ -111,19 +118,29 @@ def _area(box) -> int:
     return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
 
 
-def _rect_cover(runner, rects: list, owner: list, weight: list | None, m: int, h: int, w: int, dev,
+def _rect_cover(runner, rects, owner, weight, m: int, h: int, w: int, dev: torch.device,
                 use: Callable[[slice, torch.Tensor], object]) -> list:
     """Paint rectangles into m coverage maps in chunks of owners (the runner's chunk, with its
     out-of-memory back-off): ``use(owners, cover int64 [chunk, H, W])`` per chunk, results listed.
 
-    ``owner[i]`` in [0, m) is the map of rectangle i (any order), ``weight[i]`` its int weight (None: 1).
+    ``rects``: R rectangles (y0, x0, y1, x1), host 4-tuples or an int64 [R, 4] tensor; ``owner[i]`` in [0, m) is
+    the map of rectangle i (any order: host ints, or an int64 [R] tensor, read to the host once); ``weight[i]``
+    its int weight (host ints; None: 1). The host groups the rectangles by owner and uploads them in one copy,
+    so painting waits for no device value.
     """
-    rect_t = torch.as_tensor(rects, dtype=torch.int64, device=dev).view(-1, 4)
-    owner_t = torch.as_tensor(owner, dtype=torch.int64, device=dev)
-    weight_t = torch.ones_like(owner_t) if weight is None else torch.tensor(weight, dtype=torch.int64, device=dev)
-    owner_t, by_owner = torch.sort(owner_t, stable=True)
-    rect_t, weight_t = rect_t[by_owner], weight_t[by_owner]
-    starts = torch.searchsorted(owner_t, torch.arange(m + 1, device=dev)).tolist()
+    if isinstance(owner, torch.Tensor):
+        (owner,) = to_host(owner, label="rectangle owners")
+    owner_np = np.asarray(owner, dtype=np.int64).reshape(-1)
+    by_owner = np.argsort(owner_np, kind="stable")
+    starts = np.searchsorted(owner_np[by_owner], np.arange(m + 1)).tolist()
+    weight_np = np.ones(len(owner_np), np.int64) if weight is None else np.asarray(weight, np.int64)[by_owner]
+    if isinstance(rects, torch.Tensor):
+        order_t, owner_t, weight_t = upload(dev, by_owner, owner_np[by_owner], weight_np)
+        rect_t = rects.to(dev).view(-1, 4)[order_t]
+    else:
+        rect_t, owner_t, weight_t = upload(dev, np.asarray(rects, np.int64).reshape(-1, 4)[by_owner],
+                                           owner_np[by_owner], weight_np)
+        rect_t = rect_t.view(-1, 4)
 
     def work(sl: slice):
         a, b = starts[sl.start], starts[sl.stop]
@@ -154,9 +171,10 @@ class MutantCache:
 def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Tensor, present: torch.Tensor,
                   h: int, w: int) -> torch.Tensor:
     """Score m mutants on ``evaluator`` by painting them: rectangles ``rects`` (int64 [R, 4] or a list of
-    4-tuples) of mutant ``owner`` (int64 [R] in [0, m)) of images ``images`` (int64 [m]), each keeping the
-    pixels its rectangles cover that are ``present`` (bool [N, H*W]). Returns float64 [m, 3]: f, top-1 is
-    the target (0 or 1), pixels kept."""
+    4-tuples) of mutant ``owner`` (int64 [R] in [0, m), or a list of R ints) of images ``images`` (int64 [m]),
+    each keeping the pixels its rectangles cover that are ``present`` (bool [N, H*W]). Returns float64 [m, 3] on
+    the images' device: f, top-1 is the target (0 or 1), pixels kept. Masks are painted and scored on the
+    device, chunk by chunk (:func:`_rect_cover`); with host lists nothing is read back."""
     dev = images.device
 
     def score(sl: slice, cover: torch.Tensor):
@@ -209,6 +227,7 @@ def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: 
     else:  # score_painted uploads the rectangles itself (_rect_cover)
         (img_all,) = upload(dev, evals)
         scored = score_painted(evaluator, rects, owner, img_all, present, h, w)
+    (scored,) = to_host(scored, label="mutants")  # the round's one read
     for key, row in zip(keys, scored.tolist()):
         cache.scores[key] = (row[0], bool(row[1]), int(row[2]))
         if len(row) > 3 and not row[3]:
@@ -243,6 +262,9 @@ def descend(
     quadrants) passed as failing, without a query: exact where passing is monotone in the pixels
     kept; the top-1 criterion of a real model is nearly so (on EfficientNet-Lite0, 1.3% of the
     passing mutants were missed at 71% of the queries). False: every mutant is scored (ReX).
+
+    Host reads: one :func:`~overinterp_fast.runtime.sync.to_host` per scoring round that has mutants to score
+    (so at most one per level, three with ``monotone``), none for the maps.
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
@@ -377,14 +399,30 @@ class _DescentRun:
                 d.alive = False
 
     def log_maps(self, descents: list[tuple[int, int]], per_image: bool, n: int) -> torch.Tensor:
-        """The log per-iteration maps: float64 [D, H, W], or [N, H, W] summed per image (``per_image``)."""
+        """The log per-iteration maps: float64 [D, H, W], or [N, H, W] summed per image (``per_image``).
+
+        Each image's maps are added descent by descent in the given order, one descent of an image per addition:
+        no two additions into one map run at once, so the sums do not depend on the device's scheduling (an
+        index_add_ with repeated rows adds in any order on CUDA, and ties of the ranking would break apart).
+        """
         h, w, dev = self.h, self.w, self.dev
-        row_t = torch.as_tensor([i for i, _ in descents] if per_image else range(len(self.state)), dtype=torch.int64,
-                                device=dev)
+        rows = [i for i, _ in descents] if per_image else list(range(len(self.state)))
+        seen: dict[int, int] = {}
+        step = []  # each descent's place among the descents of its map
+        for r in rows:
+            step.append(seen.get(r, 0))
+            seen[r] = step[-1] + 1
         out = torch.zeros(n if per_image else len(self.state), h, w, dtype=torch.float64, device=dev)
 
         def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
-            out.index_add_(0, row_t[sl], torch.log1p(acc.double() / _UNIT))
+            logs = torch.log1p(acc.double() / _UNIT)
+            by_step: dict[int, list[int]] = {}
+            for j in range(sl.start, sl.stop):
+                by_step.setdefault(step[j], []).append(j)
+            groups = [by_step[k] for k in sorted(by_step)]
+            parts = upload(dev, *([j - sl.start for j in g] for g in groups), *([rows[j] for j in g] for g in groups))
+            for at, row in zip(parts[: len(groups)], parts[len(groups):]):
+                out.index_add_(0, row, logs[at])
             return acc.new_zeros(0)  # the runner concatenates the (empty) results; the maps are in ``out``
 
         _rect_cover(self.evaluator.runner, self.resp_rects, self.resp_owner, self.resp_weight, len(self.state), h, w,
@@ -433,9 +471,12 @@ class AutoInfo:
     cache_hits: int
 
 
-def _dice(a: torch.Tensor, b: torch.Tensor) -> float:
-    total = int(a.sum()) + int(b.sum())
-    return 1.0 if total == 0 else 2 * int((a & b).sum()) / total
+def _dice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Dice of the sets ``a`` and ``b`` (bool [..., p]) row by row: float64 [...] on their device, 2 |a & b| /
+    (|a| + |b|), 1 where both are empty."""
+    total = a.sum(-1) + b.sum(-1)
+    both = (a & b).sum(-1)
+    return torch.where(total == 0, 1.0, 2 * both.double() / total.clamp(min=1).double())
 
 
 def auto_responsibility(
@@ -470,10 +511,11 @@ def auto_responsibility(
     total = torch.zeros(n, h, w, dtype=torch.float64, device=dev)
     queries, runs = [0] * n, [0] * n
     cache = MutantCache() if cache is None else cache
-    last: list[torch.Tensor | None] = [None] * n
+    last = torch.zeros_like(present)  # bool [N, H*W]: each image's top pixels after its last iteration
     calm = [0] * n
-    active = [i for i in range(n) if bool(present[i].any())]
-    size = [max(1, math.ceil(int(present[i].sum()) * top_fraction)) for i in range(n)]
+    (allowed,) = to_host(present.sum(1), label="auto start")
+    active = [i for i, c in enumerate(allowed.tolist()) if c > 0]
+    size = [max(1, math.ceil(c * top_fraction)) for c in allowed.tolist()]
     bar = tqdm(total=max_iterations, unit="iteration", desc="responsibility",
                disable=None if progress is None else not progress)
     for t in range(max_iterations):
@@ -482,19 +524,19 @@ def auto_responsibility(
         # no bar per descent: the bar of iterations above stands for them (progress=False silences both)
         logs, q = descend(evaluator, prep, present, passes, [(i, seed + t) for i in active], depth, min_box, cache,
                           progress=False, monotone=monotone)
-        for j, i in enumerate(active):
-            total[i] += logs[j]
+        rows, k = upload(dev, active, [size[i] for i in active])
+        total.index_add_(0, rows, logs)
+        for i in active:
             queries[i] += q[i]
             runs[i] += 1
         bar.update(1)
-        rows = torch.tensor(active, device=dev)
-        pos = ranking_positions(total[rows].view(len(active), -1), present[rows])
+        top = ranking_positions(total[rows].view(len(active), -1), present[rows]) < k.view(-1, 1)
+        (dice,) = to_host(_dice(top, last[rows]), label="auto stop")  # the iteration's one read
+        last[rows] = top
         still = []
-        for j, i in enumerate(active):
-            top = pos[j] < size[i]
-            if last[i] is not None:
-                calm[i] = calm[i] + 1 if _dice(top, last[i]) >= min_dice else 0
-            last[i] = top
+        for i, d in zip(active, dice.tolist()):
+            if t > 0:  # an image runs from iteration 0 until it stops: t > 0 has an iteration before
+                calm[i] = calm[i] + 1 if d >= min_dice else 0
             if t + 1 < min_iterations or calm[i] < patience:
                 still.append(i)
         active = still

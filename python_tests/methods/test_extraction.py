@@ -291,3 +291,51 @@ def test_collection_of_single_features_by_a_threshold_and_an_empty_set_ends_it()
     assert [r.sis_score for r in a.collection] == pytest.approx([1 / 3] * 3)
     (c,) = run(RuleEvaluator(lambda i, ids: (0.5, True)), DESC[None], collection=True, refine=True)
     assert c.sis.tolist() == [] and len(c.collection) == 1 and c.size_before_refine == 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Minimal pixel sets on a device: the host waits for it only in runtime.sync.to_host (the counted reads) and
+# in the index checks of the rect_fill and mask_apply ops; on CUDA any other wait raises (sync debug mode).
+# ----------------------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("options", [{}, {"refine": False}, {"iterations": "auto", "block": 1, "prefix_search": "scan"},
+                                     {"refine": "boundary", "criterion": "threshold"}])
+def test_minimal_pixel_sets_wait_for_the_device_only_to_read_it(monkeypatch, device, options):
+    """fast_sis(method="responsibility") with a collection: the ranking and the extraction (everything
+    extract_sets runs, the descents included) on ``device`` under torch.cuda.set_sync_debug_mode("error") on
+    CUDA, but for the reads through to_host and the ops' index checks; the same sets and queries as on the CPU
+    run outside it, twice over (the GPU's maps add in a fixed order)."""
+    import overinterp_fast as of
+    from overinterp_fast.attr import minimal
+    from helpers import assert_same_result, make_cnn, make_images, strict_sync, sync_errors
+
+    model, x = make_cnn(3, h=12, w=14), make_images(2, h=12, w=14, seed=4)
+    opts = of.MinimalPixelSetOptions(**{"iterations": 3, **options})
+
+    def sets(model, x):
+        return of.fast_sis(model, x, 0.6, method="responsibility", engine="torch", collection=True, options=opts,
+                           progress=False)
+
+    want = sets(model, x)
+    calls = strict_sync(monkeypatch, device)
+    extract = minimal.extract_sets
+
+    def strict(*args, **kwargs):
+        with sync_errors(device):
+            return extract(*args, **kwargs)
+
+    monkeypatch.setattr(minimal, "extract_sets", strict)
+    model, x = model.to(device), x.to(device)
+    for _ in range(2):
+        got = sets(model, x)
+        for a, b in zip(want, got):
+            assert_same_result(a, b, rel=1e-9, atol=1e-9)
+            assert (a.queries, a.extraction_queries, a.refine_queries) == (b.queries, b.extraction_queries,
+                                                                          b.refine_queries)
+            assert [c.sis.tolist() for c in a.collection or []] == [c.sis.tolist() for c in b.collection or []]
+    assert "to_host" in calls and set(calls) == {"to_host", "rect_fill", "mask_apply"}

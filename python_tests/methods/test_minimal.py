@@ -477,3 +477,21 @@ def test_a_row_out_of_budget_does_not_hold_back_the_rows_after_it():
                                    [0.13, 0.03], known=[None, 0], budget=5)
     assert q == [5, 5] and cert == [False, True]
     assert set(torch.nonzero(pruned[1]).flatten().tolist()) == {3}
+
+
+@pytest.mark.timeout(30)
+def test_pruning_reads_once_to_start_and_once_per_round():
+    """Cases A, B, C, E and F in one call (test_rows_prune_together_one_batch_per_round): 9 rounds, the longest
+    trace's (A's). The host reads the given sets once and each round's answers once, however many rows and
+    candidates the round holds; the ends of passes (B, C, E, F start second passes) read nothing more: the host
+    keeps its own copy of the sets."""
+    from overinterp_fast.runtime import sync
+
+    rules = [needs(A_ESSENTIAL), staleness, staleness, needs(E_ESSENTIAL), needs(E_ESSENTIAL)]
+    starts = [set(range(13)), set(B_ORDER), C_START, set(E_ORDER), set(F_ORDER)]
+    with sync.counting() as reads:
+        (pruned, _, q, _), ev = run(rules, starts, [A_ORDER, B_ORDER, C_ORDER, E_ORDER, F_ORDER],
+                                    [0.13, 0.04, 0.03, 0.04, 0.03], known=[None, None, 0, None, None])
+    assert len(ev.calls) == len(A_CALLS) == 9 and q == [12, 9, 5, 6, 5]
+    assert reads.by_label == {"pruning start": 1, "pruning": 9}
+    assert reads.tensors == 1 + 3 * 9  # each round: f, top-1 and whether every f is finite

@@ -806,3 +806,80 @@ def test_reference_checks_its_options_with_the_same_messages():
                         ({"min_box": 0}, "min_box must be an int >= 1, got 0")):
         with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
             reference.responsibility(model, x, **kw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host reads: the descents read device values only through runtime.sync.to_host, once per scoring round (one
+# round per level; three with monotone=True: triples, pairs, single quadrants), however many mutants the round has.
+# ----------------------------------------------------------------------------------------------------
+
+from overinterp_fast.runtime import sync  # noqa: E402
+from helpers import strict_sync, sync_errors  # noqa: E402
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("monotone, per_level", [(False, 1), (True, 3)])
+@pytest.mark.parametrize("images, seeds", [(1, [7]), (3, [7, 8])])
+def test_descent_reads_once_per_round_however_many_mutants(monkeypatch, monotone, per_level, images, seeds):
+    """Every descent splits at (2, 2), then its quadrant 0 at (1, 1) (test_descend_by_hand_on_a_4x4_image): two
+    levels of 14 mutants per image, each scored (every subset has a superset keeping pixel (0, 0), which passes).
+    One descent or six (3 images x 2 seeds, 42 mutants per level): the same reads, the round's scores once per
+    round: 2 levels x 1 round, or x 3 rounds with monotone=True. Nothing else is read."""
+    _script(monkeypatch, {s: [(2, 2), (1, 1)] for s in seeds})
+    x = torch.ones(images, 1, 4, 4, dtype=torch.float64)
+    with torch.inference_mode():
+        ev, prep = responsibility_evaluator(_Pixels((0, 0)).eval(), x)
+        with sync.counting() as reads:
+            logs, queries = descend(ev, prep, torch.ones(images, 16, dtype=torch.bool), _top1,
+                                    [(i, s) for i in range(images) for s in seeds], 10, 4, MutantCache(),
+                                    monotone=monotone)
+    assert queries == [28] * images  # a second seed of an image repeats its mutants: cache hits, no query
+    assert reads.by_label == {"mutants": 2 * per_level} and reads.count == 2 * per_level
+    assert reads.tensors == 2 * per_level  # one tensor per read: the round's scores [m, 3]
+    want = _blocks(4, 4, ((0, 0, 4, 4), _REST), ((0, 0, 2, 2), _HALF + 7 / 6), ((0, 0, 1, 1), _HALF + 3.5))
+    for d in range(len(logs)):
+        torch.testing.assert_close(logs[d], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.timeout(30)
+def test_auto_reads_once_to_start_and_once_per_iteration(monkeypatch):
+    """iterations="auto" with the same splits every iteration (test_auto_stops_at_min_iterations_and_counts_cache_hits):
+    6 iterations. Reads: the allowed pixels once, the Dice of every image once per iteration (6), and the
+    mutants' scores of the 2 levels of the first iteration (the later ones are all cache hits: nothing to read)."""
+    _script(monkeypatch, {s: [(2, 2), (1, 1)] for s in range(40, 60)})
+    x = torch.ones(2, 1, 4, 4, dtype=torch.float64)
+    with torch.inference_mode():
+        ev, prep = responsibility_evaluator(_Pixels((0, 0)).eval(), x)
+        with sync.counting() as reads:
+            _, queries, info = auto_responsibility(ev, prep, torch.ones(2, 16, dtype=torch.bool), _top1, 10, 4, 40,
+                                                   False)
+    assert info.iterations == [6, 6] and queries == [28, 28]
+    assert reads.by_label == {"auto start": 1, "auto stop": 6, "mutants": 2}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("monotone", [False, True])
+def test_descents_wait_for_the_device_only_in_to_host_and_the_ops_checks(monkeypatch, device, monotone):
+    """On CUDA, with torch.cuda.set_sync_debug_mode("error"), any call that waits for the GPU raises, except the
+    reads through to_host and the per-call index checks of the rect_fill and mask_apply ops: random descents of 3
+    images x 4 iterations run through, with the maps and queries of the CPU. Per chunk of mutants, one painting
+    and one mask_apply; one more painting for the maps; reads at most 3 per level (depth 10), far fewer than
+    the mutants."""
+    model = PatchReader(slice(3, 9), slice(2, 7), need=0.4).eval()
+    x = torch.ones(3, 1, 12, 12, dtype=torch.float64)
+    present = torch.ones(3, 144, dtype=torch.bool)
+    with torch.inference_mode():
+        ev, prep = responsibility_evaluator(model, x)
+        want, want_q = compute_responsibility(ev, prep, present, _top1, 4, 10, 2, 5, False, monotone)
+        ev, prep = responsibility_evaluator(model.to(device), x.to(device))
+        calls = strict_sync(monkeypatch, device)
+        with sync_errors(device):
+            maps, queries = compute_responsibility(ev, prep, present.to(device), _top1, 4, 10, 2, 5, False, monotone)
+    assert maps.device.type == device and queries == want_q
+    torch.testing.assert_close(maps.cpu(), want, rtol=0, atol=1e-12)
+    assert 0 < calls.count("to_host") <= (3 if monotone else 1) * 10 < sum(queries)
+    assert calls.count("rect_fill") == calls.count("mask_apply") + 1 and calls.count("mask_apply") >= 1
+    assert set(calls) == {"to_host", "rect_fill", "mask_apply"}
