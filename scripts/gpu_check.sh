@@ -138,7 +138,7 @@ bench_step() {  # bench_step NAME LIMIT SCRIPT ARGS...: one benchmark, its JSON 
 has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
-    EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
+    EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 stride12-px --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
     GRADIENT=(--images 8 --k 100 --rounds 1)
     RESP=(--no-rex --photos chelsea coffee --rex-seeds 2)
     OPS_DEFAULT=90
