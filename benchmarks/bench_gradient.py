@@ -1,7 +1,7 @@
 """Batched-gradient SIS against the plain transcription of the paper's loop, same model, images, device.
 
     python benchmarks/bench_gradient.py                     # CPU, small settings -> results/gradient-cpu.json
-    python benchmarks/bench_gradient.py --device cuda --images 32 --k 100
+    python benchmarks/bench_gradient.py --device cuda --images 32 --reference-images 2 --k 100 1000 --autocast bf16 off
     python benchmarks/bench_gradient.py --models small_cnn --images 2   # a smoke run of seconds
 
 Models: torchvision's Inception-v3 (299x299, aux_logits off, seeded random weights:
@@ -11,9 +11,12 @@ to reach --images). With random weights f(x) is small, so the threshold is
 relative: tau = 0.9 * min_i f(x_i), which every image passes. small_cnn: the seeded
 small CNN of the exact benchmark on random 32x32 images (relative threshold too).
 
-The contenders (fast_sis, the transcription overinterp_fast.reference.gradient_sis and,
-with --autocast, fast_sis in bf16/fp16) run once per round, in interleaved rounds
-(order rotated); minima are reported.
+For each model and each k, the contenders run once per round, in interleaved rounds (order rotated); minima are
+reported. The contenders: fast_sis once per --autocast mode ("auto": the defaults, named "fast"; "off", "bf16",
+"fp16": named "fast_<mode>"), and the transcription overinterp_fast.reference.gradient_sis on the first
+--reference-images images (it takes one backward pass per image and block: on a GPU the slowest part by far).
+Times are compared per image. Every run prints its line and rewrites the JSON, so a run stopped by a time limit
+keeps every row measured so far.
 """
 from __future__ import annotations
 
@@ -91,24 +94,59 @@ def verified(results, tau: float) -> bool:
     return all(r.sis_score >= tau for r in results if r.sis is not None)
 
 
+AUTOCAST_MODES = {"auto": "auto", "off": None, "bf16": "bf16", "fp16": "fp16"}
+
+
+def contender_name(mode: str) -> str:
+    """fast_sis's contender for an --autocast mode: "fast" for the defaults, else "fast_<mode>"."""
+    return "fast" if mode == "auto" else f"fast_{mode}"
+
+
+def summarize(row: dict, outputs: dict, tau: float) -> None:
+    """Refresh ``row`` from its contenders' times (``row["contenders"][name]["times_s"]``) and last results
+    (``outputs[name]``, one per image it ran on): per contender the minimum, the time per image, the ratio of the
+    transcription's time per image to it, and whether its SIS equal the transcription's on the images both ran;
+    the defaults' contender ("fast") also at the row's top level."""
+    cs, ref_out = row["contenders"], outputs.get("transcription")
+    for name, c in cs.items():
+        c.update(s=min(c["times_s"]), verified=verified(outputs[name], tau),
+                 sis_fraction_median=fraction_median(outputs[name]))
+        c["s_per_image"] = c["s"] / c["images"]
+    ref = cs.get("transcription")
+    for name, c in cs.items():
+        if name != "transcription" and ref is not None:
+            c["speedup"] = ref["s_per_image"] / c["s_per_image"]
+            c["same_sis"] = same_sis(outputs[name][: len(ref_out)], ref_out)
+    fast = cs.get("fast") or next((c for name, c in cs.items() if name != "transcription"), None)
+    if fast is not None:
+        row.update(fast_s=fast["s"], fast_s_per_image=fast["s_per_image"], verified=fast["verified"],
+                   sis_fraction_median=fast["sis_fraction_median"], same_sis=fast.get("same_sis"),
+                   speedup=fast.get("speedup"))
+    if ref is not None:
+        row.update(transcription_s=ref["s"], transcription_s_per_image=ref["s_per_image"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--images", type=int, default=2)
-    ap.add_argument("--k", type=int, default=None, help="features per block (default: 100 on CUDA, 2000 on CPU)")
+    ap.add_argument("--reference-images", type=int, default=None,
+                    help="the transcription runs on the first N images (default: all); times compare per image")
+    ap.add_argument("--k", type=int, nargs="+", default=None,
+                    help="features per block, one group of rows per value (default: 100 on CUDA, 2000 on CPU)")
     ap.add_argument("--models", nargs="*", default=["inception_v3", "efficientnet_lite0"],
                     choices=["inception_v3", "efficientnet_lite0", "small_cnn"])
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--autocast", default=None, help="also time fast_sis with autocast bf16/fp16")
+    ap.add_argument("--autocast", nargs="+", default=["auto"], choices=list(AUTOCAST_MODES),
+                    help="one fast_sis contender per mode: auto (the defaults: bf16 on CUDA, off on CPU), off, bf16, "
+                         "fp16")
     ap.add_argument("--channels-last", action="store_true",
                     help="convert the model (for every contender) to channels_last memory format")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
-    k = args.k or (100 if device.type == "cuda" else 2000)
+    ks = args.k or [100 if device.type == "cuda" else 2000]
     rows = []
-    print(f"{'model':<20}{'N':>4}{'size':>6}{'k':>6}{'fast s':>9}{'transcr s':>11}{'speedup':>9}{'same SIS':>9}"
-          f"{'SIS frac':>9}{'amp s':>8}{'amp x':>7}{'amp SIS frac':>13}")
     for name in args.models:
         model, images, names, size, relative = load_case(name, args.images, device)
         if args.channels_last:
@@ -116,34 +154,28 @@ def main():
         with torch.no_grad():
             f0 = torch.softmax(model(images), 1).max(1).values
         tau = 0.9 * float(f0.min()) if relative else 0.9
-        contenders = {
-            "fast": lambda: explain(model, images, tau, method="gradient", k=k),
-            "transcription": lambda: of.reference.gradient_sis(model, images, tau, k=k),
-        }
-        if args.autocast:
-            contenders["fast_autocast"] = lambda: explain(model, images, tau, method="gradient", k=k,
-                                                          autocast=args.autocast)
-        times, out = interleaved(contenders, args.rounds, device, name)
-        best = {c: min(v) for c, v in times.items()}
-        same = same_sis(out["fast"], out["transcription"])
-        row = {"model": name, "device": str(device), "images": images.shape[0], "size": size, "k": k,
-               "threshold": tau, "times_s": times, "fast_s": best["fast"], "transcription_s": best["transcription"],
-               "speedup": best["transcription"] / best["fast"], "same_sis": same,
-               "sis_fraction_median": fraction_median(out["fast"]), "photos": names,
-               "verified": verified(out["fast"], tau)}
-        amp = ""
-        if "fast_autocast" in best:
-            row.update(autocast=args.autocast, fast_autocast_s=best["fast_autocast"],
-                       speedup_autocast=best["transcription"] / best["fast_autocast"],
-                       sis_fraction_median_autocast=fraction_median(out["fast_autocast"]),
-                       verified_autocast=verified(out["fast_autocast"], tau))
-            amp = (f"{best['fast_autocast']:>8.2f}{row['speedup_autocast']:>7.2f}"
-                   f"{row['sis_fraction_median_autocast'] or float('nan'):>13.3f}")
-        row["channels_last"] = is_channels_last(model)
-        rows.append(row)
-        print(f"{name:<20}{row['images']:>4}{size:>6}{k:>6}{best['fast']:>9.2f}{best['transcription']:>11.2f}"
-              f"{row['speedup']:>9.2f}{str(same):>9}{row['sis_fraction_median'] or float('nan'):>9.3f}{amp}",
-              flush=True)
+        n_ref = min(args.reference_images or images.shape[0], images.shape[0])
+        for k in ks:
+            contenders = {contender_name(mode): (lambda a=AUTOCAST_MODES[mode], k=k: explain(
+                model, images, tau, method="gradient", k=k, autocast=a)) for mode in args.autocast}
+            contenders["transcription"] = lambda k=k: of.reference.gradient_sis(model, images[:n_ref], tau, k=k)
+            row = {"model": name, "device": str(device), "images": images.shape[0], "reference_images": n_ref,
+                   "size": size, "k": k, "threshold": tau, "photos": names, "channels_last": is_channels_last(model),
+                   "contenders": {}}
+            rows.append(row)
+            outputs = {}
+
+            def measured(contender, r, seconds, out, row=row, outputs=outputs, k=k):
+                outputs[contender] = out
+                row["contenders"].setdefault(contender, {"images": len(out), "times_s": []})["times_s"].append(seconds)
+                summarize(row, outputs, tau)
+                c = row["contenders"][contender]
+                print(f"{name:<20}k={k:<6}{contender:<15}round {r}  {seconds:9.2f} s  {c['s_per_image']:8.3f} s/image"
+                      f"  speedup {c.get('speedup') or float('nan'):6.2f}  verified {c['verified']}"
+                      f"  same SIS {c.get('same_sis', '-')}", flush=True)
+                write_results("gradient", device, rows, args.out)  # a run stopped later keeps this row
+
+            interleaved(contenders, args.rounds, device, f"{name} k={k}", on_result=measured)
     print(f"wrote {write_results('gradient', device, rows, args.out)}")
 
 

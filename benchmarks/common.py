@@ -203,9 +203,11 @@ def timed(fn: Callable, device):
     return time.perf_counter() - t, out
 
 
-def interleaved(contenders: dict[str, Callable], rounds: int, device, label: str = "") -> tuple[dict, dict]:
+def interleaved(contenders: dict[str, Callable], rounds: int, device, label: str = "",
+                on_result: Callable | None = None) -> tuple[dict, dict]:
     """Each contender once per round, the order rotated every round (timings on shared machines drift).
 
+    ``on_result(name, round, seconds, result)``, when given, runs after each run (e.g. to save what was measured).
     Returns (times: name -> [seconds per round], outputs: name -> the last result).
     """
     names = list(contenders)
@@ -216,6 +218,8 @@ def interleaved(contenders: dict[str, Callable], rounds: int, device, label: str
             t, outputs[k] = timed(contenders[k], device)
             times[k].append(t)
             print(f"  {label} round {r} {k:<14} {t:9.3f} s", file=sys.stderr, flush=True)
+            if on_result is not None:
+                on_result(k, r, t, outputs[k])
     return times, outputs
 
 

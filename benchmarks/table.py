@@ -59,9 +59,19 @@ def exact_rows(doc: dict) -> list[str]:
 
 
 def gradient_rows(doc: dict) -> list[str]:
-    return table(["model", "N", "size", "k", "fast s", "transcription s", "speedup", "same SIS", "verified"],
-                 [[r["model"], r["images"], r["size"], r["k"], r["fast_s"], r["transcription_s"], r["speedup"],
-                   r["same_sis"], r.get("verified")] for r in doc["rows"]])
+    if not any("contenders" in r for r in doc["rows"]):  # files written before the contenders were listed
+        return table(["model", "N", "size", "k", "fast s", "transcription s", "speedup", "same SIS", "verified"],
+                     [[r["model"], r["images"], r["size"], r["k"], r["fast_s"], r["transcription_s"], r["speedup"],
+                       r["same_sis"], r.get("verified")] for r in doc["rows"]])
+    rows = []
+    for r in doc["rows"]:
+        ref = r["contenders"].get("transcription", {})
+        for name, c in r["contenders"].items():
+            if name != "transcription":
+                rows.append([r["model"], r["size"], r["k"], name, c["images"], c["s_per_image"], ref.get("images"),
+                             ref.get("s_per_image"), c.get("speedup"), c.get("same_sis"), c["verified"]])
+    return table(["model", "size", "k", "contender", "N", "s per image", "N (transcription)",
+                  "transcription s per image", "speedup", "same SIS", "verified"], rows)
 
 
 def responsibility_rows(doc: dict) -> list[str]:

@@ -139,12 +139,14 @@ has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
     EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 stride12-px --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
-    GRADIENT=(--images 8 --k 100 --rounds 1)
+    # about 100 s on an H100: k=1000 first (seconds), then k=100; the transcription (about 16 s per image at
+    # k=100) on one image; every run rewrites the JSON, so a timeout keeps the rows measured
+    GRADIENT=(--images 8 --reference-images 1 --k 1000 100 --autocast auto off --rounds 1)
     RESP=(--no-rex --photos chelsea coffee --rex-seeds 2)
     OPS_DEFAULT=90
   else  # tiny: proves the commands, not the figures
     EXACT=(--configs cnn8-px --rounds 1 --no-engines --cold-size 8 --cold-rounds 1 --cold-contenders default reference)
-    GRADIENT=(--models small_cnn --images 2 --k 50 --rounds 1)
+    GRADIENT=(--images 2 --reference-images 1 --k 200 50 --autocast auto off --rounds 1)
     RESP=(--no-rex --photos chelsea --rex-seeds 1 --no-cold)
     OPS_DEFAULT=400  # every method twice on a 2-core machine
   fi

@@ -24,7 +24,9 @@ class GradientSIS(SetAttribution):
         forward_func: torch module (in eval mode) or callable [B, *D] -> logits [B, K] (gradients needed: no
             ONNX model).
         threshold, outputs, batch_size, collection: as :class:`~overinterp_fast.attr.ExactSIS`.
-        k, autocast: :class:`~overinterp_fast.attr.options.GradientOptions`.
+        k, autocast, channels_last: :class:`~overinterp_fast.attr.options.GradientOptions` (by default
+            bf16 autocast on CUDA and channels_last gradient steps for convolutional models; every SIS is
+            still checked in the images' dtype).
 
     Example:
         >>> results = GradientSIS(model, k=50).find_sis(images, target=3)
@@ -34,9 +36,10 @@ class GradientSIS(SetAttribution):
 
     def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs,
                  batch_size: int | None = _R.batch_size, collection: bool = _R.collection, k: int = _G.k,
-                 autocast: str | torch.dtype | None = _G.autocast) -> None:
+                 autocast: str | torch.dtype | None = _G.autocast, channels_last: bool | None = _G.channels_last,
+                 ) -> None:
         super().__init__(forward_func, RunOptions(threshold, outputs, "auto", batch_size, collection),
-                         GradientOptions(k, autocast))
+                         GradientOptions(k, autocast, channels_last))
 
     def _check(self) -> None:
         engine = self.run.engine
@@ -45,13 +48,14 @@ class GradientSIS(SetAttribution):
                              f"'torch', got {engine!r}")
 
     def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
-        run, k = self.run, self.options.k
+        run, opts = self.run, self.options
         s = self._setup(images, features, mask_value, "gradient")
         n, p = s.prep.images.shape[0], s.prep.num_features
         with torch.no_grad():
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
             # FindSIS's prefix batches: calibrated like the others (small jobs keep the fallback size)
-            job.choose_engine(s, "torch", targets, max_rows=n * 32, expected_rows=n * (-(-p // k) + 1),
+            job.choose_engine(s, "torch", targets, max_rows=n * 32, expected_rows=n * (-(-p // opts.k) + 1),
                               measure_fn="score_and_top1")
-        return gradient_sis(s.fn, s.prep, targets, scores0, thresholds=s.thresholds, collection=run.collection, k=k,
-                            runner=s.runner, autocast=check_autocast(self.options.autocast), progress=progress)
+        return gradient_sis(s.fn, s.prep, targets, scores0, thresholds=s.thresholds, collection=run.collection,
+                            k=opts.k, runner=s.runner, autocast=check_autocast(opts.autocast, s.prep.images.device),
+                            progress=progress, channels_last=opts.channels_last)

@@ -60,18 +60,30 @@ class ExactOptions:
 class GradientOptions:
     """Options of batched-gradient SIS (docs: algorithms.md, Batched-gradient SIS).
 
+    Only the gradient steps (BackSelect's backward passes) change with ``autocast`` and ``channels_last``: FindSIS
+    and every SIS's check run the model as given, in the images' dtype, so every SIS returned passes
+    f(x_S) >= threshold in full precision whatever these options are.
+
     Attributes:
         k: features masked per gradient step (an int >= 1).
-        autocast: None, "bf16" or "fp16" for the gradient steps (FindSIS and every SIS's check run in the
-            images' dtype).
+        autocast: the gradient steps' mixed precision: "auto" (default: bf16 on a CUDA device that supports it,
+            none on a CPU, where it changes the ranking and gains only with bf16 hardware), None or False (none),
+            "bf16" or "fp16".
+        channels_last: the gradient steps' memory format for 4-D inputs. None (auto, default): channels_last
+            when the model is an nn.Module with convolution weights not stored channels_last and the images are
+            not float64; True: channels_last for any 4-D input; False: the inputs' own format. The model is not
+            converted: its 4-D weights are copied once in channels_last and passed to it by
+            ``torch.func.functional_call`` (:class:`~overinterp_fast.methods.gradient.ChannelsLastModel`).
     """
 
     k: int = 100
-    autocast: str | torch.dtype | None = None
+    autocast: str | torch.dtype | None = "auto"
+    channels_last: bool | None = None
 
     def __post_init__(self):
         check_k(self.k)
         check_autocast(self.autocast)
+        check_flag("channels_last", self.channels_last, none=True)
 
 
 @dataclass(frozen=True)

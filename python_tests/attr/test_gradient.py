@@ -48,7 +48,7 @@ def test_another_method_s_option_is_refused_by_python():
     with pytest.raises(ValueError, match=whole_message(
             "k (features masked per gradient step) must be a positive int, got 0")):
         GradientSIS(model, k=0)
-    with pytest.raises(ValueError, match=whole_message("autocast must be None, 'bf16' or 'fp16', got 'int8'")):
+    with pytest.raises(ValueError, match=whole_message("autocast must be 'auto', None, 'bf16' or 'fp16', got 'int8'")):
         GradientSIS(model, autocast="int8")
 
 

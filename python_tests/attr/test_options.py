@@ -12,7 +12,7 @@ from helpers import make_cnn, make_images, whole_message
 
 DEFAULTS = {
     of.ExactOptions: dict(incremental=None),
-    of.GradientOptions: dict(k=100, autocast=None),
+    of.GradientOptions: dict(k=100, autocast="auto", channels_last=None),
     of.ResponsibilityOptions: dict(iterations=8, seed=0, depth=10, min_box=10, criterion="top1", monotone=None),
     of.MinimalPixelSetOptions: dict(iterations=8, seed=0, criterion="top1", monotone=None, refine=True,
                                     refine_budget="auto", block="auto", prefix_search="guided"),

@@ -5,7 +5,7 @@ import torch
 import overinterp_fast as of
 from overinterp_fast.methods import reference
 from helpers import assert_same_lists, assert_same_result, assert_sets_sufficient, fake_terminal, make_cnn
-from helpers import make_images, OOMAbove
+from helpers import cuda, make_images, OOMAbove
 
 
 def assert_same(res_a, res_b, collection=False):
@@ -115,6 +115,9 @@ def test_top_k_present_matches_stable_sort(dtype):
         for row in range(n):
             m = min(k, int(counts[row]))
             assert got[row, :m].tolist() == want[row, :m].tolist(), (trial, row)
+            # past the present features: distinct absent ones (the loop masks them again, a no-op)
+            rest = got[row, m:].tolist()
+            assert len(set(rest)) == len(rest) and not any(present[row, rest].tolist()), (trial, row)
 
 
 def test_per_image_thresholds_gradient(cnn64, images64):
@@ -156,14 +159,15 @@ class _AutocastRecorder(torch.nn.Module):
         return self.lin(x)
 
 
-@pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None)])
+@pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None),
+                                            ("auto", None)])
 def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
     model = _AutocastRecorder(4, [0.3, 0.0]).eval()
     (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", options=of.GradientOptions(k=1,
                                                                                                    autocast=autocast))
     backward = [c for c in model.calls if c[0]]
     assert len(backward) == 4  # one gradient step per feature (k=1)
-    assert all(c[1] == (autocast is not None) for c in backward)
+    assert all(c[1] == (dtype is not None) for c in backward)
     if dtype is not None:
         assert all(c[2] == dtype for c in backward)
     assert not any(c[1] for c in model.calls if not c[0])  # FindSIS and the fully masked input: full precision
@@ -236,7 +240,7 @@ def test_autocast_and_k_options_by_hand():
                         ("float16", torch.float16), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)):
         assert check_autocast(name) is dtype
     for bad in (True, torch.float32, torch.float64, "int8", 16):
-        with pytest.raises(ValueError, match=rf"^autocast must be None, 'bf16' or 'fp16', got {bad!r}$"):
+        with pytest.raises(ValueError, match=rf"^autocast must be 'auto', None, 'bf16' or 'fp16', got {bad!r}$"):
             check_autocast(bad)
     assert check_k(1) == 1 and check_k(7) == 7
     for bad in (0, -1, True, 2.0, "3"):
@@ -273,3 +277,156 @@ def test_a_set_that_fails_its_own_verification_is_not_reported():
     res = of.fast_sis(model, torch.ones(2, 4), 0.55, method="gradient", outputs="probabilities",
                       options=of.GradientOptions(k=1))
     assert [r.score for r in res] == pytest.approx([0.6, 0.6]) and [r.sis for r in res] == [None, None]
+
+
+def test_images_that_run_out_of_steps_first_leave_the_others_unchanged():
+    # second rounds of 3 images with 22, 24 and 24 features (k = 2): 11, 12 and 12 steps, so the last step
+    # runs on two of the round's three images
+    model = make_cnn(0)
+    images = make_images(4, seed=50)
+    with torch.no_grad():
+        tau = 0.5 * torch.softmax(model(images), 1).max(1).values
+    fast = of.fast_sis(model, images, tau, method="gradient", collection=True, options=of.GradientOptions(k=2))
+    steps = sorted(r.collection[1].blocks.numel() - 1 for r in fast if len(r.collection) > 1)
+    assert steps == [11, 12, 12]
+    assert_same(fast, reference.gradient_sis(model, images, tau, k=2, collection=True), collection=True)
+    assert assert_sets_sufficient(model, images, fast) == sum(len(r.collection) for r in fast)
+
+
+def _either_of_the_first_two(x):
+    """Probabilities [f, 1 - f] with f = 0.9 (x0 + x1 - x0 x1) (0.9 when x0 or x1 is 1), for x [N, p]."""
+    f = 0.9 * (x[:, 0] + x[:, 1] - x[:, 0] * x[:, 1])
+    return torch.stack([f, 1 - f], 1)
+
+
+@pytest.mark.parametrize("p", [6, 20])
+def test_host_reads_per_round_do_not_grow_with_the_steps(p):
+    # Round 1: every gradient is 0 (x0 and x1 each cover for the other): ties go to the lowest id, so feature 0
+    # goes first; then only masking x1 costs (df/dM1 = -0.9): it goes last. FindSIS: {1} (0.9 >= 0.85). Round 2
+    # (without feature 1): 0 goes last, SIS {0}; the rest (neither 0 nor 1) scores 0 < tau: no third round.
+    from overinterp_fast.runtime import sync
+
+    with sync.counting() as reads:
+        res = of.fast_sis(_either_of_the_first_two, torch.ones(2, p), 0.85, method="gradient",
+                          outputs="probabilities", collection=True, options=of.GradientOptions(k=1))
+    for r in res:
+        assert [c.order.tolist() for c in r.collection] == [[0, *range(2, p), 1], [*range(2, p), 0]]
+        assert [c.sis.tolist() for c in r.collection] == [[1], [0]]
+        assert r.values.tolist() == pytest.approx([0.9] * (p - 1) + [0.0])
+    # 2p - 1 steps, the same reads: one at the start, then per round the selection, FindSIS's one chunk of
+    # prefixes (on a CPU: j = 0, 1) and f of the input without the round's SIS
+    assert reads.by_label == {"start": 1, "round": 2, "prefixes": 2, "rest": 2}
+    assert reads.count == 7
+
+
+@cuda
+def test_backselect_never_waits_for_the_gpu(monkeypatch):
+    from overinterp_fast.methods import gradient
+
+    strict = gradient._backselect
+
+    def no_sync(*args, **kwargs):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+        try:
+            return strict(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(gradient, "_backselect", no_sync)
+    model = make_cnn(0).cuda()
+    images = make_images(4, seed=50).cuda()
+    with torch.no_grad():
+        tau = 0.5 * torch.softmax(model(images), 1).max(1).values
+    fast = of.fast_sis(model, images, tau, method="gradient", collection=True, options=of.GradientOptions(k=2))
+    ref = reference.gradient_sis(model, images, tau, k=2, collection=True)
+    assert_same(fast, ref, collection=True)
+    # float32 with the defaults on CUDA: bf16 autocast, channels_last gradient steps
+    model32, images32 = make_cnn(1, torch.float32).cuda(), make_images(6, seed=5, dtype=torch.float32).cuda()
+    res = of.fast_sis(model32, images32, 0.3, method="gradient", collection=True, options=of.GradientOptions(k=3))
+    assert any(r.sis is not None for r in res)
+    assert assert_sets_sufficient(model32.cpu(), images32.cpu(), res, rel=1e-5) == sum(
+        len(r.collection) for r in res)
+
+
+@cuda
+def test_autocast_auto_is_bf16_on_cuda():
+    from overinterp_fast.methods.gradient import check_autocast
+
+    want = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    assert check_autocast("auto", "cuda") is want and check_autocast("auto", torch.device("cuda", 0)) is want
+
+
+def test_autocast_auto_is_off_on_the_cpu():
+    from overinterp_fast.methods.gradient import check_autocast
+
+    assert check_autocast("auto") is None and check_autocast("auto", torch.device("cpu")) is None
+    assert check_autocast("bf16", "cpu") is torch.bfloat16  # explicit values hold everywhere
+
+
+class _FormatRecorder(torch.nn.Module):
+    """A conv and a linear head; records per call (x requires grad: a gradient step, x channels_last, the conv
+    weight channels_last)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.head = torch.nn.Linear(4 * 5 * 5, 3)
+        self.calls = []
+
+    def forward(self, x):
+        cl = torch.channels_last
+        self.calls.append((x.requires_grad, x.is_contiguous(memory_format=cl) and not x.is_contiguous(),
+                           self.conv.weight.is_contiguous(memory_format=cl) and not self.conv.weight.is_contiguous()))
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize("channels_last,dtype,used", [(None, torch.float32, True), (False, torch.float32, False),
+                                                      (None, torch.float64, False), (True, torch.float64, True)])
+def test_channels_last_gradient_steps_leave_the_model_alone(channels_last, dtype, used):
+    model = _FormatRecorder().to(dtype).eval()
+    weight = model.conv.weight
+    before = {name: (t.data_ptr(), t.stride()) for name, t in model.named_parameters()}
+    res = of.fast_sis(model, make_images(2, seed=3, dtype=dtype), 0.3, method="gradient",
+                      options=of.GradientOptions(k=5, channels_last=channels_last))
+    backward = [c for c in model.calls if c[0]]
+    assert len(backward) == 5  # 25 pixels, k = 5: one call per step for both images
+    assert all(c[1:] == (used, used) for c in backward)
+    assert not any(c[1] or c[2] for c in model.calls if not c[0])  # FindSIS and checks: the model as given
+    assert model.conv.weight is weight and weight.grad is None
+    assert {name: (t.data_ptr(), t.stride()) for name, t in model.named_parameters()} == before
+    assert assert_sets_sufficient(model, make_images(2, seed=3, dtype=dtype), res, rel=1e-5) == sum(
+        r.sis is not None for r in res)
+
+
+@pytest.mark.parametrize("seed,k", [(0, 3), (3, 2)])
+def test_channels_last_float64_equals_transcription(seed, k):
+    model = make_cnn(seed)
+    images = make_images(5, seed=seed + 30)
+    fast = of.fast_sis(model, images, 0.3, method="gradient", collection=True,
+                       options=of.GradientOptions(k=k, channels_last=True))
+    assert_same(fast, reference.gradient_sis(model, images, 0.3, k=k, collection=True), collection=True)
+
+
+def test_mask_expander_views_pixel_maps_and_gathers_others():
+    from overinterp_fast.methods.gradient import MaskExpander
+
+    pixels = torch.arange(6).view(1, 2, 3).expand(3, 2, 3)
+    patches = torch.tensor([[0, 0, 1], [2, 2, 1]]).expand(3, 2, 3)
+    flipped = torch.arange(6).flip(0).view(2, 3).expand(3, 2, 3)
+    cases = [(pixels, 6, 1, True), (torch.arange(4), 4, 0, True), (patches, 3, 2, False), (flipped, 6, 1, False),
+             (torch.tensor([[0, 0, 1], [1, 0, 1]]), 2, None, False)]
+    for fmap, p, lead, broadcast in cases:
+        got_lead, flag = MaskExpander.probe(fmap, p)
+        assert (got_lead, bool(flag)) == (lead, broadcast)
+        expand = MaskExpander(fmap.contiguous(), lead if broadcast else None)
+        m = torch.rand(2, p, dtype=torch.float64, requires_grad=True)
+        out = expand(m)
+        assert out.dim() == 1 + fmap.dim() and torch.equal(out.expand(2, *fmap.shape), m.detach()[:, fmap])
+        weights = torch.rand(2, *fmap.shape, dtype=torch.float64)
+        (g,) = torch.autograd.grad((out * weights).sum(), m)
+        want = torch.zeros(2, p, dtype=torch.float64)
+        for j, f in enumerate(fmap.flatten().tolist()):  # each element's weight goes to its feature
+            want[:, f] += weights.flatten(1)[:, j]
+        assert torch.allclose(g, want, rtol=1e-15, atol=0)
