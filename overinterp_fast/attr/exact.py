@@ -6,6 +6,7 @@ import time
 import torch
 
 from ..methods.exact import exact_sis
+from ..methods.low_precision import LowPrecision, resolve_score_dtype
 from ..methods.results import SISResult
 from ..runtime import job
 from ..runtime.calibration import exact_job_time
@@ -35,6 +36,8 @@ class ExactSIS(SetAttribution):
         batch_size: candidates per forward call (None: calibrated).
         collection: also find every further disjoint SIS (``SISResult.collection``).
         incremental: :class:`~overinterp_fast.attr.options.ExactOptions`' ``incremental``.
+        score_dtype: :class:`~overinterp_fast.attr.options.ExactOptions`' ``score_dtype`` (None, torch.bfloat16 or
+            torch.float16: candidates scored in that dtype first; the result is the images' dtype's).
 
     Example:
         >>> sis = ExactSIS(model, threshold=0.9)
@@ -46,24 +49,36 @@ class ExactSIS(SetAttribution):
 
     def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs, engine: str = _R.engine,
                  batch_size: int | None = _R.batch_size, collection: bool = _R.collection,
-                 incremental: bool | None = _E.incremental) -> None:
+                 incremental: bool | None = _E.incremental, score_dtype: torch.dtype | None = _E.score_dtype) -> None:
         super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size, collection),
-                         ExactOptions(incremental))
+                         ExactOptions(incremental, score_dtype))
 
     def _check(self) -> None:
-        engine = self.run.engine
-        if self.options.incremental and engine not in ("auto", "torch"):
+        engine, opts = self.run.engine, self.options
+        if opts.incremental and engine not in ("auto", "torch"):
             raise ValueError(f"incremental=True runs the torch model; engine must be 'auto' or 'torch', got {engine!r}")
+        if opts.score_dtype is not None and engine not in ("auto", "torch"):
+            raise ValueError(f"score_dtype runs a copy of the torch model; engine must be 'auto' or 'torch', got "
+                             f"{engine!r}")
+        if opts.score_dtype is not None and opts.incremental:
+            raise ValueError("score_dtype is not combined with incremental=True (incremental inference runs in the "
+                             "images' dtype); leave incremental None or False")
 
     def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
         run = self.run
         s = self._setup(images, features, mask_value, "exact")
+        score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
             t0 = time.perf_counter()
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
             first_pass_s = time.perf_counter() - t0
-            incremental, eng = self._incremental(s, targets, first_pass_s)
             common = dict(thresholds=s.thresholds, collection=run.collection)
+            if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
+                low = LowPrecision(s.fn, s.prep, targets, s.runner, score_dtype)
+                eng = self._dense(s, targets, engine="torch")  # the batch size: the full-dtype model's
+                return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
+                                 runner=s.runner, progress=progress, low=low)
+            incremental, eng = self._incremental(s, targets, first_pass_s)
             if incremental is not None:
                 return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
                                  runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
@@ -72,10 +87,11 @@ class ExactSIS(SetAttribution):
             return exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size, runner=s.runner,
                              progress=progress, verifier=job.verifier(s, eng, targets), engine=eng.name)
 
-    def _dense(self, s: job.Setup, targets: torch.Tensor, rival_s: float | None = None) -> Engine:
-        """The dense engine of the job: every candidate of n images of p features."""
+    def _dense(self, s: job.Setup, targets: torch.Tensor, rival_s: float | None = None,
+               engine: str | None = None) -> Engine:
+        """The dense engine of the job (``engine``, default the run's): every candidate of n images of p features."""
         n, p = s.prep.images.shape[0], s.prep.num_features
-        return job.choose_engine(s, self.run.engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
+        return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
                                  exact_shape=(n, p), rival_s=rival_s)
 
     def _incremental(self, s: job.Setup, targets: torch.Tensor,

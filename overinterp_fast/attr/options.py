@@ -13,6 +13,7 @@ import torch
 
 from ..methods.blocks import check_block
 from ..methods.gradient import check_autocast, check_k
+from ..methods.low_precision import check_score_dtype
 from ..methods.responsibility import check_responsibility_options
 from ..runtime.engines import check_engine
 from ..runtime.job import check_criterion, check_flag, check_prefix_search, check_refine, check_step
@@ -48,12 +49,20 @@ class ExactOptions:
         incremental: score each candidate by recomputing only the part of each layer its masked feature reaches
             (docs: algorithms.md, Incremental inference; runs the torch model, so it takes the place of the
             engine). None: where the model traces and timing predicts it is faster; True: always; False: never.
+        score_dtype: None, or torch.bfloat16 / torch.float16: score every candidate first in a copy of the torch
+            model in that dtype, and again in the images' dtype only those whose low score lies near the step's best
+            (docs: algorithms.md, Low precision that stays exact). The result is the one of the images' dtype:
+            the same order, values, sets and collection; ``SISResult.rescored`` counts the candidates scored twice.
+            The images' own dtype (or None) is the plain path. It runs the torch model (engine "auto" or "torch";
+            not on ONNX models) without incremental inference (incremental=True is refused with it).
     """
 
     incremental: bool | None = None
+    score_dtype: torch.dtype | None = None
 
     def __post_init__(self):
         check_flag("incremental", self.incremental, none=True)
+        check_score_dtype(self.score_dtype)
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,25 @@ the start and where rounds end or start (FindSIS, the collection logic and the
 verification need the values), never per step. The candidate indices are checked where
 they are made (the queue's bounds; ``remaining`` is kept valid by backselect_update),
 so the ops skip their own per-call checks, each of which would wait for the device.
+
+With ``low`` (a :class:`~overinterp_fast.methods.low_precision.LowPrecision`), a step of an image with more than K
+features present is scored in the low dtype and its K best candidates again in the full dtype (tag ``_LOW``); the
+first step whose decision the check could not prove is kept on the device (``unsafe_step``) and read where the round
+ends, and the round is then run again from that step in the full dtype.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator, ChunkRunner
 from .findsis import find_sis, sis_score
+from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores
 from .prefix import verify_prefix_sets
@@ -30,19 +37,21 @@ from .results import SISResult, first_with_collection
 from ..runtime.schedule import CandidateQueue, upload
 from ..runtime.sync import to_host
 
-_STEP, _SCORE = 0, 1
+_STEP, _SCORE, _LOW = 0, 1, 2  # a full-dtype step, the score of a round's input, a low-precision step
 
 
 class _Image:
     """Host bookkeeping of one image."""
 
-    __slots__ = ("count", "step", "score", "rounds")
+    __slots__ = ("count", "step", "score", "rounds", "rescored", "full")
 
     def __init__(self, count: int, score: float):
         self.count = count  # features present (candidates of the next step)
         self.step = 0  # steps done this round
         self.score = score  # f of the input this round starts from
         self.rounds: list[SISResult] = []
+        self.rescored = 0  # candidates of this round scored in the full dtype after the low one
+        self.full = False  # this round runs in the full dtype from here on (a step failed its check)
 
 
 @dataclass
@@ -52,6 +61,8 @@ class _ExactRun:
     Device tensors (see the module docstring): ``remaining`` int64 [N, p + 1], ``present`` bool [N, p],
     ``order`` int64 [N, p], ``values`` float64 [N, p], ``scores`` float64 [N, p + 1] and ``finite`` (bool [],
     every score so far finite). Host: ``state`` per image, the ``queue`` of candidate ranges and the ``bar``.
+    With ``low``: ``unsafe_step`` int64 [N], each image's first step of the round that failed the low-precision check
+    (p: none), and ``low_step`` (host bool [N]: the image's step in flight is a low-precision one).
     """
 
     prep: Prepared
@@ -68,12 +79,17 @@ class _ExactRun:
     finite: torch.Tensor
     state: list[_Image]
     queue: CandidateQueue
+    low: LowPrecision | None = None
+    unsafe_step: torch.Tensor | None = None
+    low_step: np.ndarray | None = None
     bar: tqdm | None = None
 
     @classmethod
     def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
-              collection: bool, verifier: CandidateEvaluator | None, engine: str) -> "_ExactRun":
-        """Every feature present and every image's first step queued (no bar yet)."""
+              collection: bool, verifier: CandidateEvaluator | None, engine: str, low: LowPrecision | None = None,
+              evaluator: Callable | None = None) -> "_ExactRun":
+        """Every feature present and every image's first step queued (no bar yet). With ``low``, its margin is
+        measured first (``evaluator`` scores in the full dtype)."""
         images = prep.images
         dev = images.device
         n, p = images.shape[0], prep.num_features
@@ -87,27 +103,64 @@ class _ExactRun:
         scores = images.new_zeros((n, cols), dtype=torch.float64)
         finite = images.new_ones((), dtype=torch.bool)
 
-        host_scores, targets_host = (t.tolist() for t in to_host(scores0, targets, label="start"))
+        measured = () if low is None else (low.measure(evaluator, present),)
+        host_scores, targets_host, *within = (t.tolist() for t in to_host(scores0, targets, *measured,
+                                                                          label="start"))
         state = [_Image(p, host_scores[i]) for i in range(n)]
         queue = CandidateQueue(images=n, slots=cols)
+        run = cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
+                  values, scores, finite, state, queue, low)
+        if low is not None:
+            low.start(within[0], p)
+            run.unsafe_step = images.new_full((n,), p, dtype=torch.int64)
+            run.low_step = np.zeros(n, dtype=bool)
         for i in range(n):
-            queue.push(i, 0, p, _STEP)
-        return cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
-                   values, scores, finite, state, queue)
+            run.push_step(i)
+        return run
+
+    def push_step(self, i: int) -> None:
+        """Queue image i's next step: in the low dtype where it has more candidates than are re-scored."""
+        st = self.state[i]
+        low = self.low is not None and not st.full and st.count > self.low.rescore
+        if self.low_step is not None:
+            self.low_step[i] = low
+        self.queue.push(i, 0, st.count, _LOW if low else _STEP)
 
     def step(self, evaluator: Callable, batch) -> None:
-        """Score one batch of candidates, advance the images whose step it completes, and end or start rounds."""
+        """Score one batch of candidates, advance the images whose step it completes, and end or start rounds.
+
+        Candidates of low-precision steps are scored by ``low``; the others (full-dtype steps, the inputs of new
+        rounds) and the re-scores of the low-precision steps this batch completes by ``evaluator``, in one call."""
         dev, p = self.prep.images.device, self.prep.num_features
-        state, queue = self.state, self.queue
-        stepped = [i for i, tag in batch.completed if tag == _STEP]
+        state, low = self.state, self.low
+        full_steps = [i for i, tag in batch.completed if tag == _STEP]
+        low_steps = [i for i, tag in batch.completed if tag == _LOW]
+        stepped = full_steps + low_steps
         scored = [i for i, tag in batch.completed if tag == _SCORE]
+        is_low = np.zeros(len(batch), dtype=bool) if low is None else self.low_step[batch.image] & (batch.slot < p)
+        pos, rank = ((), ()) if not low_steps else low.plan([state[i].count for i in low_steps])
         # every index this step needs, in one host-to-device transfer (schedule.upload)
-        img, slot, rows, counts, steps = upload(dev, batch.image, batch.slot, stepped,
-                                                [state[i].count for i in stepped], [state[i].step for i in stepped])
+        img, slot, img_low, slot_low, rows, counts, steps, pos, rank = upload(
+            dev, batch.image[~is_low], batch.slot[~is_low], batch.image[is_low], batch.slot[is_low], stepped,
+            [state[i].count for i in stepped], [state[i].step for i in stepped], pos, rank)
+        if img_low.numel():
+            self.scores[img_low, slot_low] = low.evaluator(self.present, img_low, img_low,
+                                                           self.remaining[img_low, slot_low])
         feature = self.remaining[img, slot]
-        f = evaluator(self.present, img, img, feature)
-        self.scores[img, slot] = f
-        self.finite &= torch.isfinite(f).all()
+        if low_steps:  # the low-precision steps' best candidates join the full-dtype call
+            k = len(full_steps)
+            picked = low.pick(self.scores, rows[k:], pos, rank, self.present, self.remaining)
+            again = rows[k:][pos]
+            img, feature = torch.cat([img, again]), torch.cat([feature, picked.rescored])
+        if img.numel():  # none where the batch is all low-precision candidates and completes no step
+            f = evaluator(self.present, img, img, feature)
+            self.finite &= torch.isfinite(f).all()
+            self.scores[img[: slot.shape[0]], slot] = f[: slot.shape[0]]
+        if low_steps:
+            low.settle(picked, f[slot.shape[0]:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
+                       self.unsafe_step)
+            for i in low_steps:
+                state[i].rescored += min(low.rescore, state[i].count)
         ended = []
         if stepped:
             _ops.backselect_update(
@@ -126,7 +179,7 @@ class _ExactRun:
                 st.count -= 1
                 st.step += 1
                 if st.count > 0:
-                    queue.push(i, 0, st.count, _STEP)
+                    self.push_step(i)
                 else:
                     ended.append(i)
         if ended:
@@ -136,15 +189,26 @@ class _ExactRun:
         self.bar.update(len(batch))
 
     def finish_rounds(self, ids: list[int]) -> None:
-        """FindSIS on the rounds of images ``ids`` that just ended; with a collection, queue their next rounds."""
+        """FindSIS on the rounds of images ``ids`` that just ended; with a collection, queue their next rounds.
+        A round with a step that failed the low-precision check runs again from that step instead."""
         thresholds = self.thresholds
         (rows,) = upload(self.prep.images.device, ids)
-        finite, ords, vals = to_host(self.finite, self.order[rows], self.values[rows], label="round end")
+        unsafe = () if self.low is None else (self.unsafe_step[rows],)
+        finite, ords, vals, *unsafe = to_host(self.finite, self.order[rows], self.values[rows], *unsafe,
+                                              label="round end")
         check_finite_scores(finite)
+        row = {i: k for k, i in enumerate(ids)}
+        if unsafe:
+            redo = {i: t for i, t in zip(ids, unsafe[0].tolist()) if t < self.state[i].step}
+            if redo:
+                self.low.grow(self.prep.num_features)
+            for i, t in redo.items():
+                self.redo(i, ords[row[i], t: self.state[i].step], t)
+            ids = [i for i in ids if i not in redo]
         found = {}
-        for k, i in enumerate(ids):
+        for i in ids:
             st = self.state[i]
-            o, v = ords[k, : st.step].clone(), vals[k, : st.step].clone()
+            o, v = ords[row[i], : st.step].clone(), vals[row[i], : st.step].clone()
             sis = find_sis(o, v, thresholds[i]) if st.score >= thresholds[i] else None
             found[i] = (o, v, sis, None if sis is None else sis_score(v, st.score, sis.numel()))
         if self.verifier is not None:
@@ -164,8 +228,10 @@ class _ExactRun:
                     threshold=thresholds[i],
                     sis_score=f_sis,
                     engine=self.engine,
+                    rescored=st.rescored,
                 )
             )
+            st.rescored, st.full = 0, False
             if not self.collection or sis is None or sis.numel() == 0 or sis.numel() == m:
                 continue
             self.next_round(i, o, sis)
@@ -185,6 +251,22 @@ class _ExactRun:
         st.count, st.step = rest.numel(), 0
         self.bar.total += 1 + st.count * (st.count + 1) // 2
         self.queue.push(i, p, p + 1, _SCORE)
+
+    def redo(self, i: int, rest: torch.Tensor, t: int) -> None:
+        """Run image i's round again from its step ``t`` in the full dtype: ``rest`` (int64 [m - t], host) are the
+        features that step started with. The candidates of the steps run again count as re-scored."""
+        st = self.state[i]
+        (feats,) = upload(self.prep.images.device, rest)
+        self.present[i] = False
+        self.present[i, feats] = True
+        # remaining[i, :p] is all -1 here (see next_round); the slots' order does not matter (ties go by feature id)
+        self.remaining[i, : feats.numel()] = feats
+        self.unsafe_step[i] = self.prep.num_features
+        st.count, st.step, st.full = feats.numel(), t, True
+        again = st.count * (st.count + 1) // 2
+        st.rescored += again
+        self.bar.total += again
+        self.push_step(i)
 
     def verify(self, found: dict) -> None:
         """Check each SIS on the user's model; where it fails, take more of the order until one passes."""
@@ -210,7 +292,7 @@ class _ExactRun:
             st = self.state[i]
             st.score = s
             if s >= self.thresholds[i]:
-                self.queue.push(i, 0, st.count, _STEP)
+                self.push_step(i)
             else:
                 self.bar.total -= st.count * (st.count + 1) // 2
 
@@ -228,6 +310,7 @@ def exact_sis(
     verifier: CandidateEvaluator | None = None,
     engine: str = "torch",
     evaluator: Callable | None = None,
+    low: LowPrecision | None = None,
 ) -> list[SISResult]:
     """Run exact SIS on every image; see :func:`overinterp_fast.fast_sis`.
 
@@ -238,10 +321,12 @@ def exact_sis(
     ``evaluator(present, image, row, feature)`` scores candidates (default: a
     :class:`CandidateEvaluator` of ``fn``, dense forward passes; e.g. an
     :class:`~overinterp_fast.runtime.incremental.IncrementalEvaluator`).
+    With ``low``, candidates are scored in its low dtype first and the result is still the full-dtype run's (see
+    :mod:`~overinterp_fast.methods.low_precision`); each result's ``rescored`` counts the re-scored candidates.
     """
-    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine)
     if evaluator is None:  # the queue and backselect_update make valid indices: no per-call checks
         evaluator = CandidateEvaluator(fn, prep, targets, runner, check_indices=False)
+    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator)
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
     run.bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",

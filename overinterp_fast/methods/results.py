@@ -43,6 +43,10 @@ class SISResult:
         engine: what scored the candidates: "torch" (the model as given), "onnxruntime"
             or "compile". With another engine than "torch" on a torch model, ``sis`` and
             ``sis_score`` come from a check on the user's own model (docs: guides/exact.md, How it is fast).
+        rescored: for exact SIS, the candidates of this round scored in the images' dtype after a lower
+            ``score_dtype`` (each step's best few, and every candidate of the steps run again in the images'
+            dtype after a step whose decision the low scores could not prove); 0 without ``score_dtype``
+            (docs: algorithms.md, Low precision that stays exact). None for the other methods.
     """
 
     order: torch.Tensor
@@ -61,6 +65,7 @@ class SISResult:
     size_before_refine: int | None = field(default=None)
     refine_queries: int | None = field(default=None)
     minimal: bool | None = field(default=None)
+    rescored: int | None = field(default=None)
 
     @property
     def total_queries(self) -> int | None:
