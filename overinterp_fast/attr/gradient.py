@@ -36,8 +36,8 @@ class GradientSIS(SetAttribution):
 
     def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs,
                  batch_size: int | None = _R.batch_size, collection: bool = _R.collection, k: int = _G.k,
-                 autocast: str | torch.dtype | None = _G.autocast, channels_last: bool | None = _G.channels_last,
-                 ) -> None:
+                 autocast: str | torch.dtype | None = _G.autocast,
+                 channels_last: bool | None = _G.channels_last) -> None:
         super().__init__(forward_func, RunOptions(threshold, outputs, "auto", batch_size, collection),
                          GradientOptions(k, autocast, channels_last))
 
