@@ -4,6 +4,9 @@
     python benchmarks/bench_exact.py --device cuda         # -> results/exact-cuda.json
     python benchmarks/bench_exact.py --no-cold             # the configs only
     python benchmarks/bench_exact.py --cold-only           # the cold case only
+    python benchmarks/bench_exact.py --score-dtype bf16 --configs resnet20-4x4 cnn16-px
+                                                           # score_dtype against the images' dtype
+                                                           # -> results/exact-score-dtype-cpu.json
 
 Contenders, per config, in interleaved rounds (the order rotated each round; minima reported):
   fast       fast_sis with default options (engine="auto", calibrated batch size, incremental=None:
@@ -16,6 +19,15 @@ Contenders, per config, in interleaved rounds (the order rotated each round; min
              (masked copies of the images: no masking work, no bookkeeping, no scheduling)
   reference  overinterp_fast.reference.sis, the plain transcription
 Every contender's SIS is compared with the reference's.
+
+--score-dtype bf16|fp16 times, per config, in interleaved rounds (minima reported), one row per config:
+  full       engine="torch", incremental=False: every candidate in the images' dtype (float32)
+  low        the same with score_dtype (candidates first in bfloat16/float16, the best few again in float32)
+and checks that both give the same orders, values and SIS; ``rescored_fraction`` is the share of the candidates
+scored again in float32, ``low_log`` the measured margin m and the re-scored K per step. ``forward_low_over_full``:
+the bare forward passes of a copy of the model in score_dtype over those in float32 (candidate-like batches at the
+dense batch size): the most score_dtype can save here. The CPU's bfloat16 support (avx512_bf16, amx_bf16) is in
+the file's "machine".
 
 The cold case: each run a fresh Python process (import, model, one image, one call), as a user runs
 it; one 3x24x24 float32 image, the small CNN, pixel features (p = 576, 166,176 candidates);
@@ -38,6 +50,7 @@ Incremental inference on long configs (about 10 minutes on 2 cores):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import math
@@ -57,15 +70,17 @@ DENSE = {"engine": "torch", "incremental": False}
 
 
 class _Decisions(logging.Handler):
-    """Collects overinterp_fast's 'incremental inference on/off (...)' log lines: which path auto took."""
+    """Collects overinterp_fast's log lines that contain ``needle`` (default: 'incremental inference on/off
+    (...)': which path auto took)."""
 
-    def __init__(self):
+    def __init__(self, needle: str = "incremental inference"):
         super().__init__(logging.INFO)
         self.lines: list[str] = []
+        self.needle = needle
 
     def emit(self, record):
         msg = record.getMessage()
-        if "incremental inference" in msg:
+        if self.needle in msg:
             self.lines.append(msg)
 
 
@@ -134,6 +149,58 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
             if k in outputs:
                 row[f"{k}_same_sis_as_reference"] = same_sis(outputs[k], ref)
     return row
+
+
+# ---- score_dtype against the images' dtype ----
+
+SCORE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def run_score_dtype(name, n_images, device, rounds, score_dtype: str, warmup=True) -> dict:
+    """One row: the dense torch path in float32 against the same path with ``score_dtype``."""
+    model, images, features, p = make_case(name, n_images, device)
+    n = images.shape[0]
+    candidates = n * p * (p + 1) // 2
+    dtype = SCORE_DTYPES[score_dtype]
+    contenders = {"full": lambda: explain(model, images, 0.5, features=features, **DENSE),
+                  "low": lambda: explain(model, images, 0.5, features=features, **DENSE,
+                                         score_dtype=dtype)}
+    log, decisions = logging.getLogger("overinterp_fast"), _Decisions("score_dtype")
+    log.addHandler(decisions)
+    log.setLevel(logging.INFO)
+    if warmup:
+        for f in contenders.values():
+            f()
+    batch = dense_batch_size(model, images, features)
+    x = candidate_like_batch(images, features, batch)
+    low_model, x_low = copy.deepcopy(model).to(dtype), x.to(dtype)
+    calls = batches(min(candidates, 16 * batch), batch)  # a sample of the job's calls
+    contenders["forward_full"] = lambda: floor_run(model, x, calls)
+    contenders["forward_low"] = lambda: floor_run(low_model, x_low, calls)
+    times, outputs = interleaved(contenders, rounds, device, name)
+    log.removeHandler(decisions)
+    best = {k: min(v) for k, v in times.items()}
+    full, low = outputs["full"], outputs["low"]
+    rescored = sum(r.rescored for r in low)
+    return {
+        "config": name, "case": "score_dtype", "device": str(device), "score_dtype": score_dtype, "images": n,
+        "features": p, "candidates": candidates, "rounds": rounds, "times_s": times, "full_s": best["full"],
+        "low_s": best["low"], "low_over_full": best["low"] / best["full"], "rescored": rescored,
+        "rescored_fraction": rescored / candidates, "low_log": decisions.lines[-3:], "batch_size": batch,
+        "forward_rows": sum(calls), "forward_low_over_full": best["forward_low"] / best["forward_full"],
+        "same_order_and_values": all(torch.equal(a.order, b.order) and torch.equal(a.values, b.values)
+                                     for a, b in zip(low, full)),
+        "same_sis": same_sis(low, full),
+    }
+
+
+def print_score_dtype(row: dict) -> None:
+    print(f"{row['config']:<14}{row['images']:>3}{row['features']:>6}{row['candidates']:>9}{row['full_s']:>9.2f}"
+          f"{row['low_s']:>9.2f}{row['low_over_full']:>10.3f}{row['rescored_fraction']:>11.3f}"
+          f"{str(row['same_order_and_values']):>8}{str(row['same_sis']):>6}{row['forward_low_over_full']:>10.3f}",
+          flush=True)
+    for line in row["low_log"]:
+        print(f"  {line}", flush=True)
 
 
 # ---- the cold single-image case: one fresh process per run ----
@@ -242,10 +309,21 @@ def main():
     ap.add_argument("--cold-rounds", type=int, default=None, help="cold case: rounds (default --rounds)")
     ap.add_argument("--cold-contenders", nargs="*", default=None, choices=list(COLD_CONTENDERS))
     ap.add_argument("--tau", type=float, default=0.5, help="cold case: threshold (default 0.5)")
+    ap.add_argument("--score-dtype", default=None, choices=list(SCORE_DTYPES),
+                    help="time score_dtype against the images' dtype on the configs (nothing else runs)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/exact-<device>.json)")
     args = ap.parse_args()
     device = torch.device(args.device)
     rows = []
+    if args.score_dtype:
+        print(f"{'config':<14}{'N':>3}{'p':>6}{'cands':>9}{'full s':>9}{'low s':>9}{'low/full':>10}"
+              f"{'rescored':>11}{'same':>8}{'SIS':>6}{'fwd l/f':>10}")
+        for name in args.configs or DEFAULT:
+            rows.append(run_score_dtype(name, args.images, device, args.rounds, args.score_dtype,
+                                        not args.no_warmup))
+            print_score_dtype(rows[-1])
+        print(f"wrote {write_results('exact-score-dtype', device, rows, args.out)}")
+        return
     if not args.cold_only:
         names = args.configs or (DEFAULT + (["cnn32-px", "resnet20-px", "effnet-32x32"] if args.full else []))
         print(HEAD)

@@ -104,14 +104,14 @@ class _ExactRun:
         finite = images.new_ones((), dtype=torch.bool)
 
         measured = () if low is None else (low.measure(evaluator, present),)
-        host_scores, targets_host, *within = (t.tolist() for t in to_host(scores0, targets, *measured,
+        host_scores, targets_host, *measured = (t.tolist() for t in to_host(scores0, targets, *measured,
                                                                           label="start"))
         state = [_Image(p, host_scores[i]) for i in range(n)]
         queue = CandidateQueue(images=n, slots=cols)
         run = cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
                   values, scores, finite, state, queue, low)
         if low is not None:
-            low.start(within[0], p)
+            low.start(measured[0], p)
             run.unsafe_step = images.new_full((n,), p, dtype=torch.int64)
             run.low_step = np.zeros(n, dtype=bool)
         for i in range(n):

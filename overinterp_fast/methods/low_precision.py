@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 
 import numpy as np
 import torch
@@ -33,6 +34,8 @@ from ..runtime.inputs import Prepared
 from ..runtime.model import Ensemble, ModelFn
 from ..runtime.onnx import OnnxModel
 from .gradient import top_k_present
+
+logger = logging.getLogger(__name__)
 
 SCORE_DTYPES = (torch.bfloat16, torch.float16)  # what candidates may be scored in, below the images' dtype
 # m = SAFETY_FACTOR x the largest |f_low - f_full| measured (at least 4: the bound must hold on candidates the
@@ -123,8 +126,8 @@ class LowPrecision:
         the low dtype. ``present``: bool [N, p], every feature present.
 
         Returns:
-            int64 [] on the device: the most candidates of one sampled step whose low score lies within m of that
-            step's best (what :meth:`start` sizes K from, read with the run's first read).
+            float64 [2] on the device: m and the most candidates of one sampled step whose low score lies within m
+            of that step's best (what :meth:`start` sizes K from; read with the run's first read).
         """
         n, p = present.shape
         images = min(n, max(1, SAMPLE_CANDIDATES // p))
@@ -138,15 +141,20 @@ class LowPrecision:
         m = torch.maximum(SAFETY_FACTOR * err, floor)
         self.margin = torch.where(torch.isfinite(m), m, torch.inf)  # NaN: nothing is provably decided
         low = f_low.view(images, p)
-        return (low >= low.max(1, keepdim=True).values - self.margin).sum(1).max()
+        within = (low >= low.max(1, keepdim=True).values - self.margin).sum(1).max()
+        return torch.stack([self.margin, within.double()])
 
-    def start(self, within: int, p: int) -> None:
-        """K from the measurement: twice the most candidates within m of a sampled step's best, in [RESCORE_MIN, p]."""
-        self.rescore = min(p, max(RESCORE_MIN, 2 * within))
+    def start(self, measured: list[float], p: int) -> None:
+        """K from :meth:`measure`'s (m, within), read on the host: twice the most candidates within m of a sampled
+        step's best, in [RESCORE_MIN, p]."""
+        self.rescore = min(p, max(RESCORE_MIN, 2 * int(measured[1])))
+        logger.info("overinterp_fast: score_dtype=%s: m = %.3g, K = %d of p = %d", self.dtype, measured[0],
+                    self.rescore, p)
 
     def grow(self, p: int) -> None:
         """A step was unsafe: re-score more candidates per step from now on (K x RESCORE_GROWTH, at most p)."""
         self.rescore = min(p, self.rescore * RESCORE_GROWTH)
+        logger.info("overinterp_fast: score_dtype=%s: a step was unsafe, K = %d", self.dtype, self.rescore)
 
     def plan(self, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Host lists of the re-scored candidates of S images completing a low-precision step with ``counts``

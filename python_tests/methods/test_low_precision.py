@@ -186,10 +186,10 @@ def test_an_unsafe_step_runs_again_in_full_and_m_is_measured_again(monkeypatch):
     measure, redo = low_precision.LowPrecision.measure, exact._ExactRun.redo
 
     def tiny_margin(self, full, present):
-        measure(self, full, present)
+        assert measure(self, full, present)[1] > 1  # the honest m (4 x the bonus) holds more
         made.append(self)
         self.margin = torch.full_like(self.margin, 1e-30)  # as if the measurement had seen no error:
-        return torch.ones((), dtype=torch.int64)  # only each step's best within m
+        return torch.tensor([1e-30, 1.0], dtype=torch.float64)  # only each step's best within m
 
     monkeypatch.setattr(low_precision.LowPrecision, "measure", tiny_margin)
     monkeypatch.setattr(exact._ExactRun, "redo", lambda run, i, rest, t: redone.append(t) or redo(run, i, rest, t))
