@@ -25,8 +25,8 @@ class GradientSIS(SetAttribution):
             ONNX model).
         threshold, outputs, batch_size, collection: as :class:`~overinterp_fast.attr.ExactSIS`.
         k, autocast, channels_last: :class:`~overinterp_fast.attr.options.GradientOptions` (by default
-            bf16 autocast on CUDA and channels_last gradient steps for convolutional models; every SIS is
-            still checked in the images' dtype).
+            bf16 autocast for float32 images on CUDA and on CPUs with bf16 hardware, and channels_last gradient
+            steps for convolutional models; every SIS is still checked in the images' dtype).
 
     Example:
         >>> results = GradientSIS(model, k=50).find_sis(images, target=3)
@@ -56,6 +56,7 @@ class GradientSIS(SetAttribution):
             # FindSIS's prefix batches: calibrated like the others (small jobs keep the fallback size)
             job.choose_engine(s, "torch", targets, max_rows=n * 32, expected_rows=n * (-(-p // opts.k) + 1),
                               measure_fn="score_and_top1")
+        autocast = check_autocast(opts.autocast, s.prep.images.device, s.prep.images.dtype)
         return gradient_sis(s.fn, s.prep, targets, scores0, thresholds=s.thresholds, collection=run.collection,
-                            k=opts.k, runner=s.runner, autocast=check_autocast(opts.autocast, s.prep.images.device),
+                            k=opts.k, runner=s.runner, autocast=autocast,
                             progress=progress, channels_last=opts.channels_last)

@@ -75,9 +75,9 @@ class GradientOptions:
 
     Attributes:
         k: features masked per gradient step (an int >= 1).
-        autocast: the gradient steps' mixed precision: "auto" (default: bf16 on a CUDA device that supports it,
-            none on a CPU, where it changes the ranking and gains only with bf16 hardware), None or False (none),
-            "bf16" or "fp16".
+        autocast: the gradient steps' mixed precision: "auto" (default: bf16 for float32 images on a CUDA device
+            that supports it or on a CPU with bf16 hardware, AVX512-BF16 or AMX; none elsewhere), None or False
+            (none: the float32 ranking), "bf16" or "fp16".
         channels_last: the gradient steps' memory format for 4-D inputs. None (auto, default): channels_last
             when the model is an nn.Module with convolution weights not stored channels_last and the images are
             not float64; True: channels_last for any 4-D input; False: the inputs' own format. The model is not

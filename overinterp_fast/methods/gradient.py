@@ -20,7 +20,8 @@ success in ascending j is the answer popping one block at a time would give.
 These evaluations run on the user's model in the images' dtype and memory format, without autocast, so every SIS
 is verified in full precision: ``sis_score`` = f(x_S) >= threshold.
 
-The gradient steps may run faster than that: under autocast (bf16 by default on CUDA) and on channels_last
+The gradient steps may run faster than that: under autocast (bf16 by default on CUDA and on CPUs with bf16
+hardware) and on channels_last
 inputs (by default for 4-D inputs of a torch model; see :class:`ChannelsLastModel`).
 """
 from __future__ import annotations
@@ -46,18 +47,32 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": t
 NON_FINITE = "the model's score or its gradient with respect to the mask is NaN or inf"
 
 
-def check_autocast(autocast, device: torch.device | str = "cpu") -> torch.dtype | None:
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where bf16 convolutions and matrix
+    products run faster than float32 ones."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # a torch without these queries: assume not
+        return False
+
+
+def check_autocast(autocast, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> torch.dtype | None:
     """The dtype the gradient steps run in under autocast on ``device``, or None for no autocast.
 
-    ``autocast``: "auto" (bf16 on a CUDA device that supports it, none elsewhere), None or False (none),
-    "bf16"/"bfloat16"/torch.bfloat16 or "fp16"/"float16"/torch.float16. Anything else is a ValueError.
+    ``autocast``: "auto", None or False (none), "bf16"/"bfloat16"/torch.bfloat16 or "fp16"/"float16"/torch.float16.
+    Anything else is a ValueError. "auto" is bf16 for float32 images (``dtype``) on a CUDA device that supports
+    it or on a CPU with bf16 hardware (:func:`cpu_has_bf16`), none elsewhere.
     """
     if autocast is None or autocast is False:
         return None
     if isinstance(autocast, str) and autocast == "auto":
         device = torch.device(device)
-        cuda_bf16 = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if cuda_bf16 else None
+        if dtype != torch.float32:
+            return None
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
+        return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else None
     if isinstance(autocast, torch.dtype) and autocast in (torch.bfloat16, torch.float16):
         return autocast
     if isinstance(autocast, str) and autocast in AUTOCAST_DTYPES:

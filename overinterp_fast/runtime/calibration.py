@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..ops import kernels as _ops
+from .batching import bucket
 from .inputs import Prepared
 
 # Seconds a calibration may spend at most, and at most this fraction of the job's estimated time.
@@ -171,12 +172,14 @@ def exact_schedule_time(times: dict[int, float], batch: int, images: int, featur
 
     Backward selection on N images with p features has, for r = p .. 1, a step of
     r candidates per image; the queue packs the N steps of one "level" together
-    (N r rows: floor(N r / B) full batches and one tail of N r mod B rows).
+    (N r rows: floor(N r / B) full batches and one tail of N r mod B rows, which the
+    model runs padded to its batch shape, batching.bucket).
     """
     t = call_time(times)
     r = np.arange(1, features + 1, dtype=np.int64) * images
     full, tail = r // batch, r % batch
-    return float((full * t(np.array([batch]))[0]).sum() + t(tail).sum())
+    padded = np.array([bucket(int(x), batch) if x else 0 for x in tail], dtype=np.int64)
+    return float((full * t(np.array([batch]))[0]).sum() + t(padded).sum())
 
 
 def per_call_overhead(times: dict[int, float]) -> float:

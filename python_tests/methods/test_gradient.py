@@ -1,5 +1,7 @@
 """Batched-gradient SIS (method="gradient") against the plain transcription of the paper's loop.
 """
+import os
+
 import pytest
 import torch
 import overinterp_fast as of
@@ -159,8 +161,19 @@ class _AutocastRecorder(torch.nn.Module):
         return self.lin(x)
 
 
+def _cpu_flags() -> set:
+    if not os.path.exists("/proc/cpuinfo"):
+        return set()
+    with open("/proc/cpuinfo") as fh:
+        return {f for line in fh if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+
+# what autocast="auto" means for float32 images on this CPU: bf16 where it has bf16 hardware
+AUTO_ON_THIS_CPU = torch.bfloat16 if _cpu_flags() & {"avx512_bf16", "amx_bf16"} else None
+
+
 @pytest.mark.parametrize("autocast,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), (None, None),
-                                            ("auto", None)])
+                                            ("auto", AUTO_ON_THIS_CPU)])
 def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
     model = _AutocastRecorder(4, [0.3, 0.0]).eval()
     (r,) = of.fast_sis(model, torch.ones(1, 4), 0.5, method="gradient", options=of.GradientOptions(k=1,
@@ -357,11 +370,25 @@ def test_autocast_auto_is_bf16_on_cuda():
     assert check_autocast("auto", "cuda") is want and check_autocast("auto", torch.device("cuda", 0)) is want
 
 
-def test_autocast_auto_is_off_on_the_cpu():
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU's flags from /proc/cpuinfo")
+def test_autocast_auto_on_the_cpu_is_bf16_only_with_bf16_hardware():
     from overinterp_fast.methods.gradient import check_autocast
 
-    assert check_autocast("auto") is None and check_autocast("auto", torch.device("cpu")) is None
+    want = AUTO_ON_THIS_CPU
+    assert check_autocast("auto") is want and check_autocast("auto", torch.device("cpu")) is want
     assert check_autocast("bf16", "cpu") is torch.bfloat16  # explicit values hold everywhere
+
+
+@pytest.mark.parametrize("hardware", [False, True])
+def test_autocast_auto_follows_the_cpu_and_the_images_dtype(monkeypatch, hardware):
+    from overinterp_fast.methods import gradient
+
+    monkeypatch.setattr(gradient, "cpu_has_bf16", lambda: hardware)
+    assert gradient.check_autocast("auto", "cpu") is (torch.bfloat16 if hardware else None)
+    # float64 (and low-precision) images keep their dtype: autocast would cut float64 to bf16
+    for dtype in (torch.float64, torch.bfloat16, torch.float16):
+        assert gradient.check_autocast("auto", "cpu", dtype) is None
+    assert gradient.check_autocast(None, "cpu") is None and gradient.check_autocast(False, "cpu") is None
 
 
 class _FormatRecorder(torch.nn.Module):

@@ -180,15 +180,31 @@ def test_candidate_evaluator_builds_the_candidates_by_hand():
 def test_bucket_sizes_by_hand():
     from overinterp_fast.runtime.batching import bucket_sizes
 
-    assert bucket_sizes(300) == (1, 2, 3, 5, 10, 19, 38, 75, 150, 300)
-    assert bucket_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    # 300: granule ceil(300 / 16) = 19; its multiples up to 285, then 300; below 19: 10, 5, 3, 2, 1
+    assert bucket_sizes(300) == (1, 2, 3, 5, 10, 19, 38, 57, 76, 95, 114, 133, 152, 171, 190, 209, 228, 247, 266,
+                                 285, 300)
+    assert bucket_sizes(64) == (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64)
+    assert bucket_sizes(16) == tuple(range(1, 17))
+    assert bucket_sizes(17) == (1, 2, 4, 6, 8, 10, 12, 14, 16, 17)
     assert bucket_sizes(1) == (1,)
     assert bucket_sizes(3) == (1, 2, 3)
 
 
-@pytest.mark.parametrize("rows,chunk,want", [(288, 303, 303), (152, 303, 152), (153, 303, 303), (76, 303, 76),
-                                             (77, 303, 152), (1, 303, 1), (2, 303, 2), (4, 303, 5),
-                                             (303, 303, 303), (400, 303, 400), (33, 64, 64), (32, 64, 32)])
+@pytest.mark.parametrize("chunk", [1, 2, 7, 16, 17, 64, 100, 288, 303, 1000, 4096])
+def test_buckets_waste_less_than_a_granule(chunk):
+    """Every row count up to the chunk is padded by less than ceil(chunk / 16) rows, with at most 16 + log2 shapes."""
+    from overinterp_fast.runtime.batching import bucket, bucket_sizes
+
+    g = -(-chunk // 16)
+    for rows in range(1, chunk + 1):
+        assert rows <= bucket(rows, chunk) < rows + g
+    assert len(bucket_sizes(chunk)) <= 16 + max(g - 1, 0).bit_length() + 1
+
+
+@pytest.mark.parametrize("rows,chunk,want", [(288, 303, 303), (286, 303, 303), (152, 303, 152), (153, 303, 171),
+                                             (76, 303, 76), (77, 303, 95), (20, 303, 38), (11, 303, 19),
+                                             (6, 303, 10), (1, 303, 1), (2, 303, 2), (4, 303, 5), (303, 303, 303),
+                                             (400, 303, 400), (33, 64, 36), (32, 64, 32)])
 def test_bucket_pads_to_the_smallest_size_that_holds_the_rows(rows, chunk, want):
     from overinterp_fast.runtime.batching import bucket
 
@@ -217,7 +233,7 @@ def test_forward_pads_to_the_bucket_and_drops_the_padding(channels_last):
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     want = torch.stack([x.flatten(1).sum(1), 2 * x.flatten(1).sum(1), -x.flatten(1).sum(1)], 1)
-    runner = ChunkRunner(16, torch.device("cpu"))
+    runner = ChunkRunner(64, torch.device("cpu"))  # shapes 1, 2, 4, 8, 12, ...: 5 rows run as 8
     fn.pad_to = runner.bucket
     seen = []
     model.forward = lambda t, f=model.forward: seen.append(t.is_contiguous(memory_format=torch.channels_last)) or f(t)

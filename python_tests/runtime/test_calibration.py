@@ -84,10 +84,20 @@ def test_exact_schedule_time_by_hand():
     assert exact_schedule_time(times, 2, images=2, features=2) == pytest.approx(4.5)
 
 
+def test_exact_schedule_time_counts_the_padded_rows():
+    # one image, p = 40, B = 32 (granule 2): steps of 40..33 rows are a full call and a tail of 8..1 rows, padded
+    # to 8, 8, 6, 6, 4, 4, 2, 1; steps of 32..1 rows are one call each, odd ones padded by one row (1 stays 1).
+    per_row = {32: 32.0}  # one second per row, through zero
+    tails = [8, 8, 6, 6, 4, 4, 2, 1]
+    calls = [r + (r % 2) if r > 1 else 1 for r in range(1, 33)]
+    assert exact_schedule_time(per_row, 32, images=1, features=40) == pytest.approx(8 * 32 + sum(tails) + sum(calls))
+
+
 def test_exact_choice_accounts_for_tails():
     # Per row, 256 is cheapest; but with one image of 288 features every step leaves a
-    # tail of up to 255 rows at 256 while 288 takes each step in one call.
-    times = {1: 0.05, 256: 0.256, 288: 0.35}
+    # tail of up to 255 rows at 256 while 288 takes each step in one call (both pad their calls to a multiple
+    # of their granule: 16 and 18 rows).
+    times = {1: 0.05, 256: 0.256, 288: 0.33}
     assert choose(times) == 256
     t256 = exact_schedule_time(times, 256, 1, 288)
     t288 = exact_schedule_time(times, 288, 1, 288)
