@@ -151,12 +151,14 @@ def ladder(max_rows: int, upper: int | None = None) -> list[int]:
 
 
 def call_time(times: dict[int, float]) -> Callable[[np.ndarray], np.ndarray]:
-    """Predicted seconds of a call of r rows: linear interpolation of the measured times
-    (through 0 at r = 0 below the smallest measured size; the largest size's per-row cost beyond it)."""
+    """Predicted seconds of a call of r rows: linear interpolation of the measured times; below the smallest
+    measured size, the line from the fixed cost of a call (:func:`per_call_overhead`, 0 with one size measured)
+    at r = 0 to the smallest size; beyond the largest, that size's per-row cost. 0 for r = 0."""
     sizes = np.array(sorted(times), dtype=np.float64)
     secs = np.array([times[int(b)] for b in sizes])
     if sizes[0] > 1:
-        sizes, secs = np.concatenate([[0.0], sizes]), np.concatenate([[0.0], secs])
+        fixed = min(per_call_overhead(times), float(secs[0]))
+        sizes, secs = np.concatenate([[0.0], sizes]), np.concatenate([[fixed], secs])
 
     def t(r: np.ndarray) -> np.ndarray:
         r = np.asarray(r, dtype=np.float64)
@@ -250,13 +252,18 @@ def measure(
     ever adds time). A size is skipped, and the ladder ends, when its predicted cost
     (the last size's per-row cost) would take the time spent past min(budget_s,
     budget_fraction * the job's estimated time), the job estimated from the best
-    per-row cost so far times ``expected_rows``; the first size is always measured.
+    per-row cost so far times ``expected_rows``; the first size is always measured, and so is the largest size
+    of at most half the first one, where the budget stopped the ladder before it (two points give the fixed
+    cost of a call, see :func:`call_time`).
     Then the two best sizes are timed once more (one lucky call does not decide).
     With ``start``, the sizes from the first one >= start run first, ascending, then
     the smaller ones, descending (the budget then cuts the sizes farthest from start).
     Returns {size: seconds per call}.
     """
     sizes = sorted(sizes)
+    # the size measured whatever the budget, after the first: the largest at most half of the first one
+    first = sizes[0] if start is None else next((b for b in sizes if b >= start), sizes[-1])
+    half = max((b for b in sizes if 2 * b <= first), default=None)
     if start is not None:
         k = next((i for i, b in enumerate(sizes) if b >= start), len(sizes) - 1)
         sizes = sizes[k:] + sizes[:k][::-1]
@@ -283,6 +290,12 @@ def measure(
             break  # larger sizes do not fit either
         best_per_row = min(t / s for s, t in times.items())
         budget = min(budget_s, budget_fraction * best_per_row * expected_rows)
+    if len(times) == 1 and half is not None and half not in times:
+        # a second point, however short the budget: calls shorter than the measured size (a step's tail, the
+        # last steps of backward selection) are predicted from the line through both, whose intercept is the
+        # fixed cost of a call (large for incremental scoring: its many small ops per call)
+        probe(half)
+        times[half] = min(timed(half) for _ in range(repeats))
     for b in sorted(times, key=lambda s: (times[s] / s, s))[:2]:
         if timer() - t_start > budget:
             break

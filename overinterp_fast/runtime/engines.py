@@ -49,6 +49,12 @@ SMALL_JOB_TIMING_S = 2.0
 # auto exports to ONNX only when the torch job is predicted to take at least this long:
 # export + session + calibration cost about 0.5-1 s on 2 cores, and a tiny job must not pay it.
 AUTO_MIN_JOB_S = 10.0
+# incremental=None picks incremental scoring when its timed prediction is at least this many times shorter than
+# the dense engine's: across the exact benchmark's configs on 2 CPU cores its prediction came out up to 1.4x
+# short of the measured time (many small ops per call, which the short probe times at their best), the dense
+# one less, and on near-ties incremental ran slower (ResNet-20, 4x4 patches: predicted 5.5 s against 6.0 s
+# dense, measured 6.8 s against 5.1 s).
+INCREMENTAL_MARGIN = 1.2
 
 
 def check_engine(engine) -> str:
@@ -274,7 +280,8 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
 
     Where both were timed: the predicted time of the job's candidate calls at each one's batch
     size (calibration.exact_job_time), the incremental side plus its base runs (one dense
-    forward pass of every image per step, N at a time). Otherwise (a job too small to
+    forward pass of every image per step, N at a time), which must be at least INCREMENTAL_MARGIN times
+    shorter than the dense side's. Otherwise (a job too small to
     calibrate, or the user's batch size): the plan's estimate, at most AUTO_MAX_COST_RATIO
     of a dense pass. Both paths give the same SIS (docs: algorithms.md, Incremental inference); only the time differs.
     """
@@ -283,7 +290,7 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
     if incr.times and cal is not None and cal.times:
         t_incr = exact_job_time(incr.times, incr.batch_size, n, p) + float(call_time(cal.times)(n)) * p
         t_dense = exact_job_time(cal.times, cal.batch_size, n, p)
-        pays = t_incr < t_dense
+        pays = t_incr * INCREMENTAL_MARGIN < t_dense
         logger.info("overinterp_fast: incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
                     "on" if pays else "off", t_incr, t_dense, dense.name)
         return pays

@@ -67,8 +67,18 @@ def test_choose_least_time_per_row():
 
 
 def test_call_time_interpolates_through_zero():
+    # one size: no fixed cost known, the line through 0
+    t = call_time({16: 1.6})
+    assert t([0, 8, 16, 32]).tolist() == pytest.approx([0.0, 0.8, 1.6, 3.2])
+    # two sizes whose line has a negative intercept: through 0 below the smallest
+    t = call_time({16: 1.6, 32: 3.6})
+    assert t([0, 8, 16, 24, 32, 64]).tolist() == pytest.approx([0.0, 0.8, 1.6, 2.6, 3.6, 7.2])
+
+
+def test_call_time_below_the_smallest_size_starts_from_the_fixed_cost():
+    # t = 1.2 + 0.025 b: the fixed cost 1.2 s at r -> 0, then the line to (16, 1.6); 0 rows cost nothing
     t = call_time({16: 1.6, 32: 2.0})
-    assert t([0, 8, 16, 24, 32, 64]).tolist() == pytest.approx([0.0, 0.8, 1.6, 1.8, 2.0, 4.0])
+    assert t([0, 1, 8, 16, 24, 32, 64]).tolist() == pytest.approx([0.0, 1.225, 1.4, 1.6, 1.8, 2.0, 4.0])
 
 
 def test_exact_schedule_time_by_hand():
@@ -158,7 +168,9 @@ def test_calibrate_falls_back_when_the_budget_reaches_no_usable_size(monkeypatch
 def test_measure_starts_at_the_fallback_size():
     clock = FakeClock(lambda b: 0.01 * b)  # 3 calls of 64 rows: 1.92 s; the budget (1 s) then stops
     times = measure(clock.probe, [16, 32, 64, 128], expected_rows=10**9, start=50, budget_s=1.0, timer=clock.timer)
-    assert clock.calls[0] == 64 and sorted(times) == [64]
+    # ...but a second point is always taken: the largest size at most half the first (32), for the intercept
+    assert clock.calls[0] == 64 and sorted(times) == [32, 64]
+    assert clock.calls == [64, 64, 64, 32, 32, 32]
     clock = FakeClock(lambda b: 0.001 * b)
     times = measure(clock.probe, [16, 32, 64, 128], expected_rows=10**9, start=50, budget_s=10.0, timer=clock.timer)
     order = list(dict.fromkeys(clock.calls))

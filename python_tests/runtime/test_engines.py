@@ -300,20 +300,21 @@ def test_incremental_pays_by_the_plan_estimate_when_nothing_was_timed(caplog):
 @pytest.mark.mutation
 def test_incremental_pays_by_timing_includes_the_base_runs(caplog):
     """Timed on both sides: the incremental job's calls plus one dense pass of the N images per step (p steps)
-    against the dense job's calls, each at its own batch size."""
+    against the dense job's calls, each at its own batch size; incremental must win by INCREMENTAL_MARGIN."""
     caplog.set_level(logging.INFO, logger="overinterp_fast.runtime.engines")
     n, p = 3, 40
     dense_times = {16: 0.016, 64: 0.064, 256: 0.256}  # 1 ms a row
     dense = _engine(times=dense_times, batch=256)
     t_dense = calibration.exact_job_time(dense_times, 256, n, p)
     base = 0.003 * p  # n = 3 rows per step at 1 ms a row (call_time interpolates linearly through 0)
-    # incremental per-row cost chosen so that its calls take t_dense - base, -+ 1%
+    # incremental per-row cost chosen so that its calls take t_dense / INCREMENTAL_MARGIN - base, -+ 1%
+    target = t_dense / engines.INCREMENTAL_MARGIN - base
     for scale, pays in ((0.99, True), (1.01, False)):
         lo, hi = 0.0, 1e-2
         for _ in range(60):  # bisect the per-row cost whose calls take scale * (t_dense - base)
             mid = (lo + hi) / 2
             times = {16: 16 * mid, 64: 64 * mid, 256: 256 * mid}
-            if calibration.exact_job_time(times, 256, n, p) < scale * (t_dense - base):
+            if calibration.exact_job_time(times, 256, n, p) < scale * target:
                 lo = mid
             else:
                 hi = mid

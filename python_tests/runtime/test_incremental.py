@@ -237,15 +237,19 @@ def test_incremental_pays_by_timed_job_time_including_base_runs():
     incrementally, one dense base run per step. Times are seconds per call of 16 rows, linear below
     (so r rows cost r / 16 of it); the fixed JOB_CALL_OVERHEAD_S per call is the same on both sides."""
     from overinterp_fast.runtime.calibration import Calibration
-    from overinterp_fast.runtime.engines import incremental_pays
+    from overinterp_fast.runtime.engines import INCREMENTAL_MARGIN, incremental_pays
     dense = _dense({16: 16.0})  # 1 s per row: the dense job is 10 s
     # 0.8 s per row: 8 s of candidates + 4 base rows at 1 s = 12 s > 10 s (without the base runs it would pay)
     assert not incremental_pays(_Plan(0.1), Calibration(16, {16: 12.8}), dense, (1, 4))
-    # 0.5 s per row: 5 s + 4 s = 9 s < 10 s
-    assert incremental_pays(_Plan(0.9), Calibration(16, {16: 8.0}), dense, (1, 4))
-    # two images: 20 candidate rows and 4 base calls of 2 rows: 0.5 s per row -> 10 + 8 = 18 < 20
-    assert incremental_pays(_Plan(0.9), Calibration(16, {16: 8.0}), dense, (2, 4))
-    assert not incremental_pays(_Plan(0.1), Calibration(16, {16: 9.6}), dense, (2, 4))  # 12 + 8 = 20, not < 20
+    # it must win by the margin (1.2): 0.5 s per row: 5 s + 4 s = 9 s, and 1.2 x 9 = 10.8 s, not < 10 s
+    assert INCREMENTAL_MARGIN == 1.2
+    assert not incremental_pays(_Plan(0.9), Calibration(16, {16: 8.0}), dense, (1, 4))
+    # 0.3 s per row: 3 s + 4 s = 7 s; 8.4 s < 10 s
+    assert incremental_pays(_Plan(0.1), Calibration(16, {16: 4.8}), dense, (1, 4))
+    # two images: 20 candidate rows and 4 base calls of 2 rows: 0.3 s per row -> 6 + 8 = 14; 16.8 < 20
+    assert incremental_pays(_Plan(0.1), Calibration(16, {16: 4.8}), dense, (2, 4))
+    # 0.5 s per row -> 10 + 8 = 18 < 20, but 21.6 is not
+    assert not incremental_pays(_Plan(0.9), Calibration(16, {16: 8.0}), dense, (2, 4))
 
 
 def test_incremental_pays_falls_back_to_the_estimate_when_nothing_was_timed():
