@@ -38,7 +38,8 @@ TORCH_LIBRARY(overinterp_fast, m) {
   //   patch[b, c, y - py, x - px]                inside valid[b] (y0, x0, y1, x1) and the patch at (py, px),
   //   stored[image[b], c, y, x]                  elsewhere;
   // changed[b]: some patch value read differs from the stored value under it.
+  // check_indices=false skips the range check of `image` (as for mask_apply).
   m.def(
       "patch_gather(Tensor stored, Tensor image, Tensor patch, Tensor patch_origin, Tensor valid, "
-      "Tensor region_origin, int height, int width, float pad_value) -> (Tensor, Tensor)");
+      "Tensor region_origin, int height, int width, float pad_value, bool check_indices=True) -> (Tensor, Tensor)");
 }

@@ -24,11 +24,11 @@ struct PatchGatherPlan {
 };
 
 // Validates shapes, dtypes and devices, and (on the host: a RuntimeError, not a
-// device assert) that every image index lies in [0, N).
+// device assert; skipped with check_indices=false) that every image index lies in [0, N).
 inline PatchGatherPlan plan_patch_gather(const at::Tensor& stored, const at::Tensor& image,
                                          const at::Tensor& patch, const at::Tensor& patch_origin,
                                          const at::Tensor& valid, const at::Tensor& region_origin,
-                                         int64_t height, int64_t width) {
+                                         int64_t height, int64_t width, bool check_indices) {
   TORCH_CHECK(stored.dim() == 4, "patch_gather: stored must be [N, C, H, W], got ", stored.sizes());
   TORCH_CHECK(patch.dim() == 4 && patch.scalar_type() == stored.scalar_type(),
               "patch_gather: patch must be a [B, C, h, w] tensor of stored's dtype ", stored.scalar_type());
@@ -51,7 +51,7 @@ inline PatchGatherPlan plan_patch_gather(const at::Tensor& stored, const at::Ten
     TORCH_CHECK(t->device() == stored.device(), "patch_gather: all tensors must be on ", stored.device(),
                 ", found one on ", t->device());
   }
-  check_ranges("patch_gather", {{image, 0, stored.size(0), "image"}});
+  if (check_indices) check_ranges("patch_gather", {{image, 0, stored.size(0), "image"}});
   PatchGatherPlan plan;
   plan.batch = B;
   plan.channels = stored.size(1);

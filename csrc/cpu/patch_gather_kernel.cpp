@@ -94,9 +94,11 @@ void patch_gather_cpu_impl(const PatchGatherPlan& plan, const at::Tensor& stored
 std::tuple<at::Tensor, at::Tensor> patch_gather_cpu(const at::Tensor& stored, const at::Tensor& image,
                                                     const at::Tensor& patch, const at::Tensor& patch_origin,
                                                     const at::Tensor& valid, const at::Tensor& region_origin,
-                                                    int64_t height, int64_t width, double pad_value) {
+                                                    int64_t height, int64_t width, double pad_value,
+                                                    bool check_indices) {
   PatchGatherPlan plan =
-      plan_patch_gather(stored, image, patch, patch_origin, valid, region_origin, height, width);
+      plan_patch_gather(stored, image, patch, patch_origin, valid, region_origin, height, width,
+                        check_indices);
   const int64_t rows = plan.batch * height;
   if (rows == 0 || plan.channels == 0 || width == 0) return {plan.out, plan.changed};
   std::vector<uint8_t> row_changed(rows, 0);

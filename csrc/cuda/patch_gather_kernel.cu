@@ -59,10 +59,12 @@ __global__ void patch_gather_kernel(const scalar_t* __restrict__ S, Strides4 ss,
 std::tuple<at::Tensor, at::Tensor> patch_gather_cuda(const at::Tensor& stored, const at::Tensor& image,
                                                      const at::Tensor& patch, const at::Tensor& patch_origin,
                                                      const at::Tensor& valid, const at::Tensor& region_origin,
-                                                     int64_t height, int64_t width, double pad_value) {
+                                                     int64_t height, int64_t width, double pad_value,
+                                                     bool check_indices) {
   const c10::cuda::CUDAGuard guard(stored.device());
   PatchGatherPlan plan =
-      plan_patch_gather(stored, image, patch, patch_origin, valid, region_origin, height, width);
+      plan_patch_gather(stored, image, patch, patch_origin, valid, region_origin, height, width,
+                        check_indices);
   const int64_t total = plan.batch * plan.channels * height * width;
   if (total == 0) return {plan.out, plan.changed};
   const bool has_patch = plan.patch_h > 0 && plan.patch_w > 0;

@@ -153,7 +153,12 @@ class _ExactRun:
             again = rows[k:][pos]
             img, feature = torch.cat([img, again]), torch.cat([feature, picked.rescored])
         if img.numel():  # none where the batch is all low-precision candidates and completes no step
-            f = evaluator(self.present, img, img, feature)
+            kw = {}
+            if getattr(evaluator, "takes_starts", False):  # incremental: the images whose inputs changed, from here
+                full = ~is_low
+                begins = (batch.slot[full] == 0) | (batch.slot[full] == p)  # a step's first slot, a round's input
+                kw["starts"] = np.unique(batch.image[full][begins]).tolist()
+            f = evaluator(self.present, img, img, feature, **kw)
             self.finite &= torch.isfinite(f).all()
             self.scores[img[: slot.shape[0]], slot] = f[: slot.shape[0]]
         if low_steps:

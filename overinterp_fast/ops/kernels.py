@@ -232,7 +232,8 @@ def _register_fakes() -> None:
         return rects.new_empty((n, height, width))
 
     @register_fake("overinterp_fast::patch_gather")
-    def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value):
+    def _patch_gather_fake(stored, image, patch, patch_origin, valid, region_origin, height, width, pad_value,
+                           check_indices=True):
         torch._check(stored.dim() == 4 and patch.dim() == 4)
         torch._check(image.dim() == 1)
         fmt = torch.channels_last if is_channels_last(stored) else torch.contiguous_format
@@ -254,6 +255,7 @@ def patch_gather(
     height: int,
     width: int,
     pad_value: float = 0.0,
+    check_indices: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows of stored activation maps with each candidate's recomputed patch laid over them.
 
@@ -267,6 +269,8 @@ def patch_gather(
         region_origin: int64 [B, 2], map position of the region's top-left (may lie outside the map).
         height, width: region size.
         pad_value: the value outside the map (a convolution's zero padding, -inf for max pooling).
+        check_indices: check ``image`` on the host first (one device synchronisation per call on CUDA); False
+            only where the indices were checked when they were made (incremental inference in the exact loop).
 
     Returns:
         (out [B, C, height, width] in stored's memory format,
@@ -275,7 +279,7 @@ def patch_gather(
     if patch is None:
         patch = stored.new_empty((0, stored.shape[1], 0, 0))
     return call("patch_gather", stored, image, patch, patch_origin, valid, region_origin, height, width,
-                float(pad_value))
+                float(pad_value), check_indices)
 
 
 def rect_fill(

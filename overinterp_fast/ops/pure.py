@@ -259,7 +259,7 @@ def _sample_patch_gather(device: torch.device, g: torch.Generator) -> list[list]
 
 @pure_op("patch_gather", _sample_patch_gather)
 def patch_gather(stored, image, patch, patch_origin, valid, region_origin, height: int, width: int,
-                 pad_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 pad_value: float, check_indices: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows of stored maps with each candidate's patch laid over them (see overinterp_fast.ops.kernels.patch_gather).
 
     out[b, :, i, j] at map position (y, x) = region_origin[b] + (i, j): pad_value outside the map;
@@ -280,7 +280,8 @@ def patch_gather(stored, image, patch, patch_origin, valid, region_origin, heigh
     _check(valid.dtype == torch.int64 and tuple(valid.shape) == (b, 4),
            "patch_gather: valid must be int64 [B, 4] (y0, x0, y1, x1)")
     _check(height >= 0 and width >= 0, f"patch_gather: region size must be non-negative, got {height}x{width}")
-    check_ranges("patch_gather", [(image, 0, stored.shape[0], "image")])
+    if check_indices:
+        check_ranges("patch_gather", [(image, 0, stored.shape[0], "image")])
     dev = stored.device
     _, c, hh, ww = stored.shape
     ys = region_origin[:, 0:1] + torch.arange(height, device=dev)  # [B, h]

@@ -35,7 +35,7 @@ import logging
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -43,8 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import kernels as _ops
+from ..ops.pure import check_ranges
 from .inputs import Prepared
 from .model import ModelFn
+from .schedule import upload
 
 logger = logging.getLogger(__name__)
 
@@ -673,7 +675,9 @@ class IncrementalEngine:
 
     ``base(rows, x)`` runs the current inputs x [R, C, H, W] of rows ``rows`` and stores
     their activations; ``score(rows, features, targets)`` scores candidates (row b with
-    feature ``features[b]`` also masked; -1: none) as float64 [B].
+    feature ``features[b]`` also masked; -1: none) as float64 [B]. Neither reads anything from the device,
+    except ``score``'s index check (``check_indices=True``, one read per call), which callers whose indices were
+    checked where they were made turn off.
     """
 
     def __init__(self, pl: IncrementalPlan, fn: ModelFn, prep: Prepared, n_rows: int):
@@ -707,8 +711,11 @@ class IncrementalEngine:
         self.base_scores[rows] = f
 
     # -- candidates
-    def score(self, rows: torch.Tensor, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def score(self, rows: torch.Tensor, features: torch.Tensor, targets: torch.Tensor,
+              check_indices: bool = True) -> torch.Tensor:
         pl, p = self.pl, self.p
+        if check_indices:  # once here: every gather below reads rows of the stored maps by these indices
+            check_ranges("incremental score", [(rows, 0, self.n_rows, "row"), (features, -1, p, "feature")])
         fidx = torch.where(features < 0, torch.full_like(features, p), features)
         run = _ScoreRun(self, rows, features, {node: t[fidx] for node, t in pl.tables.items()})
         for i, st in enumerate(pl.steps):
@@ -744,7 +751,7 @@ class _ScoreRun:
     def gather(self, node, origin, h, w, pad_value=0.0, with_patch=True):
         st = self.states[node]
         return _ops.patch_gather(self.engine.stored[node], self.rows, st.patch if with_patch else None,
-                                 self.boxes[node][:, :2], self.valid(node, st.chg), origin, h, w, pad_value)
+                                 self.boxes[node][:, :2], self.valid(node, st.chg), origin, h, w, pad_value, False)
 
     def full(self, node):
         """The map of ``node`` per candidate: its window written back over the stored map."""
@@ -771,21 +778,23 @@ class _ScoreRun:
         eng, rows, node, g = self.engine, self.rows, st.node, st.geo
         origin = self.boxes[node][:, :2]
         zeros = torch.zeros_like(rows)
+        # the indices were checked in score() (rows) or are zeros: no per-gather checks
         x, _ = _ops.patch_gather(eng.stored[node], rows, None, origin, origin.new_zeros(len(rows), 4),
-                                 origin, g.wh, g.ww, 0.0)
+                                 origin, g.wh, g.ww, 0.0, False)
         b_rows = rows if eng.baseline.shape[0] > 1 else zeros
         bl, _ = _ops.patch_gather(eng.baseline, b_rows, None, origin, origin.new_zeros(len(rows), 4),
-                                  origin, g.wh, g.ww, 0.0)
+                                  origin, g.wh, g.ww, 0.0, False)
         fmw, _ = _ops.patch_gather(eng.fm, zeros, None, origin, origin.new_zeros(len(rows), 4), origin,
-                                   g.wh, g.ww, 0.0)
+                                   g.wh, g.ww, 0.0, False)
         patch = torch.where(fmw == self.features.view(-1, 1, 1, 1), bl, x)
         return _Win(patch, self.features >= 0)
 
     def window(self, st: _Step) -> _Win:
         """A window op run on the region of its input that its output window reads."""
-        node, g, dev = st.node, st.geo, self.rows.device
+        node, g = st.node, st.geo
         a = self._only_input(node)
-        origin = self.boxes[node][:, :2] * torch.tensor(st.s, device=dev) - torch.tensor(st.pad, device=dev)
+        box = self.boxes[node]  # stride and padding as plain numbers: no host-to-device copy per call
+        origin = torch.stack((box[:, 0] * st.s[0] - st.pad[0], box[:, 1] * st.s[1] - st.pad[1]), 1)
         rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
         rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
         region, chg = self.gather(a, origin, rh, rw, st.pad_value)
@@ -876,6 +885,8 @@ class IncrementalEvaluator:
     image's current input is run again first.
     """
 
+    takes_starts = True  # the exact loop passes ``starts`` (see __call__)
+
     def __init__(self, pl: IncrementalPlan, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner):
         n, p = prep.images.shape[0], prep.num_features
         self.engine = IncrementalEngine(pl, fn, prep, n)
@@ -885,24 +896,41 @@ class IncrementalEvaluator:
         self.snapshot = torch.zeros((n, p), dtype=torch.bool, device=prep.images.device)
         self.fresh = torch.zeros(n, dtype=torch.bool, device=prep.images.device)
 
-    def _refresh(self, present: torch.Tensor, image: torch.Tensor) -> None:
-        imgs = torch.unique(image)
-        stale = imgs[~self.fresh[imgs] | (present[imgs] != self.snapshot[imgs]).any(1)]
-        if stale.numel() == 0:
-            return
+    def _refresh(self, present: torch.Tensor, image: torch.Tensor, starts: Sequence[int] | None) -> None:
+        """Run the current inputs of the images whose ``present`` row changed since their last base run: ``starts``
+        where the caller knows them (no device read), else found by comparing with a snapshot (reads the device)."""
         p = self.prep
-        x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, stale, stale, torch.full_like(stale, -1))
-        self.runner.run(stale.numel(), lambda sl: self.engine.base(stale[sl], x[sl], self.targets[stale[sl]]))
+        if starts is not None:
+            if len(starts) == 0:
+                return
+            (stale,) = upload(image.device, sorted(set(starts)))
+            count = stale.shape[0]
+        else:
+            imgs = torch.unique(image)
+            stale = imgs[~self.fresh[imgs] | (present[imgs] != self.snapshot[imgs]).any(1)]
+            count = stale.numel()
+            if count == 0:
+                return
+        x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, stale, stale, torch.full_like(stale, -1),
+                            starts is None)
+        self.runner.run(count, lambda sl: self.engine.base(stale[sl], x[sl], self.targets[stale[sl]]))
         self.snapshot[stale] = present[stale]
         self.fresh[stale] = True
 
     def __call__(self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor,
-                 feature: torch.Tensor) -> torch.Tensor:
-        """f of each candidate, float64 [B]; ``row`` must equal ``image`` (one present row per image)."""
-        self._refresh(present, image)
+                 feature: torch.Tensor, starts: Sequence[int] | None = None) -> torch.Tensor:
+        """f of each candidate, float64 [B]; ``row`` must equal ``image`` (one present row per image).
+
+        ``starts`` (host ints), from the exact loop: the images whose ``present`` row changed since they were last
+        scored (their step or round begins in this call). With it, nothing is read from the device and the indices
+        are not checked again (the loop checked them where it made them); without it, the changed images are
+        found on the device and the indices checked, each costing a device read.
+        """
+        self._refresh(present, image, starts)
+        checked = starts is None
 
         def work(sl: slice) -> torch.Tensor:
-            return self.engine.score(image[sl], feature[sl], self.targets[image[sl]])
+            return self.engine.score(image[sl], feature[sl], self.targets[image[sl]], checked)
 
         return self.runner.run(image.shape[0], work)
 
@@ -952,6 +980,6 @@ def probe(pl: IncrementalPlan, fn: ModelFn, prep: Prepared, targets: torch.Tenso
             engine[0].base(torch.arange(n, device=dev), prep.images[:n], targets[:n])
         j = torch.arange(b, device=dev)
         image = j % n
-        engine[0].score(image, (j * 7919) % p, targets[image])[:1].cpu()  # synchronise (CUDA)
+        engine[0].score(image, (j * 7919) % p, targets[image], False)[:1].cpu()  # synchronise (CUDA)
 
     return run

@@ -488,7 +488,8 @@ def test_float32_images_are_scored_in_float64(monkeypatch):
 # ------------------------------------------------------------------ host reads of the step loop
 
 W12 = [w / 2 for w in W for _ in range(2)]  # the same six weights, each split over two features: 12 features
-_SYNCING_OPS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item", "masked_select", "unique")
+_SYNCING_OPS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item", "masked_select", "unique",
+                "_unique2", "unique_dim", "unique_consecutive")
 
 
 class _SyncingOps(torch.utils._python_dispatch.TorchDispatchMode):
@@ -554,6 +555,60 @@ def test_host_reads_per_round_not_per_step(monkeypatch, batch_size):
     assert [r.sis.tolist() for r in a.collection] == [[2, 0], [5, 4, 3]]
 
 
+def _incremental_reads(monkeypatch, model, x, threshold, batch_size, collection=True):
+    """(host reads by label, ops that would wait for a GPU inside the steps, results) of fast_sis with
+    incremental=True: the evaluator is incremental inference, whose base runs the loop schedules from the host."""
+    seen, paused = [], []
+    step = exact._ExactRun.step
+
+    def watched(self, evaluator, batch):
+        assert getattr(evaluator, "takes_starts", False)  # the incremental evaluator, not the dense one
+        with _SyncingOps(seen, paused):
+            return step(self, evaluator, batch)
+
+    def boundary(method):
+        def call(self, ids):
+            paused.append(1)
+            try:
+                return method(self, ids)
+            finally:
+                paused.pop()
+        return call
+
+    monkeypatch.setattr(exact._ExactRun, "step", watched)
+    monkeypatch.setattr(exact._ExactRun, "finish_rounds", boundary(exact._ExactRun.finish_rounds))
+    monkeypatch.setattr(exact._ExactRun, "start_rounds", boundary(exact._ExactRun.start_rounds))
+    with of.runtime.sync.counting() as reads:
+        res = of.fast_sis(model, x, threshold, batch_size=batch_size, engine="torch", collection=collection,
+                          options=of.ExactOptions(incremental=True))
+    return reads, seen, res
+
+
+@pytest.mark.parametrize("batch_size", [7, 1000])
+def test_incremental_steps_read_nothing_from_the_device_and_equal_the_reference(monkeypatch, batch_size):
+    """With incremental inference the loop still never waits inside a step: the images whose inputs changed (a
+    step or a round begins) are named by the host's schedule, not found on the device, and the gathers skip their
+    index checks. Collections of several rounds on 2 images; the answer is the reference's."""
+    import overinterp_fast.runtime.sync  # noqa: F401  (of.runtime.sync)
+
+    # conv (positive weights), ReLU, global average pooling, a linear layer: on positive images a few pixels
+    # keep class 0 above 0.8, so each image's collection has many rounds (6 and 8), each a new input
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(4, 2, bias=False)).double().eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.rand(4, 1, 3, 3))
+        model[4].weight.copy_(torch.tensor([[1.0] * 4, [0.0] * 4]))
+    x = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 0.5
+    reads, seen, res = _incremental_reads(monkeypatch, model, x, 0.8, batch_size)
+    assert seen == []
+    assert set(reads.by_label) <= {"start", "round end", "round start", "end"}
+    rounds = sum(len(r.collection) or 1 for r in res)
+    assert [len(r.collection) for r in res] == [6, 8]
+    assert reads.by_label["start"] == 1 and reads.by_label["end"] == 1 and reads.count <= 2 + 2 * rounds
+    assert_same_lists(res, reference.sis(model, x, 0.8, collection=True), assert_same_result, True)
+
+
 @cuda
 def test_step_loop_never_waits_for_the_gpu(monkeypatch):
     """On a GPU the whole loop runs under torch.cuda.set_sync_debug_mode("error"): any synchronising op outside
@@ -566,6 +621,29 @@ def test_step_loop_never_waits_for_the_gpu(monkeypatch):
         torch.cuda.set_sync_debug_mode(0)
     assert [r.sis.tolist() for r in res[0].collection] == [[2, 0], [5, 4, 3]]
     assert [r.sis.tolist() for r in res[2].collection] == [[2, 0], [5, 4, 3, 1]]
+
+
+@cuda
+def test_incremental_step_loop_never_waits_for_the_gpu(monkeypatch):
+    """Incremental inference on a GPU, each step under torch.cuda.set_sync_debug_mode("error") (the set-up and
+    calibration read the device by design; the round boundaries read through to_host); the answer is the
+    reference's."""
+    model, x = make_cnn(0).cuda(), make_images(2, seed=3).cuda()
+    step = exact._ExactRun.step
+
+    def strict(self, evaluator, batch):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(self, evaluator, batch)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(exact._ExactRun, "step", strict)
+    res = of.fast_sis(model, x, 0.2, batch_size=7, engine="torch", options=of.ExactOptions(incremental=True))
+    want = reference.sis(make_cnn(0), make_images(2, seed=3), 0.2)
+    for r, w in zip(res, want):
+        assert r.order.tolist() == w.order.tolist() and r.values.tolist() == pytest.approx(w.values.tolist())
+        assert (r.sis is None) == (w.sis is None) and (r.sis is None or r.sis.tolist() == w.sis.tolist())
 
 
 def test_many_images_run_in_lockstep_and_fill_every_batch():

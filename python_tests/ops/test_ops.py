@@ -689,3 +689,17 @@ def test_check_indices_false_skips_only_the_range_checks(impl):
 def test_opcheck_with_check_indices_off():
     torch.library.opcheck(torch.ops.overinterp_fast.mask_apply.default, (*random_case(), False))
     torch.library.opcheck(torch.ops.overinterp_fast.backselect_update.default, (*bookkeeping_case(), False))
+    stored, image, patch, po, valid, ro, h, w = patch_gather_case()
+    torch.library.opcheck(torch.ops.overinterp_fast.patch_gather.default,
+                          (stored, image, patch, po, valid, ro, h, w, 0.0, False))
+
+
+def test_patch_gather_check_indices_false_skips_only_the_range_check(impl):
+    """patch_gather with check_indices=False (incremental inference in the exact loop) gives the loop reference's
+    windows on valid indices; with the default a bad image index still raises."""
+    stored, image, patch, po, valid, ro, h, w = patch_gather_case()
+    want, want_changed = patch_gather_ref(stored, image, patch, po, valid, ro, h, w, pad_value=0.0)
+    out, changed = impl("patch_gather")(stored, image, patch, po, valid, ro, h, w, 0.0, False)
+    assert torch.equal(out, want) and torch.equal(changed, want_changed)
+    with pytest.raises(RuntimeError, match=r"patch_gather: image \d+ out of range"):
+        impl("patch_gather")(stored, image + stored.shape[0], patch, po, valid, ro, h, w, 0.0)

@@ -423,9 +423,9 @@ def test_base_runs_only_when_an_images_present_row_changed(monkeypatch):
     seen, based = [], []
     real_call, real_base = incremental.IncrementalEvaluator.__call__, incremental.IncrementalEngine.base
 
-    def call(self, present, image, row, feature):
+    def call(self, present, image, row, feature, **kw):  # kw: the exact loop's starts
         seen.extend((i, tuple(present[i].tolist())) for i in torch.unique(image).tolist())
-        return real_call(self, present, image, row, feature)
+        return real_call(self, present, image, row, feature, **kw)
 
     def base(self, rows, x, targets):
         based.extend(rows.tolist())
