@@ -32,7 +32,10 @@ TORCH_LIBRARY(overinterp_fast, m) {
   // out[o, y, x] = sum of weights[r] over rectangles r with owner[r] == o that
   // cover (y, x); rects[r] = (y0, x0, y1, x1), half-open, clipped to the image.
   // int64 weights keep the sums exact (2D difference arrays and prefix sums).
-  m.def("rect_fill(Tensor rects, Tensor owner, Tensor weights, int n, int height, int width) -> Tensor");
+  // check_indices=false skips the range check of `owner` (as for mask_apply).
+  m.def(
+      "rect_fill(Tensor rects, Tensor owner, Tensor weights, int n, int height, int width, "
+      "bool check_indices=True) -> Tensor");
   // Incremental inference: out[b, c, i, j] at map position (y, x) = region_origin[b] + (i, j) is
   //   pad_value                                  outside the map [0, H) x [0, W),
   //   patch[b, c, y - py, x - px]                inside valid[b] (y0, x0, y1, x1) and the patch at (py, px),

@@ -10,8 +10,8 @@ namespace overinterp_fast {
 namespace {
 
 at::Tensor rect_fill_cpu(const at::Tensor& rects, const at::Tensor& owner, const at::Tensor& weights, int64_t n,
-                         int64_t height, int64_t width) {
-  check_rect_fill(rects, owner, weights, n, height, width);
+                         int64_t height, int64_t width, bool check_indices) {
+  check_rect_fill(rects, owner, weights, n, height, width, check_indices);
   const int64_t H = height, W = width, R = rects.size(0), W1 = width + 1, plane = (height + 1) * (width + 1);
   at::Tensor diff = at::zeros({n, H + 1, W1}, rects.options());
   auto rc = rects.contiguous(), oc = owner.contiguous(), wc = weights.contiguous();

@@ -53,9 +53,9 @@ __global__ void scan_cols_kernel(int64_t* __restrict__ d, int64_t n, int64_t H, 
 }
 
 at::Tensor rect_fill_cuda(const at::Tensor& rects, const at::Tensor& owner, const at::Tensor& weights, int64_t n,
-                          int64_t height, int64_t width) {
+                          int64_t height, int64_t width, bool check_indices) {
   const c10::cuda::CUDAGuard guard(rects.device());
-  check_rect_fill(rects, owner, weights, n, height, width);
+  check_rect_fill(rects, owner, weights, n, height, width, check_indices);
   at::Tensor diff = at::zeros({n, height + 1, width + 1}, rects.options());
   if (n == 0 || height == 0 || width == 0) return diff.narrow(1, 0, height).narrow(2, 0, width).contiguous();
   auto rc = rects.contiguous(), oc = owner.contiguous(), wc = weights.contiguous();

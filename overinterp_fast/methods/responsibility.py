@@ -131,6 +131,11 @@ def _rect_cover(runner, rects, owner, weight, m: int, h: int, w: int, dev: torch
     if isinstance(owner, torch.Tensor):
         (owner,) = to_host(owner, label="rectangle owners")
     owner_np = np.asarray(owner, dtype=np.int64).reshape(-1)
+    # checked here, on the host, where the chunks' owners are made: rect_fill then skips its own check (a device
+    # synchronisation per chunk on CUDA)
+    if owner_np.size and (owner_np.min() < 0 or owner_np.max() >= m):
+        bad = int(owner_np.min()) if owner_np.min() < 0 else int(owner_np.max())
+        raise RuntimeError(f"rect_fill: owner {bad} out of range [0, {m})")
     by_owner = np.argsort(owner_np, kind="stable")
     starts = np.searchsorted(owner_np[by_owner], np.arange(m + 1)).tolist()
     weight_np = np.ones(len(owner_np), np.int64) if weight is None else np.asarray(weight, np.int64)[by_owner]
@@ -144,7 +149,8 @@ def _rect_cover(runner, rects, owner, weight, m: int, h: int, w: int, dev: torch
 
     def work(sl: slice):
         a, b = starts[sl.start], starts[sl.stop]
-        cover = _ops.rect_fill(rect_t[a:b], owner_t[a:b] - sl.start, weight_t[a:b], sl.stop - sl.start, h, w)
+        cover = _ops.rect_fill(rect_t[a:b], owner_t[a:b] - sl.start, weight_t[a:b], sl.stop - sl.start, h, w,
+                               False)
         return (use(sl, cover),)
 
     out = runner.run(m, lambda sl: work(sl)) if m else ()

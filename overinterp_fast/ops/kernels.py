@@ -227,7 +227,7 @@ def _register_fakes() -> None:
         return None
 
     @register_fake("overinterp_fast::rect_fill")
-    def _rect_fill_fake(rects, owner, weights, n, height, width):
+    def _rect_fill_fake(rects, owner, weights, n, height, width, check_indices=True):
         torch._check(rects.dim() == 2 and rects.shape[1] == 4)
         return rects.new_empty((n, height, width))
 
@@ -283,7 +283,8 @@ def patch_gather(
 
 
 def rect_fill(
-    rects: torch.Tensor, owner: torch.Tensor, weights: torch.Tensor, n: int, height: int, width: int
+    rects: torch.Tensor, owner: torch.Tensor, weights: torch.Tensor, n: int, height: int, width: int,
+    check_indices: bool = True,
 ) -> torch.Tensor:
     """Weighted coverage of unions of rectangles, exactly (2D difference arrays and prefix sums).
 
@@ -291,12 +292,14 @@ def rect_fill(
         rects: int64 [R, 4], (y0, x0, y1, x1) half-open, clipped to [0, height] x [0, width].
         owner: int64 [R] in [0, n): the map each rectangle is painted into.
         weights: int64 [R].
+        check_indices: check ``owner`` on the host first (one device synchronisation per call on CUDA); False
+            only where the owners were checked when they were made.
 
     Returns:
         int64 [n, height, width]: ``out[o, y, x]`` = sum of the weights of owner o's
         rectangles that cover (y, x).
     """
-    return call("rect_fill", rects, owner, weights, n, height, width)
+    return call("rect_fill", rects, owner, weights, n, height, width, check_indices)
 
 
 def mask_apply(

@@ -208,7 +208,7 @@ def _sample_rect_fill(device: torch.device, g: torch.Generator) -> list[list]:
 
 
 @pure_op("rect_fill", _sample_rect_fill)
-def rect_fill(rects, owner, weights, n: int, height: int, width: int) -> torch.Tensor:
+def rect_fill(rects, owner, weights, n: int, height: int, width: int, check_indices: bool = True) -> torch.Tensor:
     """int64 [n, height, width]: out[o, y, x] = sum of weights of owner o's rectangles covering (y, x).
 
     rects int64 [R, 4] (y0, x0, y1, x1) half-open, clipped to the image; owner, weights int64 [R].
@@ -222,7 +222,8 @@ def rect_fill(rects, owner, weights, n: int, height: int, width: int) -> torch.T
     _check(n >= 0 and height >= 0 and width >= 0, "rect_fill: n, height and width must be >= 0")
     _check(owner.device == rects.device and weights.device == rects.device,
            "rect_fill: all tensors must be on one device")
-    check_ranges("rect_fill", [(owner, 0, n, "owner")])
+    if check_indices:
+        check_ranges("rect_fill", [(owner, 0, n, "owner")])
     diff = torch.zeros(n, height + 1, width + 1, dtype=torch.int64, device=rects.device)
     y0, x0, y1, x1 = (rects[:, k].clamp(0, lim) for k, lim in enumerate((height, width, height, width)))
     ok = (y0 < y1) & (x0 < x1)

@@ -864,10 +864,10 @@ def test_auto_reads_once_to_start_and_once_per_iteration(monkeypatch):
 @pytest.mark.parametrize("monotone", [False, True])
 def test_descents_wait_for_the_device_only_in_to_host_and_the_ops_checks(monkeypatch, device, monotone):
     """On CUDA, with torch.cuda.set_sync_debug_mode("error"), any call that waits for the GPU raises, except the
-    reads through to_host and the per-call index checks of the rect_fill and mask_apply ops: random descents of 3
-    images x 4 iterations run through, with the maps and queries of the CPU. Per chunk of mutants, one painting
-    and one mask_apply; one more painting for the maps; reads at most 3 per level (depth 10), far fewer than
-    the mutants."""
+    reads through to_host and the per-call index checks of mask_apply: random descents of 3 images x 4 iterations
+    run through, with the maps and queries of the CPU. The paintings (rect_fill) check their owners on the host,
+    where they are made, and wait for nothing; reads at most 3 per level (depth 10), far fewer than the
+    mutants."""
     model = PatchReader(slice(3, 9), slice(2, 7), need=0.4).eval()
     x = torch.ones(3, 1, 12, 12, dtype=torch.float64)
     present = torch.ones(3, 144, dtype=torch.bool)
@@ -881,5 +881,23 @@ def test_descents_wait_for_the_device_only_in_to_host_and_the_ops_checks(monkeyp
     assert maps.device.type == device and queries == want_q
     torch.testing.assert_close(maps.cpu(), want, rtol=0, atol=1e-12)
     assert 0 < calls.count("to_host") <= (3 if monotone else 1) * 10 < sum(queries)
-    assert calls.count("rect_fill") == calls.count("mask_apply") + 1 and calls.count("mask_apply") >= 1
-    assert set(calls) == {"to_host", "rect_fill", "mask_apply"}
+    assert calls.count("mask_apply") >= 1
+    assert set(calls) == {"to_host", "mask_apply"}
+
+
+@pytest.mark.parametrize("owner", [[0, 3], [-1, 0]])
+def test_paintings_check_their_owners_on_the_host(owner):
+    """The paintings skip rect_fill's own owner check: _rect_cover checks the owners where it groups them, with
+    the op's error, so a bad owner still never reaches the kernel."""
+    from overinterp_fast.methods.responsibility import _rect_cover
+    from overinterp_fast.runtime.batching import ChunkRunner
+
+    runner = ChunkRunner(4, torch.device("cpu"))
+    bad = min(owner) if min(owner) < 0 else max(owner)
+    with pytest.raises(RuntimeError, match=rf"rect_fill: owner {bad} out of range \[0, 3\)"):
+        _rect_cover(runner, [(0, 0, 1, 1), (1, 1, 2, 2)], owner, None, 3, 4, 4, torch.device("cpu"),
+                    lambda sl, cover: cover)
+    got = _rect_cover(runner, [(0, 0, 1, 1), (1, 1, 2, 2)], [2, 0], None, 3, 4, 4, torch.device("cpu"),
+                      lambda sl, cover: cover)
+    maps = torch.cat(got)
+    assert maps.shape == (3, 4, 4) and maps[2, 0, 0] == 1 and maps[0, 1, 1] == 1 and int(maps.sum()) == 2

@@ -225,6 +225,15 @@ def test_rect_fill_checks_owner_even_when_nothing_is_painted(impl):
     assert torch.equal(f(empty, z, z, 2, 3, 4), torch.zeros(2, 3, 4, dtype=torch.int64))
 
 
+def test_rect_fill_check_indices_false_skips_only_the_owner_check(impl):
+    """check_indices=False (the responsibility paintings, whose owners are checked on the host where they are
+    made) paints the same maps as the painting reference."""
+    for case in PURE_OPS["rect_fill"].sample(torch.device("cpu"), torch.Generator().manual_seed(3)):
+        assert torch.equal(impl("rect_fill")(*case, False), rect_fill_ref(*case))
+    with pytest.raises(RuntimeError, match=r"rect_fill: owner 1 out of range \[0, 1\)"):
+        impl("rect_fill")(torch.tensor([[0, 0, 1, 1]]), torch.tensor([1]), torch.tensor([1]), 1, 3, 3)
+
+
 def test_opcheck_mask_apply():
     for per_image in (False, True):
         args = random_case(per_image_baseline=per_image)
@@ -692,6 +701,8 @@ def test_opcheck_with_check_indices_off():
     stored, image, patch, po, valid, ro, h, w = patch_gather_case()
     torch.library.opcheck(torch.ops.overinterp_fast.patch_gather.default,
                           (stored, image, patch, po, valid, ro, h, w, 0.0, False))
+    for case in PURE_OPS["rect_fill"].sample(torch.device("cpu"), torch.Generator().manual_seed(0)):
+        torch.library.opcheck(torch.ops.overinterp_fast.rect_fill.default, (*case, False))
 
 
 def test_patch_gather_check_indices_false_skips_only_the_range_check(impl):
