@@ -288,11 +288,11 @@ def test_rect_fill_is_chunked_under_the_out_of_memory_back_off(monkeypatch):
     real = _ops.rect_fill
     sizes = []
 
-    def small_only(rects, owner, weights, n, h, w):
+    def small_only(rects, owner, weights, n, h, w, check_indices=True):
         sizes.append(n)
         if n > 3:
             raise torch.OutOfMemoryError("planted")
-        return real(rects, owner, weights, n, h, w)
+        return real(rects, owner, weights, n, h, w, check_indices)
 
     monkeypatch.setattr(_ops, "rect_fill", small_only)
     with warnings.catch_warnings(record=True) as caught:
