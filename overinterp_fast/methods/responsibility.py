@@ -47,6 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
+from ..ops.pure import check_ranges
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.inputs import Prepared
 from ..runtime.schedule import upload
@@ -131,11 +132,9 @@ def _rect_cover(runner, rects, owner, weight, m: int, h: int, w: int, dev: torch
     if isinstance(owner, torch.Tensor):
         (owner,) = to_host(owner, label="rectangle owners")
     owner_np = np.asarray(owner, dtype=np.int64).reshape(-1)
-    # checked here, on the host, where the chunks' owners are made: rect_fill then skips its own check (a device
+    # the op's own check, here on the host where the chunks' owners are made: rect_fill then skips it (a device
     # synchronisation per chunk on CUDA)
-    if owner_np.size and (owner_np.min() < 0 or owner_np.max() >= m):
-        bad = int(owner_np.min()) if owner_np.min() < 0 else int(owner_np.max())
-        raise RuntimeError(f"rect_fill: owner {bad} out of range [0, {m})")
+    check_ranges("rect_fill", [(torch.from_numpy(owner_np), 0, m, "owner")])
     by_owner = np.argsort(owner_np, kind="stable")
     starts = np.searchsorted(owner_np[by_owner], np.arange(m + 1)).tolist()
     weight_np = np.ones(len(owner_np), np.int64) if weight is None else np.asarray(weight, np.int64)[by_owner]

@@ -261,12 +261,11 @@ def measure(
     Returns {size: seconds per call}.
     """
     sizes = sorted(sizes)
-    # the size measured whatever the budget, after the first: the largest at most half of the first one
-    first = sizes[0] if start is None else next((b for b in sizes if b >= start), sizes[-1])
-    half = max((b for b in sizes if 2 * b <= first), default=None)
     if start is not None:
         k = next((i for i, b in enumerate(sizes) if b >= start), len(sizes) - 1)
         sizes = sizes[k:] + sizes[:k][::-1]
+    # the size measured whatever the budget, after the first: the largest at most half of the first one
+    half = max((b for b in sizes if 2 * b <= sizes[0]), default=None) if sizes else None
     t_start = timer()
     times: dict[int, float] = {}
     budget = budget_s

@@ -903,7 +903,7 @@ class IncrementalEvaluator:
         if starts is not None:
             if len(starts) == 0:
                 return
-            (stale,) = upload(image.device, sorted(set(starts)))
+            (stale,) = upload(image.device, starts)
             count = stale.shape[0]
         else:
             imgs = torch.unique(image)
@@ -921,8 +921,8 @@ class IncrementalEvaluator:
                  feature: torch.Tensor, starts: Sequence[int] | None = None) -> torch.Tensor:
         """f of each candidate, float64 [B]; ``row`` must equal ``image`` (one present row per image).
 
-        ``starts`` (host ints), from the exact loop: the images whose ``present`` row changed since they were last
-        scored (their step or round begins in this call). With it, nothing is read from the device and the indices
+        ``starts`` (distinct host ints), from the exact loop: the images whose ``present`` row changed since they
+        were last scored (their step or round begins in this call). With it, nothing is read from the device and the indices
         are not checked again (the loop checked them where it made them); without it, the changed images are
         found on the device and the indices checked, each costing a device read.
         """

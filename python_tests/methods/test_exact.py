@@ -506,13 +506,16 @@ class _SyncingOps(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _reads(monkeypatch, x, weights, batch_size):
-    """(host reads, ops that would wait for a GPU inside the steps, rounds, backward-selection steps, results) of
-    one exact_sis collection."""
+def _watch_steps(monkeypatch, check_evaluator=None) -> list[str]:
+    """From now on in the test, every exact-loop step runs under :class:`_SyncingOps` (except where rounds end or
+    start: the loop reads there through to_host and works on the host); ``check_evaluator(evaluator)`` runs first
+    in each step. Returns the list of syncing ops seen inside the steps."""
     seen, paused = [], []
     step = exact._ExactRun.step
 
     def watched(self, evaluator, batch):
+        if check_evaluator is not None:
+            check_evaluator(evaluator)
         with _SyncingOps(seen, paused):
             return step(self, evaluator, batch)
 
@@ -528,6 +531,13 @@ def _reads(monkeypatch, x, weights, batch_size):
     monkeypatch.setattr(exact._ExactRun, "step", watched)
     monkeypatch.setattr(exact._ExactRun, "finish_rounds", boundary(exact._ExactRun.finish_rounds))
     monkeypatch.setattr(exact._ExactRun, "start_rounds", boundary(exact._ExactRun.start_rounds))
+    return seen
+
+
+def _reads(monkeypatch, x, weights, batch_size):
+    """(host reads, ops that would wait for a GPU inside the steps, rounds, backward-selection steps, results) of
+    one exact_sis collection."""
+    seen = _watch_steps(monkeypatch)
     with of.runtime.sync.counting() as reads:
         res, _ = run(Dyadic(weights), x, [0.375, 0.8, 0.5], True, batch_size, monkeypatch)
     done = [s for r in res for s in (r.collection or [r])]  # every round run
@@ -558,26 +568,10 @@ def test_host_reads_per_round_not_per_step(monkeypatch, batch_size):
 def _incremental_reads(monkeypatch, model, x, threshold, batch_size, collection=True):
     """(host reads by label, ops that would wait for a GPU inside the steps, results) of fast_sis with
     incremental=True: the evaluator is incremental inference, whose base runs the loop schedules from the host."""
-    seen, paused = [], []
-    step = exact._ExactRun.step
+    def incremental(evaluator):  # the incremental evaluator, not the dense one
+        assert getattr(evaluator, "takes_starts", False)
 
-    def watched(self, evaluator, batch):
-        assert getattr(evaluator, "takes_starts", False)  # the incremental evaluator, not the dense one
-        with _SyncingOps(seen, paused):
-            return step(self, evaluator, batch)
-
-    def boundary(method):
-        def call(self, ids):
-            paused.append(1)
-            try:
-                return method(self, ids)
-            finally:
-                paused.pop()
-        return call
-
-    monkeypatch.setattr(exact._ExactRun, "step", watched)
-    monkeypatch.setattr(exact._ExactRun, "finish_rounds", boundary(exact._ExactRun.finish_rounds))
-    monkeypatch.setattr(exact._ExactRun, "start_rounds", boundary(exact._ExactRun.start_rounds))
+    seen = _watch_steps(monkeypatch, incremental)
     with of.runtime.sync.counting() as reads:
         res = of.fast_sis(model, x, threshold, batch_size=batch_size, engine="torch", collection=collection,
                           options=of.ExactOptions(incremental=True))
