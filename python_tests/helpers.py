@@ -310,7 +310,8 @@ class RuleEvaluator:
         self.margins = margins
         self.seen: list[tuple[int, int]] = []
         self.sets: list[tuple[int, list[int]]] = []
-        self.prep = SimpleNamespace(images=torch.zeros(1, device=device))
+        # any image and feature id passes the callers' index checks (check_candidates); only the device is read
+        self.prep = SimpleNamespace(images=torch.zeros(1, device=device).expand(1 << 30), num_features=1 << 30)
         self.runner = SimpleNamespace(chunk=None)  # read by nothing here; wrappers must pass it on
         self.fn = SimpleNamespace(score_top1_margin="score_top1_margin")
 
@@ -320,7 +321,7 @@ class RuleEvaluator:
         other.seen, other.sets, other.prep = self.seen, self.sets, self.prep
         return other
 
-    def __call__(self, present, image, row, feature):
+    def __call__(self, present, image, row, feature, check_indices=None):
         assert present.dtype == torch.bool and present.dim() == 2, "mask_apply takes bool [R, p] rows"
         f, t, m = [], [], []
         for i, r, drop in zip(image.tolist(), row.tolist(), feature.tolist()):
@@ -414,15 +415,17 @@ def assert_one_minimal(model, image, mask, target):
 
 def strict_sync(monkeypatch, device) -> list[str]:
     """From now on in the test, the ways the library may make the host wait for a CUDA ``device`` are let
-    through and listed: ``runtime.sync.to_host`` (the counted reads, wherever a module imported it) and the
+    through and listed: ``runtime.sync.to_host`` (the counted reads, wherever a module imported it), the
     ``rect_fill`` and ``mask_apply`` ops called with their index checks on (``check_indices=True``: one wait per
-    call; calls with the checks off are neither listed nor let through). Returns the list of those calls by name
-    ("to_host", "rect_fill", "mask_apply"), in order. With :func:`sync_errors` around a block, any other
-    synchronising call there raises. On the CPU the calls are listed all the same."""
+    call; calls with the checks off are neither listed nor let through), and ``runtime.batching.check_candidates``
+    called on tensors (one wait; on host lists and arrays it waits for nothing and is not listed). Returns the
+    list of those calls by name ("to_host", "rect_fill", "mask_apply", "check_candidates"), in order. With
+    :func:`sync_errors` around a block, any other synchronising call there raises. On the CPU the calls are
+    listed all the same."""
     import sys
 
     from overinterp_fast.ops import kernels
-    from overinterp_fast.runtime import sync
+    from overinterp_fast.runtime import batching, sync
 
     calls: list[str] = []
     cuda = torch.device(device).type == "cuda"
@@ -435,6 +438,8 @@ def strict_sync(monkeypatch, device) -> list[str]:
                 k = check_arg[name]
                 if not kwargs.get("check_indices", args[k] if len(args) > k else True):
                     return fn(*args, **kwargs)  # no check, no wait: not let through
+            if name == "check_candidates" and not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
+                return fn(*args, **kwargs)  # host values: no wait, not let through
             calls.append(name)
             if not cuda:
                 return fn(*args, **kwargs)
@@ -446,11 +451,12 @@ def strict_sync(monkeypatch, device) -> list[str]:
                 torch.cuda.set_sync_debug_mode(mode)
         return run
 
-    to_host = sync.to_host
-    reads = let_through("to_host", to_host)
-    for name, module in list(sys.modules.items()):
-        if name.startswith("overinterp_fast.") and getattr(module, "to_host", None) is to_host:
-            monkeypatch.setattr(module, "to_host", reads)
+    for fn_name, owner in (("to_host", sync), ("check_candidates", batching)):
+        fn = getattr(owner, fn_name)
+        wrapped = let_through(fn_name, fn)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("overinterp_fast.") and getattr(module, fn_name, None) is fn:
+                monkeypatch.setattr(module, fn_name, wrapped)
     for op in ("rect_fill", "mask_apply"):
         monkeypatch.setattr(kernels, op, let_through(op, getattr(kernels, op)))
     return calls

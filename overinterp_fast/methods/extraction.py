@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..runtime.batching import CandidateEvaluator
+from ..runtime.batching import CandidateEvaluator, check_candidates
 from .blocks import block_positions, scan_sizes
 from ..runtime.inputs import Prepared
 from .guided import guided_first_prefix
@@ -34,11 +34,11 @@ class CountingEvaluator:
         self.n = n
         self._tally: torch.Tensor | None = None  # int64 [n] on the candidates' device, from the first call
 
-    def __call__(self, present, image, row, feature):
+    def __call__(self, present, image, row, feature, **kw):
         if self._tally is None:
             self._tally = torch.zeros(self.n, dtype=torch.int64, device=image.device)
         self._tally.index_add_(0, image, torch.ones_like(image))  # (bincount would read its size from the device)
-        return self.evaluator(present, image, row, feature)
+        return self.evaluator(present, image, row, feature, **kw)
 
     @property
     def counts(self) -> list[int]:
@@ -302,8 +302,9 @@ def _still_passing(evaluator, present: torch.Tensor, nxt: list[int], passes, rou
     """The images of ``nxt`` whose features still ``present`` pass (their next round's f goes to ``round_score``)."""
     if not nxt:
         return []
+    check_candidates(evaluator.prep, nxt, nxt, rows=present.shape[0])  # on the host: no device wait
     (rows,) = upload(present.device, nxt)
-    f, top1 = to_host(*evaluator(present, rows, rows, torch.full_like(rows, -1)), label="rest")
+    f, top1 = to_host(*evaluator(present, rows, rows, torch.full_like(rows, -1), check_indices=False), label="rest")
     still = []
     for i, fi, ti in zip(nxt, f.tolist(), top1.tolist()):
         if passes(i, fi, ti):
@@ -342,12 +343,13 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     p = pos.shape[1]
     sets = torch.zeros((len(todo), p), dtype=torch.bool, device=dev)
     members = [refined[r][0] for r in todo]  # int64 [k] CPU, each set's features
+    check_candidates(verifier.prep, [active[r] for r in todo])  # on the host: no device wait
     img, row, feat = upload(dev, [active[r] for r in todo],
                             np.repeat(np.arange(len(todo)), [m.numel() for m in members]),
                             torch.cat(members))  # one host-to-device copy
     sets[row, feat] = True
-    f, top1 = to_host(*verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1)),
-                      label="verified sets")
+    f, top1 = to_host(*verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1),
+                               check_indices=False), label="verified sets")
     out = list(refined)
     again = []
     for j, (r, fj, tj) in enumerate(zip(todo, f.tolist(), top1.tolist())):

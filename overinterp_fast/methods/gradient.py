@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..runtime.batching import CandidateEvaluator, ChunkRunner
+from ..runtime.batching import CandidateEvaluator, ChunkRunner, check_candidates
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores, model_memory_format
 from ..runtime.schedule import upload
@@ -400,10 +400,11 @@ def gradient_sis(
                 candidates.append(i)
         active = []
         if candidates:  # f of each input with its SIS masked decides whether another round runs
+            check_candidates(evaluator.prep, candidates, candidates, rows=present.shape[0])  # host: no device wait
             rows, r, c = upload(dev, candidates, drop_rows, drop_features)
             present.index_put_((r, c), torch.zeros((), dtype=torch.bool, device=dev))  # mask each SIS
             with torch.no_grad():
-                f, _ = evaluator(present, rows, rows, torch.full_like(rows, -1))
+                f, _ = evaluator(present, rows, rows, torch.full_like(rows, -1), check_indices=False)
             f, finite = to_host(f, torch.isfinite(f).all(), label="rest")
             check_finite_scores(finite)
             for i, s in zip(candidates, f.tolist()):

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime.batching import CandidateEvaluator
+from ..runtime.batching import CandidateEvaluator, check_candidates
 from ..runtime.model import check_finite_scores
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
@@ -88,11 +88,12 @@ def prune_to_minimal(
         if not plan:
             break
         base, (clear_at, clear_feat), img, prow, feat = _round_candidates(plan, images)
+        check_candidates(evaluator.prep, img, prow, feat, len(base))  # on the host: no device wait
         base_t, clear_at_t, clear_feat_t, img_t, prow_t, feat_t = upload(dev, base, clear_at, clear_feat, img, prow,
                                                                           feat)  # one host-to-device copy
         present = cur[base_t]
         present[clear_at_t, clear_feat_t] = False
-        f, top1 = evaluator(present, img_t, prow_t, feat_t)
+        f, top1 = evaluator(present, img_t, prow_t, feat_t, check_indices=False)
         f, top1, finite = to_host(f, top1, torch.isfinite(f).all(), label="pruning")  # the round's one read
         check_finite_scores(finite)
         at, gone = _apply_round(plan, rows, f.tolist(), top1.tolist(), passes, wmax)

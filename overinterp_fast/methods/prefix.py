@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime.batching import CandidateEvaluator
+from ..runtime.batching import CandidateEvaluator, check_candidates
 from ..runtime.model import check_finite_scores
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
@@ -29,9 +29,12 @@ def evaluate_prefixes(evaluator, pos: torch.Tensor, images: list[int], rows: lis
     ``images[rows[c]]``) in one call of ``evaluator``; its measure's output (f float64 [C] first, checked finite),
     read to the host in one transfer (:func:`~overinterp_fast.runtime.sync.to_host`)."""
     dev = pos.device
-    rows_t, sizes_t, img_t = upload(dev, rows, sizes, [images[r] for r in rows])  # one host-to-device copy
+    img = [images[r] for r in rows]
+    check_candidates(evaluator.prep, img)  # on the host: no device wait (rows 0..C-1, no feature dropped)
+    rows_t, sizes_t, img_t = upload(dev, rows, sizes, img)  # one host-to-device copy
     present = pos[rows_t] < sizes_t.view(-1, 1)  # [C, p]
-    out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1))
+    out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1),
+                    check_indices=False)
     *out, finite = to_host(*out, torch.isfinite(out[0]).all(), label="prefixes")
     check_finite_scores(finite)
     return tuple(out)

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
 from ..ops.pure import check_ranges
-from ..runtime.batching import CandidateEvaluator
+from ..runtime.batching import CandidateEvaluator, check_candidates
 from ..runtime.inputs import Prepared
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
@@ -161,7 +161,8 @@ class MutantCache:
 
     Shared by all levels and iterations of one ranking (one set of pixels allowed):
     a mutant that shows the same rectangles of the same image is the same input.
-    ``hits``: mutants found here instead of scored; ``level_queries[l]``: the mutants the model scored at
+    ``hits``: mutants not scored on their own: found here, or the same input as a mutant scored in their round;
+    ``level_queries[l]``: the mutants the model scored at
     level l of the descents (0: the whole image split once), all images and iterations together;
     ``guessed``: the keys whose answer came from a surrogate (:mod:`overinterp_fast.experimental.surrogate`), not the model.
     """
@@ -174,18 +175,23 @@ class MutantCache:
 
 
 def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Tensor, present: torch.Tensor,
-                  h: int, w: int) -> torch.Tensor:
+                  h: int, w: int, checked: bool = False) -> torch.Tensor:
     """Score m mutants on ``evaluator`` by painting them: rectangles ``rects`` (int64 [R, 4] or a list of
     4-tuples) of mutant ``owner`` (int64 [R] in [0, m), or a list of R ints) of images ``images`` (int64 [m]),
     each keeping the pixels its rectangles cover that are ``present`` (bool [N, H*W]). Returns float64 [m, 3] on
     the images' device: f, top-1 is the target (0 or 1), pixels kept. Masks are painted and scored on the
-    device, chunk by chunk (:func:`_rect_cover`); with host lists nothing is read back."""
+    device, chunk by chunk (:func:`_rect_cover`); with host lists and ``checked`` images (their range checked on
+    the host, :func:`~overinterp_fast.runtime.batching.check_candidates`) nothing is read back, else the images
+    are checked once here."""
     dev = images.device
+    if not checked:
+        check_candidates(evaluator.prep, images)  # once, not per chunk
 
     def score(sl: slice, cover: torch.Tensor):
         img = images[sl]
         keep = (cover.view(-1, h * w) > 0) & present[img]
-        f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1))
+        f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1),
+                            check_indices=False)
         return torch.stack([f.double(), top1.double(), keep.sum(1).double()], 1)
 
     m = images.shape[0]
@@ -230,8 +236,9 @@ def _score_keys(evaluator: CandidateEvaluator, rects: list, owner: list, evals: 
         img_all, rect_t, owner_t = upload(dev, evals, rects, owner)  # one host-to-device copy
         scored = score_rectangles(rect_t.view(-1, 4), owner_t, img_all, present)
     else:  # score_painted uploads the rectangles itself (_rect_cover)
+        check_candidates(evaluator.prep, evals)  # on the host: no device wait
         (img_all,) = upload(dev, evals)
-        scored = score_painted(evaluator, rects, owner, img_all, present, h, w)
+        scored = score_painted(evaluator, rects, owner, img_all, present, h, w, checked=True)
     (scored,) = to_host(scored, label="mutants")  # the round's one read
     for key, row in zip(keys, scored.tolist()):
         cache.scores[key] = (row[0], bool(row[1]), int(row[2]))
@@ -358,9 +365,9 @@ class _DescentRun:
                 kept = [quads[c] for c in SUBSETS[k]]
                 shown = sorted({r for r in kept + static if _area(r) > 0})
                 key = (d.image, *shown)
-                if key in cache.scores:
+                if key in cache.scores or key in new:  # answered already, or by the same input's pass
                     cache.hits += 1
-                elif key not in new:
+                else:
                     new.add(key)
                     keys.append(key)
                     evals.append(d.image)
@@ -503,13 +510,17 @@ def auto_responsibility(
 ) -> tuple[torch.Tensor, list[int], AutoInfo]:
     """Responsibility with as many iterations as each image needs: (float64 [N, H, W], queries, AutoInfo).
 
-    Iteration t (seed + t, as in :func:`compute_responsibility`) runs for the images not yet
-    settled, all in one batched descent, with one mutant cache for all levels and iterations.
-    After every iteration, the K = ceil(``top_fraction`` x allowed pixels) top-ranked pixels are
-    compared with those of the iteration before (no query); an image stops after iteration
-    t >= ``min_iterations`` once their Dice has been at least ``min_dice`` for ``patience``
-    iterations in a row, or after ``max_iterations``. ``monotone``: see :func:`descend`.
-    ``cache``: the mutant cache to use (None: a new one).
+    Iteration t of an image is its descent seeded seed + t (as in :func:`compute_responsibility`), with one
+    mutant cache for all levels and iterations. After every iteration, the K = ceil(``top_fraction`` x allowed
+    pixels) top-ranked pixels are compared with those of the iteration before (no query); an image stops after
+    iteration t >= ``min_iterations`` once their Dice has been at least ``min_dice`` for ``patience`` iterations
+    in a row, or after ``max_iterations``. ``monotone``: see :func:`descend`. ``cache``: the mutant cache to use
+    (None: a new one).
+
+    The iterations an image must run whatever their Dice (the first ``max(min_iterations, patience + 1)``, then
+    ``patience`` minus its calm iterations so far) run together, those of all images in one batched descent
+    (:func:`_auto_block`): the stops, maps and queries of one iteration at a time, in a few rounds of
+    ``depth`` levels. Host reads: the allowed pixels once, then the Dice of a block once.
     """
     n, _, h, w = prep.images.shape
     dev = prep.images.device
@@ -523,30 +534,75 @@ def auto_responsibility(
     size = [max(1, math.ceil(c * top_fraction)) for c in allowed.tolist()]
     bar = tqdm(total=max_iterations, unit="iteration", desc="responsibility",
                disable=None if progress is None else not progress)
-    for t in range(max_iterations):
-        if not active:
-            break
-        # no bar per descent: the bar of iterations above stands for them (progress=False silences both)
-        logs, q = descend(evaluator, prep, present, passes, [(i, seed + t) for i in active], depth, min_box, cache,
-                          progress=False, monotone=monotone)
-        rows, k = upload(dev, active, [size[i] for i in active])
-        total.index_add_(0, rows, logs)
-        for i in active:
-            queries[i] += q[i]
-            runs[i] += 1
-        bar.update(1)
-        top = ranking_positions(total[rows].view(len(active), -1), present[rows]) < k.view(-1, 1)
-        (dice,) = to_host(_dice(top, last[rows]), label="auto stop")  # the iteration's one read
-        last[rows] = top
+    while active:
+        # iterations that cannot stop the image: calm grows by at most one per iteration, and not at its first
+        need = {i: min(max_iterations - runs[i],
+                       max(min_iterations - runs[i], patience - calm[i] + (runs[i] == 0), 1)) for i in active}
+        dice = {}
+        for group in _auto_groups(active, need, h * w):
+            dice.update(_auto_block(evaluator, prep, present, passes, group, need, runs, seed, depth, min_box,
+                                    cache, monotone, total, last, size, queries))
         still = []
-        for i, d in zip(active, dice.tolist()):
-            if t > 0:  # an image runs from iteration 0 until it stops: t > 0 has an iteration before
-                calm[i] = calm[i] + 1 if d >= min_dice else 0
-            if t + 1 < min_iterations or calm[i] < patience:
+        for i in active:
+            for j, d in enumerate(dice[i]):
+                if runs[i] + j > 0:  # an image runs from iteration 0 on: later ones have an iteration before
+                    calm[i] = calm[i] + 1 if d >= min_dice else 0
+            runs[i] += need[i]
+            if runs[i] < max_iterations and (runs[i] < min_iterations or calm[i] < patience):
                 still.append(i)
         active = still
+        bar.update(max(runs) - bar.n)
     bar.close()
     return total, queries, AutoInfo(runs, cache.hits)
+
+
+AUTO_BLOCK_BYTES = 1 << 28  # iterations="auto": the log maps of one batched descent stay under this (float64)
+
+
+def _auto_groups(active: list[int], need: dict[int, int], pixels: int) -> list[list[int]]:
+    """``active`` in groups whose descents' log maps (``need[i]`` maps of ``pixels`` float64 per image) fit in
+    AUTO_BLOCK_BYTES (at least one image per group)."""
+    groups, cur, used = [], [], 0
+    for i in active:
+        cost = need[i] * pixels * 8
+        if cur and used + cost > AUTO_BLOCK_BYTES:
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += cost
+    return groups + [cur] if cur else groups
+
+
+def _auto_block(evaluator, prep: Prepared, present: torch.Tensor, passes, group: list[int], need: dict[int, int],
+                runs: list[int], seed: int, depth: int, min_box: int, cache: MutantCache, monotone: bool,
+                total: torch.Tensor, last: torch.Tensor, size: list[int], queries: list[int]) -> dict[int, list[float]]:
+    """The next ``need[i]`` iterations of the images of ``group`` in one batched descent: their log maps added
+    into ``total`` (float64 [N, H, W]) iteration by iteration, in order, as one iteration at a time would;
+    ``last`` (bool [N, H*W]) and ``queries`` follow. Returns each image's Dice after each of its new iterations
+    (one read for the block)."""
+    dev = total.device
+    descents = [(i, seed + runs[i] + j) for i in group for j in range(need[i])]
+    logs, q = descend(evaluator, prep, present, passes, descents, depth, min_box, cache, progress=False,
+                      monotone=monotone)
+    for i in group:
+        queries[i] += q[i]
+    at = np.cumsum([0] + [need[i] for i in group[:-1]])  # each image's first descent in ``descents``
+    dice = []
+    for j in range(max(need[i] for i in group)):  # iteration by iteration: the images still in the block
+        mine = [(i, a) for i, a in zip(group, at.tolist()) if j < need[i]]
+        rows, pick, k = upload(dev, [i for i, _ in mine], [a + j for _, a in mine], [size[i] for i, _ in mine])
+        total.index_add_(0, rows, logs[pick])
+        top = ranking_positions(total[rows].view(len(mine), -1), present[rows]) < k.view(-1, 1)
+        dice.append(_dice(top, last[rows]))
+        last[rows] = top
+    (flat,) = to_host(torch.cat(dice), label="auto stop")  # the block's one read
+    values = iter(flat.tolist())
+    out: dict[int, list[float]] = {i: [] for i in group}
+    for j in range(len(dice)):
+        for i in group:
+            if j < need[i]:
+                out[i].append(next(values))
+    return out
 
 
 @dataclass(frozen=True)

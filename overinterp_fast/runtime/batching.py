@@ -6,9 +6,11 @@ import functools
 import warnings
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..ops import kernels as _ops
+from ..ops.pure import check_ranges
 from .inputs import Prepared
 from .model import ModelFn
 
@@ -122,13 +124,31 @@ class ChunkRunner:
         return torch.cat(parts)
 
 
+def check_candidates(prep: Prepared, image, row=None, feature=None, rows: int = 0) -> None:
+    """``mask_apply``'s index check of candidates, with its error: ``image`` in [0, N), ``row`` in [0, ``rows``),
+    ``feature`` in [-1, p) (each int64 [B]: a tensor, an array or a list; None: not checked).
+
+    On host values nothing waits for the device: the batch loops build their indices on the host, check them
+    here before the upload, and call the evaluator with ``check_indices=False``. On a CUDA tensor it is one
+    read.
+    """
+    checks = []
+    for values, hi, lo, what in ((image, prep.images.shape[0], 0, "cand_image"), (row, rows, 0, "cand_row"),
+                                 (feature, prep.num_features, -1, "cand_feature")):
+        if values is not None:
+            t = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, np.int64))
+            checks.append((t.reshape(-1), lo, hi, what))
+    check_ranges("mask_apply", checks)
+
+
 class CandidateEvaluator:
     """Builds candidates with the fused mask-apply kernel and scores them, chunked by a ChunkRunner.
 
     ``measure(x, targets)`` says what is computed per candidate (default: f,
-    float64 [B]; e.g. ``fn.score_and_top1`` for (f, top-1 correct)). ``check_indices=False`` skips the ops'
-    index checks (one device synchronisation per call on CUDA): only for callers whose candidate indices were
-    checked when they were made (the exact SIS step loop).
+    float64 [B]; e.g. ``fn.score_and_top1`` for (f, top-1 correct)). The candidates' indices are checked once
+    per call (one device synchronisation on CUDA), not per chunk. ``check_indices=False``, here or per call,
+    skips that check: only for callers whose indices were checked when they were made (the exact SIS step
+    loop; the loops that build them on the host and pass them through :func:`check_candidates` first).
     """
 
     def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner,
@@ -146,14 +166,19 @@ class CandidateEvaluator:
                                   check_indices=self.check_indices)
 
     def __call__(
-        self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor
+        self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor,
+        check_indices: bool | None = None,
     ) -> torch.Tensor:
-        """``measure`` of each candidate (default f, float64 [B]) on the images' device (see ``_ops.mask_apply``)."""
+        """``measure`` of each candidate (default f, float64 [B]) on the images' device (see ``_ops.mask_apply``).
+
+        ``check_indices``: None for the evaluator's own setting; False only for indices already checked.
+        """
         p = self.prep
+        if self.check_indices if check_indices is None else check_indices:
+            check_candidates(p, image, row, feature, present.shape[0])
 
         def work(sl: slice) -> torch.Tensor:
-            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl],
-                                self.check_indices)
+            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl], False)
             return self.measure(x, self.targets[image[sl]])
 
         return self.runner.run(image.shape[0], work)

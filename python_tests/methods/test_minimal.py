@@ -318,9 +318,9 @@ class Rounds(RuleEvaluator):
         super().__init__(rule)
         self.calls: list[int] = []
 
-    def __call__(self, present, image, row, feature):
+    def __call__(self, present, image, row, feature, **kw):
         self.calls.append(int(image.numel()))
-        return super().__call__(present, image, row, feature)
+        return super().__call__(present, image, row, feature, **kw)
 
 
 def needs(essential):

@@ -580,8 +580,8 @@ def test_descend_by_hand_on_a_4x4_image(monkeypatch, depth, min_box, levels):
 @pytest.mark.timeout(30)
 def test_descend_empty_quadrants_share_passes_and_images_count_their_own_queries(monkeypatch):
     """Image 1 splits at (0, 2): quadrants 0 and 1 are empty, so the 14 mutants show only 4 distinct rectangle
-    sets ({}, {q2}, {q3}, {q2, q3}): 4 queries. Its weights still divide by k counting the empty quadrants.
-    The same descents again with the same cache: no query, every mutant a cache hit."""
+    sets ({}, {q2}, {q3}, {q2, q3}): 4 queries, 10 hits. Its weights still divide by k counting the empty
+    quadrants. The same descents again with the same cache: no query, every mutant a cache hit."""
     _script(monkeypatch, {0: [(2, 2)], 1: [(0, 2)]})
     x = torch.ones(2, 1, 4, 4, dtype=torch.float64)
     present = torch.ones(2, 16, dtype=torch.bool)
@@ -589,10 +589,10 @@ def test_descend_empty_quadrants_share_passes_and_images_count_their_own_queries
         ev, prep = responsibility_evaluator(_Pixels((0, 0)).eval(), x)
         cache = MutantCache()
         logs, queries = descend(ev, prep, present, _top1, [(0, 0), (1, 1)], 1, 4, cache)
-        assert queries == [14, 4] and cache.hits == 0 and len(cache.scores) == 18
+        assert queries == [14, 4] and cache.hits == 10 and len(cache.scores) == 18  # 10 shared passes
         _script(monkeypatch, {0: [(2, 2)], 1: [(0, 2)]})
         again, q2 = descend(ev, prep, present, _top1, [(1, 1), (0, 0)], 1, 4, cache)
-    assert q2 == [0, 0] and cache.hits == 28
+    assert q2 == [0, 0] and cache.hits == 10 + 28
     torch.testing.assert_close(logs[0], _blocks(4, 4, ((0, 0, 4, 4), _REST), ((0, 0, 2, 2), _HALF)), rtol=0, atol=1e-12)
     # columns 0-1 (quadrant 2) are kept by [2], [0,2], [1,2], [0,1,2], [2,3], [0,2,3], [1,2,3]: the same 3.5 and 7/6
     torch.testing.assert_close(logs[1], _blocks(4, 4, ((0, 0, 4, 4), _REST), ((0, 0, 4, 2), _HALF)), rtol=0, atol=1e-12)
@@ -844,19 +844,23 @@ def test_descent_reads_once_per_round_however_many_mutants(monkeypatch, monotone
 
 
 @pytest.mark.timeout(30)
-def test_auto_reads_once_to_start_and_once_per_iteration(monkeypatch):
-    """iterations="auto" with the same splits every iteration (test_auto_stops_at_min_iterations_and_counts_cache_hits):
-    6 iterations. Reads: the allowed pixels once, the Dice of every image once per iteration (6), and the
-    mutants' scores of the 2 levels of the first iteration (the later ones are all cache hits: nothing to read)."""
+@pytest.mark.parametrize("kw, runs, blocks", [({}, 6, 1), ({"min_dice": 1.5}, 20, 8),
+                                              ({"min_dice": 1.5, "patience": 3, "max_iterations": 13}, 13, 4)])
+def test_auto_reads_once_to_start_and_once_per_block(monkeypatch, kw, runs, blocks):
+    """iterations="auto" with the same splits every iteration (test_auto_stops_at_min_iterations_and_counts_cache_hits).
+    The iterations that cannot stop an image run together: the first 6 (min_iterations; patience 2 needs 3), then
+    `patience` at a time while no Dice is calm (min_dice above 1): 6, 8, ..., 20 (8 blocks), or 6, 9, 12, 13 (the
+    last cut at max_iterations). Reads: the allowed pixels once, the Dice of every image once per block, and the
+    mutants' scores of the 2 levels of the first block (the later ones are all cache hits: nothing to read)."""
     _script(monkeypatch, {s: [(2, 2), (1, 1)] for s in range(40, 60)})
     x = torch.ones(2, 1, 4, 4, dtype=torch.float64)
     with torch.inference_mode():
         ev, prep = responsibility_evaluator(_Pixels((0, 0)).eval(), x)
         with sync.counting() as reads:
             _, queries, info = auto_responsibility(ev, prep, torch.ones(2, 16, dtype=torch.bool), _top1, 10, 4, 40,
-                                                   False)
-    assert info.iterations == [6, 6] and queries == [28, 28]
-    assert reads.by_label == {"auto start": 1, "auto stop": 6, "mutants": 2}
+                                                   False, **kw)
+    assert info.iterations == [runs, runs] and queries == [28, 28] and info.cache_hits == 2 * 28 * (runs - 1)
+    assert reads.by_label == {"auto start": 1, "auto stop": blocks, "mutants": 2}
 
 
 @pytest.mark.timeout(120)
@@ -864,10 +868,9 @@ def test_auto_reads_once_to_start_and_once_per_iteration(monkeypatch):
 @pytest.mark.parametrize("monotone", [False, True])
 def test_descents_wait_for_the_device_only_in_to_host_and_the_ops_checks(monkeypatch, device, monotone):
     """On CUDA, with torch.cuda.set_sync_debug_mode("error"), any call that waits for the GPU raises, except the
-    reads through to_host and the per-call index checks of mask_apply: random descents of 3 images x 4 iterations
-    run through, with the maps and queries of the CPU. The paintings (rect_fill) check their owners on the host,
-    where they are made, and wait for nothing; reads at most 3 per level (depth 10), far fewer than the
-    mutants."""
+    reads through to_host: random descents of 3 images x 4 iterations run through, with the maps and queries of
+    the CPU. The paintings (rect_fill) and the candidates (mask_apply) are checked on the host, where they are
+    made, and wait for nothing; reads at most 3 per level (depth 10), far fewer than the mutants."""
     model = PatchReader(slice(3, 9), slice(2, 7), need=0.4).eval()
     x = torch.ones(3, 1, 12, 12, dtype=torch.float64)
     present = torch.ones(3, 144, dtype=torch.bool)
@@ -881,8 +884,7 @@ def test_descents_wait_for_the_device_only_in_to_host_and_the_ops_checks(monkeyp
     assert maps.device.type == device and queries == want_q
     torch.testing.assert_close(maps.cpu(), want, rtol=0, atol=1e-12)
     assert 0 < calls.count("to_host") <= (3 if monotone else 1) * 10 < sum(queries)
-    assert calls.count("mask_apply") >= 1
-    assert set(calls) == {"to_host", "mask_apply"}
+    assert set(calls) == {"to_host"}  # the mutants' images are checked on the host, before their upload
 
 
 @pytest.mark.parametrize("owner", [[0, 3], [-1, 0]])
@@ -901,3 +903,26 @@ def test_paintings_check_their_owners_on_the_host(owner):
                       lambda sl, cover: cover)
     maps = torch.cat(got)
     assert maps.shape == (3, 4, 4) and maps[2, 0, 0] == 1 and maps[0, 1, 1] == 1 and int(maps.sum()) == 2
+
+
+@pytest.mark.parametrize("images", [[0, 2], [-1, 1]])
+def test_mutants_images_are_checked_before_any_painting(images):
+    """The painted mutants' images skip mask_apply's own check: the descent checks them on the host before their
+    upload (_score_keys), score_painted once per call on a tensor, both with the op's error."""
+    from overinterp_fast.methods.responsibility import _score_keys, score_painted
+
+    with torch.inference_mode():
+        ev, prep = responsibility_evaluator(PatchReader(slice(0, 2), slice(0, 2), need=0.5).eval(),
+                                            torch.ones(2, 1, 4, 4, dtype=torch.float64))
+    present = torch.ones(2, 16, dtype=torch.bool)
+    rects, owner = [(0, 0, 2, 2), (1, 1, 3, 3)], [0, 1]
+    bad = min(images) if min(images) < 0 else max(images)
+    message = rf"mask_apply: cand_image {bad} out of range \[0, 2\)"
+    cache = MutantCache()
+    with pytest.raises(RuntimeError, match=message):
+        _score_keys(ev, rects, owner, images, [("a",), ("b",)], present, cache, 4, 4, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match=message):
+        score_painted(ev, rects, owner, torch.tensor(images), present, 4, 4)
+    assert cache.scores == {}
+    _score_keys(ev, rects, owner, [1, 0], [("a",), ("b",)], present, cache, 4, 4, torch.device("cpu"))
+    assert [cache.scores[k][2] for k in (("a",), ("b",))] == [4, 4]  # pixels kept by each mutant

@@ -174,6 +174,52 @@ def test_candidate_evaluator_builds_the_candidates_by_hand():
     assert f.dtype == torch.float64 and f.tolist() == pytest.approx([1 - 0.69, 0.02, 1 - 0.27], abs=1e-12)
 
 
+@pytest.mark.parametrize("bad, message", [
+    ({"image": [0, 2, 1]}, r"mask_apply: cand_image 2 out of range \[0, 2\)"),
+    ({"row": [0, 1, -1]}, r"mask_apply: cand_row -1 out of range \[0, 2\)"),
+    ({"feature": [4, -1, 0]}, r"mask_apply: cand_feature 4 out of range \[-1, 4\)"),
+])
+def test_candidate_evaluator_checks_indices_once_per_call_before_any_chunk(monkeypatch, bad, message):
+    """3 candidates in chunks of 1: one index check for the whole call (a device wait on CUDA), each chunk's
+    mask_apply with its own check off, and a bad index raises the op's error before the first chunk is scored;
+    check_indices=False (per call or on the evaluator) skips it, and check_candidates gives the same error on
+    host lists."""
+    from overinterp_fast.ops import kernels
+    from overinterp_fast.runtime import batching
+
+    images = torch.arange(8, dtype=torch.float64).view(2, 1, 2, 2)
+    prep = prepare(images, mask_value=-1.0)
+    present = torch.ones(2, 4, dtype=torch.bool)
+    checks, op_checks, scored = [], [], []
+    real_check, real_op = batching.check_candidates, kernels.mask_apply
+    monkeypatch.setattr(batching, "check_candidates", lambda *a, **k: (checks.append(1), real_check(*a, **k)))
+    monkeypatch.setattr(kernels, "mask_apply", lambda *a: (op_checks.append(a[7]), real_op(*a))[1])
+
+    def measure(x, targets):
+        scored.append(x.shape[0])
+        return x.flatten(1).sum(1)
+
+    runner = ChunkRunner(1, torch.device("cpu"))
+    ev = CandidateEvaluator(ModelFn(lambda t: t.flatten(1)), prep, torch.tensor([0, 0]), runner, measure=measure)
+    good = {"image": [0, 1, 1], "row": [0, 1, 0], "feature": [-1, 3, 0]}
+    args = [torch.tensor(v) for v in good.values()]
+    out = ev(present, *args)
+    assert out.tolist() == [0 + 1 + 2 + 3, 4 + 5 + 6 - 1, -1 + 5 + 6 + 7]
+    assert checks == [1] and op_checks == [False] * 3 and scored == [1, 1, 1]
+    case = {**good, **bad}
+    with pytest.raises(RuntimeError, match=message):
+        ev(present, *[torch.tensor(v) for v in case.values()])
+    assert checks == [1, 1] and scored == [1, 1, 1]  # nothing of the bad call was scored
+    with pytest.raises(RuntimeError, match=message):
+        batching.check_candidates(prep, case["image"], case["row"], case["feature"], rows=2)
+    checks.clear()
+    assert ev(present, *args, check_indices=False).tolist() == out.tolist() and checks == []
+    unchecked = CandidateEvaluator(ev.fn, prep, ev.targets, ev.runner, measure=measure, check_indices=False)
+    assert unchecked.measuring(measure).check_indices is False
+    assert unchecked(present, *args).tolist() == out.tolist() and checks == []
+    assert unchecked(present, *args, check_indices=True).tolist() == out.tolist() and checks == [1]
+
+
 # ------------------------------------------------------------------ fixed batch shapes
 
 
