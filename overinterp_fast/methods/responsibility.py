@@ -519,29 +519,29 @@ def auto_responsibility(
 
     The iterations an image must run whatever their Dice (the first ``max(min_iterations, patience + 1)``, then
     ``patience`` minus its calm iterations so far) run together, those of all images in one batched descent
-    (:func:`_auto_block`): the stops, maps and queries of one iteration at a time, in a few rounds of
-    ``depth`` levels. Host reads: the allowed pixels once, then the Dice of a block once.
+    (:meth:`_AutoRun.block`; images in groups whose log maps fit ``AUTO_BLOCK_BYTES``): the stops, maps and
+    queries of one iteration at a time, in a few rounds of ``depth`` levels. Host reads: the allowed pixels
+    once, then the Dice of each block and group once.
     """
     n, _, h, w = prep.images.shape
-    dev = prep.images.device
-    total = torch.zeros(n, h, w, dtype=torch.float64, device=dev)
-    queries, runs = [0] * n, [0] * n
-    cache = MutantCache() if cache is None else cache
-    last = torch.zeros_like(present)  # bool [N, H*W]: each image's top pixels after its last iteration
-    calm = [0] * n
     (allowed,) = to_host(present.sum(1), label="auto start")
+    run = _AutoRun(evaluator, prep, present, passes, depth, min_box, seed, monotone,
+                   MutantCache() if cache is None else cache,
+                   total=torch.zeros(n, h, w, dtype=torch.float64, device=prep.images.device),
+                   last=torch.zeros_like(present), size=[max(1, math.ceil(c * top_fraction)) for c in allowed.tolist()],
+                   queries=[0] * n, runs=[0] * n)
+    calm = [0] * n
     active = [i for i, c in enumerate(allowed.tolist()) if c > 0]
-    size = [max(1, math.ceil(c * top_fraction)) for c in allowed.tolist()]
     bar = tqdm(total=max_iterations, unit="iteration", desc="responsibility",
                disable=None if progress is None else not progress)
+    runs = run.runs
     while active:
         # iterations that cannot stop the image: calm grows by at most one per iteration, and not at its first
         need = {i: min(max_iterations - runs[i],
                        max(min_iterations - runs[i], patience - calm[i] + (runs[i] == 0), 1)) for i in active}
         dice = {}
         for group in _auto_groups(active, need, h * w):
-            dice.update(_auto_block(evaluator, prep, present, passes, group, need, runs, seed, depth, min_box,
-                                    cache, monotone, total, last, size, queries))
+            dice.update(run.block(group, need))
         still = []
         for i in active:
             for j, d in enumerate(dice[i]):
@@ -553,7 +553,7 @@ def auto_responsibility(
         active = still
         bar.update(max(runs) - bar.n)
     bar.close()
-    return total, queries, AutoInfo(runs, cache.hits)
+    return run.total, run.queries, AutoInfo(runs, run.cache.hits)
 
 
 AUTO_BLOCK_BYTES = 1 << 28  # iterations="auto": the log maps of one batched descent stay under this (float64)
@@ -573,36 +573,57 @@ def _auto_groups(active: list[int], need: dict[int, int], pixels: int) -> list[l
     return groups + [cur] if cur else groups
 
 
-def _auto_block(evaluator, prep: Prepared, present: torch.Tensor, passes, group: list[int], need: dict[int, int],
-                runs: list[int], seed: int, depth: int, min_box: int, cache: MutantCache, monotone: bool,
-                total: torch.Tensor, last: torch.Tensor, size: list[int], queries: list[int]) -> dict[int, list[float]]:
-    """The next ``need[i]`` iterations of the images of ``group`` in one batched descent: their log maps added
-    into ``total`` (float64 [N, H, W]) iteration by iteration, in order, as one iteration at a time would;
-    ``last`` (bool [N, H*W]) and ``queries`` follow. Returns each image's Dice after each of its new iterations
-    (one read for the block)."""
-    dev = total.device
-    descents = [(i, seed + runs[i] + j) for i in group for j in range(need[i])]
-    logs, q = descend(evaluator, prep, present, passes, descents, depth, min_box, cache, progress=False,
-                      monotone=monotone)
-    for i in group:
-        queries[i] += q[i]
-    at = np.cumsum([0] + [need[i] for i in group[:-1]])  # each image's first descent in ``descents``
-    dice = []
-    for j in range(max(need[i] for i in group)):  # iteration by iteration: the images still in the block
-        mine = [(i, a) for i, a in zip(group, at.tolist()) if j < need[i]]
-        rows, pick, k = upload(dev, [i for i, _ in mine], [a + j for _, a in mine], [size[i] for i, _ in mine])
-        total.index_add_(0, rows, logs[pick])
-        top = ranking_positions(total[rows].view(len(mine), -1), present[rows]) < k.view(-1, 1)
-        dice.append(_dice(top, last[rows]))
-        last[rows] = top
-    (flat,) = to_host(torch.cat(dice), label="auto stop")  # the block's one read
-    values = iter(flat.tolist())
-    out: dict[int, list[float]] = {i: [] for i in group}
-    for j in range(len(dice)):
+@dataclass
+class _AutoRun:
+    """The descents of one :func:`auto_responsibility` call and what they share: the scoring (``evaluator``,
+    ``present``, ``passes``, ``monotone``, the ``cache``), the descent options, and per image the summed log
+    maps (``total`` float64 [N, H, W]), the top pixels after its last iteration (``last`` bool [N, H*W]), how
+    many top pixels it compares (``size``), its queries and its iterations run (``runs``)."""
+
+    evaluator: CandidateEvaluator
+    prep: Prepared
+    present: torch.Tensor
+    passes: Callable
+    depth: int
+    min_box: int
+    seed: int
+    monotone: bool
+    cache: MutantCache
+    total: torch.Tensor
+    last: torch.Tensor
+    size: list[int]
+    queries: list[int]
+    runs: list[int]
+
+    def block(self, group: list[int], need: dict[int, int]) -> dict[int, list[float]]:
+        """The next ``need[i]`` iterations of the images of ``group`` (from iteration ``runs[i]``) in one batched
+        descent: their log maps added into ``total`` iteration by iteration, in order, as one iteration at a
+        time would; ``last`` and ``queries`` follow (``runs`` is the caller's to advance). Returns each image's
+        Dice after each of its new iterations (one read for the block)."""
+        dev = self.total.device
+        descents = [(i, self.seed + self.runs[i] + j) for i in group for j in range(need[i])]
+        logs, q = descend(self.evaluator, self.prep, self.present, self.passes, descents, self.depth, self.min_box,
+                          self.cache, progress=False, monotone=self.monotone)
         for i in group:
-            if j < need[i]:
-                out[i].append(next(values))
-    return out
+            self.queries[i] += q[i]
+        at = np.cumsum([0] + [need[i] for i in group[:-1]]).tolist()  # each image's first descent in ``descents``
+        dice = []
+        for j in range(max(need[i] for i in group)):  # iteration by iteration: the images still in the block
+            mine = [(i, a) for i, a in zip(group, at) if j < need[i]]
+            rows, pick, k = upload(dev, [i for i, _ in mine], [a + j for _, a in mine],
+                                   [self.size[i] for i, _ in mine])
+            self.total.index_add_(0, rows, logs[pick])
+            top = ranking_positions(self.total[rows].view(len(mine), -1), self.present[rows]) < k.view(-1, 1)
+            dice.append(_dice(top, self.last[rows]))
+            self.last[rows] = top
+        (flat,) = to_host(torch.cat(dice), label="auto stop")  # the block's one read
+        values = iter(flat.tolist())
+        out: dict[int, list[float]] = {i: [] for i in group}
+        for j in range(len(dice)):
+            for i in group:
+                if j < need[i]:
+                    out[i].append(next(values))
+        return out
 
 
 @dataclass(frozen=True)

@@ -863,6 +863,49 @@ def test_auto_reads_once_to_start_and_once_per_block(monkeypatch, kw, runs, bloc
     assert reads.by_label == {"auto start": 1, "auto stop": blocks, "mutants": 2}
 
 
+def test_auto_groups_keep_each_block_of_log_maps_under_the_budget(monkeypatch):
+    """Images join a group while its log maps (need x pixels x 8 bytes) fit AUTO_BLOCK_BYTES; an image over it
+    alone still gets a group of its own."""
+    from overinterp_fast.methods import responsibility as resp
+
+    need = {0: 6, 3: 2, 5: 1, 7: 30}  # 480, 160, 80 and 2400 bytes at 10 pixels
+    monkeypatch.setattr(resp, "AUTO_BLOCK_BYTES", 720)
+    assert resp._auto_groups([0, 3, 5, 7], need, 10) == [[0, 3, 5], [7]]  # 720 fits exactly
+    monkeypatch.setattr(resp, "AUTO_BLOCK_BYTES", 719)
+    assert resp._auto_groups([0, 3, 5, 7], need, 10) == [[0, 3], [5], [7]]
+    assert resp._auto_groups([5, 3], need, 10) == [[5, 3]]
+    assert resp._auto_groups([], need, 10) == []
+
+
+@pytest.mark.timeout(60)
+def test_auto_in_groups_equals_auto_in_one_group(monkeypatch):
+    """With a budget too small for any two images' log maps, every image descends in a group of its own: the
+    same maps, queries and stops as all images together, and as each image run alone; one Dice read per block
+    and group, so as many as the single-image runs read together."""
+    from overinterp_fast.methods import responsibility as resp
+
+    model = PatchReader(slice(4, 8), slice(6, 12)).eval()
+    x = 0.5 + torch.rand(3, 3, 12, 16, generator=torch.Generator().manual_seed(2))
+    present = torch.ones(3, 12 * 16, dtype=torch.bool)
+    with torch.inference_mode():
+        ev, prep = responsibility_evaluator(model, x)
+        with sync.counting() as together:
+            want = auto_responsibility(ev, prep, present, _top1, 10, 10, 0, False)
+        monkeypatch.setattr(resp, "AUTO_BLOCK_BYTES", 1)
+        with sync.counting() as apart:
+            got = auto_responsibility(ev, prep, present, _top1, 10, 10, 0, False)
+        alone_reads = 0
+        for i in range(3):
+            ev_i, prep_i = responsibility_evaluator(model, x[i:i + 1])
+            with sync.counting() as reads:
+                maps, q, info = auto_responsibility(ev_i, prep_i, present[i:i + 1], _top1, 10, 10, 0, False)
+            alone_reads += reads.by_label["auto stop"]
+            assert torch.equal(maps[0], want[0][i]) and q == [want[1][i]] and info.iterations == [want[2].iterations[i]]
+    assert torch.equal(got[0], want[0]) and got[1] == want[1] and got[2].iterations == want[2].iterations
+    assert len(set(want[2].iterations)) > 1  # the images stop at different iterations
+    assert apart.by_label["auto stop"] == alone_reads > together.by_label["auto stop"]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 @pytest.mark.parametrize("monotone", [False, True])
