@@ -878,10 +878,12 @@ def test_auto_groups_keep_each_block_of_log_maps_under_the_budget(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_auto_in_groups_equals_auto_in_one_group(monkeypatch):
-    """With a budget too small for any two images' log maps, every image descends in a group of its own: the
-    same maps, queries and stops as all images together, and as each image run alone; one Dice read per block
-    and group, so as many as the single-image runs read together."""
+@pytest.mark.parametrize("budget", [1, 6 * 12 * 16 * 8 - 1])
+def test_auto_in_groups_equals_auto_in_one_group(monkeypatch, budget):
+    """With a budget too small for any two images' log maps (1 byte), or for one image's first six (12 x 16
+    float64 maps, less a byte), images descend in groups of their own: the same maps, queries and stops as
+    all images together, and as each image run alone; one Dice read per block and group, so with 1 byte as
+    many as the single-image runs read together."""
     from overinterp_fast.methods import responsibility as resp
 
     model = PatchReader(slice(4, 8), slice(6, 12)).eval()
@@ -891,7 +893,7 @@ def test_auto_in_groups_equals_auto_in_one_group(monkeypatch):
         ev, prep = responsibility_evaluator(model, x)
         with sync.counting() as together:
             want = auto_responsibility(ev, prep, present, _top1, 10, 10, 0, False)
-        monkeypatch.setattr(resp, "AUTO_BLOCK_BYTES", 1)
+        monkeypatch.setattr(resp, "AUTO_BLOCK_BYTES", budget)
         with sync.counting() as apart:
             got = auto_responsibility(ev, prep, present, _top1, 10, 10, 0, False)
         alone_reads = 0
@@ -903,7 +905,22 @@ def test_auto_in_groups_equals_auto_in_one_group(monkeypatch):
             assert torch.equal(maps[0], want[0][i]) and q == [want[1][i]] and info.iterations == [want[2].iterations[i]]
     assert torch.equal(got[0], want[0]) and got[1] == want[1] and got[2].iterations == want[2].iterations
     assert len(set(want[2].iterations)) > 1  # the images stop at different iterations
-    assert apart.by_label["auto stop"] == alone_reads > together.by_label["auto stop"]
+    assert apart.by_label["auto stop"] > together.by_label["auto stop"] and together.by_label["auto stop"] > 1
+    if budget == 1:
+        assert apart.by_label["auto stop"] == alone_reads
+
+
+@pytest.mark.timeout(30)
+def test_auto_runs_an_image_with_a_single_allowed_pixel(monkeypatch):
+    """An image with one allowed pixel descends (K = 1 top pixel, Dice 1 from the second iteration on: it stops
+    at 6); one with none does not."""
+    _script(monkeypatch, {s: [(2, 2), (1, 1)] for s in range(40, 60)})
+    present = torch.zeros(2, 16, dtype=torch.bool)
+    present[0, 0] = True
+    with torch.inference_mode():
+        ev, prep = responsibility_evaluator(_Pixels((0, 0)).eval(), torch.ones(2, 1, 4, 4, dtype=torch.float64))
+        maps, queries, info = auto_responsibility(ev, prep, present, _top1, 10, 4, 40, False)
+    assert info.iterations == [6, 0] and queries[0] > 0 == queries[1] and maps[0].abs().sum() > 0 == maps[1].abs().sum()
 
 
 @pytest.mark.timeout(120)
