@@ -602,6 +602,7 @@ class _AutoRun:
         Dice after each of its new iterations (one read for the block)."""
         dev = self.total.device
         descents = [(i, self.seed + self.runs[i] + j) for i in group for j in range(need[i])]
+        # no bar per descent: the bar of iterations stands for them (progress=False silences both)
         logs, q = descend(self.evaluator, self.prep, self.present, self.passes, descents, self.depth, self.min_box,
                           self.cache, progress=False, monotone=self.monotone)
         for i in group:

@@ -94,8 +94,9 @@ class ChunkRunner:
         """The shape a forward call of ``rows`` rows is padded to under the current chunk (see :func:`bucket`)."""
         return bucket(rows, self.chunk)
 
-    def run(self, total: int, work: Callable[[slice], torch.Tensor | tuple]) -> torch.Tensor | tuple:
-        """Concatenate ``work(slice)`` over [0, total); work may return a tuple of tensors."""
+    def run(self, total: int, work: Callable[[slice], torch.Tensor | tuple | None]) -> torch.Tensor | tuple | None:
+        """Concatenate ``work(slice)`` over [0, total); work may return a tuple of tensors, or None (work done for
+        its effects: then None)."""
         parts = []
         start = 0
         while start < total:
@@ -117,7 +118,7 @@ class ChunkRunner:
                 continue
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        if len(parts) == 1:
+        if len(parts) == 1 or parts[0] is None:
             return parts[0]
         if isinstance(parts[0], tuple):
             return tuple(torch.cat(col) for col in zip(*parts))

@@ -711,11 +711,15 @@ class IncrementalEngine:
         self.base_scores[rows] = f
 
     # -- candidates
+    def check(self, rows: torch.Tensor, features: torch.Tensor) -> None:
+        """The range check of :meth:`score`'s indices (one device read on CUDA)."""
+        check_ranges("incremental score", [(rows, 0, self.n_rows, "row"), (features, -1, self.p, "feature")])
+
     def score(self, rows: torch.Tensor, features: torch.Tensor, targets: torch.Tensor,
               check_indices: bool = True) -> torch.Tensor:
         pl, p = self.pl, self.p
         if check_indices:  # once here: every gather below reads rows of the stored maps by these indices
-            check_ranges("incremental score", [(rows, 0, self.n_rows, "row"), (features, -1, p, "feature")])
+            self.check(rows, features)
         fidx = torch.where(features < 0, torch.full_like(features, p), features)
         run = _ScoreRun(self, rows, features, {node: t[fidx] for node, t in pl.tables.items()})
         for i, st in enumerate(pl.steps):
@@ -926,11 +930,12 @@ class IncrementalEvaluator:
         are not checked again (the loop checked them where it made them); without it, the changed images are
         found on the device and the indices checked, each costing a device read.
         """
+        if starts is None:  # once for the call, not per chunk, and before the refresh indexes by ``image``
+            self.engine.check(image, feature)
         self._refresh(present, image, starts)
-        checked = starts is None
 
         def work(sl: slice) -> torch.Tensor:
-            return self.engine.score(image[sl], feature[sl], self.targets[image[sl]], checked)
+            return self.engine.score(image[sl], feature[sl], self.targets[image[sl]], False)
 
         return self.runner.run(image.shape[0], work)
 

@@ -119,6 +119,9 @@ def test_chunk_runner_chunks_tuples_and_keeps_the_smaller_chunk(recwarn):
     assert ChunkRunner(4, torch.device("cpu")).run(4, lambda sl: one) is one  # one part: returned as is
     pair = (one, one)
     assert ChunkRunner(9, torch.device("cpu")).run(4, lambda sl: pair) is pair
+    done = []  # work for its effects (e.g. incremental inference's base runs): None over several chunks
+    assert ChunkRunner(2, torch.device("cpu")).run(5, lambda sl: done.append((sl.start, sl.stop))) is None
+    assert done == [(0, 2), (2, 4), (4, 5)]
 
 
 def test_chunk_runner_single_item_message_and_no_empty_cache_on_the_cpu(monkeypatch):

@@ -443,3 +443,37 @@ def test_base_runs_only_when_an_images_present_row_changed(monkeypatch):
     assert {i: based.count(i) for i in set(based)} == expected
     assert len(seen) > sum(expected.values())  # some batches found their images' activations current
     assert_same_lists(got, reference.sis(model, images, tau), assert_same_result)
+
+
+@pytest.mark.parametrize("bad, message", [({"image": [0, 3, 1]}, r"incremental score: row 3 out of range \[0, 2\)"),
+                                          ({"feature": [0, 36, -1]}, r"incremental score: feature 36 out of range")])
+def test_evaluator_without_starts_checks_its_indices_once_per_call(monkeypatch, bad, message):
+    """Without the exact loop's starts, the evaluator finds the changed images on the device and checks the
+    candidates' indices once for the call (not per chunk of the runner), before scoring any; the scores equal
+    those of the dense evaluator."""
+    from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner
+
+    model = seeded(SmallCNN(6), seed=7)
+    images = make_images(2, h=6, w=6, seed=12)
+    prep, fn = prepare(images), ModelFn(model)
+    targets = torch.tensor([0, 1])
+    runner = ChunkRunner(1, torch.device("cpu"))
+    ev = incremental.IncrementalEvaluator(incremental.plan(fn, prep), fn, prep, targets, runner)
+    checks, scored = [], []
+    real_check, real_score = incremental.IncrementalEngine.check, incremental.IncrementalEngine.score
+    monkeypatch.setattr(incremental.IncrementalEngine, "check", lambda self, *a: (checks.append(1), real_check(self, *a)))
+    monkeypatch.setattr(incremental.IncrementalEngine, "score",
+                        lambda self, *a: (scored.append(a[3]), real_score(self, *a))[1])
+    present = torch.ones(2, prep.num_features, dtype=torch.bool)
+    present[1, :5] = False
+    good = {"image": [0, 1, 1], "feature": [0, 7, -1]}
+    image, feature = torch.tensor(good["image"]), torch.tensor(good["feature"])
+    with torch.inference_mode():
+        got = ev(present, image, image, feature)
+        want = CandidateEvaluator(fn, prep, targets, runner)(present, image, image, feature)
+        assert checks == [1] and scored == [False] * 3
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        case = {**good, **bad}
+        with pytest.raises(RuntimeError, match=message):
+            ev(present, torch.tensor(case["image"]), torch.tensor(case["image"]), torch.tensor(case["feature"]))
+    assert checks == [1, 1] and scored == [False] * 3
