@@ -322,6 +322,7 @@ def main():
             rows.append(run_score_dtype(name, args.images, device, args.rounds, args.score_dtype,
                                         not args.no_warmup))
             print_score_dtype(rows[-1])
+            write_results("exact-score-dtype", device, rows, args.out)
         print(f"wrote {write_results('exact-score-dtype', device, rows, args.out)}")
         return
     if not args.cold_only:
@@ -331,6 +332,7 @@ def main():
             rows.append(run_config(name, args.images, device, args.rounds, args.no_reference, not args.no_engines,
                                    args.skip, not args.no_warmup))
             print_config(rows[-1])
+            write_results("exact", device, rows, args.out)  # a run stopped later keeps the rows measured
     if not args.no_cold:
         rows.append(run_cold(args.cold_size, args.cold_rounds or args.rounds,
                              args.cold_contenders or list(COLD_CONTENDERS), args.tau, args.device))

@@ -273,16 +273,35 @@ def versions(device) -> dict:
     return v
 
 
+def source_commit() -> str:
+    """The full hash of the code measured: ``$OVERINTERP_FAST_COMMIT`` where set (a copy of the tree without its
+    ``.git``, as on a lent GPU machine), else ``git rev-parse HEAD``, with ``-dirty`` when tracked files differ
+    from it; "unknown" when neither is available."""
+    env = os.environ.get("OVERINTERP_FAST_COMMIT")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "overinterp_fast", "csrc", "benchmarks",
+                                "setup.py"], cwd=root).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
 def results_path(name: str, device) -> str:
     """benchmarks/results/<name>-<device type>.json"""
     return os.path.join(RESULTS, f"{name}-{torch.device(device).type}.json")
 
 
 def write_results(name: str, device, rows: list[dict], out: str | None = None, **extra) -> str:
-    """Write {benchmark, machine, versions, command, date, rows, **extra} to ``out`` (default results_path)."""
+    """Write {benchmark, commit, device, machine, versions, command, date, rows, **extra} to ``out`` (default
+    results_path)."""
     path = out or results_path(name, device)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    doc = {"benchmark": name, "device": str(device), "machine": machine(device), "versions": versions(device),
+    doc = {"benchmark": name, "commit": source_commit(), "device": str(device), "machine": machine(device), "versions": versions(device),
            "command": " ".join(["python"] + sys.argv), "date": time.strftime("%Y-%m-%d"), "rows": rows, **extra}
     extra_versions = doc.pop("extra_versions", None)
     if extra_versions:

@@ -27,6 +27,7 @@
 #   CUDA_TESTS_TIMEOUT=200 TORCH_OPS_TIMEOUT=330      each step's own limit in seconds
 #   BUILD=0|1           force the build off or on (default: on for cuda, off for cpu)
 #   PYTHON              the interpreter (default python3: the machine's, which has torch)
+#   OVERINTERP_FAST_COMMIT  the commit measured, for the JSONs' "commit" (default: git rev-parse HEAD)
 #
 # What travels to the machine: the git working tree (about 3 MB), plus whatever .whl/ holds. The machine's python3
 # already has torch, timm, scipy, scikit-learn, scikit-image, onnx, onnxruntime (CPU) and pytest; it lacks
@@ -98,6 +99,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# the commit measured, written into every JSON: the tree that travels to a GPU machine has no .git, so pass
+# OVERINTERP_FAST_COMMIT=$(git rev-parse HEAD) with the command there
+[ -z "${OVERINTERP_FAST_COMMIT:-}" ] && OVERINTERP_FAST_COMMIT="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+export OVERINTERP_FAST_COMMIT
+note "commit   $OVERINTERP_FAST_COMMIT"
 { command -v nvidia-smi >/dev/null && nvidia-smi; } > "$WORK/nvidia-smi.txt" 2>&1
 $PY -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda,
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee "$WORK/versions.txt" | tee -a "$SUMMARY"
@@ -139,9 +145,9 @@ has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
     EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 stride12-px --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
-    # about 100 s on an H100: k=1000 first (seconds), then k=100; the transcription (about 16 s per image at
-    # k=100) on one image; every run rewrites the JSON, so a timeout keeps the rows measured
-    GRADIENT=(--images 8 --reference-images 1 --k 1000 100 --autocast auto off --rounds 1)
+    # the target's size: 32 Inception-v3 images at k=100, default options and autocast off; the transcription
+    # (about 16 s per image at k=100) on one image; every run rewrites the JSON, so a timeout keeps the rows measured
+    GRADIENT=(--images 32 --reference-images 1 --k 100 --autocast auto off --rounds 1)
     RESP=(--no-rex --photos chelsea coffee --rex-seeds 2)
     OPS_DEFAULT=90
   else  # tiny: proves the commands, not the figures

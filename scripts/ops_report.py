@@ -16,6 +16,9 @@ from torch import nn
 
 import overinterp_fast as of
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from common import machine, source_commit, versions  # noqa: E402
+
 ENV_VAR = of.ops.ENV_VAR  # OVERINTERP_FAST_OPS: "torch" runs the pure-PyTorch ops
 
 
@@ -61,7 +64,8 @@ def main() -> int:
     print("kernels == pure-PyTorch ops, end to end:", same)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": str(device), "torch": torch.__version__,
+            json.dump({"commit": source_commit(), "device": str(device), "machine": machine(device),
+                       "versions": versions(device), "command": " ".join(["python"] + sys.argv),
                        "ops_info": [vars(r) for r in info], "identical": same}, f, indent=1)
     return 0 if all(same.values()) and all(r.implementation == "kernel" for r in info) else 1
 
