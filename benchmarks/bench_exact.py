@@ -62,6 +62,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import overinterp_fast as of  # noqa: E402
+from overinterp_fast.runtime import graphs  # noqa: E402
 from common import (CONFIGS, RowRecorder, batches, candidate_like_batch, explain, floor_run, fresh_process,  # noqa: E402
                     interleaved, make_case, same_sis, write_results)
 
@@ -90,8 +91,17 @@ def dense_batch_size(model, images, features) -> int:
     After the warm-up the calibration is cached and every call is the job's; with --no-warmup this run also
     holds the calibration's timing calls, at most the job's rows per step each.
     """
-    with RowRecorder(model) as rec:
-        explain(model, images, 0.5, features=features, **DENSE)
+    # CUDA graphs replay a call without calling the module (its hooks do not see it): record eager calls
+    saved = os.environ.get(graphs.ENV_VAR)
+    os.environ[graphs.ENV_VAR] = "0"
+    try:
+        with RowRecorder(model) as rec:
+            explain(model, images, 0.5, features=features, **DENSE)
+    finally:
+        if saved is None:
+            os.environ.pop(graphs.ENV_VAR)
+        else:
+            os.environ[graphs.ENV_VAR] = saved
     return rec.largest()
 
 

@@ -27,6 +27,7 @@
 #   CUDA_TESTS_TIMEOUT=200 TORCH_OPS_TIMEOUT=330      each step's own limit in seconds
 #   BUILD=0|1           force the build off or on (default: on for cuda, off for cpu)
 #   PYTHON              the interpreter (default python3: the machine's, which has torch)
+#   BENCHES             the benchmarks call 1 runs (default "exact gradient responsibility")
 #   OVERINTERP_FAST_COMMIT  the commit measured, for the JSONs' "commit" (default: git rev-parse HEAD)
 #
 # What travels to the machine: the git working tree (about 3 MB), plus whatever .whl/ holds. The machine's python3
@@ -137,10 +138,12 @@ $PY -c "import overinterp_fast as of; print('compiled ops:', of.ops.extension_lo
 # ---- call 1: self-check and benchmarks ----
 bench_step() {  # bench_step NAME LIMIT SCRIPT ARGS...: one benchmark, its JSON in $RESULT_DIR (and in results/ on cuda)
   local name="$1" limit="$2" script="$3"; shift 3
+  case " $BENCHES " in *" $name "*) ;; *) note "SKIPPED  benchmark $name (not in BENCHES)"; return 0 ;; esac
   local json="$RESULT_DIR/$name-$DEVICE.json"
   step "benchmark $name" "$limit" "bench-$name.log" $PY "benchmarks/$script" --device "$DEVICE" "$@" --out "$json" \
     && [ "$DEVICE" = cuda ] && cp "$json" "benchmarks/results/$name-cuda.json"
 }
+BENCHES="${BENCHES:-exact gradient responsibility}"
 has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
