@@ -250,7 +250,7 @@ class _ExactRun:
         keep[sis] = False
         (rest,) = upload(self.prep.images.device, keep.nonzero().flatten())
         self.present[i] = False
-        self.present[i, rest] = True
+        self.present[i].index_fill_(0, rest, True)  # x[i, idx] = True would copy a host scalar: a wait
         # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
         self.remaining[i, : rest.numel()] = rest
         st.count, st.step = rest.numel(), 0
@@ -263,7 +263,7 @@ class _ExactRun:
         st = self.state[i]
         (feats,) = upload(self.prep.images.device, rest)
         self.present[i] = False
-        self.present[i, feats] = True
+        self.present[i].index_fill_(0, feats, True)
         # remaining[i, :p] is all -1 here (see next_round); the slots' order does not matter (ties go by feature id)
         self.remaining[i, : feats.numel()] = feats
         self.unsafe_step[i] = self.prep.num_features

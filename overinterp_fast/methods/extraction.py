@@ -262,7 +262,7 @@ def extract_sets(
                 nxt.append(i)
         if nxt:  # each set found leaves its image's features: one copy for all
             img, feat = upload(dev, np.repeat(nxt, [g.numel() for g in gone]), torch.cat(gone))
-            present[img, feat] = False
+            present.index_put_((img, feat), present.new_zeros(()))  # no host scalar to copy: no wait
         active = _still_passing(evaluator, present, nxt, passes, round_score)
     return [first_with_collection(r, collection) for r in rounds]
 
@@ -347,7 +347,7 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     img, row, feat = upload(dev, [active[r] for r in todo],
                             np.repeat(np.arange(len(todo)), [m.numel() for m in members]),
                             torch.cat(members))  # one host-to-device copy
-    sets[row, feat] = True
+    sets.index_put_((row, feat), sets.new_ones(()))  # no host scalar to copy: no wait
     f, top1 = to_host(*verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1),
                                check_indices=False), label="verified sets")
     out = list(refined)

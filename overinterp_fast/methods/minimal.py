@@ -92,7 +92,7 @@ def prune_to_minimal(
         base_t, clear_at_t, clear_feat_t, img_t, prow_t, feat_t = upload(dev, base, clear_at, clear_feat, img, prow,
                                                                           feat)  # one host-to-device copy
         present = cur[base_t]
-        present[clear_at_t, clear_feat_t] = False
+        present.index_put_((clear_at_t, clear_feat_t), present.new_zeros(()))  # no host scalar: no wait
         f, top1 = evaluator(present, img_t, prow_t, feat_t, check_indices=False)
         f, top1, finite = to_host(f, top1, torch.isfinite(f).all(), label="pruning")  # the round's one read
         check_finite_scores(finite)
@@ -100,7 +100,7 @@ def prune_to_minimal(
         if at:  # what passed leaves the sets, on the host and on the device
             kept[at, gone] = False
             at_t, gone_t = upload(dev, at, gone)
-            cur[at_t, gone_t] = False
+            cur.index_put_((at_t, gone_t), cur.new_zeros(()))
     return cur, [row.f for row in rows], [row.queries for row in rows], [row.certified for row in rows]
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..runtime.sync import sanctioned_wait
 from .pure import PURE_OPS, is_channels_last
 
 ENV_VAR = "OVERINTERP_FAST_OPS"
@@ -119,22 +120,29 @@ def self_check(name: str, device: torch.device | str) -> str | None:
     device = torch.device(device)
     spec = PURE_OPS[name]
     fn = kernel(name)
-    clone = lambda args: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
     try:
-        for i, case in enumerate(spec.sample(device, torch.Generator().manual_seed(_SELF_CHECK_SEED))):
-            got_args, want_args = clone(case), clone(case)
-            got = fn(*got_args)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # launch and execution errors surface here
-            want = spec.fn(*want_args)
-            if not _same(got, want):
-                return f"case {i}: the result differs from the pure-PyTorch version"
-            for k, (a, b) in enumerate(zip(got_args, want_args)):
-                if isinstance(a, torch.Tensor) and not _same(a, b):
-                    return f"case {i}: argument {k} is updated differently from the pure-PyTorch version"
+        with sanctioned_wait():  # a one-off wait, also under a user's torch.cuda.set_sync_debug_mode
+            return _compare_samples(spec, fn, device)
     except Exception as exc:  # a launch error, an illegal address, ...: whatever it is, the kernel is not used
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"{type(exc).__name__}: {first}"
+
+
+def _compare_samples(spec, fn: Callable, device: torch.device) -> str | None:
+    """None when ``fn`` gives the pure version's results and in-place updates on every sample case, else what
+    differs first."""
+    clone = lambda args: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
+    for i, case in enumerate(spec.sample(device, torch.Generator().manual_seed(_SELF_CHECK_SEED))):
+        got_args, want_args = clone(case), clone(case)
+        got = fn(*got_args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # launch and execution errors surface here
+        want = spec.fn(*want_args)
+        if not _same(got, want):
+            return f"case {i}: the result differs from the pure-PyTorch version"
+        for k, (a, b) in enumerate(zip(got_args, want_args)):
+            if isinstance(a, torch.Tensor) and not _same(a, b):
+                return f"case {i}: argument {k} is updated differently from the pure-PyTorch version"
     return None
 
 

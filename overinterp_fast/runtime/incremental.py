@@ -919,7 +919,7 @@ class IncrementalEvaluator:
                             starts is None)
         self.runner.run(count, lambda sl: self.engine.base(stale[sl], x[sl], self.targets[stale[sl]]))
         self.snapshot[stale] = present[stale]
-        self.fresh[stale] = True
+        self.fresh.index_fill_(0, stale, True)  # x[idx] = True would copy a host scalar: a wait on CUDA
 
     def __call__(self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor,
                  feature: torch.Tensor, starts: Sequence[int] | None = None) -> torch.Tensor:

@@ -72,27 +72,42 @@ def to_host(*tensors: torch.Tensor, label: str = "") -> tuple[torch.Tensor, ...]
         reads.tensors += len(tensors)
         reads.by_label[label] = reads.by_label.get(label, 0) + 1
     _local.inside = True
-    # This is the one sanctioned wait: under torch.cuda.set_sync_debug_mode("error") (tests of the loops) it
-    # must not count as a stray synchronisation.
+    # This is the one sanctioned wait of the loops: under torch.cuda.set_sync_debug_mode("error") (tests of the
+    # loops) it must not count as a stray synchronisation.
+    try:
+        with sanctioned_wait():
+            return _copy_to_host(tensors)
+    finally:
+        _local.inside = False
+
+
+@contextlib.contextmanager
+def sanctioned_wait():
+    """Inside, ``torch.cuda.set_sync_debug_mode`` is off (restored after): for the few waits that are meant,
+    :func:`to_host` and the kernels' one-off self-checks, which a user's "warn" or "error" mode must not flag or
+    break."""
     debug = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
     if debug:
         torch.cuda.set_sync_debug_mode(0)
     try:
-        out, streams = [], {}
-        for t in tensors:
-            if t.device.type == "cpu":
-                out.append(t)
-            elif t.device.type == "cuda":
-                host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-                host.copy_(t, non_blocking=True)
-                out.append(host)
-                streams.setdefault(t.device, torch.cuda.current_stream(t.device))
-            else:
-                out.append(t.cpu())
-        for stream in streams.values():
-            stream.synchronize()
-        return tuple(out)
+        yield
     finally:
-        _local.inside = False
         if debug:
             torch.cuda.set_sync_debug_mode(debug)
+
+
+def _copy_to_host(tensors) -> tuple[torch.Tensor, ...]:
+    out, streams = [], {}
+    for t in tensors:
+        if t.device.type == "cpu":
+            out.append(t)
+        elif t.device.type == "cuda":
+            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            out.append(host)
+            streams.setdefault(t.device, torch.cuda.current_stream(t.device))
+        else:
+            out.append(t.cpu())
+    for stream in streams.values():
+        stream.synchronize()
+    return tuple(out)

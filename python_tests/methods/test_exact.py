@@ -18,7 +18,7 @@ from overinterp_fast.methods import exact, reference
 from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner
 from overinterp_fast.runtime.inputs import prepare
 from overinterp_fast.runtime.model import ModelFn
-from helpers import Dyadic, OOMAbove, assert_same_lists, assert_same_result, assert_sets_sufficient, cuda
+from helpers import Dyadic, OOMAbove, assert_same_lists, assert_same_result, assert_sets_sufficient, cuda, sync_errors
 from helpers import make_cnn, make_images
 
 
@@ -290,7 +290,7 @@ class Bar:
 
 
 def run(model, x, thresholds, collection, batch_size, monkeypatch, progress=None, stand_in=None, chunk=1000,
-        default_device=None):
+        default_device=None, strict=False):
     Bar.made = []
     monkeypatch.setattr(exact, "tqdm", Bar)
     user = ModelFn(model, outputs="probabilities")
@@ -305,9 +305,11 @@ def run(model, x, thresholds, collection, batch_size, monkeypatch, progress=None
     if stand_in is not None:
         verifier = CandidateEvaluator(user, prep, targets, runner, measure=user.score_and_top1)
     # default_device: torch's default device while exact_sis runs (only exact_sis: the setup above is the caller's)
+    # strict: exact_sis (only exact_sis) under torch.cuda.set_sync_debug_mode("error")
     with contextlib.nullcontext() if default_device is None else torch.device(default_device):
-        res = exact.exact_sis(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress,
-                              verifier=verifier, engine="planted")
+        with sync_errors(x.device) if strict else contextlib.nullcontext():
+            res = exact.exact_sis(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress,
+                                  verifier=verifier, engine="planted")
     return res, Bar.made[0]
 
 
@@ -607,12 +609,8 @@ def test_incremental_steps_read_nothing_from_the_device_and_equal_the_reference(
 def test_step_loop_never_waits_for_the_gpu(monkeypatch):
     """On a GPU the whole loop runs under torch.cuda.set_sync_debug_mode("error"): any synchronising op outside
     to_host raises. The answer is the hand-built one."""
-    x = images(FULL, HALF, FULL).cuda()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        res, _ = run(Dyadic(W).cuda(), x, [0.375, 0.8, 0.5], True, 4, monkeypatch, chunk=3)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    x, model = images(FULL, HALF, FULL).cuda(), Dyadic(W).cuda()
+    res, _ = run(model, x, [0.375, 0.8, 0.5], True, 4, monkeypatch, chunk=3, strict=True)
     assert [r.sis.tolist() for r in res[0].collection] == [[2, 0], [5, 4, 3]]
     assert [r.sis.tolist() for r in res[2].collection] == [[2, 0], [5, 4, 3, 1]]
 

@@ -938,9 +938,9 @@ def test_descents_wait_for_the_device_only_in_to_host_and_the_ops_checks(monkeyp
         ev, prep = responsibility_evaluator(model, x)
         want, want_q = compute_responsibility(ev, prep, present, _top1, 4, 10, 2, 5, False, monotone)
         ev, prep = responsibility_evaluator(model.to(device), x.to(device))
-        calls = strict_sync(monkeypatch, device)
+        calls, present = strict_sync(monkeypatch, device), present.to(device)
         with sync_errors(device):
-            maps, queries = compute_responsibility(ev, prep, present.to(device), _top1, 4, 10, 2, 5, False, monotone)
+            maps, queries = compute_responsibility(ev, prep, present, _top1, 4, 10, 2, 5, False, monotone)
     assert maps.device.type == device and queries == want_q
     torch.testing.assert_close(maps.cpu(), want, rtol=0, atol=1e-12)
     assert 0 < calls.count("to_host") <= (3 if monotone else 1) * 10 < sum(queries)
