@@ -109,11 +109,12 @@ def verify_prefix_sets(
     return first_passing_prefix(evaluator, pos.to(dev), images, sizes, passes)
 
 
-PROBES = {"cuda": 8}  # boundary search: sizes probed per row and round, per device type; others: 1
+SPECULATION = {"cuda": 3}  # boundary search: levels of the one-probe search evaluated per round; others: 1
 
 
 class _Bracket:
-    """Search state of one row: sizes known to fail (lo) and pass (hi), and the phase."""
+    """Search state of one row: the largest size known to fail (lo), the smallest known to pass (hi), the phase.
+    One probe at a time: :meth:`probe` names the next size, :meth:`update` takes its result."""
 
     def __init__(self, start: int, count: int, stride: int):
         self.count, self.stride = count, max(1, stride)
@@ -121,38 +122,59 @@ class _Bracket:
         self.start = min(max(1, start), count)
         self.phase = "start"
 
-    def probes(self, k: int) -> list[int]:
+    def probe(self) -> int:
         if self.phase == "start":
-            return [self.start]
+            return self.start
         if self.phase == "grow":
-            return sorted({min(self.lo + self.stride * (1 << i), self.count) for i in range(k)})
+            return min(self.lo + self.stride, self.count)
         if self.phase == "shrink":
-            return sorted({max(self.hi - self.stride * (1 << i), self.lo + 1) for i in range(k)})
-        gap = self.hi - self.lo
-        return sorted({self.lo + max(1, (gap * (i + 1)) // (k + 1)) for i in range(k)} - {self.hi})
+            return max(self.hi - self.stride, self.lo + 1)
+        return self.lo + max(1, (self.hi - self.lo) // 2)
 
-    def update(self, seen: list[tuple[int, bool, float]]) -> bool:
-        """Take probe results (size, passed, f); True when the row is resolved."""
-        known = [(self.lo, False, 0.0)] + sorted(seen) + ([] if self.hi is None else [(self.hi, True, self.f_hi)])
-        trans = next((i for i in range(1, len(known)) if known[i][1] and not known[i - 1][1]), None)
-        if trans is None:  # nothing passes yet: grow from the largest failing size
-            self.lo = max(s for s, _, _ in known)
+    def update(self, size: int, passed: bool, f: float) -> bool:
+        """Take the result of probing ``size`` (passed, f); True when the row is resolved."""
+        was = self.phase
+        if passed:
+            if self.hi is None or size < self.hi:
+                self.hi, self.f_hi = size, f
+        elif size > self.lo:
+            self.lo = size
+        if self.hi is None:  # nothing passes yet: grow from the largest failing size
             if self.lo >= self.count:
                 return True
-            self.stride = self.stride if self.phase == "start" else self.stride << len(seen)
+            self.stride = self.stride if was == "start" else self.stride << 1
             self.phase = "grow"
             return False
-        (lo, _, _), (hi, _, f_hi) = known[trans - 1], known[trans]
-        was = self.phase
-        self.lo, self.hi, self.f_hi = lo, hi, f_hi
-        if hi - lo <= 1:
+        if self.hi - self.lo <= 1:
             return True
-        if lo == 0 and was in ("start", "shrink") and not any(s == lo for s, ok, _ in seen if not ok):
-            self.stride = self.stride if was == "start" else self.stride << len(seen)
+        if self.lo == 0 and passed and was in ("start", "shrink"):
+            self.stride = self.stride if was == "start" else self.stride << 1
             self.phase = "shrink"  # only the assumed empty prefix fails below: keep stepping down
         else:
             self.phase = "bisect"
         return False
+
+    def copy(self) -> "_Bracket":
+        other = _Bracket.__new__(_Bracket)
+        other.__dict__.update(self.__dict__)
+        return other
+
+
+def _speculate(bracket: _Bracket, levels: int) -> list[int]:
+    """The sizes the one-probe search from ``bracket`` probes in its next ``levels`` probes, whatever their
+    results: the probes of a binary tree of depth ``levels`` (at most 2^levels - 1 sizes), ascending."""
+    sizes, frontier = set(), [bracket]
+    for _ in range(levels):
+        nxt = []
+        for b in frontier:
+            s = b.probe()
+            sizes.add(s)
+            for passed in (False, True):
+                c = b.copy()
+                if not c.update(s, passed, 0.0):
+                    nxt.append(c)
+        frontier = nxt
+    return sorted(sizes)
 
 
 def boundary_prefix(
@@ -168,12 +190,15 @@ def boundary_prefix(
 
     Exponential search from ``starts[r]`` (default 10: sizes 10, 20, 40, ... up to the
     row's count; from a given start, strides start/32, doubling, both ways), then
-    bisection between the largest failing and the smallest passing size. Each round
-    probes ``PROBES`` sizes per unresolved row (1 on a CPU, where every probe costs a
-    forward pass: about 2 log2(k) queries per row; evenly spread points on a GPU).
-    With a monotone criterion the boundary is the first passing prefix; otherwise it
-    is a passing prefix whose predecessor fails. The empty prefix is taken as failing
-    without a query (a pruning pass finds out).
+    bisection between the largest failing and the smallest passing size, one probe at a
+    time (about 2 log2(k) queries per row). With a monotone criterion the boundary is the
+    first passing prefix; otherwise it is a passing prefix whose predecessor fails, and
+    which one depends on the order of the probes. So the order is the same everywhere: on
+    a GPU, where a wider batch costs little, each round evaluates every size the one-probe
+    search could probe in its next ``SPECULATION`` probes (3: at most 7 sizes per row),
+    then follows the path the results pick. The answer is the one-probe search's on every
+    device; only the queries (all the sizes evaluated) and the rounds differ. The empty
+    prefix is taken as failing without a query (a pruning pass finds out).
 
     Args: as :func:`first_passing_prefix`, with ``counts[r]`` the row's largest size.
         brackets: per row, (lo, hi, f on hi) with prefix lo known to fail and hi to pass (e.g. the
@@ -183,7 +208,7 @@ def boundary_prefix(
         (per row (k, f on prefix k) or None when even ``counts[r]`` fails, queries per row).
     """
     dev = pos.device
-    k = PROBES.get(dev.type, 1)
+    levels = SPECULATION.get(dev.type, 1)
     n = len(images)
     state = {
         r: _Bracket(10, counts[r], 10) if not starts or starts[r] is None else _Bracket(starts[r], counts[r],
@@ -199,13 +224,23 @@ def boundary_prefix(
     while todo:
         rows, sizes = [], []
         for r in todo:
-            c = state[r].probes(k)
+            c = _speculate(state[r], levels)
             rows += [r] * len(c)
             sizes += c
         f, top1 = evaluate_prefixes(evaluator, pos, images, rows, sizes)
-        seen: dict[int, list[tuple[int, bool, float]]] = {}
+        seen: dict[int, dict[int, tuple[bool, float]]] = {}
         for r, s, fi, ti in zip(rows, sizes, f.tolist(), top1.tolist()):
             queries[r] += 1
-            seen.setdefault(r, []).append((s, passes(r, fi, ti), fi))
-        todo = [r for r in todo if not state[r].update(seen[r])]
+            seen.setdefault(r, {})[s] = (passes(r, fi, ti), fi)
+        nxt = []
+        for r in todo:  # follow the one-probe search along the results
+            st, resolved = state[r], False
+            for _ in range(levels):
+                s = st.probe()
+                resolved = st.update(s, *seen[r][s])
+                if resolved:
+                    break
+            if not resolved:
+                nxt.append(r)
+        todo = nxt
     return [None if r not in state or state[r].hi is None else (state[r].hi, state[r].f_hi) for r in range(n)], queries

@@ -309,7 +309,8 @@ def test_minimal_pixel_sets_wait_for_the_device_only_to_read_it(monkeypatch, dev
     """fast_sis(method="responsibility") with a collection: the ranking and the extraction (everything
     extract_sets runs, the descents included) on ``device`` under torch.cuda.set_sync_debug_mode("error") on
     CUDA, but for the reads through to_host (every index is checked on the host); the same sets and queries as on
-    the CPU run outside it, twice over (the GPU's maps add in a fixed order)."""
+    the CPU run outside it, twice over (the GPU's maps add in a fixed order); on a GPU the boundary search also
+    evaluates its speculative probes (more extraction queries, the same sets)."""
     import overinterp_fast as of
     from overinterp_fast.attr import minimal
     from helpers import assert_same_result, make_cnn, make_images, strict_sync, sync_errors
@@ -335,7 +336,35 @@ def test_minimal_pixel_sets_wait_for_the_device_only_to_read_it(monkeypatch, dev
         got = sets(model, x)
         for a, b in zip(want, got):
             assert_same_result(a, b, rel=1e-9, atol=1e-9)
-            assert (a.queries, a.extraction_queries, a.refine_queries) == (b.queries, b.extraction_queries,
-                                                                          b.refine_queries)
+            assert (a.queries, a.refine_queries) == (b.queries, b.refine_queries)
+            # the boundary search evaluates the next probes of every outcome together on a GPU (the same answer)
+            assert a.extraction_queries == b.extraction_queries if device == "cpu" else \
+                a.extraction_queries <= b.extraction_queries
             assert [c.sis.tolist() for c in a.collection or []] == [c.sis.tolist() for c in b.collection or []]
     assert set(calls) == {"to_host"}  # rect_fill's owners and mask_apply's candidates: checked on the host
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("options", [{}, {"refine": False}])
+def test_minimal_pixel_sets_are_the_same_with_the_gpus_boundary_speculation(monkeypatch, options):
+    """The boundary search evaluates 3 levels of its probes per round on a GPU: run so on the CPU, the sets (and
+    the responsibility queries) are those of one probe at a time, with at least as many extraction queries."""
+    import overinterp_fast as of
+    from overinterp_fast.methods import prefix
+    from helpers import make_cnn, make_images
+
+    model, x = make_cnn(3, h=12, w=14), make_images(2, h=12, w=14, seed=4)
+    opts = of.MinimalPixelSetOptions(**{"iterations": 3, **options})
+
+    def sets():
+        return of.fast_sis(model, x, 0.6, method="responsibility", engine="torch", collection=True, options=opts,
+                           progress=False)
+
+    want = sets()
+    monkeypatch.setattr(prefix, "SPECULATION", {"cpu": 3})
+    got = sets()
+    for a, b in zip(want, got):
+        assert [c.sis.tolist() for c in a.collection] == [c.sis.tolist() for c in b.collection]
+        assert a.queries == b.queries and a.extraction_queries <= b.extraction_queries
+    if not options:  # the default refines with the boundary search: more probes evaluated
+        assert sum(b.extraction_queries for b in got) > sum(a.extraction_queries for a in want)

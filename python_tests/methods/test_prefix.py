@@ -10,7 +10,7 @@ with its expectation worked out by hand, a detail that the behavioural tests let
 """
 import pytest
 import torch
-from overinterp_fast.methods.prefix import _Bracket, boundary_prefix, first_passing_prefix, verify_prefix_sets
+from overinterp_fast.methods.prefix import _Bracket, _speculate, boundary_prefix, first_passing_prefix, verify_prefix_sets
 from helpers import RuleEvaluator, top1
 
 
@@ -113,42 +113,77 @@ def test_boundary_prefix_refuses_non_finite_scores():
 
 
 @pytest.mark.mutation
-def test_bracket_probes_with_several_per_round():
-    """_Bracket.probes(k) for k = 3 (the GPU's PROBES = 8 path, checked on the CPU): evenly spread or doubling."""
+def test_bracket_one_probe_at_a_time():
+    """_Bracket.probe/update: grow by doubling strides, bisect, shrink from a passing start, clamps."""
     b = _Bracket(10, 100, 10)
     assert (b.lo, b.hi, b.start, b.stride, b.phase) == (0, None, 10, 10, "start")
-    assert b.probes(3) == [10]
-    assert b.update([(10, False, 0.1)]) is False and (b.lo, b.phase, b.stride) == (10, "grow", 10)
-    assert b.probes(3) == [20, 30, 50]  # lo + stride * 1, 2, 4
-    assert b.update([(20, False, 0.2), (30, False, 0.3), (50, False, 0.5)]) is False
-    assert (b.lo, b.stride) == (50, 80)  # stride << 3
-    assert b.probes(3) == [100]  # 130, 210, 370 all clamp to the count
-    assert b.update([(100, True, 1.0)]) is False and (b.lo, b.hi, b.f_hi, b.phase) == (50, 100, 1.0, "bisect")
-    assert b.probes(3) == [62, 75, 87]  # 50 + 50 * (1, 2, 3) // 4
-    assert b.update([(62, False, 0.6), (75, True, 0.75), (87, True, 0.87)]) is False
-    assert (b.lo, b.hi, b.f_hi) == (62, 75, 0.75)
-    assert b.probes(3) == [65, 68, 71]  # 62 + 13 * (1, 2, 3) // 4
-    assert b.update([(65, False, 0), (68, False, 0), (71, False, 0)]) is False and (b.lo, b.hi) == (71, 75)
-    assert b.probes(3) == [72, 73, 74]
-    assert b.update([(72, False, 0), (73, True, 0.73), (74, True, 0)]) is True and (b.lo, b.hi, b.f_hi) == (72, 73, 0.73)
-    # a gap of 2 with 3 probes: one distinct size; the hi itself is never probed
-    b = _Bracket(5, 9, 1)
-    b.lo, b.hi, b.phase = 3, 5, "bisect"
-    assert b.probes(3) == [4]
-    # shrink with 3 probes: hi - stride * 1, 2, 4, never below lo + 1
+    steps = [(10, False), (20, False), (40, False), (80, True), (60, False), (70, True), (65, True), (62, False)]
+    probed = []
+    for size, passed in steps:
+        probed.append(b.probe())
+        assert b.update(size, passed, size / 100) is False
+    # grow: 10, 10 + 10, 20 + 20, 40 + 40; bisect (40, 80): 60; (60, 80): 70; (60, 70): 65; (60, 65): 62
+    assert probed == [10, 20, 40, 80, 60, 70, 65, 62]
+    assert (b.lo, b.hi, b.f_hi, b.phase) == (62, 65, 0.65, "bisect")
+    assert b.probe() == 63 and b.update(63, True, 0.63) is True and (b.lo, b.hi, b.f_hi) == (62, 63, 0.63)
+    # shrink from a passing start: 64 - 2, then 62 - 4; a failure there bisects
     b = _Bracket(64, 100, 2)
-    assert b.update([(64, True, 0.64)]) is False and (b.phase, b.stride, b.hi) == ("shrink", 2, 64)
-    assert b.probes(3) == [56, 60, 62]
-    assert b.update([(56, True, 0), (60, True, 0), (62, True, 0)]) is False
-    assert (b.phase, b.stride, b.hi) == ("shrink", 16, 56)
-    assert b.probes(3) == [1, 24, 40]  # 56 - 64 clamps to 1
-    # the start is clamped into [1, count]; a stride below 1 becomes 1
+    assert b.probe() == 64 and b.update(64, True, 0.64) is False and (b.phase, b.stride, b.hi) == ("shrink", 2, 64)
+    assert b.probe() == 62 and b.update(62, True, 0.62) is False and (b.phase, b.stride, b.hi) == ("shrink", 4, 62)
+    assert b.probe() == 58 and b.update(58, False, 0.58) is False and (b.lo, b.hi, b.phase) == (58, 62, "bisect")
+    assert b.probe() == 60
+    # a shrink never probes below lo + 1
+    b = _Bracket(5, 100, 8)
+    b.update(5, True, 0.05)
+    assert b.probe() == 1
+    # the start is clamped into [1, count]; a stride below 1 becomes 1; grow stops at the count
     b = _Bracket(0, 7, 0)
     assert (b.start, b.stride) == (1, 1)
     assert _Bracket(50, 7, 3).start == 7
+    b = _Bracket(6, 7, 4)
+    assert b.update(6, False, 0.0) is False and b.probe() == 7
     # a size at the count that fails resolves the row (nothing passes)
     b = _Bracket(7, 7, 1)
-    assert b.update([(7, False, 0.0)]) is True and b.hi is None and b.lo == 7
+    assert b.update(7, False, 0.0) is True and b.hi is None and b.lo == 7
+
+
+@pytest.mark.mutation
+def test_speculate_lists_every_probe_of_the_next_levels():
+    """From start 10 (count 100, stride 10): 10; on failure 20, on success a shrink to max(10 - 10, 1) = 1; then
+    after 10, 20 both failing 40, 10 failing and 20 passing 15 (bisect (10, 20)), 10 passing and 1 failing 5
+    (bisect (1, 10)); 10 and 1 passing resolve the row (nothing more to probe)."""
+    assert _speculate(_Bracket(10, 100, 10), 1) == [10]
+    assert _speculate(_Bracket(10, 100, 10), 2) == [1, 10, 20]
+    assert _speculate(_Bracket(10, 100, 10), 3) == [1, 5, 10, 15, 20, 40]
+    b = _Bracket(5, 9, 1)
+    b.lo, b.hi, b.phase = 3, 5, "bisect"
+    assert _speculate(b, 3) == [4]  # 4 resolves the row either way
+
+
+@pytest.mark.timeout(30)
+def test_boundary_prefix_gives_the_one_probe_answer_whatever_the_speculation(monkeypatch):
+    """A criterion far from monotone: prefixes of 7, 8 and 30 or more features pass. One probe at a time from 10:
+    10, 20 fail, 40 passes, then bisection 30 (passes), 25, 27, 28, 29 (fail): the boundary is 30 (7 is never
+    seen). With the GPU's speculation (3 levels per round) the answer is the same, from fewer rounds."""
+    from overinterp_fast.methods import prefix
+
+    rule = lambda i, ids: (len(ids) / 100, len(ids) in (7, 8) or len(ids) >= 30)  # noqa: E731
+    for levels, rounds_at_most in ((1, 9), (3, 3)):
+        monkeypatch.setattr(prefix, "SPECULATION", {"cpu": levels})
+        calls = []
+        ev = RuleEvaluator(rule)
+        real = ev.__call__
+        ev_calls = lambda *a, **k: (calls.append(1), real(*a, **k))[1]  # noqa: E731
+        counted = type("Counted", (), {"__call__": lambda self, *a, **k: ev_calls(*a, **k), "prep": ev.prep,
+                                        "runner": ev.runner})()
+        hits, queries = boundary_prefix(counted, identity_positions(1, 100), [0], [100], top1)
+        assert hits == [(30, 0.3)]
+        sizes = [s for _, s in ev.seen]
+        if levels == 1:
+            assert sizes == [10, 20, 40, 30, 25, 27, 28, 29] and queries == [8] and len(calls) == 8
+        else:
+            assert set(sizes) >= {10, 20, 40, 30, 25, 27, 28, 29} and queries == [len(sizes)]
+            assert len(calls) <= rounds_at_most
 
 
 # --------------------------------------------------------------------------------- first_passing_prefix
@@ -227,14 +262,3 @@ def test_boundary_prefix_edge_brackets_counts_and_threshold_passes():
     ev = RuleEvaluator(lambda i, ids: (len(ids) / 100, False))
     hits, _ = boundary_prefix(ev, identity_positions(1, 30), [0], [30], lambda r, f, t: f >= 0.06)
     assert hits == [(6, 0.06)]
-
-
-@pytest.mark.mutation
-def test_bracket_keeps_shrinking_when_a_probe_above_the_passing_one_fails():
-    """Several probes per round (GPU): shrinking from 64 with probes 56 (passes), 60 (fails), 62 (passes): the
-    first transition is at 56 with only the assumed empty prefix below it, so the row keeps shrinking (stride
-    2 << 3 = 16); the failure at 60 is above the bracket."""
-    b = _Bracket(64, 100, 2)
-    assert b.update([(64, True, 0.64)]) is False
-    assert b.update([(56, True, 0.56), (60, False, 0.6), (62, True, 0.62)]) is False
-    assert (b.lo, b.hi, b.f_hi, b.phase, b.stride) == (0, 56, 0.56, "shrink", 16)
