@@ -35,6 +35,11 @@ contenders: default options, batch_size=75, batch_size=576 (one call per step),
 engine="onnxruntime", and the reference. Reported: the call's time in the process and the process's
 time, minima over rounds, ratios of minima.
 
+The loop's own cost (linear8-px, linear24-px): fast_sis with default options on a near-free model (one linear layer)
+against the bare forward passes of exactly its calls (rows recorded with a forward pre-hook, replayed at the same
+batch sizes); reported per forward call and per image-step (one backward-selection step of one image):
+    python benchmarks/bench_exact.py --configs linear8-px linear24-px --rounds 5 --no-cold
+
 Configs (sized for 2 CPU cores; on a GPU use --images and --full):
   cnn8-px      small CNN, 8x8, pixels (p = 64; a smoke run of seconds)
   cnn16-px     small CNN, 16x16, one feature per pixel (p = 256)
@@ -43,6 +48,8 @@ Configs (sized for 2 CPU cores; on a GPU use --images and --full):
   cnn32-px     small CNN, 32x32, pixels (p = 1024; --full only: minutes per run on 2 cores)
   resnet20-px  ResNet-20, 32x32, pixels (p = 1024; --full only)
   effnet-32x32 EfficientNet-Lite0 (ImageNet weights), 224x224, 32x32 patches (p = 49; --full only)
+  linear8-px   the near-free model, 64 images of 1x8x8, pixels (p = 64): the loop's cost
+  linear24-px  the near-free model, 1 image of 1x24x24, pixels (p = 576): the loop's cost
 
 Incremental inference on long configs (about 10 minutes on 2 cores):
     python benchmarks/bench_exact.py --configs cnn16-px cnn32-px resnet20-px effnet-32x32 --no-engines --rounds 2
@@ -159,6 +166,60 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
             if k in outputs:
                 row[f"{k}_same_sis_as_reference"] = same_sis(outputs[k], ref)
     return row
+
+
+# ---- the loop's own cost ----
+
+LOOP_CONFIGS = ("linear8-px", "linear24-px")
+
+
+def recorded_calls(model, images, features) -> tuple[list[int], list]:
+    """(rows of every forward call of fast_sis's default run, its results): recorded with CUDA graphs off, whose
+    replays do not call the module's hooks."""
+    saved = os.environ.get(graphs.ENV_VAR)
+    os.environ[graphs.ENV_VAR] = "0"
+    try:
+        with RowRecorder(model) as rec:
+            res = explain(model, images, 0.5, features=features)
+    finally:
+        if saved is None:
+            os.environ.pop(graphs.ENV_VAR)
+        else:
+            os.environ[graphs.ENV_VAR] = saved
+    return rec.rows, res
+
+
+def run_loop_cost(name, n_images, device, rounds, warmup=True) -> dict:
+    """One row: fast_sis with default options on a near-free model against the bare forward passes (and softmax)
+    of exactly its calls, replayed at the same batch sizes on candidate-like inputs. The difference is the loop's
+    own cost: building the candidates, the schedule, the bookkeeping and the reads."""
+    model, images, features, p = make_case(name, n_images, device)
+    fast = lambda: explain(model, images, 0.5, features=features)  # noqa: E731
+    if warmup:
+        fast()
+    calls, res = recorded_calls(model, images, features)
+    x = candidate_like_batch(images, features, max(calls))
+    contenders = {"fast": fast, "floor": lambda: floor_run(model, x, calls)}
+    times, outputs = interleaved(contenders, rounds, device, name)
+    best = {k: min(v) for k, v in times.items()}
+    steps = sum(r.order.numel() for r in outputs["fast"])  # one backward-selection step of one image each
+    loop = best["fast"] - best["floor"]
+    return {"config": name, "case": "loop_cost", "device": str(device), "images": images.shape[0], "features": p,
+            "candidates": images.shape[0] * p * (p + 1) // 2, "rounds": rounds, "times_s": times,
+            "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
+            "calls": len(calls), "rows": sum(calls), "image_steps": steps,
+            "loop_us_per_call": 1e6 * loop / len(calls), "loop_us_per_image_step": 1e6 * loop / steps,
+            "engine_used": {"fast": res[0].engine}}
+
+
+def print_loop_cost(row: dict) -> None:
+    print(f"{row['config']:<14}{row['images']:>3}{row['features']:>6}{row['calls']:>7}{row['rows']:>9}"
+          f"{row['image_steps']:>8}{row['fast_s']:>9.3f}{row['floor_s']:>9.3f}{row['fast_over_floor']:>8.2f}"
+          f"{row['loop_us_per_call']:>11.0f}{row['loop_us_per_image_step']:>11.1f}", flush=True)
+
+
+LOOP_HEAD = (f"{'config':<14}{'N':>3}{'p':>6}{'calls':>7}{'rows':>9}{'steps':>8}{'fast s':>9}{'floor s':>9}"
+             f"{'f/floor':>8}{'us/call':>11}{'us/step':>11}")
 
 
 # ---- score_dtype against the images' dtype ----
@@ -337,11 +398,16 @@ def main():
         return
     if not args.cold_only:
         names = args.configs or (DEFAULT + (["cnn32-px", "resnet20-px", "effnet-32x32"] if args.full else []))
-        print(HEAD)
         for name in names:
-            rows.append(run_config(name, args.images, device, args.rounds, args.no_reference, not args.no_engines,
-                                   args.skip, not args.no_warmup))
-            print_config(rows[-1])
+            if name in LOOP_CONFIGS:
+                print(LOOP_HEAD)
+                rows.append(run_loop_cost(name, args.images, device, args.rounds, not args.no_warmup))
+                print_loop_cost(rows[-1])
+            else:
+                print(HEAD)
+                rows.append(run_config(name, args.images, device, args.rounds, args.no_reference,
+                                       not args.no_engines, args.skip, not args.no_warmup))
+                print_config(rows[-1])
             write_results("exact", device, rows, args.out)  # a run stopped later keeps the rows measured
     if not args.no_cold:
         rows.append(run_cold(args.cold_size, args.cold_rounds or args.rounds,

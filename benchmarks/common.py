@@ -66,12 +66,28 @@ CONFIGS = {
     # the stride-2 CNN (StrideCNN) where forward passes are cheap: 2 images of 12x12 (p = 144), 1 of 24x24
     "stride12-px": (lambda: StrideCNN(), 12, 1, 2),
     "stride24-px": (lambda: StrideCNN(), 24, 1, 1),
+    # the loop's own cost: a near-free model (one linear layer on 1-channel images), 64 images of 8x8 (p = 64)
+    # and one of 24x24 (p = 576); a fifth entry is the images' channels (default 3)
+    "linear8-px": (lambda: NearFree(64), 8, 1, 64, 1),
+    "linear24-px": (lambda: NearFree(576), 24, 1, 1, 1),
     # ImageNet scale: Inception-v3 (random weights), 8x8-pixel patches; 299x299 -> 38x38 = 1,444 features and
     # 1,043,290 candidates (a GPU's job); 75x75 (Inception-v3's smallest input) -> 10x10 = 100 features, the
     # same code path at a size two CPU cores finish in about a minute
     "inception-299-8x8": (lambda: _inception_v3(), 299, 8, 1),
     "inception-75-8x8": (lambda: _inception_v3(), 75, 8, 1),
 }
+
+
+class NearFree(torch.nn.Module):
+    """A model whose forward pass costs next to nothing: one linear layer on the flattened 1-channel image, 10
+    classes, logits x 5 (confident enough for SIS at tau = 0.5)."""
+
+    def __init__(self, inputs: int, classes: int = 10):
+        super().__init__()
+        self.linear = torch.nn.Linear(inputs, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 5 * self.linear(x.flatten(1))
 
 
 class StrideCNN(torch.nn.Module):
@@ -111,12 +127,14 @@ def patch_map(size: int, patch: int) -> torch.Tensor | None:
 
 
 def make_case(name: str, n_images: int | None, device, dtype=torch.float32):
-    """(model, images [N, 3, S, S], features [S, S] or None, p) for a configuration, seeded."""
-    factory, size, patch, default_n = CONFIGS[name]
+    """(model, images [N, C, S, S], features [S, S] or None, p) for a configuration, seeded."""
+    factory, size, patch, default_n, *rest = CONFIGS[name]
+    channels = rest[0] if rest else 3
     n = n_images or default_n
     torch.manual_seed(0)
     model = factory().to(device=device, dtype=dtype).eval()
-    images = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
+    images = torch.randn(n, channels, size, size, generator=torch.Generator().manual_seed(1),
+                         dtype=dtype).to(device)
     return model, images, patch_map(size, patch), (-(-size // patch)) ** 2
 
 

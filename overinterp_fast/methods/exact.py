@@ -19,6 +19,7 @@ ends, and the round is then run again from that step in the full dtype.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,18 +41,21 @@ from ..runtime.sync import to_host
 _STEP, _SCORE, _LOW = 0, 1, 2  # a full-dtype step, the score of a round's input, a low-precision step
 
 
-class _Image:
-    """Host bookkeeping of one image."""
+@dataclass
+class _Images:
+    """Host bookkeeping of every image, as arrays updated for all the images a batch completes at once."""
 
-    __slots__ = ("count", "step", "score", "rounds", "rescored", "full")
+    count: np.ndarray  # int64 [N]: features present (candidates of the next step)
+    step: np.ndarray  # int64 [N]: steps done this round
+    score: np.ndarray  # float64 [N]: f of the input this round starts from
+    rescored: np.ndarray  # int64 [N]: candidates of this round scored in the full dtype after the low one
+    full: np.ndarray  # bool [N]: this round runs in the full dtype from here on (a step failed its check)
+    rounds: list[list[SISResult]]
 
-    def __init__(self, count: int, score: float):
-        self.count = count  # features present (candidates of the next step)
-        self.step = 0  # steps done this round
-        self.score = score  # f of the input this round starts from
-        self.rounds: list[SISResult] = []
-        self.rescored = 0  # candidates of this round scored in the full dtype after the low one
-        self.full = False  # this round runs in the full dtype from here on (a step failed its check)
+    @classmethod
+    def start(cls, n: int, p: int, scores: list[float]) -> "_Images":
+        return cls(np.full(n, p, np.int64), np.zeros(n, np.int64), np.asarray(scores, np.float64),
+                   np.zeros(n, np.int64), np.zeros(n, bool), [[] for _ in range(n)])
 
 
 @dataclass
@@ -59,8 +63,10 @@ class _ExactRun:
     """State of one :func:`exact_sis` run, shared by its steps and rounds.
 
     Device tensors (see the module docstring): ``remaining`` int64 [N, p + 1], ``present`` bool [N, p],
-    ``order`` int64 [N, p], ``values`` float64 [N, p], ``scores`` float64 [N, p + 1] and ``finite`` (bool [],
-    every score so far finite). Host: ``state`` per image, the ``queue`` of candidate ranges and the ``bar``.
+    ``order`` int64 [N, p], ``values`` float64 [N, p], ``scores`` float64 [N, p + 1] and ``total`` (float64 [],
+    the sum of every score so far: NaN or inf once a score was; scores are probabilities, whose sum cannot
+    overflow). Host: the images' ``state`` (arrays), the ``queue`` of candidate ranges and the
+    ``bar``.
     With ``low``: ``unsafe_step`` int64 [N], each image's first step of the round that failed the low-precision check
     (p: none), and ``low_step`` (host bool [N]: the image's step in flight is a low-precision one).
     """
@@ -76,8 +82,8 @@ class _ExactRun:
     order: torch.Tensor
     values: torch.Tensor
     scores: torch.Tensor
-    finite: torch.Tensor
-    state: list[_Image]
+    total: torch.Tensor
+    state: _Images
     queue: CandidateQueue
     low: LowPrecision | None = None
     unsafe_step: torch.Tensor | None = None
@@ -101,30 +107,32 @@ class _ExactRun:
         order = images.new_full((n, p), -1, dtype=torch.int64)
         values = images.new_zeros((n, p), dtype=torch.float64)
         scores = images.new_zeros((n, cols), dtype=torch.float64)
-        finite = images.new_ones((), dtype=torch.bool)
+        total = images.new_zeros((), dtype=torch.float64)
 
         measured = () if low is None else (low.measure(evaluator, present),)
         host_scores, targets_host, *measured = (t.tolist() for t in to_host(scores0, targets, *measured,
                                                                           label="start"))
-        state = [_Image(p, host_scores[i]) for i in range(n)]
-        queue = CandidateQueue(images=n, slots=cols)
+        state = _Images.start(n, p, host_scores)
+        queue = CandidateQueue(images=n, slots=cols, capacity=n)
         run = cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
-                  values, scores, finite, state, queue, low)
+                  values, scores, total, state, queue, low)
         if low is not None:
             low.start(measured[0], p)
             run.unsafe_step = images.new_full((n,), p, dtype=torch.int64)
             run.low_step = np.zeros(n, dtype=bool)
-        for i in range(n):
-            run.push_step(i)
+        run.push_steps(np.arange(n, dtype=np.int64))
         return run
 
-    def push_step(self, i: int) -> None:
-        """Queue image i's next step: in the low dtype where it has more candidates than are re-scored."""
-        st = self.state[i]
-        low = self.low is not None and not st.full and st.count > self.low.rescore
-        if self.low_step is not None:
-            self.low_step[i] = low
-        self.queue.push(i, 0, st.count, _LOW if low else _STEP)
+    def push_steps(self, ids: np.ndarray) -> None:
+        """Queue the next step of images ``ids`` (int64 [S], in order): in the low dtype where an image has more
+        candidates than are re-scored."""
+        count = self.state.count[ids]
+        if self.low is None:
+            self.queue.push_many(ids, 0, count, _STEP)
+            return
+        low = ~self.state.full[ids] & (count > self.low.rescore)
+        self.low_step[ids] = low
+        self.queue.push_many(ids, 0, count, np.where(low, _LOW, _STEP))
 
     def step(self, evaluator: Callable, batch) -> None:
         """Score one batch of candidates, advance the images whose step it completes, and end or start rounds.
@@ -133,21 +141,31 @@ class _ExactRun:
         rounds) and the re-scores of the low-precision steps this batch completes by ``evaluator``, in one call."""
         dev, p = self.prep.images.device, self.prep.num_features
         state, low = self.state, self.low
-        full_steps = [i for i, tag in batch.completed if tag == _STEP]
-        low_steps = [i for i, tag in batch.completed if tag == _LOW]
-        stepped = full_steps + low_steps
-        scored = [i for i, tag in batch.completed if tag == _SCORE]
-        is_low = np.zeros(len(batch), dtype=bool) if low is None else self.low_step[batch.image] & (batch.slot < p)
-        pos, rank = ((), ()) if not low_steps else low.plan([state[i].count for i in low_steps])
-        # every index this step needs, in one host-to-device transfer (schedule.upload)
-        img, slot, img_low, slot_low, rows, counts, steps, pos, rank = upload(
-            dev, batch.image[~is_low], batch.slot[~is_low], batch.image[is_low], batch.slot[is_low], stepped,
-            [state[i].count for i in stepped], [state[i].step for i in stepped], pos, rank)
-        if img_low.numel():
-            self.scores[img_low, slot_low] = low.evaluator(self.present, img_low, img_low,
-                                                           self.remaining[img_low, slot_low])
-        feature = self.remaining[img, slot]
-        if low_steps:  # the low-precision steps' best candidates join the full-dtype call
+        done, tag = batch.done_image, batch.done_tag
+        full_steps, low_steps = done[tag == _STEP], done[tag == _LOW]
+        stepped = np.concatenate([full_steps, low_steps])
+        scored = done[tag == _SCORE]
+        # slots as flat indices into remaining and scores [N, p + 1]: index_select / index_copy_ on the flat views
+        # cost less per call than indexing by (image, slot) pairs
+        flat = batch.image * (p + 1) + batch.slot
+        if low is None:  # every slot is scored in the full dtype
+            img, flat, rows, counts, steps = upload(dev, batch.image, flat, stepped, state.count[stepped],
+                                                    state.step[stepped])
+            img_low = None
+        else:
+            is_low = self.low_step[batch.image] & (batch.slot < p)
+            pos, rank = ((), ()) if not low_steps.size else low.plan(state.count[low_steps])
+            # every index this step needs, in one host-to-device transfer (schedule.upload)
+            img, flat, img_low, flat_low, rows, counts, steps, pos, rank = upload(
+                dev, batch.image[~is_low], flat[~is_low], batch.image[is_low], flat[is_low], stepped,
+                state.count[stepped], state.step[stepped], pos, rank)
+        scores, remaining = self.scores.view(-1), self.remaining.view(-1)
+        if img_low is not None and img_low.numel():
+            scores.index_copy_(0, flat_low, low.evaluator(self.present, img_low, img_low,
+                                                          remaining.index_select(0, flat_low)))
+        feature = remaining.index_select(0, flat)
+        n0 = flat.shape[0]  # the batch's full-dtype slots; re-scores of low-precision steps follow them in f
+        if low_steps.size:  # the low-precision steps' best candidates join the full-dtype call
             k = len(full_steps)
             picked = low.pick(self.scores, rows[k:], pos, rank, self.present, self.remaining)
             again = rows[k:][pos]
@@ -155,19 +173,17 @@ class _ExactRun:
         if img.numel():  # none where the batch is all low-precision candidates and completes no step
             kw = {}
             if getattr(evaluator, "takes_starts", False):  # incremental: the images whose inputs changed, from here
-                full = ~is_low
-                begins = (batch.slot[full] == 0) | (batch.slot[full] == p)  # a step's first slot, a round's input
-                kw["starts"] = np.unique(batch.image[full][begins]).tolist()
+                im, sl = (batch.image, batch.slot) if low is None else (batch.image[~is_low], batch.slot[~is_low])
+                begins = (sl == 0) | (sl == p)  # a step's first slot, a round's input
+                kw["starts"] = np.unique(im[begins]).tolist()
             f = evaluator(self.present, img, img, feature, **kw)
-            self.finite &= torch.isfinite(f).all()
-            self.scores[img[: slot.shape[0]], slot] = f[: slot.shape[0]]
-        if low_steps:
-            low.settle(picked, f[slot.shape[0]:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
+            self.total += f.sum()  # two ops per call; isfinite(f).all() and &= took three
+            scores.index_copy_(0, flat, f if f.shape[0] == n0 else f[:n0])
+        if low_steps.size:
+            low.settle(picked, f[n0:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
                        self.unsafe_step)
-            for i in low_steps:
-                state[i].rescored += min(low.rescore, state[i].count)
-        ended = []
-        if stepped:
+            state.rescored[low_steps] += np.minimum(low.rescore, state.count[low_steps])
+        if stepped.size:
             _ops.backselect_update(
                 self.scores,
                 rows,
@@ -179,18 +195,14 @@ class _ExactRun:
                 self.values,
                 False,  # rows/counts/steps come from the host's bookkeeping; remaining is kept valid
             )
-            for i in stepped:
-                st = state[i]
-                st.count -= 1
-                st.step += 1
-                if st.count > 0:
-                    self.push_step(i)
-                else:
-                    ended.append(i)
-        if ended:
-            self.finish_rounds(ended)
-        if scored:
-            self.start_rounds(scored)
+            state.count[stepped] -= 1
+            state.step[stepped] += 1
+            going = state.count[stepped] > 0
+            self.push_steps(stepped[going])
+            if not going.all():
+                self.finish_rounds(stepped[~going].tolist())
+        if scored.size:
+            self.start_rounds(scored.tolist())
         self.bar.update(len(batch))
 
     def finish_rounds(self, ids: list[int]) -> None:
@@ -199,44 +211,44 @@ class _ExactRun:
         thresholds = self.thresholds
         (rows,) = upload(self.prep.images.device, ids)
         unsafe = () if self.low is None else (self.unsafe_step[rows],)
-        finite, ords, vals, *unsafe = to_host(self.finite, self.order[rows], self.values[rows], *unsafe,
+        total, ords, vals, *unsafe = to_host(self.total, self.order[rows], self.values[rows], *unsafe,
                                               label="round end")
-        check_finite_scores(finite)
+        check_finite_scores(math.isfinite(total))
         row = {i: k for k, i in enumerate(ids)}
         if unsafe:
-            redo = {i: t for i, t in zip(ids, unsafe[0].tolist()) if t < self.state[i].step}
+            redo = {i: t for i, t in zip(ids, unsafe[0].tolist()) if t < self.state.step[i]}
             if redo:
                 self.low.grow(self.prep.num_features)
             for i, t in redo.items():
-                self.redo(i, ords[row[i], t: self.state[i].step], t)
+                self.redo(i, ords[row[i], t: self.state.step[i]], t)
             ids = [i for i in ids if i not in redo]
+        st = self.state
         found = {}
         for i in ids:
-            st = self.state[i]
-            o, v = ords[row[i], : st.step].clone(), vals[row[i], : st.step].clone()
-            sis = find_sis(o, v, thresholds[i]) if st.score >= thresholds[i] else None
-            found[i] = (o, v, sis, None if sis is None else sis_score(v, st.score, sis.numel()))
+            m, score = int(st.step[i]), float(st.score[i])
+            o, v = ords[row[i], :m].clone(), vals[row[i], :m].clone()
+            sis = find_sis(o, v, thresholds[i]) if score >= thresholds[i] else None
+            found[i] = (o, v, sis, None if sis is None else sis_score(v, score, sis.numel()))
         if self.verifier is not None:
             self.verify(found)
         for i in ids:
-            st = self.state[i]
-            m = st.step
+            m = int(st.step[i])
             o, v, sis, f_sis = found[i]
-            st.rounds.append(
+            st.rounds[i].append(
                 SISResult(
                     order=o,
                     values=v,
                     sis=sis,
                     mask=None if sis is None else self.prep.feature_mask(sis),
                     target=self.targets_host[i],
-                    score=st.score,
+                    score=float(st.score[i]),
                     threshold=thresholds[i],
                     sis_score=f_sis,
                     engine=self.engine,
-                    rescored=st.rescored,
+                    rescored=int(st.rescored[i]),
                 )
             )
-            st.rescored, st.full = 0, False
+            st.rescored[i], st.full[i] = 0, False
             if not self.collection or sis is None or sis.numel() == 0 or sis.numel() == m:
                 continue
             self.next_round(i, o, sis)
@@ -244,7 +256,6 @@ class _ExactRun:
     def next_round(self, i: int, o: torch.Tensor, sis: torch.Tensor) -> None:
         """Queue image i's next round: what this round started with (its order ``o``), less its SIS."""
         p = self.prep.num_features
-        st = self.state[i]
         keep = torch.zeros(p, dtype=torch.bool, device="cpu")  # on the host: o and sis are host tensors
         keep[o] = True
         keep[sis] = False
@@ -253,25 +264,27 @@ class _ExactRun:
         self.present[i].index_fill_(0, rest, True)  # x[i, idx] = True would copy a host scalar: a wait
         # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
         self.remaining[i, : rest.numel()] = rest
-        st.count, st.step = rest.numel(), 0
-        self.bar.total += 1 + st.count * (st.count + 1) // 2
+        m = rest.numel()
+        self.state.count[i], self.state.step[i] = m, 0
+        self.bar.total += 1 + m * (m + 1) // 2
         self.queue.push(i, p, p + 1, _SCORE)
 
     def redo(self, i: int, rest: torch.Tensor, t: int) -> None:
         """Run image i's round again from its step ``t`` in the full dtype: ``rest`` (int64 [m - t], host) are the
         features that step started with. The candidates of the steps run again count as re-scored."""
-        st = self.state[i]
+        st = self.state
         (feats,) = upload(self.prep.images.device, rest)
         self.present[i] = False
         self.present[i].index_fill_(0, feats, True)
         # remaining[i, :p] is all -1 here (see next_round); the slots' order does not matter (ties go by feature id)
         self.remaining[i, : feats.numel()] = feats
         self.unsafe_step[i] = self.prep.num_features
-        st.count, st.step, st.full = feats.numel(), t, True
-        again = st.count * (st.count + 1) // 2
-        st.rescored += again
+        m = feats.numel()
+        st.count[i], st.step[i], st.full[i] = m, t, True
+        again = m * (m + 1) // 2
+        st.rescored[i] += again
         self.bar.total += again
-        self.push_step(i)
+        self.push_steps(np.array([i], np.int64))
 
     def verify(self, found: dict) -> None:
         """Check each SIS on the user's model; where it fails, take more of the order until one passes."""
@@ -291,15 +304,17 @@ class _ExactRun:
         """The inputs of images ``ids``' new rounds are scored: start those that pass their threshold."""
         p = self.prep.num_features
         (rows,) = upload(self.prep.images.device, ids)
-        finite, new_scores = to_host(self.finite, self.scores[rows, p], label="round start")
-        check_finite_scores(finite)
+        total, new_scores = to_host(self.total, self.scores[rows, p], label="round start")
+        check_finite_scores(math.isfinite(total))
+        st, going = self.state, []
         for i, s in zip(ids, new_scores.tolist()):
-            st = self.state[i]
-            st.score = s
+            st.score[i] = s
             if s >= self.thresholds[i]:
-                self.push_step(i)
+                going.append(i)
             else:
-                self.bar.total -= st.count * (st.count + 1) // 2
+                m = int(st.count[i])
+                self.bar.total -= m * (m + 1) // 2
+        self.push_steps(np.asarray(going, np.int64))
 
 
 def exact_sis(
@@ -339,6 +354,6 @@ def exact_sis(
     while run.queue:
         run.step(evaluator, run.queue.take(batch_size))
     run.bar.close()
-    check_finite_scores(to_host(run.finite, label="end")[0])
+    check_finite_scores(math.isfinite(to_host(run.total, label="end")[0]))
 
-    return [first_with_collection(st.rounds, collection) for st in run.state]
+    return [first_with_collection(rounds, collection) for rounds in run.state.rounds]

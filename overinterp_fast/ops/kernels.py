@@ -147,7 +147,7 @@ def _compare_samples(spec, fn: Callable, device: torch.device) -> str | None:
 
 
 _lock = threading.Lock()
-_choices: dict[tuple[str, str, str], tuple[OpInfo, Callable]] = {}
+_choices: dict[tuple, tuple[OpInfo, Callable]] = {}  # (op, device, setting) -> (why, implementation)
 
 
 def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
@@ -193,7 +193,14 @@ def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
 
 def call(name: str, *args):
     """Run op ``name`` with the implementation chosen for the device of its first argument."""
-    return _choose(name, args[0].device)[1](*args)
+    device = args[0].device
+    # the per-call path: one lookup keyed by the device object and the raw setting (no string formatting);
+    # _choose decides (and self-checks) once per op, device and setting
+    key = (name, device, os.environ.get(ENV_VAR))
+    choice = _choices.get(key)
+    if choice is None:
+        choice = _choices[key] = _choose(name, device)
+    return choice[1](*args)
 
 
 def ops_info(devices=None) -> list[OpInfo]:

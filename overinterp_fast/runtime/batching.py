@@ -178,8 +178,19 @@ class CandidateEvaluator:
         if self.check_indices if check_indices is None else check_indices:
             check_candidates(p, image, row, feature, present.shape[0])
 
+        pad_to = self.fn.pad_to
+
         def work(sl: slice) -> torch.Tensor:
-            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, image[sl], row[sl], feature[sl], False)
-            return self.measure(x, self.targets[image[sl]])
+            img, r, feat = image[sl], row[sl], feature[sl]
+            n = img.shape[0]
+            m = pad_to(n) if pad_to is not None and n > 0 else n
+            if m > n:  # the model's fixed batch shape: pad the candidate list (repeats of the last candidate), so
+                # that mask_apply writes the padded batch itself and the forward pass copies nothing
+                img, r, feat = (torch.cat([t, t[-1:].expand(m - n)]) for t in (img, r, feat))
+            x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, img, r, feat, False)
+            out = self.measure(x, self.targets[img])
+            if m == n:
+                return out
+            return tuple(t[:n] for t in out) if isinstance(out, tuple) else out[:n]
 
         return self.runner.run(image.shape[0], work)

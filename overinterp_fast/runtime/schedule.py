@@ -11,7 +11,6 @@ only on the counts and the batch size: it is deterministic.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,63 +18,106 @@ import torch
 
 
 @dataclass
-class Segment:
-    image: int
-    start: int  # first slot
-    stop: int  # one past the last slot
-    tag: int  # what the slots are (e.g. a step or a score evaluation); returned on completion
-
-
-@dataclass
 class Batch:
-    image: np.ndarray  # int64 [B]
-    slot: np.ndarray  # int64 [B]
-    completed: list[tuple[int, int]]  # (image, tag) of the segments whose last slot is in this batch
+    """The candidate slots of one batch: ``image`` and ``slot`` (int64 [B]), and the segments whose last slot it
+    holds, in queue order: their images ``done_image`` and tags ``done_tag`` (int64 [D])."""
+
+    image: np.ndarray
+    slot: np.ndarray
+    done_image: np.ndarray
+    done_tag: np.ndarray
 
     def __len__(self) -> int:
         return int(self.image.shape[0])
 
+    @property
+    def completed(self) -> list[tuple[int, int]]:
+        """(image, tag) of the completed segments, as host ints."""
+        return list(zip(self.done_image.tolist(), self.done_tag.tolist()))
+
+
+_EMPTY = np.zeros(0, np.int64)
+
 
 class CandidateQueue:
-    """FIFO of segments. With ``images`` and ``slots``, every segment pushed must lie in [0, images) x [0, slots):
-    the indices the batches carry are checked here, where they are made, so the ops that read them need not."""
+    """FIFO of segments, kept as arrays: a batch is taken, and the next steps of many images are queued, with a
+    few numpy operations whatever the number of images. With ``images`` and ``slots``, every segment pushed must
+    lie in [0, images) x [0, slots): the indices the batches carry are checked here, where they are made, so the
+    ops that read them need not."""
 
-    def __init__(self, images: int | None = None, slots: int | None = None) -> None:
-        self._queue: deque[Segment] = deque()
+    def __init__(self, images: int | None = None, slots: int | None = None, capacity: int = 64) -> None:
         self._images, self._slots = images, slots
+        self._seg = np.zeros((4, max(1, capacity)), np.int64)  # rows: image, start, stop, tag
+        self._head = self._tail = 0
 
     def push(self, image: int, start: int, stop: int, tag: int) -> None:
-        if stop <= start:
+        """Queue slots [start, stop) of ``image``, tagged ``tag``."""
+        self.push_many([image], [start], [stop], [tag])
+
+    def push_many(self, images, starts, stops, tags) -> None:
+        """Queue one segment per entry, in order: int64 [S] each (arrays, lists or scalars that broadcast)."""
+        image = np.asarray(images, np.int64).reshape(-1)
+        seg = np.empty((4, image.size), np.int64)
+        seg[0] = image
+        seg[1], seg[2], seg[3] = starts, stops, tags
+        if not image.size:
+            return
+        if (seg[2] <= seg[1]).any():
             raise ValueError("a segment needs at least one slot")
-        if self._images is not None and not 0 <= image < self._images:
-            raise IndexError(f"image {image} out of range [0, {self._images})")
-        if self._slots is not None and not (0 <= start and stop <= self._slots):
-            raise IndexError(f"slots [{start}, {stop}) out of range [0, {self._slots})")
-        self._queue.append(Segment(image, start, stop, tag))
+        if self._images is not None and (image.min() < 0 or image.max() >= self._images):
+            bad = int(image[(image < 0) | (image >= self._images)][0])
+            raise IndexError(f"image {bad} out of range [0, {self._images})")
+        if self._slots is not None and (seg[1].min() < 0 or seg[2].max() > self._slots):
+            k = int(np.flatnonzero((seg[1] < 0) | (seg[2] > self._slots))[0])
+            raise IndexError(f"slots [{seg[1, k]}, {seg[2, k]}) out of range [0, {self._slots})")
+        self._reserve(image.size)
+        self._seg[:, self._tail: self._tail + image.size] = seg
+        self._tail += image.size
+
+    def _reserve(self, n: int) -> None:
+        """Room for n more segments at the tail: slide the live ones to the front, or grow."""
+        cap = self._seg.shape[1]
+        if self._tail + n <= cap:
+            return
+        live = self._tail - self._head
+        if live + n > cap // 2:
+            grown = np.zeros((4, max(2 * cap, 2 * (live + n))), np.int64)
+            grown[:, :live] = self._seg[:, self._head: self._tail]
+            self._seg = grown
+        else:
+            self._seg[:, :live] = self._seg[:, self._head: self._tail]
+        self._head, self._tail = 0, live
 
     def __bool__(self) -> bool:
-        return bool(self._queue)
+        return self._tail > self._head
 
     def pending(self) -> int:
-        return sum(s.stop - s.start for s in self._queue)
+        seg = self._seg[:, self._head: self._tail]
+        return int((seg[2] - seg[1]).sum())
 
     def take(self, batch_size: int) -> Batch:
-        images, slots, completed = [], [], []
-        room = batch_size
-        while room > 0 and self._queue:
-            seg = self._queue[0]
-            n = min(room, seg.stop - seg.start)
-            images.append(np.full(n, seg.image, dtype=np.int64))
-            slots.append(np.arange(seg.start, seg.start + n, dtype=np.int64))
-            room -= n
-            if seg.start + n == seg.stop:
-                self._queue.popleft()
-                completed.append((seg.image, seg.tag))
-            else:
-                seg.start += n
-        if not images:
-            return Batch(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
-        return Batch(np.concatenate(images), np.concatenate(slots), completed)
+        """The next ``batch_size`` slots (fewer when fewer are queued), splitting the last segment if needed."""
+        h = self._head
+        m = min(self._tail - h, max(batch_size, 0))  # every segment has a slot: at most batch_size are touched
+        if m == 0:
+            return Batch(_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        image, start, stop, tag = self._seg[:, h: h + m]
+        size = stop - start
+        ends = np.cumsum(size)
+        k = min(int(np.searchsorted(ends, batch_size)), m - 1)  # the last segment touched
+        lens = size[: k + 1].copy()
+        taken = min(batch_size, int(ends[k]))
+        lens[k] -= int(ends[k]) - taken
+        done = k + 1 if lens[k] == size[k] else k
+        first = np.repeat(start[: k + 1] - (np.cumsum(lens) - lens), lens)
+        slot = np.arange(taken, dtype=np.int64) + first
+        batch = Batch(np.repeat(image[: k + 1], lens), slot, image[:done].copy(), tag[:done].copy())
+        if done == k:  # the last segment goes on in the next batch
+            self._seg[1, h + k] += lens[k]
+        self._head = h + done
+        if self._head == self._tail:
+            self._head = self._tail = 0
+        return batch
 
 
 def upload(device: torch.device, *parts) -> tuple[torch.Tensor, ...]:
@@ -86,12 +128,17 @@ def upload(device: torch.device, *parts) -> tuple[torch.Tensor, ...]:
     step several times (seen on an H100: exact SIS ran 3.5-10.5x slower than its bare forward passes).
     Here all parts travel in one pinned, non-blocking copy on the current stream, which orders it before
     the kernels that read it; the caching host allocator keeps the pinned block until the copy is done. On
-    the CPU the parts are views of one new tensor.
+    the CPU each part is a tensor of its own (a copy: the caller may change its arrays afterwards).
     """
+    if device.type == "cpu":  # nothing to transfer: each part becomes a tensor over a copy of its own
+        return tuple(torch.from_numpy(np.array(part, dtype=np.int64).reshape(-1)) for part in parts)
     arrays = [np.asarray(part, dtype=np.int64).reshape(-1) for part in parts]
-    flat = torch.from_numpy(np.concatenate(arrays)) if arrays else torch.zeros(0, dtype=torch.int64)
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
-    elif device.type != "cpu":
-        flat = flat.to(device)
-    return torch.split(flat, [a.size for a in arrays])
+    sizes = [a.size for a in arrays]
+    if device.type == "cuda":  # written straight into pinned memory (the caching host allocator's)
+        host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)
+        if arrays:
+            np.concatenate(arrays, out=host.numpy())
+        flat = host.to(device, non_blocking=True)
+    else:
+        flat = torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(0, np.int64)).to(device)
+    return torch.split(flat, sizes)
