@@ -696,16 +696,25 @@ class IncrementalEngine:
             self.fm = self.fm.contiguous(memory_format=torch.channels_last)
 
     # -- base run
-    def base(self, rows: torch.Tensor, x: torch.Tensor, targets: torch.Tensor) -> None:
-        """Run the current inputs x [R, *D] of ``rows`` and store their activations and f."""
+    def base(self, rows: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, every_row: bool = False) -> None:
+        """Run the current inputs x [R, *D] of ``rows`` and store their activations and f. ``every_row``: the
+        caller knows that ``rows`` is 0, 1, ..., n_rows - 1 in order; the outputs then become the stored maps,
+        without a copy."""
         out, kept = _run_graph(self.pl.gm, x, self.pl.calls, keep=lambda n: n in self._keep)
         out = self.fn.check_output(out, x.shape[0], x.device)
         f = self.fn.probabilities(out).gather(1, targets.view(-1, 1)).view(-1).double()
         for node, v in kept.items():
-            if node not in self.stored:
-                self.stored[node] = v.new_zeros((self.n_rows, *v.shape[1:])).contiguous(
-                    memory_format=_format(v))
-            self.stored[node][rows] = v
+            if every_row:  # this run's own output (ops run out of place): kept as the stored map; a later
+                # partial run writes its rows into it, with values consistent with every view of it
+                self.stored[node] = v
+            else:
+                if node not in self.stored:
+                    self.stored[node] = v.new_zeros((self.n_rows, *v.shape[1:])).contiguous(
+                        memory_format=_format(v))
+                self.stored[node][rows] = v
+        if every_row:
+            self.base_scores = f
+            return
         if self.base_scores is None:
             self.base_scores = torch.zeros(self.n_rows, dtype=torch.float64, device=x.device)
         self.base_scores[rows] = f
@@ -917,7 +926,11 @@ class IncrementalEvaluator:
                 return
         x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, stale, stale, torch.full_like(stale, -1),
                             starts is None)
-        self.runner.run(count, lambda sl: self.engine.base(stale[sl], x[sl], self.targets[stale[sl]]))
+        n = present.shape[0]
+        # every image, in order, in one chunk: the run's outputs become the stored maps (no copy)
+        whole = starts is not None and count == n and count <= self.runner.chunk and list(starts) == list(range(n))
+        self.runner.run(count, lambda sl: self.engine.base(stale[sl], x[sl], self.targets[stale[sl]],
+                                                           every_row=whole and sl.stop - sl.start == n))
         self.snapshot[stale] = present[stale]
         self.fresh.index_fill_(0, stale, True)  # x[idx] = True would copy a host scalar: a wait on CUDA
 

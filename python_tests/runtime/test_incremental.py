@@ -427,9 +427,9 @@ def test_base_runs_only_when_an_images_present_row_changed(monkeypatch):
         seen.extend((i, tuple(present[i].tolist())) for i in torch.unique(image).tolist())
         return real_call(self, present, image, row, feature, **kw)
 
-    def base(self, rows, x, targets):
+    def base(self, rows, x, targets, **kw):
         based.extend(rows.tolist())
-        return real_base(self, rows, x, targets)
+        return real_base(self, rows, x, targets, **kw)
 
     monkeypatch.setattr(incremental.IncrementalEvaluator, "__call__", call)
     monkeypatch.setattr(incremental.IncrementalEngine, "base", base)
