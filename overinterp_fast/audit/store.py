@@ -359,14 +359,16 @@ def config_difference(old: dict, new: dict) -> str | None:
     return f"{k} is {old.get(k)!r} there, {new.get(k)!r} here{more}"
 
 
-def check_resumable(folder: str, config: dict) -> dict | None:
+def check_resumable(folder: str, config: dict, recorded_later: dict | None = None) -> dict | None:
     """The stored document when ``folder`` holds an audit with ``config`` (None: no audit there yet).
 
-    Raises ValueError, one line, when it holds another configuration."""
+    ``recorded_later``: entries that folders written before they were recorded lack, with the value such a
+    folder had. Raises ValueError, one line, when it holds another configuration."""
     doc = read_doc(folder)
     if doc is None:
         return None
-    diff = config_difference(_jsonable(doc.get("config", {})), _jsonable(config))
+    old = {**(recorded_later or {}), **doc.get("config", {})}
+    diff = config_difference(_jsonable(old), _jsonable(config))
     if diff:
         raise ValueError(f"{folder!r} holds an audit with another configuration: {diff}; rerun with --restart "
                          f"to start over, or choose another --out")

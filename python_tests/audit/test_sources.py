@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from overinterp_fast.audit import sources as ds
 from overinterp_fast.zoo.imagenet import PHOTOS
+from overinterp_fast.zoo.preprocessing import Preprocessing
 
 RNG = np.random.default_rng(7)
 
@@ -167,10 +168,10 @@ def test_items_crop_normalize_grey_and_subsets(tmp_path):
 @pytest.mark.mutation
 def test_array_images_grey_of_an_rgb_photo_and_ignores_grey_when_already_grey():
     photos = np.stack([rgb(8, 8), rgb(8, 8)])
-    src = ds.ArrayImages(["p", "q"], [3, None], 8, 0.0, 1.0, True, arrays=photos)
+    src = ds.ArrayImages(["p", "q"], [3, None], Preprocessing(8, 0.0, 1.0), True, arrays=photos)
     assert np.array_equal(src.display(0), np.asarray(Image.fromarray(photos[0]).convert("L")))
     assert src.image_labels == [3, None] and list(src.indices) == [0, 1]
-    flat = ds.ArrayImages(["p"], [None], 8, 0.0, 1.0, True, arrays=[photos[0][..., 0]])
+    flat = ds.ArrayImages(["p"], [None], Preprocessing(8, 0.0, 1.0), True, arrays=[photos[0][..., 0]])
     assert np.array_equal(flat.display(0), photos[0][..., 0])
 
 

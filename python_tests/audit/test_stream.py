@@ -26,6 +26,7 @@ from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
 from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.audit.sources import open_images, select_range
+from overinterp_fast.zoo.preprocessing import Preprocessing
 from helpers import tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
 import hashlib
 from overinterp_fast.audit import store, stream
@@ -323,8 +324,8 @@ class Squares(ImageSource):
         return np.full((6, 6, 3), 10 * i, dtype=np.uint8)
 
 
-def _source(n=5, labels=None, **kw):
-    return Squares([f"im{i}" for i in range(n)], labels or [i % 3 for i in range(n)], 6,
+def _source(n=5, labels=None, mean=0.5, std=0.5, **kw):
+    return Squares([f"im{i}" for i in range(n)], labels or [i % 3 for i in range(n)], Preprocessing(6, mean, std),
                    description={"kind": "squares", "n": n}, **kw)
 
 
@@ -350,6 +351,8 @@ def test_audit_config_every_field():
         "autocast": "bf16", "collection": False, "ensemble": True, "transfer": True, "fraction": 0.05,
         "mask_value": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
         "images_digest": stream.source_digest(src), "size": 6, "mean": [0.5, 0.25, 0.125], "std": 0.5,
+        "preprocessing": {"library": "overinterp_fast", "resize": 6, "crop_pct": 1.0, "interpolation": "bicubic",
+                          "crop_mode": "center"},  # the plain transform: shorter side to 6, centre crop
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
         "batch_size": 32, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON (lists)
     # k matters only for the gradient method; the noise only with object masks

