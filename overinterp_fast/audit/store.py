@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..methods.results import SISResult
+from ..methods.results_io import list_array as _list_array
 
 FORMAT_VERSION = 2
 RESULTS_FILE = "results.json"
@@ -90,20 +91,6 @@ def _crash_hook(chunk: int, stage: str) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # Results <-> Arrow columns
-
-
-def _list_array(arrays: Sequence[np.ndarray | None], value_type):
-    """An Arrow list array from per-row numpy arrays (None: a null row), built from offsets without copies per row."""
-    import pyarrow as pa
-
-    lengths = np.array([0 if a is None else len(a) for a in arrays], dtype=np.int64)
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [a for a in arrays if a is not None]
-    flat = np.concatenate(present) if present else np.zeros(0)
-    values = pa.array(flat.astype(value_type.to_pandas_dtype(), copy=False), type=value_type)
-    mask = pa.array([a is None for a in arrays], type=pa.bool_())
-    return pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), values, mask=mask)
 
 
 def _lists(column) -> list[np.ndarray | None]:

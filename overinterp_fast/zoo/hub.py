@@ -24,9 +24,14 @@ from torch import nn
 from .preprocessing import LibraryTransform, from_image_processor, from_timm, from_torchvision
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _first_line(exc: BaseException, most: int = 300) -> str:
+    """An exception's message on one line: its first line, and the next one when the first only introduces it
+    (torch's "Error(s) in loading state_dict for ResNet:"), cut at ``most`` characters."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def torch_hub_file(url: str) -> str:
@@ -43,15 +48,16 @@ def _timm_cached_file(cfg: dict) -> tuple[str | None, list[str]]:
 
         repo, _, revision = hub_id.partition("@")
         filename = cfg.get("hf_hub_filename")
-        for name in [filename] if filename else ["model.safetensors", "pytorch_model.bin"]:
-            looked.append(f"the Hugging Face cache ({repo}/{name})")
+        names = [filename] if filename else ["model.safetensors", "pytorch_model.bin"]  # as timm tries them
+        looked.append(f"the Hugging Face cache ({repo}: {', '.join(names)})")
+        for name in names:
             path = try_to_load_from_cache(repo, name, revision=revision or None)
             if isinstance(path, str):
                 return path, looked
     url = cfg.get("url")
     if url:
         path = torch_hub_file(url)
-        looked.append(path)
+        looked.append(f"the torch hub cache ({path})")
         if os.path.isfile(path):
             return path, looked
     return None, looked
@@ -76,7 +82,7 @@ def load_timm(name: str, weights: str | None = None) -> tuple[nn.Module, Library
             raise ValueError(f"timm:{name} has no pretrained weights; give a file: timm:{name}=PATH")
         weights, looked = _timm_cached_file(cfg.to_dict())
         if weights is None:
-            raise ValueError(f"timm:{name}: its weights are not in {' or '.join(looked)}; fetch them once with "
+            raise ValueError(f"timm:{name}: its weights are neither in {' nor in '.join(looked)}; fetch them once with "
                              f"timm.create_model({name!r}, pretrained=True) where there is internet, or give a "
                              f"file: timm:{name}=PATH")
     elif not os.path.isfile(weights):
