@@ -95,7 +95,8 @@ class Preprocessing:
         """The same transform with another size (the crop fraction kept), mean or std (None: unchanged)."""
         from dataclasses import replace
 
-        return replace(self, **{k: v for k, v in (("size", size), ("mean", mean), ("std", std)) if v is not None})
+        changes = {k: v for k, v in (("size", size), ("mean", mean), ("std", std)) if v is not None}
+        return replace(self, **changes) if changes else self
 
     def __repr__(self) -> str:
         d = self.describe()
@@ -145,7 +146,8 @@ class LibraryTransform(Preprocessing):
                                  f"({self.size}); it cannot be changed to {size}")
             channels = self.timm_config["input_size"][0]
             out = from_timm_config({**self.timm_config, "input_size": (channels, int(size), int(size))})
-        return replace(out, **{k: v for k, v in (("mean", mean), ("std", std)) if v is not None})
+        changes = {k: v for k, v in (("mean", mean), ("std", std)) if v is not None}
+        return replace(out, **changes) if changes else out
 
 
 def as_preprocessing(size: int | Preprocessing | None, mean=None, std=None) -> Preprocessing:
