@@ -539,8 +539,8 @@ def from_dataset(dataset, size: int | Preprocessing | None = None, mean=None, st
         label_key = _pick_key(keys, label_key, LABEL_KEYS, "label", False)
     elif image_key is not None or label_key is not None:
         raise ValueError(f"image_key and label_key name the keys of dict items; item 0 is a {type(first).__name__}")
+    shape = photo_array(_item_image(first, image_key, 0), 0).shape  # the first image, checked now, not mid-audit
     if size is None:
-        shape = photo_array(_item_image(first, image_key, 0), 0).shape
         if shape[0] != shape[1]:
             raise ValueError(f"the dataset's first image is {shape[0]} x {shape[1]}: give size")
         size = shape[0]

@@ -162,6 +162,72 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     assert_identical(fresh.record.models[0].results, expected_chunks(model, src, 2))
 
 
+class PhotoPairs(torch.utils.data.Dataset):
+    """(PIL image, label) pairs read from files: a torchvision-style dataset over the same photos as a folder."""
+
+    def __init__(self, paths, labels):
+        self.paths, self.targets = paths, labels
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            return im.convert("RGB"), self.targets[i]
+
+
+def test_stored_audit_of_any_dataset_equals_the_folder_s(tree, tmp_path):
+    """The same photos as a map-style dataset, streamed through DataLoader workers: the same results, bit for bit,
+    as the folder source gives, and the labels and classes of the dataset."""
+    from overinterp_fast.audit.sources import from_dataset
+
+    folder = open_images(str(tree), SIDE)
+    data = PhotoPairs(folder.paths, folder.labels)
+    data.classes = folder.classes
+    src = from_dataset(data, SIDE)
+    model = tiny_cnn(3)
+    run = run_stored_audit({"net": model}, src, str(tmp_path / "d"), AuditConfig(method="exact", threshold=0.5),
+                           StoreOptions(chunk_size=3, workers=2, report=False), RunOptions(progress=False))
+    assert_identical(run.record.models[0].results, expected_chunks(model, folder, 3))
+    assert run.record.labels == folder.image_labels and src.classes == ["a_dog", "b_cat"]
+    assert [d.tolist() for d in run.record.displays] == [folder[i]["display"].tolist() for i in range(7)]
+    assert store.read_doc(str(tmp_path / "d"))["config"]["images"]["type"].endswith("PhotoPairs")
+
+
+def test_stored_preprocessing_is_part_of_the_configuration(tree, tmp_path):
+    """A timm-style crop (8 x 8 from the shorter side at floor(8 / 0.875) = 9) is another configuration than the
+    plain transform; a folder written before the preprocessing was recorded counts as the plain transform."""
+    from overinterp_fast.zoo.preprocessing import from_timm_config
+
+    out = str(tmp_path / "audit")
+    config, storage, quiet = (AuditConfig(method="exact", threshold=0.5),
+                              StoreOptions(chunk_size=4, workers=0, report=False), RunOptions(progress=False))
+    model = tiny_cnn(3)
+    run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
+    stored = store.read_doc(out)["config"]
+    assert stored["preprocessing"] == {"library": "overinterp_fast", "resize": 8, "crop_pct": 1.0,
+                                       "interpolation": "bicubic", "crop_mode": "center"}
+    cropped = from_timm_config({"input_size": (3, SIDE, SIDE), "interpolation": "bilinear", "mean": (0.5,) * 3,
+                                "std": (0.5,) * 3, "crop_pct": 0.875, "crop_mode": "center"})
+    with pytest.raises(ValueError, match=r"^'.*audit' holds an audit with another configuration: preprocessing is "
+                                         r"\{'library': 'overinterp_fast', 'resize': 8, .*\} there, \{'library': "
+                                         r"'timm', 'resize': 9, 'crop_pct': 0\.875, 'interpolation': 'bilinear', "
+                                         r"'crop_mode': 'center'\} here; rerun with --restart"):
+        run_stored_audit({"net": model}, open_images(str(tree), cropped), out, config, storage, quiet)
+    doc = store.read_doc(out)
+    del doc["config"]["preprocessing"]  # as written before it was recorded
+    store.write_json(os.path.join(out, store.RESULTS_FILE), doc)
+    again = run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
+    assert (again.skipped, again.computed) == (2, 0)
+    assert store.read_doc(out)["config"]["preprocessing"] == stored["preprocessing"]  # recorded from now on
+    store.write_json(os.path.join(out, store.RESULTS_FILE), doc)  # the older folder again: the crop is refused
+    with pytest.raises(ValueError, match=r"preprocessing is \{'library': 'overinterp_fast'.*\} there, "
+                                         r"\{'library': 'timm'"):
+        run_stored_audit({"net": model}, open_images(str(tree), cropped), out, config, storage, quiet)
+
+
 def test_incomplete_audit_is_not_loaded(tree, tmp_path):
     src = open_images(str(tree), SIDE)
     out = str(tmp_path / "audit")
