@@ -135,12 +135,15 @@ def test_plot_sis_draws_the_image_and_the_sis_alone_on_the_baseline():
     assert alone[0, 1].tolist() == [0.25] * 3 and alone[0, 0].tolist() == [0.5] * 3  # the rest mid-grey
     assert axes[0].get_title() == "class 7: f(x) 0.80" and axes[1].get_title() == "SIS: 1 px (25.0%), f(SIS) 0.75"
     plt.close("all")
-    # a baseline in the image's units (scaled as the image: 2 -> 0.5), one Axes given: the SIS panel only
+    # a baseline in the image's units (scaled as the image: 3 -> 0.75, 8 -> 1 at most), one Axes given: the SIS
+    # panel only
     fig, ax = plt.subplots()
-    baseline = np.full((2, 2, 3), 2.0)
+    baseline = np.full((2, 2, 3), 3.0)
+    baseline[1, 0] = 8.0
     (drawn,) = plotting.plot_sis(res, image.permute(1, 2, 0).numpy(), ax, baseline=baseline)
     alone = np.asarray(drawn.images[0].get_array())
-    assert drawn is ax and alone[1, 1].tolist() == [0.5] * 3 and alone[0, 1].tolist() == [0.25] * 3
+    assert drawn is ax and alone[1, 1].tolist() == [0.75] * 3 and alone[0, 1].tolist() == [0.25] * 3
+    assert alone[1, 0].tolist() == [1.0] * 3
     none = _sis_result(mask, None, score=0.3, sis_score=None)
     (drawn,) = plotting.plot_sis(none, np.zeros((2, 2)), [ax])
     assert drawn.get_title() == "no SIS: f(x) 0.30 < tau 0.50"
