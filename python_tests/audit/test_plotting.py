@@ -143,7 +143,8 @@ def test_plot_sis_draws_the_image_and_the_sis_alone_on_the_baseline():
     (drawn,) = plotting.plot_sis(res, image.permute(1, 2, 0).numpy(), ax, baseline=baseline)
     alone = np.asarray(drawn.images[0].get_array())
     assert drawn is ax and alone[1, 1].tolist() == [0.75] * 3 and alone[0, 1].tolist() == [0.25] * 3
-    assert alone[1, 0].tolist() == [1.0] * 3
+    _, _, panel = plotting.sis_panels(image.permute(1, 2, 0).numpy(), mask.numpy(), baseline)
+    assert panel[1, 0].tolist() == [1.0] * 3 and panel[1, 1].tolist() == [0.75] * 3  # clipped to [0, 1]
     none = _sis_result(mask, None, score=0.3, sis_score=None)
     (drawn,) = plotting.plot_sis(none, np.zeros((2, 2)), [ax])
     assert drawn.get_title() == "no SIS: f(x) 0.30 < tau 0.50"
