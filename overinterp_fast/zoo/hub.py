@@ -15,6 +15,7 @@ Each loader returns the model in eval mode on the CPU and its :class:`~.preproce
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from urllib.parse import urlparse
 
@@ -32,6 +33,12 @@ def _first_line(exc: BaseException, most: int = 300) -> str:
         return type(exc).__name__
     text = " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
     return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def _require(module: str, spec: str) -> None:
+    """A one-line ValueError naming the extra that installs ``module`` when it is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{spec} needs {module}: pip install {module} (or overinterp_fast[hub])")
 
 
 def torch_hub_file(url: str) -> str:
@@ -67,6 +74,7 @@ def load_timm(name: str, weights: str | None = None) -> tuple[nn.Module, Library
     """timm model ``name`` (an architecture, or ``architecture.tag`` for one set of its weights) with its
     pretrained weights from ``weights`` (a local state-dict or safetensors file) or timm's caches, and the
     transform of its data config (``timm.data.resolve_model_data_config``)."""
+    _require("timm", f"timm:{name}")
     import timm
 
     if not timm.is_model(name):
@@ -99,6 +107,7 @@ def load_torchvision(name: str, weights: str | None = None) -> tuple[nn.Module, 
     """torchvision classification model ``name`` with its DEFAULT weights (from the torch hub cache) or the state
     dict in the file ``weights`` (for the architecture ``get_model(name, weights=None)`` builds), and the DEFAULT
     weights' transforms (``weights.transforms()``: resize, centre crop, mean and std)."""
+    _require("torchvision", f"torchvision:{name}")
     from torchvision import models
 
     if name not in models.list_models(module=models):
@@ -141,6 +150,7 @@ def load_transformers(name: str) -> tuple[nn.Module, LibraryTransform]:
     ``save_pretrained``), through ``AutoModelForImageClassification`` and ``AutoImageProcessor`` with
     ``local_files_only=True``; the model returns logits (:class:`ImageClassifierLogits`), the transform is the
     image processor's."""
+    _require("transformers", f"hf:{name}")
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     try:

@@ -178,3 +178,16 @@ def test_sis_command_on_a_transformers_model(tmp_path, empty_caches, capsys):
     assert (prep["library"], prep["size"], prep["mean"]) == ("transformers", 32, [0.5, 0.4, 0.3])
     assert doc["meta"]["overinterp_fast"] == "0.1.0"
     assert os.path.isfile(tmp_path / "out" / "sis.png")
+
+
+def test_a_missing_library_is_named_in_one_line(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("timm", "transformers")
+                        else real(name, *a))
+    with pytest.raises(ValueError, match=r"^timm:resnet18 needs timm: pip install timm \(or overinterp_fast\[hub\]\)$"):
+        loading.load_model("timm:resnet18")
+    with pytest.raises(ValueError, match=r"^hf:org/net needs transformers: pip install transformers \(or "
+                                         r"overinterp_fast\[hub\]\)$"):
+        loading.load_model("hf:org/net")
