@@ -100,8 +100,12 @@ class Preprocessing:
 
     def __repr__(self) -> str:
         d = self.describe()
+
+        def short(v):
+            return f"{v:.4g}" if isinstance(v, float) else "[" + ", ".join(f"{x:.4g}" for x in v) + "]"
+
         return (f"{type(self).__name__}({d['library']}: resize {d['resize']}, crop {self.size}, "
-                f"{d['interpolation']}, mean {d['mean']}, std {d['std']})")
+                f"{d['interpolation']}, mean {short(d['mean'])}, std {short(d['std'])})")
 
 
 @dataclass(frozen=True, repr=False)
