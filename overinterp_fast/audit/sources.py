@@ -273,7 +273,8 @@ def open_folder(folder: str, size: int | Preprocessing, mean=None, std=None, gre
 
 
 def open_bundled(size: int | Preprocessing, mean=None, std=None, grey: bool = False) -> ArrayImages:
-    """The photos bundled with scikit-image and scikit-learn (``size``, ``mean``, ``std`` as for :func:`open_folder`)."""
+    """The photos bundled with scikit-image and scikit-learn (``size``, ``mean``, ``std`` as for
+    :func:`open_folder`)."""
     from ..zoo.imagenet import PHOTOS
 
     names = list(PHOTOS)

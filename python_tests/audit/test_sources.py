@@ -385,7 +385,8 @@ def test_torchvision_style_dataset_labels_from_targets_and_a_crop():
     want = np.asarray(Image.fromarray(photos[2]).resize((10, 8), Image.BICUBIC))[:, 1:9]
     assert np.array_equal(src[2]["display"], want)
     grey = ds.from_dataset(data, 8, grey=True)[2]["display"]  # converted to L before the crop, as files are
-    assert np.array_equal(grey, np.asarray(Image.fromarray(photos[2]).convert("L").resize((10, 8), Image.BICUBIC))[:, 1:9])
+    want = np.asarray(Image.fromarray(photos[2]).convert("L").resize((10, 8), Image.BICUBIC))[:, 1:9]
+    assert np.array_equal(grey, want)
     mono = ds.from_dataset([(np.full((4, 4), 9, np.uint8), 0)])  # one channel, an RGB model: repeated, as PIL does
     assert np.array_equal(mono[0]["display"], np.full((4, 4, 3), 9, np.uint8))
     assert ds.from_dataset([(np.full((4, 4, 1), 9, np.uint8), 0)], grey=True)[0]["display"].shape == (4, 4)
@@ -411,7 +412,8 @@ def test_hugging_face_dataset_dicts_class_label_and_unlabelled():
     with pytest.raises(ValueError, match=r"^a DatasetDict holds several splits \(train, test\); give one, e\.g\. "
                                          r"dataset\['train'\]$"):
         ds.from_dataset(datasets.DatasetDict({"train": hf, "test": hf}), 8)
-    with pytest.raises(ValueError, match=r"^the dataset's items have no 'picture' key; they have \['image', 'label'\]$"):
+    with pytest.raises(ValueError, match=r"^the dataset's items have no 'picture' key; they have "
+                                         r"\['image', 'label'\]$"):
         ds.from_dataset(hf, 8, image_key="picture")
     no_image = datasets.Dataset.from_dict({"pixels": [1], "label": [0]})
     with pytest.raises(ValueError, match=r"^no image among the dataset's keys \['label', 'pixels'\]; name it with "

@@ -179,7 +179,8 @@ def test_one_preprocessing_for_the_models_of_an_audit():
     assert got is lite0  # a file model (no preprocessing of its own) does not count
     with pytest.raises(ValueError, match=r"^a and b expect different preprocessing \(LibraryTransform\(timm: "
                                          r"resize 256, crop 224, bicubic, mean 0\.5, std 0\.5\) and "
-                                         r"LibraryTransform\(timm: resize 272, crop 240, bicubic, mean 0\.5, std 0\.5\)\); "
+                                         r"LibraryTransform\(timm: resize 272, crop 240, bicubic, mean 0\.5, "
+                                         r"std 0\.5\)\); "
                                          r"give --size \(and --mean, --std\) to use one for both$"):
         loading.common_preprocessing([_loaded("a", lite0), _loaded("b", lite1)])
     both = loading.common_preprocessing([_loaded("a", lite0), _loaded("b", lite1)], size=240)

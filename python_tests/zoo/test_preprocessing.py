@@ -83,7 +83,8 @@ def test_timm_size_change_keeps_the_crop_fraction_and_pickles():
 
     prep = pp.from_timm(timm.create_model("tf_efficientnet_lite0", pretrained=False))
     other = prep.with_values(size=240)
-    assert (other.size, other.describe()["resize"], other.describe()["crop_pct"]) == (240, 274, 0.875)  # floor(240/0.875)
+    # the crop fraction kept: floor(240 / 0.875) = 274
+    assert (other.size, other.describe()["resize"], other.describe()["crop_pct"]) == (240, 274, 0.875)
     assert prep.with_values(mean=0.0, std=1.0).describe()["mean"] == 0.0 and prep.with_values().size == 224
     back = pickle.loads(pickle.dumps(prep))  # DataLoader workers may receive it pickled
     torch.testing.assert_close(back(PHOTO), prep(PHOTO), rtol=0, atol=0)
