@@ -11,8 +11,8 @@ Every source is a ``torch.utils.data.Dataset`` whose item ``i`` is one image rea
     item = src[0]   # {"index", "x": float32 [C, S, S], "display": uint8 [S, S(, 3)], "label", "object"}
 
 Decoding, resizing, cropping and normalizing happen in ``__getitem__``, so a ``DataLoader`` with worker
-processes does them in parallel and only a chunk of images is in memory at a time. How is the source's
-:class:`~overinterp_fast.zoo.preprocessing.Preprocessing`: the plain transform by default (shorter side
+processes does them in parallel and only a chunk of images is in memory at a time. The source's
+:class:`~overinterp_fast.zoo.preprocessing.Preprocessing` says how: the plain transform by default (shorter side
 to ``size``, PIL bicubic, then a centre crop, then ``(x / 255 - mean) / std``), or a model's own (timm's data
 config, torchvision's weights' transforms, a transformers image processor). The same item always gives the
 same pixels, so a stored audit resumes exactly.
@@ -44,7 +44,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..zoo.imagenet import center_crop
 from ..zoo.preprocessing import Preprocessing, as_preprocessing
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")

@@ -327,6 +327,7 @@ def _finish(done: StoredAudit, source: ImageSource, plan: _Plan, storage: StoreO
     info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
                     run.meta)
     info.update({"chunks": len(plan.ranges), "chunk size": storage.chunk_size, "world size": ranks.world})
+    info.setdefault("preprocessing", source.preprocessing.describe())
     known = all(lab is not None for lab in source.image_labels)
     t0 = time.perf_counter()
     finalize(out, plan.doc, run.class_name, info, plan.config, known)

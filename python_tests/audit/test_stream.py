@@ -205,7 +205,10 @@ def test_stored_preprocessing_is_part_of_the_configuration(tree, tmp_path):
     config, storage, quiet = (AuditConfig(method="exact", threshold=0.5),
                               StoreOptions(chunk_size=4, workers=0, report=False), RunOptions(progress=False))
     model = tiny_cnn(3)
-    run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
+    first = run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
+    assert first.record.meta["preprocessing"] == {"size": 8, "library": "overinterp_fast", "resize": 8,
+                                                  "crop_pct": 1.0, "interpolation": "bicubic",
+                                                  "crop_mode": "center", "mean": 0.5, "std": 0.5}
     stored = store.read_doc(out)["config"]
     assert stored["preprocessing"] == {"library": "overinterp_fast", "resize": 8, "crop_pct": 1.0,
                                        "interpolation": "bicubic", "crop_mode": "center"}
