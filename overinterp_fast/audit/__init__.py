@@ -6,6 +6,8 @@
     record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays,
                              audit.AuditConfig(method="gradient"))
     audit.save_audit(record, "out/audit"); audit.build_report(record, "out/audit/report.html")
+    source = audit.from_dataset(torchvision_or_hf_dataset, loaded_model.preprocessing)   # for run_stored_audit
+    audit.plot_sis(record.models[0].results[0], record.displays[0])
 """
 from .stats import (
     bonferroni,
@@ -24,6 +26,8 @@ from .stats import (
 )
 from .config import AuditConfig, RunOptions, StoreOptions
 from .pipeline import digits_pipeline, format_table
+from .plotting import plot_sis
+from .sources import from_dataset, open_images, select_range
 from .records import AuditRecord, ModelRecord, load_audit, save_audit
 from .report import build_report, rebuild_report
 from .runner import run_audit, thresholds_for, transfer_table
@@ -36,3 +40,4 @@ __all__ = [
     "pixel_subsets", "random_subsets", "AuditRecord", "ModelRecord", "load_audit", "save_audit", "build_report",
     "rebuild_report", "AuditConfig", "RunOptions", "StoreOptions", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
 ]
+__all__ += ["plot_sis", "from_dataset", "open_images", "select_range"]

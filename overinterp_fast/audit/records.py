@@ -57,6 +57,12 @@ class ModelRecord:
     def predictions(self) -> list[int]:
         return [r.target for r in self.results]
 
+    def __repr__(self) -> str:
+        found = [r.fraction for r in self.results if r.sis is not None]
+        median = "" if not found else f", median SIS {float(np.median(found)):.1%}"
+        return (f"ModelRecord({self.name!r}, {self.method}: {len(found)} of {len(self.results)} images with a SIS"
+                f"{median}, {self.seconds:.3g} s)")
+
 
 @dataclass
 class AuditRecord:
@@ -101,6 +107,27 @@ class AuditRecord:
         if index is None:
             return "-"
         return self.class_names.get(int(index), str(int(index)))
+
+    def __repr__(self) -> str:
+        known = sum(lab is not None for lab in self.labels)
+        extras = [s for s, on in (("transfer", self.transfer is not None),
+                                  ("object masks", self.object_masks is not None)) if on]
+        return (f"AuditRecord({self.title!r}: {len(self.image_names)} images ({known} labelled), "
+                f"models {[m.name for m in self.models]}{''.join(', ' + e for e in extras)})")
+
+    def _repr_html_(self) -> str:
+        """Per model, for notebooks: method, images with a SIS, median SIS size, seconds."""
+        import html
+
+        rows = []
+        for m in self.models:
+            found = [r.fraction for r in m.results if r.sis is not None]
+            median = "-" if not found else f"{float(np.median(found)):.1%}"
+            cells = (m.name, m.method, f"{len(found)} of {len(m.results)}", median, f"{m.seconds:.3g}")
+            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        head = "".join(f"<th>{h}</th>" for h in ("model", "method", "with a SIS", "median SIS", "seconds"))
+        return (f"<table><caption>{html.escape(self.title)}: {len(self.image_names)} images</caption>"
+                f"<tr>{head}</tr>{''.join(rows)}</table>")
 
 
 def _float(x: float | None) -> float | None:

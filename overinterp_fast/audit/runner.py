@@ -206,14 +206,20 @@ def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord],
 
 
 def run_info(device, images_desc: str, meta: dict | None) -> dict:
-    """The run's metadata for the report: date, command line, device, versions, images."""
+    """The run's metadata for the report: date, command line, device, versions (overinterp_fast, torch, Python),
+    which implementation each op used on the device (:func:`overinterp_fast.ops.ops_info`), images."""
+    from .. import __version__
+    from ..ops import ops_info
+
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
         "device": str(device),
+        "overinterp_fast": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "ops": {op.op: f"{op.implementation} ({op.reason})" for op in ops_info([device])},
         "images": images_desc,
     }
     info.update(meta or {})

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..methods.results import SISResult
+from ..methods.results_io import list_array as _list_array
 
 FORMAT_VERSION = 2
 RESULTS_FILE = "results.json"
@@ -90,20 +91,6 @@ def _crash_hook(chunk: int, stage: str) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # Results <-> Arrow columns
-
-
-def _list_array(arrays: Sequence[np.ndarray | None], value_type):
-    """An Arrow list array from per-row numpy arrays (None: a null row), built from offsets without copies per row."""
-    import pyarrow as pa
-
-    lengths = np.array([0 if a is None else len(a) for a in arrays], dtype=np.int64)
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [a for a in arrays if a is not None]
-    flat = np.concatenate(present) if present else np.zeros(0)
-    values = pa.array(flat.astype(value_type.to_pandas_dtype(), copy=False), type=value_type)
-    mask = pa.array([a is None for a in arrays], type=pa.bool_())
-    return pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), values, mask=mask)
 
 
 def _lists(column) -> list[np.ndarray | None]:
@@ -359,14 +346,16 @@ def config_difference(old: dict, new: dict) -> str | None:
     return f"{k} is {old.get(k)!r} there, {new.get(k)!r} here{more}"
 
 
-def check_resumable(folder: str, config: dict) -> dict | None:
+def check_resumable(folder: str, config: dict, recorded_later: dict | None = None) -> dict | None:
     """The stored document when ``folder`` holds an audit with ``config`` (None: no audit there yet).
 
-    Raises ValueError, one line, when it holds another configuration."""
+    ``recorded_later``: entries that folders written before they were recorded lack, with the value such a
+    folder had. Raises ValueError, one line, when it holds another configuration."""
     doc = read_doc(folder)
     if doc is None:
         return None
-    diff = config_difference(_jsonable(doc.get("config", {})), _jsonable(config))
+    old = {**(recorded_later or {}), **doc.get("config", {})}
+    diff = config_difference(_jsonable(old), _jsonable(config))
     if diff:
         raise ValueError(f"{folder!r} holds an audit with another configuration: {diff}; rerun with --restart "
                          f"to start over, or choose another --out")

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..zoo.preprocessing import Preprocessing
 from .sources import ImageSource, collate
 from . import lock, store
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
@@ -87,7 +88,9 @@ def source_digest(source: ImageSource) -> str:
 def audit_config(source: ImageSource, models: Mapping[str, object], config: AuditConfig, chunk_size: int,
                  device: torch.device, extra: dict | None) -> dict:
     """Everything that fixes the results of a stored audit, as JSON-ready values: ``config`` (its batch size
-    as the audit runs it), the images, ``chunk_size``, the device type, and the caller's ``extra`` entries."""
+    as the audit runs it), the images and their preprocessing (size, mean, std, and how the crop is made: the
+    library, resize, crop_pct, interpolation, crop mode), ``chunk_size``, the device type, and the caller's
+    ``extra`` entries."""
     method = config.method
     result = {
         "models": list(models), "method": method, "threshold": config.threshold,
@@ -96,7 +99,8 @@ def audit_config(source: ImageSource, models: Mapping[str, object], config: Audi
         "transfer": config.transfer, "fraction": config.fraction, "mask_value": _plain(config.mask_value),
         "images": source.description, "n_images": len(source),
         "images_digest": source_digest(source), "size": source.size, "mean": _plain(source.mean),
-        "std": _plain(source.std), "grey": source.grey, "object_masks": source.object_dir,
+        "std": _plain(source.std), "preprocessing": source.preprocessing.details(), "grey": source.grey,
+        "object_masks": source.object_dir,
         "noise_sigma": _plain(config.noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
         "device_type": device.type, "batch_size": config.batch_size,
     }
@@ -195,13 +199,15 @@ def run_stored_audit(
 @dataclass
 class _Plan:
     """A stored audit, decided: the models (ensemble included, on this rank's device), the configuration as
-    it runs (engine and batch size fixed), the stored configuration and document, and the chunks."""
+    it runs (engine and batch size fixed), the stored configuration and document, the chunks, and the stored
+    entries that older folders lack (``recorded_later``, with the value they had)."""
 
     models: dict
     config: AuditConfig
     stored: dict
     doc: dict
     ranges: list[tuple[int, int]]
+    recorded_later: dict
 
 
 def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig, storage: StoreOptions,
@@ -220,14 +226,17 @@ def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig
     doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": stored, "n_images": len(source),
            "chunk_size": storage.chunk_size, "title": title,
            "models": [{"name": n, "method": config.method, "options": config.model_options()} for n in models]}
-    return _Plan(models, config, stored, store._jsonable(doc), store.chunk_ranges(len(source), storage.chunk_size))
+    # folders written before the preprocessing was recorded used the plain transform
+    older = {"preprocessing": Preprocessing(source.size).details()}
+    return _Plan(models, config, stored, store._jsonable(doc), store.chunk_ranges(len(source), storage.chunk_size),
+                 older)
 
 
 def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
     """Refuse another configuration (every rank alike), then on rank 0: clear on restart, remove a killed
     commit's temporaries and write the running document when the folder holds no running audit."""
     if not restart:
-        store.check_resumable(out, plan.stored)
+        store.check_resumable(out, plan.stored, plan.recorded_later)
     if ranks.is_main:
         os.makedirs(out, exist_ok=True)
         if restart:
@@ -318,6 +327,7 @@ def _finish(done: StoredAudit, source: ImageSource, plan: _Plan, storage: StoreO
     info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
                     run.meta)
     info.update({"chunks": len(plan.ranges), "chunk size": storage.chunk_size, "world size": ranks.world})
+    info.setdefault("preprocessing", source.preprocessing.describe())
     known = all(lab is not None for lab in source.image_labels)
     t0 = time.perf_counter()
     finalize(out, plan.doc, run.class_name, info, plan.config, known)

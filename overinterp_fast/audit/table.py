@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..methods.results_io import arrow_type, result_fields
 from .metrics import border_fractions, correctness, inside_fractions
 from .store import TABLE_FILE
 
@@ -49,11 +50,15 @@ def _schema():
     import pyarrow as pa
 
     string, f64, i64, i32 = pa.string(), pa.float64(), pa.int64(), pa.int32()
+    per_result = {k: arrow_type(k) for k in _RESULT_COLUMNS}  # the columns every SISResult table shares
     return {"model": string, "method": string, "image": string, "image_index": i32, "label": i64,
-            "label_name": string, "target": i64, "target_name": string, "correct": pa.bool_(), "score": f64,
-            "threshold": f64, "sis_size": i64, "sis_fraction": f64, "sis_score": f64, "collection_size": i32,
-            "queries": i64, "total_queries": i64, "size_before_refine": i64, "minimal": pa.bool_(),
-            "border_fraction": f64, "object_fraction": f64}
+            "label_name": string, "target": i64, "target_name": string, "correct": pa.bool_(),
+            **{k: v for k, v in per_result.items() if k != "target"}, "border_fraction": f64, "object_fraction": f64}
+
+
+# the columns of overinterp_fast.methods.results_io.result_fields that the table keeps, in table order
+_RESULT_COLUMNS = ("target", "score", "threshold", "sis_size", "sis_fraction", "sis_score", "collection_size",
+                   "queries", "total_queries", "size_before_refine", "minimal")
 
 
 def audit_table(record: AuditRecord, first_index: int = 0):
@@ -77,19 +82,11 @@ def audit_table(record: AuditRecord, first_index: int = 0):
             cols["image_index"].append(first_index + i)
             cols["label"].append(label)
             cols["label_name"].append(None if label is None else record.class_name(label))
-            cols["target"].append(int(r.target))
             cols["target_name"].append(record.class_name(r.target))
             cols["correct"].append(right)
-            cols["score"].append(float(r.score))
-            cols["threshold"].append(float(r.threshold))
-            cols["sis_size"].append(r.size)
-            cols["sis_fraction"].append(r.fraction)
-            cols["sis_score"].append(r.sis_score)
-            cols["collection_size"].append(0 if r.sis is None else len(r.collection or [r]))
-            cols["queries"].append(r.queries)
-            cols["total_queries"].append(r.total_queries)
-            cols["size_before_refine"].append(r.size_before_refine)
-            cols["minimal"].append(r.minimal)
+            fields = result_fields(r)
+            for k in _RESULT_COLUMNS:
+                cols[k].append(fields[k])
             cols["border_fraction"].append(border[i])
             cols["object_fraction"].append(objects[i])
     return pa.table({k: pa.array(v, type=schema[k]) for k, v in cols.items()})

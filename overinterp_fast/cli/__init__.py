@@ -24,7 +24,9 @@ DATASETS = ("cifar10", "cifar100")
 
 def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--model", action="append" if several else "store", required=True,
-                   help="efficientnet-lite0/1/2, or a .onnx, .pt2 (torch.export) or .pt (TorchScript) file"
+                   help="efficientnet-lite0/1/2; timm:NAME, torchvision:NAME (=PATH: weights from a file) or hf:NAME "
+                        "(a transformers image classifier), with the library's own preprocessing and weights from "
+                        "its cache (never downloaded); or a .onnx, .pt2 (torch.export) or .pt (TorchScript) file"
                    + ("; repeat to compare models" if several else ""))
     p.add_argument("--images", default=None,
                    help="a folder of images (class subfolders: labels in torchvision ImageFolder order), or "
@@ -38,7 +40,8 @@ def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--select", default=None, help="images A:B (positions, Python slice bounds), e.g. 0:1000")
     p.add_argument("--limit", type=_positive, default=None, help="use the first N images (after --select)")
     p.add_argument("--size", type=_positive, default=None,
-                   help="input side (default: the model's, e.g. 224 for efficientnet-lite0)")
+                   help="input side (default: the model's, e.g. 224 for efficientnet-lite0, after resizing to 256 as "
+                        "its timm data config says)")
     p.add_argument("--mean", type=_floats, default=None, help="normalization mean, one or per channel (default 0.5)")
     p.add_argument("--std", type=_floats, default=None, help="normalization std, one or per channel (default 0.5)")
     p.add_argument("--grey", action="store_true", help="load images as one channel")
@@ -132,7 +135,7 @@ def _prepare(args, several: bool, device):
     import torch
 
     from ..audit.sources import open_images, select_range
-    from .loading import class_namer, first_line, load_model
+    from .loading import class_namer, common_preprocessing, first_line, load_model
     from ..runtime.model import ModelFn
 
     specs = args.model if several else [args.model]
@@ -147,11 +150,10 @@ def _prepare(args, several: bool, device):
                                  f"use --method responsibility or exact")
     if args.dataset is not None and args.images is not None:
         raise ValueError("give --images or --dataset, not both")
-    size = args.size or next((m.size for m in loaded if m.size), None)
-    if size is None and args.dataset is None:
-        raise ValueError("the input size is not known from the model: give --size")
-    mean = args.mean or next((m.mean for m in loaded if m.mean is not None), 0.5)
-    std = args.std or next((m.std for m in loaded if m.std is not None), 0.5)
+    if args.dataset is not None and args.size is None and not any(m.size for m in loaded):
+        size, mean, std = None, args.mean, args.std  # the dataset's own side (32 for CIFAR)
+    else:
+        size, mean, std = common_preprocessing(loaded, args.size, args.mean, args.std), None, None
     source = open_images(args.images, size, mean, std, args.grey, args.labels, dataset=args.dataset,
                          data_dir=args.data_dir, split=args.split, object_dir=getattr(args, "object_masks", None))
     source = source.subset(select_range(len(source), args.select, args.limit))
@@ -163,7 +165,7 @@ def _prepare(args, several: bool, device):
             raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x.shape)} "
                              f"(check --size, --grey): {first_line(exc)}") from None
     k = args.k or (100 if x.device.type == "cuda" else 500)
-    return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (mean, std)
+    return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (source.mean, source.std)
 
 
 def _noise_units(args, mean, std):
@@ -202,7 +204,8 @@ def _run_sis(args):
     items = [source[i] for i in range(len(source))]
     x = torch.stack([it["x"] for it in items]).to(args.device)
     run = RunOptions(class_name=namer, title="SIS", progress=False if args.quiet else None,
-                     meta={"models": [args.model], "image source": source.description})
+                     meta={"models": [args.model], "image source": source.description,
+                           "preprocessing": source.preprocessing.describe()})
     return run_audit({m.name: m.model for m in loaded}, x, source.image_names,
                      np.stack([it["display"] for it in items]), _audit_config(args, k, {}), run,
                      labels=source.image_labels)
@@ -222,7 +225,8 @@ def _run_audit(args):
                                identity={"model_files": args.model, "class_names": args.class_names},
                                gallery=args.gallery)
         run = RunOptions(class_name=namer, title=args.title, progress=False if args.quiet else None,
-                         meta={"models": args.model, "image source": source.description})
+                         meta={"models": args.model, "image source": source.description,
+                               "preprocessing": source.preprocessing.describe()})
         return run_stored_audit({m.name: m.model for m in loaded}, source, args.out,
                                 _audit_config(args, k, _noise_units(args, mean, std)), storage, run, ranks=ranks)
     finally:

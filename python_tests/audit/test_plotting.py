@@ -109,3 +109,64 @@ def test_figure_rows_titles_and_size(monkeypatch, tmp_path):
     plotting.sis_figure([img], [None], ["one"], str(path))
     assert matplotlib.image.imread(str(path)).shape[:2] == (264, 792)  # 2.2 x 6.6 inches at 120 dpi (default)
     assert figures[1].axes[0].get_images()[0].get_cmap().name == "gray"
+
+
+def _sis_result(mask, sis, score=0.8, sis_score=0.75):
+    import torch
+    from overinterp_fast.methods.results import SISResult
+
+    return SISResult(order=torch.arange(mask.numel()), values=torch.zeros(mask.numel(), dtype=torch.float64),
+                     sis=sis, mask=None if sis is None else mask, target=7, score=score, threshold=0.5,
+                     sis_score=sis_score)
+
+
+def test_plot_sis_draws_the_image_and_the_sis_alone_on_the_baseline():
+    import torch
+
+    plt = plotting.pyplot()
+    mask = torch.tensor([[False, True], [False, False]])
+    res = _sis_result(mask, torch.tensor([1]))
+    image = torch.tensor([[[0.0, 1.0], [2.0, 4.0]]] * 3)  # [C, H, W], as a model input: channels first
+    axes = plotting.plot_sis(res, image)
+    assert len(axes) == 2 and axes[0].figure is axes[1].figure
+    shown = axes[0].images[0].get_array()
+    assert np.asarray(shown).tolist() == [[[0.0] * 3, [0.25] * 3], [[0.5] * 3, [1.0] * 3]]  # (x - 0) / (4 - 0)
+    alone = np.asarray(axes[1].images[0].get_array())
+    assert alone[0, 1].tolist() == [0.25] * 3 and alone[0, 0].tolist() == [0.5] * 3  # the rest mid-grey
+    assert axes[0].get_title() == "class 7: f(x) 0.80" and axes[1].get_title() == "SIS: 1 px (25.0%), f(SIS) 0.75"
+    plt.close("all")
+    # a baseline in the image's units (scaled as the image: 3 -> 0.75, 8 -> 1 at most), one Axes given: the SIS
+    # panel only
+    fig, ax = plt.subplots()
+    baseline = np.full((2, 2, 3), 3.0)
+    baseline[1, 0] = 8.0
+    (drawn,) = plotting.plot_sis(res, image.permute(1, 2, 0).numpy(), ax, baseline=baseline)
+    alone = np.asarray(drawn.images[0].get_array())
+    assert drawn is ax and alone[1, 1].tolist() == [0.75] * 3 and alone[0, 1].tolist() == [0.25] * 3
+    _, _, panel = plotting.sis_panels(image.permute(1, 2, 0).numpy(), mask.numpy(), baseline)
+    assert panel[1, 0].tolist() == [1.0] * 3 and panel[1, 1].tolist() == [0.75] * 3  # clipped to [0, 1]
+    none = _sis_result(mask, None, score=0.3, sis_score=None)
+    (drawn,) = plotting.plot_sis(none, np.zeros((2, 2)), [ax])
+    assert drawn.get_title() == "no SIS: f(x) 0.30 < tau 0.50"
+    plt.close("all")
+
+
+def test_plot_sis_refuses_what_it_cannot_draw():
+    import torch
+
+    res = _sis_result(torch.zeros(2, 2, dtype=torch.bool), torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"^plot_sis needs a pixel mask on the image's grid \[3, 3\]; this "
+                                         r"result's mask is \[2, 2\]$"):
+        plotting.plot_sis(res, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"^image must be \[H, W\], \[H, W, 3\] or \[C, H, W\] with C = 1 or 3, "
+                                         r"got \[2, 2, 5\]$"):
+        plotting.plot_sis(res, np.zeros((2, 2, 5)))
+    with pytest.raises(ValueError, match=r"^the baseline has shape \[3, 3\]; the image \[2, 2\]$"):
+        plotting.plot_sis(res, np.zeros((2, 2)), baseline=np.zeros((3, 3)))
+    with pytest.raises(TypeError, match=r"^plot_sis draws one SISResult, got list$"):
+        plotting.plot_sis([res], np.zeros((2, 2)))
+    plt = plotting.pyplot()
+    _, axes = plt.subplots(1, 3)
+    with pytest.raises(ValueError, match=r"^ax: one Axes \(the SIS\) or two \(image, SIS\), got 3$"):
+        plotting.plot_sis(res, np.zeros((2, 2)), axes)
+    plt.close("all")

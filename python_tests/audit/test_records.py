@@ -188,3 +188,17 @@ def test_chunk_record_of_one_chunk(tmp_path):
     del bare["title"]
     part = records.chunk_record(bare, images, per_model, {})
     assert part.title == "" and [m.options for m in part.models] == [{}, {}]
+
+
+def test_short_reprs_and_the_notebook_table():
+    rec = _record()
+    assert repr(rec) == "AuditRecord('T': 3 images (2 labelled), models ['a', 'b'], transfer, object masks)"
+    # a: SIS [i, 11] of 12 features for every image: 2/12 = 16.7%; b: no SIS, seconds NaN
+    assert repr(rec.models[0]) == "ModelRecord('a', exact: 3 of 3 images with a SIS, median SIS 16.7%, 1.5 s)"
+    assert repr(rec.models[1]) == "ModelRecord('b', gradient: 0 of 3 images with a SIS, nan s)"
+    page = rec._repr_html_()
+    assert page.startswith("<table><caption>T: 3 images</caption>")
+    assert "<tr><td>a</td><td>exact</td><td>3 of 3</td><td>16.7%</td><td>1.5</td></tr>" in page
+    assert "<tr><td>b</td><td>gradient</td><td>0 of 3</td><td>-</td><td>nan</td></tr>" in page
+    plain = AuditRecord("x<y", ["i"], [np.zeros((3, 4), np.uint8)], [None], {}, [])
+    assert repr(plain) == "AuditRecord('x<y': 1 images (0 labelled), models [])" and "x&lt;y" in plain._repr_html_()

@@ -5,6 +5,7 @@ sensitivity summary and run_audit's argument checks. cli/test_cli.py runs whole 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
 """
 import math
+import os
 import sys
 from dataclasses import replace
 
@@ -332,9 +333,23 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
 def test_run_info_fields(monkeypatch):
     import platform
 
+    import re
+
+    import overinterp_fast.ops as ops
+    from overinterp_fast.ops import OpInfo
+
     monkeypatch.setattr(sys, "argv", ["overinterp-fast", "audit", "--quiet"])
+    asked = []
+    monkeypatch.setattr(ops, "ops_info", lambda devices: asked.append(devices) or [
+        OpInfo("mask_apply", "cpu", "kernel", "compiled cpu kernel"), OpInfo("rect_fill", "cpu", "torch", "forced")])
     info = runner.run_info("cpu", "2 images", {"extra": 1, "device": "overridden"})
-    assert set(info) == {"date", "command", "device", "torch", "python", "machine", "images", "extra"}
+    assert set(info) == {"date", "command", "device", "overinterp_fast", "torch", "python", "machine", "ops",
+                         "images", "extra"}
+    assert info["ops"] == {"mask_apply": "kernel (compiled cpu kernel)", "rect_fill": "torch (forced)"}
+    assert asked == [["cpu"]]  # the ops of the device the audit ran on
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "setup.py")) as fh:  # the version the package is built with
+        assert info["overinterp_fast"] == re.search(r'version="([^"]+)"', fh.read()).group(1)
     assert info["command"] == "overinterp-fast audit --quiet" and info["device"] == "overridden"
     assert info["python"] == platform.python_version() and info["machine"] == platform.machine()
     assert info["images"] == "2 images" and info["torch"] == torch.__version__ and len(info["date"]) == 19

