@@ -96,7 +96,7 @@ def dense_batch_size(model, images, features) -> int:
     os.environ[graphs.ENV_VAR] = "0"
     try:
         with RowRecorder(model) as rec:
-            explain(model, images, 0.5, features=features, **DENSE)
+            explain(model, images, 0.5, feature_mask=features, **DENSE)
     finally:
         if saved is None:
             os.environ.pop(graphs.ENV_VAR)
@@ -106,7 +106,7 @@ def dense_batch_size(model, images, features) -> int:
 
 
 def contenders_for(model, images, features, engines: bool, skip) -> dict:
-    run = lambda **kw: (lambda: explain(model, images, 0.5, features=features, **kw))  # noqa: E731
+    run = lambda **kw: (lambda: explain(model, images, 0.5, feature_mask=features, **kw))  # noqa: E731
     contenders = {"fast": run(), "incr": run(incremental=True)}
     if engines:
         contenders.update(torch=run(**DENSE), ort=run(engine="onnxruntime"))
@@ -132,7 +132,7 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
     floor_batch = candidate_like_batch(images, features, batch)
     contenders["floor"] = lambda: floor_run(model, floor_batch, batches(candidates, batch))
     if not skip_reference:
-        contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, features=features)
+        contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, feature_mask=features)
     times, outputs = interleaved(contenders, rounds, device, name)
     log.removeHandler(decisions)
     best = {k: min(v) for k, v in times.items()}
@@ -172,8 +172,8 @@ def run_score_dtype(name, n_images, device, rounds, score_dtype: str, warmup=Tru
     n = images.shape[0]
     candidates = n * p * (p + 1) // 2
     dtype = SCORE_DTYPES[score_dtype]
-    contenders = {"full": lambda: explain(model, images, 0.5, features=features, **DENSE),
-                  "low": lambda: explain(model, images, 0.5, features=features, **DENSE,
+    contenders = {"full": lambda: explain(model, images, 0.5, feature_mask=features, **DENSE),
+                  "low": lambda: explain(model, images, 0.5, feature_mask=features, **DENSE,
                                          score_dtype=dtype)}
     log, decisions = logging.getLogger("overinterp_fast"), _Decisions("score_dtype")
     log.addHandler(decisions)

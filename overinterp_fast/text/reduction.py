@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..runtime.renames import renamed_keywords
 from ..runtime.model import check_targets
 from .model import TextModelFn, check_sequences
 
@@ -206,6 +207,7 @@ def _rank_pool(seq: torch.Tensor, f: torch.Tensor, words: torch.Tensor, k: int) 
     return order[(idx - start) < k]
 
 
+@renamed_keywords(progress="show_progress")
 def input_reduction(
     model,
     sequences,
@@ -215,7 +217,7 @@ def input_reduction(
     target: int | torch.Tensor | None = None,
     pad_id: int = 0,
     batch_size: int | None = None,
-    progress: bool | None = None,
+    show_progress: bool | None = None,
     embedding: torch.nn.Module | None = None,
     attention_mask: torch.Tensor | None = None,
     incremental: bool = True,
@@ -233,6 +235,8 @@ def input_reduction(
         target: class y per sequence (int or [N]); None = the prediction on the full sequence.
         pad_id: token id written into padding (its attention mask is False).
         batch_size: rows per forward call; None = about 4k tokens per call on a CPU (1k for deletion_logits).
+        show_progress: a progress bar (None: only on a terminal; ``progress``, its name before, still works with
+            a FutureWarning).
         embedding: the token embedding module (gradient importance; also gives the vocabulary size checked);
             None = ``get_input_embeddings()`` or the model's only ``nn.Embedding``.
         incremental: leave-one-out through the model's ``deletion_logits(ids, mask) -> [B, T, K]`` when it has
@@ -252,7 +256,7 @@ def input_reduction(
         pos, targets, score0 = _full_sequences(fn, scorer, packed, target, pad_id)
     search = _BeamSearch.start(scorer, packed, targets, score0, pos, pad_id, beam_size, importance, use_deletions)
     search.bar = tqdm(total=len(seqs), unit="seq", desc=f"input reduction (beam {beam_size})",
-                      disable=None if progress is None else not progress)
+                      disable=None if show_progress is None else not show_progress)
     search.run()
     search.bar.close()
     return search.results(score0)

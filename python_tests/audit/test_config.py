@@ -20,7 +20,7 @@ def test_defaults():
 
 
 def test_model_options_list_k_and_autocast_for_the_gradient_method_only():
-    assert AuditConfig(threshold=0.5, mask_value=0.25, k=3).model_options() == {
+    assert AuditConfig(threshold=0.5, baselines=0.25, k=3).model_options() == {
         "threshold": 0.5, "threshold_mode": "auto", "mask_value": 0.25}
     assert AuditConfig(method="gradient", threshold_mode="relative", k=3, autocast="bf16").model_options() == {
         "threshold": 0.9, "threshold_mode": "relative", "mask_value": 0.0, "k": 3, "autocast": "bf16"}

@@ -102,9 +102,9 @@ def test_exact_sis_size_guard_at_the_limit():
 
 @pytest.mark.mutation
 def test_model_options_engines_and_transfer_rule(tmp_path):
-    assert AuditConfig("exact", 0.9, "auto", k=100, autocast=None, mask_value=0.0).model_options() == {
+    assert AuditConfig("exact", 0.9, "auto", k=100, autocast=None, baselines=0.0).model_options() == {
         "threshold": 0.9, "threshold_mode": "auto", "mask_value": 0.0}
-    assert AuditConfig("gradient", 0.8, "relative", k=16, autocast="bf16", mask_value=0.5).model_options() == {
+    assert AuditConfig("gradient", 0.8, "relative", k=16, autocast="bf16", baselines=0.5).model_options() == {
         "threshold": 0.8, "threshold_mode": "relative", "mask_value": 0.5, "k": 16, "autocast": "bf16"}
     assert runner.fixed_engine(Fixed().eval()) == "torch"
     from overinterp_fast import export_onnx
@@ -192,7 +192,7 @@ def test_run_audit_argument_checks():
         kw = dict(models=model, images=x, image_names=["a", "b"], displays=displays)
         kw.update(change)
         with pytest.raises(ValueError, match=whole_message(message)):
-            runner.run_audit(**kw, run=RunOptions(progress=False))
+            runner.run_audit(**kw, run=RunOptions(show_progress=False))
 
 
 @pytest.mark.mutation
@@ -204,7 +204,7 @@ def test_run_audit_with_labels_records_the_label_reference_and_classes():
     rec = runner.run_audit({"a": ByMean().eval(), "b": ByMean().eval()}, x, ["p", "q"], displays,
                            AuditConfig(threshold=0.5, method="exact", fraction=0.25),
                            RunOptions(class_name=lambda c: f"c{c}", title="T", meta={"source": "hand"},
-                                      progress=False), labels=[1, 4])
+                                      show_progress=False), labels=[1, 4])
     assert rec.title == "T" and rec.image_names == ["p", "q"] and rec.labels == [1, 4]
     assert rec.class_names == {0: "c0", 1: "c1", 4: "c4"}  # predictions 1 and 0, label 4
     assert rec.transfer["reference"] == "labels" and rec.transfer["rows"] == ["a", "b"]
@@ -233,7 +233,7 @@ def test_audit_progress_bar_per_model(monkeypatch):
     def run(progress):
         tty = fake_terminal(monkeypatch)
         runner.run_audit({"first": ByMean().eval(), "second": ByLast().eval()}, x, ["p", "q"], displays,
-                         AuditConfig(threshold=0.5, transfer=False), RunOptions(progress=progress))
+                         AuditConfig(threshold=0.5, transfer=False), RunOptions(show_progress=progress))
         return "".join(tty.text)
 
     shown = run(True)
@@ -265,7 +265,7 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     masks = torch.ones(2, 2, 2, dtype=torch.bool)
     models = {"m": ByMean().eval()}
     config = AuditConfig(threshold=0.9, threshold_mode="absolute", method="gradient", k=7, collection=True,
-                         transfer=False, fraction=0.25, mask_value=0.5, autocast="bf16", batch_size=5, noise_sigma=0.3,
+                         transfer=False, fraction=0.25, baselines=0.5, autocast="bf16", batch_size=5, noise_sigma=0.3,
                          value_range=(-1.0, 1.0))
     t0 = time.perf_counter()
     done = runner.audit_chunk(models, x, [0, 0], True, config, engine=None, progress=False, object_masks=masks)
@@ -313,9 +313,9 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     masks = np.ones((2, 2, 2), bool)
     rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays,
                            AuditConfig(threshold=0.7, threshold_mode="relative", method="gradient", k=9,
-                                       collection=True, fraction=0.5, mask_value=0.25, autocast="fp16", batch_size=4,
+                                       collection=True, fraction=0.5, baselines=0.25, autocast="fp16", batch_size=4,
                                        noise_sigma=0.125, value_range=(0.0, 1.0)),
-                           RunOptions(progress=False), object_masks=masks)
+                           RunOptions(show_progress=False), object_masks=masks)
     kw = seen[1]
     assert torch.equal(kw.pop("object_masks"), torch.ones(2, 2, 2, dtype=torch.bool))
     assert kw == {"threshold": 0.7, "threshold_mode": "relative", "method": "gradient", "k": 9, "collection": True,

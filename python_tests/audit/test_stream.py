@@ -137,7 +137,7 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     out = str(tmp_path / "audit")
     config = AuditConfig(method="exact", threshold=0.5)
     storage = StoreOptions(chunk_size=3, workers=0, report=False)
-    quiet = RunOptions(progress=False)
+    quiet = RunOptions(show_progress=False)
     run = run_stored_audit({"net": model}, src, out, config, storage, quiet)
     assert (run.chunks, run.skipped, run.computed) == (3, 0, 3)
     assert_identical(run.record.models[0].results, expected_chunks(model, src, 3))
@@ -165,7 +165,7 @@ def test_incomplete_audit_is_not_loaded(tree, tmp_path):
     src = open_images(str(tree), SIDE)
     out = str(tmp_path / "audit")
     run_stored_audit({"net": tiny_cnn(3)}, src, out, AuditConfig(method="exact", threshold=0.5),
-                     StoreOptions(chunk_size=3, workers=0, report=False, load=False), RunOptions(progress=False))
+                     StoreOptions(chunk_size=3, workers=0, report=False, load=False), RunOptions(show_progress=False))
     doc = store.read_doc(out)
     store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="running"))
     with pytest.raises(ValueError, match="not complete"):
@@ -178,7 +178,7 @@ def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys)
     src = open_images(str(tree), SIDE)
     run = run_stored_audit({"a": a, "b": b}, src, str(tmp_path / "o"),
                            AuditConfig(method="exact", threshold=0.5, ensemble=True),
-                           StoreOptions(chunk_size=4, workers=2, gallery=2), RunOptions(progress=True))
+                           StoreOptions(chunk_size=4, workers=2, gallery=2), RunOptions(show_progress=True))
     bar = capsys.readouterr().err
     assert "21/21" in bar and "images/s" in bar  # jobs: 7 images x 3 models, counted from the committed parts
     rec = run.record
@@ -341,7 +341,7 @@ def test_source_digest_by_hand():
 def test_audit_config_every_field():
     src = _source(4, mean=(0.5, 0.25, 0.125), std=0.5)
     config = AuditConfig(method="gradient", threshold=0.9, threshold_mode="auto", k=50, collection=False,
-                         ensemble=True, transfer=True, fraction=0.05, mask_value=torch.tensor([0.0, 0.0]),
+                         ensemble=True, transfer=True, fraction=0.05, baselines=torch.tensor([0.0, 0.0]),
                          autocast="bf16", batch_size=32, noise_sigma=torch.tensor([0.25, 0.25, 0.25]))
     extra = {"model_files": ("a.onnx",), "chunk_size": 2}
     cfg = stream.audit_config(src, {"a": 1, "b": 2}, config, 2, torch.device("cpu"), extra)

@@ -139,7 +139,7 @@ def test_run_audit_ensemble_and_transfer(image_folder):
     a, b = tiny_cnn(1), tiny_cnn(2)
     imgs = load_images(str(image_folder), SIDE)
     rec = run_audit({"a": a, "b": b}, imgs.x, imgs.names, imgs.displays,
-                    AuditConfig(method="exact", threshold=0.5, ensemble=True), RunOptions(progress=False))
+                    AuditConfig(method="exact", threshold=0.5, ensemble=True), RunOptions(show_progress=False))
     assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
     # each model's results are the reference SIS with its own per-image thresholds ("auto": tau where
     # f(x) >= tau, else tau * f(x)); the ensemble is the mean of the logits, written out here
@@ -261,7 +261,7 @@ def test_run_audit_object_masks_sensitivity_and_report(tmp_path):
     displays = [(d.permute(1, 2, 0).clamp(0, 1) * 255).to(torch.uint8).numpy() for d in x]
     rec = run_audit({"left": LeftHalfModel().eval()}, x, list("abcd"), displays,
                     AuditConfig(method="exact", threshold=0.9, noise_sigma=1.0, value_range=(0.0, 1.0)),
-                    RunOptions(progress=False), labels=[1, 1, 1, 1], object_masks=objects)
+                    RunOptions(show_progress=False), labels=[1, 1, 1, 1], object_masks=objects)
     (m,) = rec.models
     s = m.sensitivity
     # noise on the background changes nothing; on the (clipped) object it darkens it below 0.8

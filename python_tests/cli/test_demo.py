@@ -77,7 +77,7 @@ def stubbed(monkeypatch):
 @pytest.mark.mutation
 def test_digits_part_summary_table_and_figure(stubbed, tmp_path, capsys):
     out = str(tmp_path / "d")
-    summary = demo.run_demo(out, n_images=4, threshold=0.5, compare_reference=True, progress=False,
+    summary = demo.run_demo(out, n_images=4, threshold=0.5, compare_reference=True, show_progress=False,
                             imagenet=False, text=False)
     from overinterp_fast import fast_sis
     from overinterp_fast.zoo.digits import accuracy, load_digits
@@ -137,7 +137,7 @@ def test_no_reference_no_sis_and_the_parts(stubbed, monkeypatch, tmp_path, capsy
                         real_sis(model, x, tau, collection=collection, progress=False))
     out = str(tmp_path / "d")
     summary = demo.run_demo(out, n_images=2, threshold=1.0, compare_reference=False, k=30, device="cpu",
-                            progress=True)
+                            show_progress=True)
     assert shown == [True]
     assert "reference_seconds" not in summary and "same_sis_as_reference" not in summary
     assert "median_sis_fraction" not in summary  # tau 1: no image has a SIS
@@ -284,5 +284,5 @@ def test_text_part_asks_for_the_reduction(monkeypatch, tmp_path, capsys):
                         "than the originals")
     assert lines[3:6] == [f"  {c} 0.50 -> 0.75: 't{c}' -> 'r'" for c in "abc"]  # three examples
     assert lines[6] == "wrote r.html" and len(lines) == 7
-    demo.run_text_part(str(tmp_path), model="m.pt", n_texts=3, progress=False)
+    demo.run_text_part(str(tmp_path), model="m.pt", n_texts=3, show_progress=False)
     assert calls[-1] == ("m.pt", "bundled", os.path.join(str(tmp_path), "text"), 3, False)

@@ -252,7 +252,7 @@ def test_token_sis_equals_reference_sis():
     seqs = random_sequences(6, max_len=7, seed=3)
     fast = of.text.token_sis(model, seqs, threshold=0.6, mask_id=1, collection=True)
     for s, r in zip(seqs, fast):
-        (q,) = reference.sis(on_floats, s[None].double(), 0.6, mask_value=1.0, collection=True)
+        (q,) = reference.sis(on_floats, s[None].double(), 0.6, baselines=1.0, collection=True)
         assert r.order.tolist() == q.order.tolist()
         assert r.values.tolist() == pytest.approx(q.values.tolist(), rel=1e-12)
         assert (r.sis is None and q.sis is None) or r.sis.tolist() == q.sis.tolist()
@@ -416,7 +416,7 @@ def test_reduction_progress_bar(monkeypatch, progress, shown):
     terminal = fake_terminal(monkeypatch)
     model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
     of.input_reduction(model, [torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([2, 2, 3])], beam_size=3,
-                       progress=progress)
+                       show_progress=progress)
     terminal.assert_finished_bar(shown, "input reduction (beam 3)", 3, "seq")
 
 
@@ -636,7 +636,7 @@ def test_token_sis_groups_by_length_and_passes_every_option(monkeypatch):
     model = Weights([0.0] * 9).eval()
     seqs = [torch.tensor([2, 3, 4]), torch.tensor([5]), torch.tensor([6, 7, 8]), torch.tensor([1, 2])]
     out = token_sis(model, seqs, [0.1, 0.2, 0.3, 0.4], mask_id=7, target=torch.tensor([1, 0, 0, 1]),
-                    collection=True, batch_size=3, progress=False)
+                    collection=True, batch_size=3, show_progress=False)
     assert out == ["result of row [2.0, 3.0, 4.0]", "result of row [5.0]", "result of row [6.0, 7.0, 8.0]",
                    "result of row [1.0, 2.0]"]
     assert [c["rows"].tolist() for c in calls] == [[[5.0]], [[1.0, 2.0]], [[2.0, 3.0, 4.0], [6.0, 7.0, 8.0]]]
@@ -717,7 +717,7 @@ def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
 
     monkeypatch.setattr(mitigation, "input_reduction", fake_reduction)
     res = mitigation.entropy_finetune(model, (seqs, labels), 2.0, beam_size=3, epochs=1, lr=0.0, batch=8,
-                                      pad_id=0, reduce_limit=1, progress=False)
+                                      pad_id=0, reduce_limit=1, show_progress=False)
     assert seen == {"training": False, "n": 1, "beam_size": 3, "pad_id": 0, "progress": False}
     assert model.training  # the caller's mode comes back
     assert res.reduced_examples == 1 and res.steps == 1 and not res.model.training and res.model is not model
@@ -788,7 +788,7 @@ def test_entropy_finetune_progress_bar(monkeypatch, progress, shown):
     terminal = fake_terminal(monkeypatch)
     seqs = [torch.tensor([1, 2])] * 5
     mitigation.entropy_finetune(Weights([0.0, 1.0, -1.0]).eval(), (seqs, torch.zeros(5, dtype=torch.int64)), 1.0,
-                                epochs=3, batch=2, progress=progress)
+                                epochs=3, batch=2, show_progress=progress)
     terminal.assert_finished_bar(shown, "entropy fine-tuning", 9, "batch")  # 3 epochs of ceil(5 / 2) = 3 batches
 
 
