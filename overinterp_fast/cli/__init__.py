@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import logging
 import os
 import sys
@@ -47,11 +46,6 @@ def _nonnegative(text: str) -> int:
     return v
 
 
-def _default(fn, name: str):
-    """The default of parameter ``name`` of ``fn`` (the function a command calls)."""
-    return inspect.signature(fn).parameters[name].default
-
-
 DATASETS = ("cifar10", "cifar100")
 
 
@@ -83,8 +77,8 @@ def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
                         f"responsibility when a model is an ONNX file)")
     p.add_argument("--threshold", type=_unit_interval, default=_A.threshold, help=f"tau (default: {_A.threshold})")
     p.add_argument("--threshold-mode", choices=THRESHOLD_MODES, default=_A.threshold_mode,
-                   help=f"auto (default: {_A.threshold_mode}): tau where f(x) >= tau, else tau * f(x); "
-                        f"relative: tau * f(x)")
+                   help=f"tau per image: auto: tau where f(x) >= tau, else tau * f(x); absolute: tau; relative: "
+                        f"tau * f(x) (default: {_A.threshold_mode})")
     p.add_argument("--k", type=_positive, default=_A.k,
                    help=f"features per gradient step (default {_A.k}; larger is faster and coarser)")
     p.add_argument("--collection", action="store_true", default=_A.collection, help="find every disjoint SIS")
@@ -120,8 +114,8 @@ def _logging_options(top: bool) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from ..audit.pipeline import digits_pipeline
-    from ..text.reduction import IMPORTANCES, input_reduction
+    from ..audit.pipeline import EPOCHS, FRACTION
+    from ..text.reduction import BEAM_SIZE, IMPORTANCE, IMPORTANCES
 
     parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).",
                                      parents=[_logging_options(top=True)])
@@ -189,19 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="'bundled' (held-out Rotten Tomatoes snippets) or a UTF-8 file with one text per line")
     red.add_argument("--limit", type=_positive, default=None,
                      help="use the first N texts (default: all; 200 for --text bundled)")
-    beam = _default(input_reduction, "beam_size")
-    red.add_argument("--beam-size", type=_positive, default=beam,
-                     help=f"maximum beam size k (default {beam}; 1 = greedy)")
-    red.add_argument("--importance", choices=IMPORTANCES, default=_default(input_reduction, "importance"))
+    red.add_argument("--beam-size", type=_positive, default=BEAM_SIZE,
+                     help=f"maximum beam size k (default {BEAM_SIZE}; 1 = greedy)")
+    red.add_argument("--importance", choices=IMPORTANCES, default=IMPORTANCE,
+                     help=f"how members are ranked (default {IMPORTANCE})")
     red.add_argument("--out", required=True, help="output folder")
     red.add_argument("--quiet", action="store_true", help="no progress bars")
     pipe = sub.add_parser("digits-pipeline", parents=common,
                           help="the pixel-subset experiment of Carter et al. 2021 on real digits (train on 5%% subsets)")
-    fraction = _default(digits_pipeline, "fraction")
-    pipe.add_argument("--fraction", type=_unit_interval, default=fraction, help=f"pixels kept (default {fraction})")
+    pipe.add_argument("--fraction", type=_unit_interval, default=FRACTION, help=f"pixels kept (default {FRACTION})")
     pipe.add_argument("--train", type=_positive, default=None, help="training images to use (default: all)")
     pipe.add_argument("--test", type=_positive, default=None, help="test images to use (default: all)")
-    pipe.add_argument("--epochs", type=_positive, default=_default(digits_pipeline, "epochs"))
+    pipe.add_argument("--epochs", type=_positive, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
     pipe.add_argument("--out", default=None, help="write the result as JSON here")
     parser.commands = {"demo": demo, "sis": sis, "audit": audit, "report": report, "reduce": red,
                        "digits-pipeline": pipe}

@@ -5,7 +5,7 @@ import os
 import time
 
 from ..zoo.text import LABELS, TextModel, bundled_text_model, load_text_data, load_text_model, tokenize
-from .reduction import input_reduction
+from .reduction import BEAM_SIZE, IMPORTANCE, input_reduction
 from .report import summarize, write_reductions
 
 
@@ -35,8 +35,8 @@ def load_texts(spec: str, limit: int | None) -> tuple[list[list[str]], list[int]
     return tokens, None
 
 
-def run_reduce(model_spec: str, text_spec: str, out_dir: str, *, beam_size: int = 5,
-               importance: str = "leave_one_out", limit: int | None = None, show_progress: bool | None = None) -> dict:
+def run_reduce(model_spec: str, text_spec: str, out_dir: str, *, beam_size: int = BEAM_SIZE,
+               importance: str = IMPORTANCE, limit: int | None = None, show_progress: bool | None = None) -> dict:
     """Run input reduction on the texts and write ``out_dir``/reductions.parquet and report.html; return the summary."""
     tm = load_model_spec(model_spec, show_progress)
     tokens, labels = load_texts(text_spec, limit)

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from ..runtime.renames import renamed_keywords
 from .model import pad_batch
-from .reduction import input_reduction
+from .reduction import BEAM_SIZE, input_reduction
 
 
 @dataclass
@@ -26,7 +26,7 @@ class EntropyFinetune:
 
 @renamed_keywords(progress="show_progress")
 def entropy_finetune(model: nn.Module, data: tuple[list[torch.Tensor], torch.Tensor], lam: float, *,
-                     beam_size: int = 5, epochs: int = 1, lr: float = 1e-3, batch: int = 64, seed: int = 0,
+                     beam_size: int = BEAM_SIZE, epochs: int = 1, lr: float = 1e-3, batch: int = 64, seed: int = 0,
                      pad_id: int = 0, reduce_limit: int | None = None,
                      show_progress: bool | None = None) -> EntropyFinetune:
     """Fine-tune a copy of ``model``: minimise CE(regular batch) - lam * mean entropy(f(reduced batch)).

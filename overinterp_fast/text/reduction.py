@@ -24,6 +24,7 @@ from ..runtime.model import check_targets
 from .model import TextModelFn, check_sequences
 
 IMPORTANCES = ("leave_one_out", "gradient")
+BEAM_SIZE, IMPORTANCE = 5, IMPORTANCES[0]  # the defaults of input reduction (Feng et al.: beam 5), here only
 _BITS = 62  # positions per int64 word of a kept-set bit pattern (sign bit unused)
 # CPU: tokens per forward call. Measured on the bundled word CNN (1 thread): 2^12 tokens per call is fastest,
 # 2^15 is 3x slower (activations spill the caches); its deletion_logits is fastest at about 2^10 rows' tokens.
@@ -212,8 +213,8 @@ def input_reduction(
     model,
     sequences,
     *,
-    beam_size: int = 5,
-    importance: str = "leave_one_out",
+    beam_size: int = BEAM_SIZE,
+    importance: str = IMPORTANCE,
     target: int | torch.Tensor | None = None,
     pad_id: int = 0,
     batch_size: int | None = None,

@@ -348,10 +348,10 @@ def test_audit_config_every_field():
     assert cfg == {
         "models": ["a", "b"], "method": "gradient", "threshold": 0.9, "threshold_mode": "auto", "k": 50,
         "autocast": "bf16", "collection": False, "ensemble": True, "transfer": True, "fraction": 0.05,
-        "mask_value": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
+        "baselines": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
         "images_digest": stream.source_digest(src), "size": 6, "mean": [0.5, 0.25, 0.125], "std": 0.5,
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
-        "batch_size": 32, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON (lists)
+        "batch_size": 32, "seed": 0, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON
     # k matters only for the gradient method; the noise only with object masks
     cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, replace(config, method="exact"), 2,
                               torch.device("cpu"), None)
