@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+import overinterp_fast as of
 from overinterp_fast.attr.options import GradientOptions
 from overinterp_fast.audit import runner
 from overinterp_fast.audit.config import AuditConfig, RunOptions
@@ -390,3 +391,29 @@ def test_stored_audit_engine_for_onnx_models_is_onnxruntime(monkeypatch, tmp_pat
     runner.audit_chunk({"onnx": onnx, "torch": ByMean().eval()}, x, [0, 1], True,
                        AuditConfig(threshold=0.5, transfer=False), engine=None, progress=False, object_masks=None)
     assert engines_seen == ["onnxruntime", "torch"]
+
+
+def test_the_audits_seed_reaches_the_responsibility_method_and_the_noise(monkeypatch):
+    calls, seeds = [], []
+    monkeypatch.setattr(runner, "fast_sis", lambda model, images, taus, **kw: calls.append(kw) or [
+        _order_result([0, 1, 2, 3]) for _ in range(images.shape[0])])
+    monkeypatch.setattr(runner, "noise_sensitivity", lambda *a, seed: seeds.append(seed) or {
+        "correct_fg": torch.ones(2, dtype=torch.bool), "correct_bg": torch.ones(2, dtype=torch.bool),
+        "p_fg": torch.ones(2), "p_bg": torch.ones(2)})
+    x = torch.zeros(2, 1, 2, 2)
+    masks = torch.ones(2, 2, 2, dtype=torch.bool)
+    config = AuditConfig(method="responsibility", seed=5, transfer=False)
+    runner.audit_chunk({"m": ByMean().eval()}, x, [0, 0], True, config, engine="torch", progress=False,
+                       object_masks=masks)
+    assert calls[0]["options"] == of.MinimalPixelSetOptions(seed=5) and seeds == [5]
+
+
+@pytest.mark.parametrize("sigma, value_range, expect", [
+    (0.1, None, (0.1, None, None)),  # the images are in pixel units: as given, not clipped
+    (0.1, (0.0, 1.0), (0.1, 0.0, 1.0)),
+    (0.2, (-1.0, 1.0), (0.4, -1.0, 1.0)),  # (x - 0.5) / 0.5: the pixel range spans 2
+    (0.1, (-0.485 / 0.229, (1 - 0.485) / 0.229), (0.1 / 0.229, -0.485 / 0.229, (1 - 0.485) / 0.229)),
+])
+def test_noise_in_pixel_units_becomes_the_images_units(sigma, value_range, expect):
+    got = runner.noise_in_image_units(sigma, value_range)
+    assert [None if v is None else pytest.approx(float(v), rel=1e-6) for v in got] == list(expect)

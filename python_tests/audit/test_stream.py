@@ -442,3 +442,34 @@ def test_progress_rate_is_images_per_second_since_the_start(monkeypatch, tmp_pat
     assert posted == [("8.00 images/s", False), "refresh"]  # 4 new images in half a second
     assert bar.bar.n == 18
     bar.stop.set()
+
+
+def test_an_audit_stored_under_the_earlier_names_continues(tree, tmp_path):
+    """A folder whose stored configuration says "mask_value" (now "baselines") and has no "seed" (now stored; the
+    earlier versions ran with 0) continues with the same configuration; another seed is refused."""
+    src = open_images(str(tree), SIDE)
+    out = str(tmp_path / "audit")
+    config, quiet = AuditConfig(method="exact", threshold=0.5), RunOptions(show_progress=False)
+    storage = StoreOptions(chunk_size=3, workers=0, report=False)
+    first = run_stored_audit({"net": tiny_cnn(3)}, src, out, config, storage, quiet)
+    doc = store.read_doc(out)
+    old = {("mask_value" if k == "baselines" else k): v for k, v in doc["config"].items() if k != "seed"}
+    assert old["mask_value"] == 0.0 and "baselines" not in old and "seed" not in old
+    store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, config=old, status="running"))
+    os.remove(store.part_path(out, 2, "results"))
+    again = run_stored_audit({"net": tiny_cnn(3)}, src, out, config, storage, quiet)
+    assert (again.skipped, again.computed) == (2, 1)
+    assert_identical(again.record.models[0].results, first.record.models[0].results)
+    store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, config=old, status="running"))
+    with pytest.raises(ValueError, match="seed is None there, 5 here"):
+        run_stored_audit({"net": tiny_cnn(3)}, src, out, replace(config, seed=5), storage, quiet)
+    with pytest.raises(ValueError, match="mask_value is 0.0 there, 0.5 here"):
+        run_stored_audit({"net": tiny_cnn(3)}, src, out, replace(config, baselines=0.5), storage, quiet)
+
+
+def test_as_stored_there_by_hand():
+    new = {"baselines": 0.0, "seed": 0, "k": None}
+    assert stream.as_stored_there(new, None) == new  # no audit there
+    assert stream.as_stored_there(new, dict(new)) == new  # written by this version
+    assert stream.as_stored_there(new, {"mask_value": 0.0, "k": None}) == {"mask_value": 0.0, "k": None}
+    assert stream.as_stored_there(dict(new, seed=3), {"mask_value": 0.0}) == {"mask_value": 0.0, "seed": 3, "k": None}
