@@ -2,8 +2,8 @@
 
 Every default of the commands is read from the options objects it fills (:class:`~overinterp_fast.audit.AuditConfig`,
 :class:`~overinterp_fast.audit.StoreOptions`, :class:`~overinterp_fast.audit.RunOptions`, the method options of
-:mod:`overinterp_fast.attr.options`) or from the signature of the function it calls, never typed again here
-(docs: conventions.md).
+:mod:`overinterp_fast.attr.options`) or from the constants of the function it calls, never typed again here
+(docs: conventions.md). ``audit`` stores its options in the audit folder, and ``audit --resume OUT`` reads them back.
 """
 from __future__ import annotations
 
@@ -19,9 +19,12 @@ from ..audit.config import RunOptions as _AuditRun
 
 _A, _S, _T = AuditConfig, StoreOptions, _AuditRun  # the defaults' single source
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-# audit options that do not fix results: never stored, or stored and still free to change on --resume
-NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose", "log_level"})
-FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device"})  # the stored device type is checked on resume
+# What an audit folder stores of the command line for --resume: every option but these (the invocation's own), and
+# of the stored ones, those that may take other values on --resume (the stored configuration still checks the
+# device type).
+NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose", "log_level", "given",
+                        "resumed_identity"})
+FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device"})
 PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
 
 
@@ -336,8 +339,7 @@ def _stored_value(dest: str, value):
 def _stored_command(args) -> dict:
     """What the audit folder stores of the command line: every option of ``audit`` that fixes the results (or its
     defaults), so that ``audit --resume OUT`` reruns it alone."""
-    return {dest: _stored_value(dest, value) for dest, value in sorted(vars(args).items())
-            if dest not in NOT_STORED and dest != "given" and dest != "resumed_identity"}
+    return {dest: _stored_value(dest, value) for dest, value in sorted(vars(args).items()) if dest not in NOT_STORED}
 
 
 def _flag(dest: str) -> str:
@@ -363,16 +365,17 @@ def _resume(args):
     if not isinstance(command, dict):
         raise ValueError(f"--resume: the audit in {folder!r} was stored without its command line (by an earlier "
                          f"version); rerun its full command with --out {folder}")
-    if "out" in args.given and os.path.abspath(args.out) != os.path.abspath(folder):
+    given = getattr(args, "given", set())
+    if "out" in given and os.path.abspath(args.out) != os.path.abspath(folder):
         raise ValueError(f"--resume {folder}: --out {args.out} is another folder; leave --out out")
-    for dest in sorted(args.given & set(command) - FREE_ON_RESUME):
+    for dest in sorted(given & set(command) - FREE_ON_RESUME):
         mine = _stored_value(dest, getattr(args, dest))
         if mine != command[dest]:
             raise ValueError(f"--resume {folder}: {_flag(dest)} is {mine!r} here, {command[dest]!r} in the stored "
                              f"configuration; leave it out to continue the audit, or start over with --restart "
                              f"and the full command")
     for dest, value in command.items():
-        if dest not in args.given or dest not in FREE_ON_RESUME:
+        if dest not in given or dest not in FREE_ON_RESUME:
             setattr(args, dest, value)
     args.out = folder
     config = doc.get("config", {})
