@@ -644,14 +644,14 @@ def test_token_sis_groups_by_length_and_passes_every_option(monkeypatch):
     assert [c["taus"].tolist() for c in calls] == [[0.2], [0.4], [0.1, 0.3]]
     assert [c["target"].tolist() for c in calls] == [[0], [1], [1, 0]]
     for c in calls:
-        assert c["mask_value"] == 7.0 and isinstance(c["mask_value"], float)
-        assert c["collection"] is True and c["batch_size"] == 3 and c["progress"] is False
+        assert c["baselines"] == 7.0 and isinstance(c["baselines"], float)
+        assert c["collection"] is True and c["batch_size"] == 3 and c["show_progress"] is False
         assert isinstance(c["fn"], _IdsFromFloat) and c["fn"].fn.model is model
     calls.clear()
     token_sis(model, seqs[:2], mask_id=0, target=1)  # one target for all; the defaults
     assert [c["target"].tolist() for c in calls] == [1, 1]
     assert [c["taus"].tolist() for c in calls] == [[0.9], [0.9]]
-    assert all(c["collection"] is False and c["batch_size"] is None and c["progress"] is None for c in calls)
+    assert all(c["collection"] is False and c["batch_size"] is None and c["show_progress"] is None for c in calls)
     calls.clear()
     token_sis(model, seqs[:1], 0.5, mask_id=0)
     assert calls[0]["target"] is None and calls[0]["taus"].dtype == torch.float64
@@ -711,14 +711,15 @@ def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
     labels = torch.tensor([1, 0, 1])
     seen = {}
 
-    def fake_reduction(m, to_reduce, *, beam_size, pad_id, progress):
-        seen.update(training=m.training, n=len(to_reduce), beam_size=beam_size, pad_id=pad_id, progress=progress)
+    def fake_reduction(m, to_reduce, *, beam_size, pad_id, show_progress):
+        seen.update(training=m.training, n=len(to_reduce), beam_size=beam_size, pad_id=pad_id,
+                    show_progress=show_progress)
         return [_fake_reduction([[0, 2]])] + [_fake_reduction([[0]]) for _ in to_reduce[1:]]
 
     monkeypatch.setattr(mitigation, "input_reduction", fake_reduction)
     res = mitigation.entropy_finetune(model, (seqs, labels), 2.0, beam_size=3, epochs=1, lr=0.0, batch=8,
                                       pad_id=0, reduce_limit=1, show_progress=False)
-    assert seen == {"training": False, "n": 1, "beam_size": 3, "pad_id": 0, "progress": False}
+    assert seen == {"training": False, "n": 1, "beam_size": 3, "pad_id": 0, "show_progress": False}
     assert model.training  # the caller's mode comes back
     assert res.reduced_examples == 1 and res.steps == 1 and not res.model.training and res.model is not model
     # one batch of all three (lr 0: the model does not move): CE over them minus 2 x the entropy of the only
@@ -738,7 +739,7 @@ def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
     assert res0.steps == 2 * 2 and res0.reduced_examples == 3  # every sequence reduced (no limit): one beam each
     # the defaults: beam 5, pad 0
     mitigation.entropy_finetune(model.eval(), (seqs, labels), 1.0, lr=0.0)
-    assert seen["beam_size"] == 5 and seen["pad_id"] == 0 and seen["progress"] is None and seen["n"] == 3
+    assert seen["beam_size"] == 5 and seen["pad_id"] == 0 and seen["show_progress"] is None and seen["n"] == 3
     assert not model.training
 
 

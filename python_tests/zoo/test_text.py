@@ -339,7 +339,8 @@ def test_write_reductions_passes_everything_on(monkeypatch, tmp_path):
 def test_load_model_spec_bundled_or_a_file(monkeypatch):
     """"bundled" (exactly) loads the bundled model with the progress option; anything else is a file path."""
     calls = []
-    monkeypatch.setattr(job, "bundled_text_model", lambda progress=None: calls.append(("bundled", progress)) or "B")
+    monkeypatch.setattr(job, "bundled_text_model", lambda show_progress=None: calls.append(("bundled", show_progress))
+                        or "B")
     monkeypatch.setattr(job, "load_text_model", lambda spec: calls.append(("file", spec)) or "F")
     assert job.load_model_spec("bundled", False) == "B" and calls == [("bundled", False)]
     assert job.load_model_spec("bundled") == "B" and calls[-1] == ("bundled", None)
@@ -431,7 +432,7 @@ def test_run_reduce_from_files(monkeypatch, tmp_path, tiny):
     s = job.run_reduce(model_path, str(texts), str(out))
     (model, ids, kw), = calls
     assert ids == [[2, 3, 4, 7], [5, 1, 6], [2, 4], [3], [5, 7], [6, 6]]
-    assert kw == {"beam_size": 5, "importance": "leave_one_out", "progress": None}
+    assert kw == {"beam_size": 5, "importance": "leave_one_out", "show_progress": None}
     assert isinstance(model, zt.WordCNN) and not model.training
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny.model.state_dict().values()))
     rows = pq.read_table(out / "reductions.parquet").to_pylist()
@@ -466,15 +467,16 @@ def test_run_reduce_bundled_passes_its_options(monkeypatch, tmp_path, tiny):
     limit the texts, beam size and importance input reduction; the labels reach the table; the metadata name
     the bundled model and snippets."""
     loads = []
-    monkeypatch.setattr(job, "bundled_text_model", lambda progress=None: loads.append(progress) or tiny)
+    monkeypatch.setattr(job, "bundled_text_model", lambda show_progress=None: loads.append(show_progress) or tiny)
     monkeypatch.setattr(job, "load_text_data", fake_text_data)
     calls = recording_reduction(monkeypatch, [[1], [0]])
     fake_clock(monkeypatch)
     out = tmp_path / "out"
-    s = job.run_reduce("bundled", "bundled", str(out), beam_size=2, importance="gradient", limit=2, show_progress=False)
+    s = job.run_reduce("bundled", "bundled", str(out), beam_size=2, importance="gradient", limit=2,
+                       show_progress=False)
     assert loads == [False]
     (_, ids, kw), = calls
-    assert ids == [[2, 4], [5]] and kw == {"beam_size": 2, "importance": "gradient", "progress": False}
+    assert ids == [[2, 4], [5]] and kw == {"beam_size": 2, "importance": "gradient", "show_progress": False}
     rows = pq.read_table(out / "reductions.parquet").to_pylist()
     assert [r["label"] for r in rows] == [1, 0] and s["sequences"] == 2
     html = (out / "report.html").read_text(encoding="utf-8")
@@ -696,7 +698,7 @@ def test_bundled_text_model_trains_once_then_loads_the_cache(monkeypatch, tmp_pa
     ((got_data, tokens, kw),) = trains
     assert got_data is data and tokens == ["<pad>", "<unk>"] + words
     assert kw == dict(seed=0, epochs=6, dim=64, filters=64, widths=[3, 5], lr=2e-3, batch=64, weight_decay=1e-5,
-                      progress=False)
+                      show_progress=False)
     assert tm.test_accuracy == 0.75 and tm.config == json_loads(DEFAULT_CONFIG)
     path = tmp_path / cache_name(DEFAULT_CONFIG)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
@@ -716,7 +718,7 @@ def json_loads(s):
 def test_bundled_text_model_overrides_and_cache_folders(monkeypatch, tmp_path):
     """Overrides reach the split, the vocabulary and the training, and name their own file (widths as a list);
     unknown options are refused with the message whole; the cache folder is the one given, else
-    $OVERINTERP_FAST_CACHE/text, else ~/.cache/overinterp_fast/text; progress defaults to None."""
+    $OVERINTERP_FAST_CACHE/text, else ~/.cache/overinterp_fast/text; show_progress defaults to None."""
     data, loads, trains = fake_training(monkeypatch)
     with pytest.raises(ValueError, match=whole_message(
             "unknown training options ['depth', 'heads']; known: ['batch', 'dim', 'epochs', 'filters', 'lr', "
@@ -729,7 +731,7 @@ def test_bundled_text_model_overrides_and_cache_folders(monkeypatch, tmp_path):
     (_, tokens, kw), = trains
     assert len(tokens) == 2 + 6  # every word, seen once or more
     assert kw == dict(seed=3, epochs=1, dim=8, filters=4, widths=[3], lr=0.01, batch=8, weight_decay=0.0,
-                      progress=None)
+                      show_progress=None)
     config = ('{"batch": 8, "dim": 8, "epochs": 1, "filters": 4, "lr": 0.01, "min_count": 1, "seed": 3, '
               '"test_fraction": 0.5, "weight_decay": 0.0, "widths": [3]}')
     assert tm.config == json_loads(config) and (tmp_path / "given" / cache_name(config)).is_file()
