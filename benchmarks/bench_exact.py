@@ -103,7 +103,7 @@ def dense_batch_size(model, images, features) -> int:
     os.environ[graphs.ENV_VAR] = "0"
     try:
         with RowRecorder(model) as rec:
-            explain(model, images, 0.5, features=features, **DENSE)
+            explain(model, images, 0.5, feature_mask=features, **DENSE)
     finally:
         if saved is None:
             os.environ.pop(graphs.ENV_VAR)
@@ -113,7 +113,7 @@ def dense_batch_size(model, images, features) -> int:
 
 
 def contenders_for(model, images, features, engines: bool, skip) -> dict:
-    run = lambda **kw: (lambda: explain(model, images, 0.5, features=features, **kw))  # noqa: E731
+    run = lambda **kw: (lambda: explain(model, images, 0.5, feature_mask=features, **kw))  # noqa: E731
     contenders = {"fast": run(), "incr": run(incremental=True)}
     if engines:
         contenders.update(torch=run(**DENSE), ort=run(engine="onnxruntime"))
@@ -139,7 +139,7 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
     floor_batch = candidate_like_batch(images, features, batch)
     contenders["floor"] = lambda: floor_run(model, floor_batch, batches(candidates, batch))
     if not skip_reference:
-        contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, features=features)
+        contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, feature_mask=features)
     times, outputs = interleaved(contenders, rounds, device, name)
     log.removeHandler(decisions)
     best = {k: min(v) for k, v in times.items()}
@@ -180,7 +180,7 @@ def recorded_calls(model, images, features) -> tuple[list[int], list]:
     os.environ[graphs.ENV_VAR] = "0"
     try:
         with RowRecorder(model) as rec:
-            res = explain(model, images, 0.5, features=features)
+            res = explain(model, images, 0.5, feature_mask=features)
     finally:
         if saved is None:
             os.environ.pop(graphs.ENV_VAR)
@@ -194,7 +194,7 @@ def run_loop_cost(name, n_images, device, rounds, warmup=True) -> dict:
     of exactly its calls, replayed at the same batch sizes on candidate-like inputs. The difference is the loop's
     own cost: building the candidates, the schedule, the bookkeeping and the reads."""
     model, images, features, p = make_case(name, n_images, device)
-    fast = lambda: explain(model, images, 0.5, features=features)  # noqa: E731
+    fast = lambda: explain(model, images, 0.5, feature_mask=features)  # noqa: E731
     if warmup:
         fast()
     calls, res = recorded_calls(model, images, features)
@@ -233,8 +233,8 @@ def run_score_dtype(name, n_images, device, rounds, score_dtype: str, warmup=Tru
     n = images.shape[0]
     candidates = n * p * (p + 1) // 2
     dtype = SCORE_DTYPES[score_dtype]
-    contenders = {"full": lambda: explain(model, images, 0.5, features=features, **DENSE),
-                  "low": lambda: explain(model, images, 0.5, features=features, **DENSE,
+    contenders = {"full": lambda: explain(model, images, 0.5, feature_mask=features, **DENSE),
+                  "low": lambda: explain(model, images, 0.5, feature_mask=features, **DENSE,
                                          score_dtype=dtype)}
     log, decisions = logging.getLogger("overinterp_fast"), _Decisions("score_dtype")
     log.addHandler(decisions)

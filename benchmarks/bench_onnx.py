@@ -54,14 +54,14 @@ def main():
             n = images.shape[0]
             candidates = n * p * (p + 1) // 2
             with RowRecorder(model) as rec:  # also the warm-up of the torch path
-                explain(model, images, 0.5, features=features, engine="torch", incremental=False)
+                explain(model, images, 0.5, feature_mask=features, engine="torch", incremental=False)
             batch = rec.largest()
             floor_batch = candidate_like_batch(images, features, batch)
             path = of.export_onnx(model.cpu(), os.path.join(tmp, f"{name}.onnx"), images[:2].cpu())
             model.to(device)
             onnx_model = of.OnnxModel(path, device=device)
-            run = lambda m, **kw: (lambda: explain(m, images, 0.5, features=features, batch_size=batch,  # noqa: E731
-                                                   incremental=False, **kw))
+            run = lambda m, **kw: (lambda: explain(m, images, 0.5, feature_mask=features,  # noqa: E731
+                                                   batch_size=batch, incremental=False, **kw))
             contenders = {"torch": run(model, engine="torch"), "onnx": run(onnx_model),
                           "torch_floor": lambda: floor_run(model, floor_batch, batches(candidates, batch)),
                           "onnx_floor": lambda: floor_run(onnx_model, floor_batch, batches(candidates, batch))}

@@ -79,7 +79,7 @@ def child(args) -> None:
     if args.mode == "stored":
         run = run_stored_audit({"cnn": model}, src, args.out, config,
                                StoreOptions(chunk_size=args.chunk, restart=True, workers=0, report=False, load=False),
-                               RunOptions(progress=False))
+                               RunOptions(show_progress=False))
         rank = run.ranks.rank
         extra = {"commit_s": run.commit_seconds, "finalize_s": run.finalize_seconds}
     else:  # the same chunks and batches, held in memory, written once at the end

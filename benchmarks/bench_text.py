@@ -76,10 +76,11 @@ def main() -> None:
     kw = dict(beam_size=args.beam, importance=args.importance)
     contenders = {
         "reference": lambda: reference.input_reduction(model, seqs, embedding=model.embedding, **kw),
-        "packed": lambda: of.input_reduction(model, seqs, progress=False, **kw),
+        "packed": lambda: of.input_reduction(model, seqs, show_progress=False, **kw),
     }
     if args.importance == "leave_one_out":
-        contenders["packed-rows"] = lambda: of.input_reduction(model, seqs, progress=False, incremental=False, **kw)
+        contenders["packed-rows"] = lambda: of.input_reduction(model, seqs, show_progress=False, incremental=False,
+                                                               **kw)
     times = {k: [] for k in contenders}
     outputs = {}
     for rnd in range(args.rounds):

@@ -32,8 +32,8 @@ RESULTS = os.path.join(HERE, "results")
 # monotone, criterion, prefix_search)
 OPTIONS = {"exact": of.attr.ExactOptions, "gradient": of.attr.GradientOptions,
            "responsibility": of.attr.MinimalPixelSetOptions}
-COMMON_KEYWORDS = frozenset({"target", "mask_value", "features", "collection", "batch_size", "outputs", "progress",
-                             "engine"})
+COMMON_KEYWORDS = frozenset({"target", "baselines", "feature_mask", "collection", "batch_size", "outputs",
+                             "show_progress", "engine"})
 
 
 def explain(model, images: torch.Tensor, threshold: float = 0.9, *, method: str = "exact", **keywords) -> list:
@@ -47,7 +47,7 @@ def explain(model, images: torch.Tensor, threshold: float = 0.9, *, method: str 
     """
     common = {k: v for k, v in keywords.items() if k in COMMON_KEYWORDS}
     method_options = {k: v for k, v in keywords.items() if k not in COMMON_KEYWORDS}
-    common.setdefault("progress", False)
+    common.setdefault("show_progress", False)
     options = OPTIONS[method](**method_options) if method_options else None
     return of.fast_sis(model, images, threshold, method=method, options=options, **common)
 

@@ -38,7 +38,7 @@ print("last pixel masked:", int(scores.flatten().argmax()), "=", int(r.order[-1]
 
 # Patches instead of pixels: any integer feature map (Captum's feature_mask); fast_sis is the short path.
 patches = (torch.arange(8).view(8, 1) // 2) * 4 + torch.arange(8).view(1, 8) // 2  # 4x4 grid of 2x2 patches
-res_p = of.fast_sis(model, images, 0.9, features=patches)
+res_p = of.fast_sis(model, images, 0.9, feature_mask=patches)
 print("SIS in 2x2 patches:", [r.sis.tolist() if r.sis is not None else None for r in res_p])
 
 # The plain transcription of the reference algorithm gives the same answer (float32: up to model noise at near-ties).

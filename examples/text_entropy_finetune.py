@@ -22,7 +22,7 @@ from overinterp_fast.zoo.text import bundled_text_model, load_text_data, text_ac
 
 
 def evaluate(model, test_seqs, y_test, eval_seqs) -> dict:
-    red = input_reduction(model, eval_seqs, beam_size=5, progress=False)
+    red = input_reduction(model, eval_seqs, beam_size=5, show_progress=False)
     return {"accuracy": text_accuracy(model, test_seqs, y_test),
             "reduced_confidence_mean": statistics.fmean(r.confidence for r in red),
             "original_confidence_mean": statistics.fmean(r.original_confidence for r in red),
@@ -49,7 +49,7 @@ def main() -> None:
     for lam in args.lam:
         t = time.perf_counter()
         # X~ from the first --reduce training inputs, the log-likelihood term over all of them
-        res = entropy_finetune(tm.model, (train, data.y_train), lam, reduce_limit=args.reduce, progress=False)
+        res = entropy_finetune(tm.model, (train, data.y_train), lam, reduce_limit=args.reduce, show_progress=False)
         rows.append({"model": f"fine-tuned, lambda={lam:g}", "reduced_examples": res.reduced_examples,
                      "seconds": time.perf_counter() - t, **evaluate(res.model, test, data.y_test, test[: args.eval])})
         print(rows[-1])

@@ -12,6 +12,8 @@ The layers, from the bottom: :mod:`.ops` (kernels and their pure-PyTorch version
 (inputs, the model wrapper, ONNX Runtime, engines, batch sizes), :mod:`.methods` (the algorithms),
 then the public API (this module and :mod:`.attr`), :mod:`.audit`, :mod:`.text` and :mod:`.cli`.
 """
+import logging
+
 from . import ops
 from .ops import ops_info
 from .api import fast_sis, responsibility, sufficient_subset
@@ -33,6 +35,9 @@ __all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensem
 __all__ += ["sis_table", "sis_frame", "save_masks", "load_masks", "plot_sis"]
 __version__ = "0.1.0"
 
+# Library logging: every module logs to logging.getLogger(__name__), under this package's logger; nothing is shown
+# unless the application configures logging (the command line does: -v, --log-level). docs: conventions.md.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 def __getattr__(name: str):
     """``plot_sis`` on first use (matplotlib and the audit package load only then)."""

@@ -5,15 +5,20 @@ from typing import Callable
 
 import torch
 
+from .attr._base import captum_baselines
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
                    Responsibility, ResponsibilityOptions, RunOptions, SubsetOptions, SufficientSubset)
 from .methods.responsibility import ResponsibilityMap
 from .methods.results import SISResult
+from .runtime.renames import renamed_keywords
 
 METHODS = {"exact": ExactSIS, "gradient": GradientSIS, "responsibility": MinimalPixelSet}
 _R, _O, _S = RunOptions, ResponsibilityOptions, SubsetOptions  # the defaults' single source
+# fast_sis's keywords before it took Captum's names (accepted with a FutureWarning for one release)
+OLD_NAMES = {"mask_value": "baselines", "features": "feature_mask", "progress": "show_progress"}
 
 
+@renamed_keywords(**OLD_NAMES)
 def fast_sis(
     model: torch.nn.Module | Callable[[torch.Tensor], torch.Tensor],
     images: torch.Tensor,
@@ -21,12 +26,12 @@ def fast_sis(
     *,
     method: str = "exact",
     target: int | torch.Tensor | None = None,
-    mask_value: float | torch.Tensor = 0.0,
-    features: torch.Tensor | None = None,
+    baselines: float | torch.Tensor | None = None,
+    feature_mask: torch.Tensor | None = None,
     collection: bool = _R.collection,
     batch_size: int | None = _R.batch_size,
     outputs: str = _R.outputs,
-    progress: bool | None = None,
+    show_progress: bool | None = None,
     engine: str = _R.engine,
     options: ExactOptions | GradientOptions | MinimalPixelSetOptions | None = None,
 ) -> list[SISResult]:
@@ -45,14 +50,14 @@ def fast_sis(
             sets from ReX's responsibility maps; black box).
         target: class whose probability is f; None = the class predicted on the unmasked image. An int, or one
             per image (int64 [N]).
-        mask_value: what masked elements become: a number (default 0), one value per channel ([C]), or a
+        baselines: what masked elements become: None (0), a number, one value per channel ([C]), or a
             baseline tensor ([*D], [1, *D] or [N, *D]).
-        features: None = one feature per pixel across channels ([C, H, W] inputs; id = row * W + col) or per
-            element (other shapes); or an integer feature map broadcastable to [*D] with ids 0..p-1.
+        feature_mask: None = one feature per pixel across channels ([C, H, W] inputs; id = row * W + col) or per
+            element (other shapes); or an integer feature map broadcastable to [*D] (or [1, *D]) with ids 0..p-1.
         collection: also find every further disjoint SIS (``SISResult.collection``).
         batch_size: candidates per forward call (None: chosen by a short timed calibration).
         outputs: "logits" (f = softmax probability) or "probabilities".
-        progress: show a progress bar (None: only on a terminal).
+        show_progress: show a progress bar (None: only on a terminal).
         engine: what scores the candidates: "auto", "torch", "onnxruntime" or "compile"; every SIS is checked on
             the user's model (method="gradient": "auto" or "torch").
         options: the method's options object (:class:`~overinterp_fast.attr.options.ExactOptions`,
@@ -62,6 +67,9 @@ def fast_sis(
     Returns:
         One :class:`SISResult` per image (tensors on the CPU). Images with f(x) < threshold get ``sis=None``
         (their ``order``/``values`` are still computed).
+
+    The keywords ``mask_value``, ``features`` and ``progress`` (the names before ``baselines``,
+    ``feature_mask`` and ``show_progress``) still work, with a FutureWarning.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
@@ -71,9 +79,10 @@ def fast_sis(
                          f"{type(options).__name__}")
     run = RunOptions(threshold, outputs, engine, batch_size, collection)
     job = cls.from_options(model, run, options, name=f'method="{method}"')
-    return job._run(images, target, mask_value, features, progress)
+    return job._run(images, target, captum_baselines(baselines), feature_mask, show_progress)
 
 
+@renamed_keywords(mask_value="baselines", progress="show_progress")
 def responsibility(
     model,
     images: torch.Tensor,
@@ -85,11 +94,11 @@ def responsibility(
     criterion: str = _O.criterion,
     monotone: bool | None = _O.monotone,
     target: int | torch.Tensor | None = None,
-    mask_value: float | torch.Tensor = 0.0,
+    baselines: float | torch.Tensor | None = None,
     threshold: float | list[float] | torch.Tensor = _R.threshold,
     outputs: str = _R.outputs,
     batch_size: int | None = _R.batch_size,
-    progress: bool | None = None,
+    show_progress: bool | None = None,
     engine: str = _R.engine,
 ) -> list[ResponsibilityMap]:
     """Causal responsibility maps (ReX's algorithm; docs: algorithms.md, Causal responsibility and minimal pixel
@@ -100,7 +109,7 @@ def responsibility(
         images: [N, C, H, W], normalized as the model expects.
         iterations, seed, depth, min_box, criterion, monotone:
             :class:`~overinterp_fast.attr.options.ResponsibilityOptions` (ReX-faithful: ``iterations=20``).
-        target, mask_value, threshold, outputs, batch_size, progress, engine: as :func:`fast_sis`.
+        target, baselines, threshold, outputs, batch_size, show_progress, engine: as :func:`fast_sis`.
 
     Returns:
         One :class:`ResponsibilityMap` per image: ``map`` float64 [H, W] (the sum over iterations of
@@ -109,9 +118,10 @@ def responsibility(
     options = ResponsibilityOptions(iterations, seed, depth, min_box, criterion, monotone)
     maps = Responsibility.from_options(model, RunOptions(threshold, outputs, engine, batch_size), options,
                                        name="responsibility")
-    return maps._maps(images, target, mask_value, None, progress)
+    return maps._maps(images, target, captum_baselines(baselines), None, show_progress)
 
 
+@renamed_keywords(mask_value="baselines", features="feature_mask")
 def sufficient_subset(
     model,
     images: torch.Tensor,
@@ -123,8 +133,8 @@ def sufficient_subset(
     refine: bool | str = _S.refine,
     refine_budget: int | str | None = _S.refine_budget,
     target: int | torch.Tensor | None = None,
-    mask_value: float | torch.Tensor = 0.0,
-    features: torch.Tensor | None = None,
+    baselines: float | torch.Tensor | None = None,
+    feature_mask: torch.Tensor | None = None,
     outputs: str = _R.outputs,
     batch_size: int | None = _R.batch_size,
     engine: str = _R.engine,
@@ -133,7 +143,7 @@ def sufficient_subset(
     ranking): the function form of :class:`~overinterp_fast.attr.SufficientSubset`.
 
     Args:
-        model, images, threshold, target, mask_value, features, outputs, batch_size, engine: as :func:`fast_sis`.
+        model, images, threshold, target, baselines, feature_mask, outputs, batch_size, engine: as :func:`fast_sis`.
         ranking: scores per feature, higher = kept first: [N, p], [N, *grid], or an attribution of the images'
             shape [N, *D], reduced to the sum over each feature's elements.
         criterion, step, refine, refine_budget: :class:`~overinterp_fast.attr.options.SubsetOptions`.
@@ -144,4 +154,4 @@ def sufficient_subset(
     """
     options = SubsetOptions(criterion, step, refine, refine_budget)
     subset = SufficientSubset.from_options(model, RunOptions(threshold, outputs, engine, batch_size), options)
-    return subset._run(images, ranking, target, mask_value, features)
+    return subset._run(images, ranking, target, captum_baselines(baselines), feature_mask)

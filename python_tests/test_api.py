@@ -91,18 +91,18 @@ def test_threshold_type(model, x):
 
 def test_feature_map_that_does_not_fit(model, x):
     with pytest.raises(ValueError, match="does not fit"):
-        of.fast_sis(model, x, 0.5, features=torch.zeros(4, 4, dtype=torch.int64))
+        of.fast_sis(model, x, 0.5, feature_mask=torch.zeros(4, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match="0..p-1"):
-        of.fast_sis(model, x, 0.5, features=torch.arange(25).view(5, 5) + 1)
+        of.fast_sis(model, x, 0.5, feature_mask=torch.arange(25).view(5, 5) + 1)
     with pytest.raises(TypeError, match="integer"):
-        of.fast_sis(model, x, 0.5, features=torch.zeros(5, 5))
+        of.fast_sis(model, x, 0.5, feature_mask=torch.zeros(5, 5))
 
 
 def test_bad_mask_value(model, x):
     with pytest.raises(ValueError, match="finite"):
-        of.fast_sis(model, x, 0.5, mask_value=float("nan"))
+        of.fast_sis(model, x, 0.5, baselines=float("nan"))
     with pytest.raises(ValueError, match="fits neither"):
-        of.fast_sis(model, x, 0.5, mask_value=torch.zeros(4, dtype=torch.float64))
+        of.fast_sis(model, x, 0.5, baselines=torch.zeros(4, dtype=torch.float64))
 
 
 def test_model_returning_wrong_shape(x):
@@ -238,7 +238,7 @@ def test_check_refine_and_its_budget():
 @pytest.mark.mutation
 def test_check_pixels_messages():
     model, x = make_cnn(0), make_images(2)
-    msg = "responsibility works on images [N, C, H, W] with the default pixel features (features=None)"
+    msg = "responsibility works on images [N, C, H, W] with the default pixel features (feature_mask=None)"
     patches = torch.arange(25).view(5, 5) // 5  # 5 features, not pixels
     s = job.setup(model, x, 0.5, patches, 0.0, "logits", 4, "exact")
     with pytest.raises(ValueError, match=whole_message(msg)):
@@ -368,7 +368,7 @@ def _top(model, x):
 def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0, h=56, w=112), make_images(2, h=56, w=112)
-    out = of.fast_sis(model, x, 0.5, method="responsibility", progress=False, collection=True,
+    out = of.fast_sis(model, x, 0.5, method="responsibility", show_progress=False, collection=True,
                       options=of.MinimalPixelSetOptions(iterations=5, seed=17, refine_budget=40))
     assert out is SENTINEL
     (eng,) = rec.engines
@@ -406,7 +406,7 @@ def test_fast_sis_responsibility_criterion_block_scan_and_monotone(monkeypatch):
     rec = Recorder(monkeypatch, verify=True)
     model, x = make_cnn(0), make_images(2)
     of.fast_sis(model, x, [0.3, 0.6], method="responsibility", engine="onnxruntime", batch_size=4,
-                target=torch.tensor([3, 1]), mask_value=0.5,
+                target=torch.tensor([3, 1]), baselines=0.5,
                 options=of.MinimalPixelSetOptions(criterion="threshold", block=2, prefix_search="scan",
                                                   refine="boundary", monotone=False))
     assert rec.engines[0]["targets"].tolist() == [3, 1] and rec.extracts[0]["targets"].tolist() == [3, 1]
@@ -451,7 +451,7 @@ def test_fast_sis_responsibility_threshold_guide_and_auto_rows(monkeypatch):
 def test_responsibility_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0), make_images(2)
-    got = of.responsibility(model, x, iterations=3, seed=9, depth=4, min_box=2, progress=False, monotone=True,
+    got = of.responsibility(model, x, iterations=3, seed=9, depth=4, min_box=2, show_progress=False, monotone=True,
                             criterion="threshold", threshold=0.25, batch_size=6, engine="torch")
     (eng,), (m,) = rec.engines, rec.maps
     assert eng["engine"] == "torch" and eng["batch_size"] == 6 and eng["measure_fn"] == "score_and_top1"
@@ -471,7 +471,7 @@ def test_responsibility_passes_every_option(monkeypatch):
         assert r.queries == 100 + i and r.target == top[i] and isinstance(r.target, int) and r.iterations == 3
     # the defaults: 8 iterations, depth 10, min_box 10, seed 0, every mutant scored (monotone None: off for plain
     # maps), top-1 criterion
-    of.responsibility(model, x, target=torch.tensor([1, 2]), mask_value=0.25)
+    of.responsibility(model, x, target=torch.tensor([1, 2]), baselines=0.25)
     assert rec.maps[1]["args"] == (8, 10, 10, 0, None, False) and rec.maps[1]["hook"] is None
     assert rec.engines[1]["targets"].tolist() == [1, 2] and bool((rec.maps[1]["prep"].baseline == 0.25).all())
     assert rec.maps[1]["passes"](0, 0.0, True) is True and rec.maps[1]["passes"](0, 1.0, False) is False
@@ -494,7 +494,7 @@ def test_responsibility_argument_checks():
     with pytest.raises(ValueError, match="criterion must be one of"):
         of.responsibility(model, x, criterion="top5")
     with pytest.raises(ValueError, match=whole_message(
-            "responsibility works on images [N, C, H, W] with the default pixel features (features=None)")):
+            "responsibility works on images [N, C, H, W] with the default pixel features (feature_mask=None)")):
         of.responsibility(lambda v: v[:, :3], x.flatten(1))
     with pytest.raises(ValueError, match="iterations"):
         of.responsibility(model, x, iterations=0)
@@ -543,8 +543,8 @@ def test_sufficient_subset_features_target_batch_and_verifier(monkeypatch):
     rec = Recorder(monkeypatch, verify=True)
     model, x = make_cnn(0), make_images(2)
     patches = torch.arange(25).view(5, 5) // 5  # 5 features (rows)
-    of.sufficient_subset(model, x, torch.randn(2, 5), 0.5, features=patches, target=torch.tensor([4, 0]),
-                         batch_size=3, mask_value=0.75)
+    of.sufficient_subset(model, x, torch.randn(2, 5), 0.5, feature_mask=patches, target=torch.tensor([4, 0]),
+                         batch_size=3, baselines=0.75)
     (eng,), (e,) = rec.engines, rec.extracts
     assert e["ranked"][0].shape == (2, 5) and e["prep"].num_features == 5
     assert eng["batch_size"] == 3 and eng["targets"].tolist() == [4, 0] == e["targets"].tolist()
@@ -601,7 +601,7 @@ def test_sufficient_subset_argument_checks():
 def test_fast_sis_gradient_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0), make_images(3)
-    out = of.fast_sis(model, x, [0.1, 0.2, 0.3], method="gradient", collection=True, progress=False,
+    out = of.fast_sis(model, x, [0.1, 0.2, 0.3], method="gradient", collection=True, show_progress=False,
                       options=of.GradientOptions(k=4, autocast="bf16"))
     assert out is SENTINEL
     (eng,), (g,) = rec.engines, rec.gradients
@@ -631,7 +631,7 @@ def test_fast_sis_exact_dense_path_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch, verify=True)
     monkeypatch.setattr(attr_exact, "choose_incremental", lambda fn, prep, incremental: None)
     model, x = make_cnn(0), make_images(2)
-    out = of.fast_sis(model, x, 0.35, collection=True, progress=False, engine="onnxruntime")
+    out = of.fast_sis(model, x, 0.35, collection=True, show_progress=False, engine="onnxruntime")
     assert out is SENTINEL
     (eng,), (e,) = rec.engines, rec.exacts
     assert eng["engine"] == "onnxruntime" and eng["measure_fn"] == "score"
@@ -700,7 +700,7 @@ def test_fast_sis_exact_incremental_auto(monkeypatch, pays):
     rec = Recorder(monkeypatch)
     calls, plan = _incremental_stubs(monkeypatch, rec, pays)
     model, x = make_cnn(0), make_images(2)
-    of.fast_sis(model, x, 0.5, batch_size=9, collection=True, progress=False)
+    of.fast_sis(model, x, 0.5, batch_size=9, collection=True, show_progress=False)
     assert calls["choose"] == [None]
     top = _top(model, x)
     for key in ("calibration_args", "small_job_args"):

@@ -1,12 +1,13 @@
 """What an audit computes, how it is shown, and how a stored audit runs: three options objects.
 
-    config = AuditConfig(method="gradient", threshold=0.9, k=100, ensemble=True)
+    config = AuditConfig(method="gradient", threshold=0.9, k=100, ensemble=True)   # method="auto": by image size
     record = run_audit(models, images, names, displays, config, RunOptions(title="My audit"))
     run = run_stored_audit(models, source, "out/audit", config, StoreOptions(chunk_size=64, workers=4))
 
 :class:`AuditConfig` fixes the results (a stored audit keeps it in results.json: a rerun with other values is
 refused), :class:`RunOptions` only how the audit is labelled and shown, :class:`StoreOptions` how a stored audit
-is chunked, loaded and written.
+is chunked, loaded and written. Their defaults are the command line's (``overinterp-fast audit`` reads them from
+here), and the method options' defaults are :mod:`overinterp_fast.attr.options`' (docs: conventions.md).
 """
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from typing import Callable
 
 import torch
 
+from ..attr.options import GradientOptions, MinimalPixelSetOptions
+from ..attr.options import RunOptions as _MethodRun
+from ..runtime.renames import renamed_attribute, renamed_keywords
+
+_R, _G, _M = _MethodRun, GradientOptions, MinimalPixelSetOptions  # the method defaults' single source
+METHODS = ("auto", "exact", "gradient", "responsibility")
 DEFAULT_CHUNK = 64
 GALLERY = 24  # images shown with their SIS in the report by default; statistics and plots cover every image
 
@@ -24,12 +31,18 @@ class AuditConfig:
     """What fixes an audit's results.
 
     Attributes:
-        method: "exact", "gradient" or "responsibility" (:func:`overinterp_fast.fast_sis`'s).
+        method: "exact", "gradient" or "responsibility" (:func:`overinterp_fast.fast_sis`'s), or "auto" (default):
+            exact SIS up to :data:`~overinterp_fast.audit.runner.AUTO_EXACT_FEATURES` pixels (32 x 32), else
+            batched-gradient SIS, or minimal pixel sets ("responsibility") when a model has no gradients (ONNX);
+            see :func:`~overinterp_fast.audit.runner.resolve_method`. The record and a stored audit's
+            configuration hold the method it resolved to.
         threshold, threshold_mode: tau and how it applies per image (see
             :func:`overinterp_fast.audit.runner.thresholds_for`), decided per model from its own f(x).
-        k, autocast: the gradient method's features per step and autocast dtype.
+        k, autocast: the gradient method's features per step and autocast dtype (autocast None: the ranking in
+            the images' dtype, so that results do not depend on the machine's bf16 support; the functions'
+            default is "auto").
         collection: find every disjoint SIS.
-        mask_value: what a masked pixel holds (a number, or a tensor fast_sis takes as ``mask_value``).
+        baselines: what a masked pixel holds: None (0), a number, or a tensor fast_sis takes as ``baselines``.
         batch_size: candidates per forward call (None: fast_sis's own choice in memory; a stored audit fixes
             one from the chunk's shape, so that results do not depend on timing).
         ensemble: with two or more models, add their mean-of-logits ensemble as one more model.
@@ -37,29 +50,44 @@ class AuditConfig:
             accuracy on every model's ``fraction`` pixel subsets (against the labels when all are known, else
             against each evaluated model's full-image prediction).
         noise_sigma, value_range: with object masks, the foreground/background noise sensitivity: Gaussian
-            noise of standard deviation ``noise_sigma`` (in the images' units; a number or [C, 1, 1]) on only
-            the object or only the background, clipped to ``value_range`` (low, high) when given.
+            noise on only the object or only the background. ``noise_sigma`` is its standard deviation in pixel
+            units (a fraction of the pixel range [0, 1]; default 0.1). ``value_range`` (low, high): what the
+            pixel values 0 and 1 are in the images' units (numbers or per channel [C, 1, 1]; for images
+            normalized as (x - mean) / std, low = -mean / std and high = (1 - mean) / std): the noise is
+            ``noise_sigma * (high - low)`` in the images' units, clipped to [low, high]. None: the images are
+            in pixel units (the noise is ``noise_sigma``), not clipped.
+        seed: the seed of what an audit draws at random: the responsibility method's descents
+            (:class:`~overinterp_fast.attr.options.MinimalPixelSetOptions`' ``seed``) and the noise of the noise
+            sensitivity.
+
+    ``mask_value`` (the name of ``baselines`` before) still works, with a FutureWarning.
     """
 
-    method: str = "exact"
-    threshold: float = 0.9
+    method: str = "auto"
+    threshold: float = _R.threshold
     threshold_mode: str = "auto"
-    k: int = 100
+    k: int = _G.k
     autocast: str | None = None
-    collection: bool = False
-    mask_value: float | torch.Tensor = 0.0
-    batch_size: int | None = None
+    collection: bool = _R.collection
+    baselines: float | torch.Tensor | None = None
+    batch_size: int | None = _R.batch_size
     ensemble: bool = False
     transfer: bool = True
     fraction: float = 0.05
-    noise_sigma: float | torch.Tensor = 0.25
+    noise_sigma: float | torch.Tensor = 0.1
     value_range: tuple | None = None
+    seed: int = _M.seed
+
+    mask_value = renamed_attribute("mask_value", "baselines", "AuditConfig")
 
     def model_options(self) -> dict:
         """The options a model's SIS ran with, as the record lists them."""
-        options = {"threshold": self.threshold, "threshold_mode": self.threshold_mode, "mask_value": self.mask_value}
+        options = {"threshold": self.threshold, "threshold_mode": self.threshold_mode,
+                   "baselines": 0.0 if self.baselines is None else self.baselines}
         if self.method == "gradient":
             options.update(k=self.k, autocast=self.autocast)
+        if self.method == "responsibility":
+            options.update(seed=self.seed)
         return options
 
 
@@ -71,13 +99,17 @@ class RunOptions:
         class_name: class index -> name, for the report.
         title: the report's heading.
         meta: facts added to the run's metadata (model files, image source, ...).
-        progress: progress bars (None: on a terminal only).
+        show_progress: progress bars (None: on a terminal only).
+
+    ``progress`` (the name of ``show_progress`` before) still works, with a FutureWarning.
     """
 
     class_name: Callable[[int], str] = str
     title: str = "Overinterpretation audit"
     meta: dict | None = None
-    progress: bool | None = None
+    show_progress: bool | None = None
+
+    progress = renamed_attribute("progress", "show_progress", "RunOptions")
 
 
 @dataclass(frozen=True)
@@ -88,21 +120,30 @@ class StoreOptions:
         chunk_size: images per chunk: the unit of batching, commit and sharding; part of the configuration.
         restart: discard what the folder holds and start over.
         workers: DataLoader worker processes per rank (0: load in this process).
-        device: "cpu" or "cuda" (cuda:LOCAL_RANK under torchrun), when the audit sets up its own ranks.
+        device: "auto" (default: "cuda" when a GPU is available, else "cpu"), "cpu" or "cuda" (cuda:LOCAL_RANK
+            under torchrun), when the audit sets up its own ranks.
         identity: what identifies the models (e.g. their files) and anything else that fixes results; merged
             into the stored configuration, which a resume must match.
         report, gallery: rank 0 writes ``report.html`` with a gallery of ``gallery`` images.
         load: rank 0 reads the complete audit back into ``StoredAudit.record``.
+        command: the command line's options (name -> JSON value) that started the audit, stored in
+            results.json beside the configuration (not compared on a rerun): ``overinterp-fast audit --resume
+            OUT`` reads them back.
     """
 
     chunk_size: int = DEFAULT_CHUNK
     restart: bool = False
     workers: int = 2
-    device: str | torch.device = "cpu"
+    device: str | torch.device = "auto"
     identity: dict | None = None
     report: bool = True
     gallery: int = GALLERY
     load: bool = True
+    command: dict | None = None
+
+
+AuditConfig.__init__ = renamed_keywords(mask_value="baselines")(AuditConfig.__init__)
+RunOptions.__init__ = renamed_keywords(progress="show_progress")(RunOptions.__init__)
 
 
 def check_type(value, cls: type, name: str):

@@ -31,15 +31,23 @@ class Ranks:
         return self.rank == 0
 
 
-def setup(device: str | torch.device = "cpu") -> Ranks:
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``device`` as a torch.device; "auto": "cuda" when a CUDA GPU is available, else "cpu"."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def setup(device: str | torch.device = "auto") -> Ranks:
     """Join the torchrun job described by the environment (a one-process job without it).
 
-    ``device``: "cpu" or "cuda"; with several ranks "cuda" means cuda:LOCAL_RANK."""
+    ``device``: "auto" (:func:`resolve_device`), "cpu" or "cuda"; with several ranks "cuda" means
+    cuda:LOCAL_RANK."""
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local if world > 1 else torch.cuda.current_device())
     if dev.type == "cuda":

@@ -13,17 +13,22 @@ import time
 import torch
 
 from ..api import fast_sis
+from ..runtime.renames import renamed_keywords
 from ..zoo.digits import accuracy, load_digits, train_digits_cnn
 from .subsets import pixel_subsets, random_subsets
 
 
+FRACTION, EPOCHS = 0.05, 15  # the pipeline's defaults (the paper's 5% subsets), here only
+
+
+@renamed_keywords(progress="show_progress")
 def digits_pipeline(
-    fraction: float = 0.05,
+    fraction: float = FRACTION,
     n_train: int | None = None,
     n_test: int | None = None,
-    epochs: int = 15,
+    epochs: int = EPOCHS,
     seed: int = 0,
-    progress: bool | None = None,
+    show_progress: bool | None = None,
 ) -> dict:
     """Run the pipeline; returns {"rows": [...], "seconds": ..., ...}.
 
@@ -41,8 +46,8 @@ def digits_pipeline(
     t_train = time.perf_counter()
     # Backward selection does not depend on the threshold; 0.9 only decides which images also get an SIS.
     with torch.no_grad():
-        res_train = fast_sis(model, data.x_train, 0.9, progress=progress)
-        res_test = fast_sis(model, data.x_test, 0.9, progress=progress)
+        res_train = fast_sis(model, data.x_train, 0.9, show_progress=show_progress)
+        res_test = fast_sis(model, data.x_test, 0.9, show_progress=show_progress)
     t_bs = time.perf_counter()
     bs_train, _ = pixel_subsets(data.x_train, res_train, fraction)
     bs_test, _ = pixel_subsets(data.x_test, res_test, fraction)

@@ -43,7 +43,7 @@ class ModelRecord:
         seconds: wall time of the SIS computation.
         options: the options it ran with (k, threshold mode, ...), for the record.
         sensitivity: with object masks, :func:`~overinterp_fast.audit.stats.noise_sensitivity`'s
-            summary: {"sigma", "a_fg", "a_bg", "rfs", "irfs"} (accuracies against ``reference``).
+            summary: {"sigma" (pixel units), "a_fg", "a_bg", "rfs", "irfs"} (accuracies against ``reference``).
     """
 
     name: str

@@ -501,7 +501,7 @@ def object_section(record: AuditRecord) -> str:
     sigma = next((m.sensitivity.get("sigma") for m in record.models if m.sensitivity), None)
     body = [_p("Object masks were given. Left: the mean share of SIS pixels inside the object against the object's "
                "share of the area (Carter et al. 2021 found ImageNet SIS mostly outside the object). Right: accuracy with "
-               f"Gaussian noise (sigma {sigma}, in the model's input units) on only the foreground (a_fg) or "
+               f"Gaussian noise (sigma {sigma} of the pixel range [0, 1]) on only the foreground (a_fg) or "
                f"only the background (a_bg), measured against {reference}; RFS = (a_bg - a_fg) / "
                "(2 min(a, 1 - a)) and iRFS (the same with true-class probabilities) lie in [-1, 1]: above 0, "
                "the model depends more on the object than on the background (Moayeri et al. 2022)."),

@@ -10,10 +10,12 @@ The work on one chunk of images (:func:`audit_chunk`) is shared by the in-memory
 from __future__ import annotations
 
 import datetime
+import logging
+import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -21,16 +23,19 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import fast_sis
-from ..attr.options import GradientOptions
+from ..attr.options import GradientOptions, MinimalPixelSetOptions
 from ..runtime.inputs import check_threshold
 from ..runtime.model import Ensemble, ModelFn
+from .config import METHODS as AUDIT_METHODS
 from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
 from .subsets import BACKWARD_METHODS, pixel_subsets
 
+logger = logging.getLogger(__name__)
 THRESHOLD_MODES = ("absolute", "relative", "auto")
-EXACT_FEATURE_LIMIT = 4096
+EXACT_FEATURE_LIMIT = 4096  # exact SIS is refused above this many pixels (64 x 64)
+AUTO_EXACT_FEATURES = 1024  # method="auto": exact SIS up to this many pixels (32 x 32, CIFAR), else a faster method
 
 
 @torch.no_grad()
@@ -74,6 +79,37 @@ def with_ensemble(models: Mapping[str, object], ensemble: bool) -> dict[str, obj
     if ensemble and len(models) >= 2:
         models[ENSEMBLE_NAME] = Ensemble(list(models.values()))
     return models
+
+
+def has_gradients(model) -> bool:
+    """Whether ``model`` is a torch model (or callable) that gradients flow through: not an ONNX model (a path,
+    an ``onnxruntime.InferenceSession`` or an OnnxModel), nor an ensemble holding one."""
+    from ..runtime.onnx import OnnxModel
+
+    if isinstance(model, Ensemble):
+        return all(has_gradients(m) for m in model._callables)
+    if isinstance(model, (str, os.PathLike, OnnxModel)):
+        return False
+    return type(model).__name__ != "InferenceSession"
+
+
+def resolve_method(method: str, shape: Sequence[int], models: Sequence[object] = ()) -> str:
+    """The method an audit runs: ``method`` itself, or for "auto" the one that fits images [.., H, W]: exact SIS
+    up to AUTO_EXACT_FEATURES pixels (it checks every candidate: the definition), else batched-gradient SIS when
+    every model has gradients (:func:`has_gradients`), else minimal pixel sets ("responsibility", black box)."""
+    if method not in AUDIT_METHODS:
+        raise ValueError(f"method must be one of {AUDIT_METHODS}, got {method!r}")
+    if method != "auto":
+        return method
+    p = shape[-1] * shape[-2]
+    if p <= AUTO_EXACT_FEATURES:
+        chosen, why = "exact", f"at most {AUTO_EXACT_FEATURES}"
+    elif all(has_gradients(m) for m in models):
+        chosen, why = "gradient", f"more than {AUTO_EXACT_FEATURES}"
+    else:
+        chosen, why = "responsibility", f"more than {AUTO_EXACT_FEATURES}, and a model without gradients"
+    logger.info("method 'auto' runs %r: %d pixels (%s)", chosen, p, why)
+    return chosen
 
 
 def check_method(method: str, shape: Sequence[int]) -> None:
@@ -144,7 +180,7 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     counts = None
     if wants_transfer(config.transfer, len(models), config.method):
         reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
-        counts = transfer_counts(models, results, images, reference, config.fraction, config.mask_value)
+        counts = transfer_counts(models, results, images, reference, config.fraction, config.baselines)
     return ChunkResult(results, seconds, sens, counts)
 
 
@@ -152,28 +188,42 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
             progress: bool | None) -> list:
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
     (``engine`` None: :func:`fixed_engine`)."""
-    options = GradientOptions(k=config.k, autocast=config.autocast) if config.method == "gradient" else None
+    options = None
+    if config.method == "gradient":
+        options = GradientOptions(k=config.k, autocast=config.autocast)
+    elif config.method == "responsibility":
+        options = MinimalPixelSetOptions(seed=config.seed)
     return fast_sis(model, images, taus, method=config.method, collection=config.collection,
-                    mask_value=config.mask_value, batch_size=config.batch_size,
-                    engine=fixed_engine(model) if engine is None else engine, progress=progress, options=options)
+                    baselines=config.baselines, batch_size=config.batch_size,
+                    engine=fixed_engine(model) if engine is None else engine, show_progress=progress, options=options)
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,
                  config: AuditConfig) -> dict:
-    """Per image of the chunk {"fg_correct", "bg_correct": bool [n], "p_fg", "p_bg": float [n]} against ``truth``."""
-    low, high = config.value_range if config.value_range is not None else (None, None)
-    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), config.noise_sigma, low, high)
+    """Per image of the chunk {"fg_correct", "bg_correct": bool [n], "p_fg", "p_bg": float [n]} against ``truth``,
+    with noise of ``config.noise_sigma`` pixel units (see :class:`~overinterp_fast.audit.config.AuditConfig`)."""
+    sigma, low, high = noise_in_image_units(config.noise_sigma, config.value_range, images.device)
+    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), sigma, low, high, seed=config.seed)
     return {"fg_correct": ns["correct_fg"].numpy(), "bg_correct": ns["correct_bg"].numpy(),
             "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()}
 
 
+def noise_in_image_units(noise_sigma, value_range, device=None) -> tuple:
+    """(sigma, low, high) in the images' units from ``noise_sigma`` in pixel units and ``value_range`` (the images'
+    values of the pixel values 0 and 1, or None: the images are in pixel units, not clipped)."""
+    if value_range is None:
+        return noise_sigma, None, None
+    low, high = (torch.as_tensor(v, dtype=torch.float32, device=device) for v in value_range)
+    return torch.as_tensor(noise_sigma, dtype=torch.float32, device=device) * (high - low), low, high
+
+
 def transfer_counts(models: Mapping[str, object], results: Sequence[Sequence], images: torch.Tensor,
-                    reference: Mapping[str, torch.Tensor], fraction: float, mask_value) -> list[list[int]]:
+                    reference: Mapping[str, torch.Tensor], fraction: float, baselines) -> list[list[int]]:
     """counts [A][B]: the images that model B classifies as ``reference[B]`` (int64 [N]) on the pixel subsets
     (last ``fraction`` of backward selection) of ``results[A]`` (one SISResult per image of ``images``)."""
     counts = []
     for res in results:
-        subsets, _ = pixel_subsets(images, res, fraction, mask_value)
+        subsets, _ = pixel_subsets(images, res, fraction, baselines)
         counts.append([int((predict(models[b], subsets)[0] == reference[b]).sum()) for b in models])
     return counts
 
@@ -192,14 +242,14 @@ def transfer_summary(counts, n: int, names: Sequence[str], fraction: float, refe
 
 
 def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord], images: torch.Tensor,
-                   reference: dict[str, torch.Tensor], fraction: float, mask_value,
+                   reference: dict[str, torch.Tensor], fraction: float, baselines=None,
                    reference_name: str = "labels") -> dict:
     """Accuracy of every model B on the pixel subsets (last ``fraction`` of backward selection) of every model A.
 
     ``reference[B]``: int64 [N] the classes B is scored against (true labels, or B's own full-image
     predictions; ``reference_name`` says which). Returns the ``AuditRecord.transfer`` dict (rows: A, cols: B).
     """
-    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, mask_value)
+    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, baselines)
     out = transfer_summary(counts, images.shape[0], list(models), fraction, reference_name)
     out["rows"] = [r.name for r in records]
     return out
@@ -265,6 +315,7 @@ def run_audit(
     labels = _check_images(images, image_names, displays, labels)
     if not models:
         raise ValueError("no models to audit")
+    config = replace(config, method=resolve_method(config.method, images.shape, list(models.values())))
     check_method(config.method, images.shape)
     models = with_ensemble(models, config.ensemble)
     if object_masks is not None:
@@ -274,7 +325,7 @@ def run_audit(
                              f"got {list(object_masks.shape)}")
     # what accuracies are measured against: the labels when all are known, else each model's own prediction
     known = all(lab is not None for lab in labels)
-    chunk = audit_chunk(models, images, labels, known, config, engine="auto", progress=run.progress,
+    chunk = audit_chunk(models, images, labels, known, config, engine="auto", progress=run.show_progress,
                         object_masks=object_masks)
     records = []
     for name, results, seconds, sens in zip(models, chunk.results, chunk.seconds, chunk.sensitivity):

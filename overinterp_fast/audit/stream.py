@@ -47,6 +47,7 @@ from .runner import (
     audit_chunk,
     check_method,
     reference_name,
+    resolve_method,
     run_info,
     sensitivity_summary,
     transfer_summary,
@@ -96,13 +97,14 @@ def audit_config(source: ImageSource, models: Mapping[str, object], config: Audi
         "models": list(models), "method": method, "threshold": config.threshold,
         "threshold_mode": config.threshold_mode, "k": config.k if method == "gradient" else None,
         "autocast": config.autocast, "collection": config.collection, "ensemble": config.ensemble,
-        "transfer": config.transfer, "fraction": config.fraction, "mask_value": _plain(config.mask_value),
+        "transfer": config.transfer, "fraction": config.fraction,
+        "baselines": _plain(0.0 if config.baselines is None else config.baselines),
         "images": source.description, "n_images": len(source),
         "images_digest": source_digest(source), "size": source.size, "mean": _plain(source.mean),
         "std": _plain(source.std), "preprocessing": source.preprocessing.details(), "grey": source.grey,
         "object_masks": source.object_dir,
         "noise_sigma": _plain(config.noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
-        "device_type": device.type, "batch_size": config.batch_size,
+        "device_type": device.type, "batch_size": config.batch_size, "seed": config.seed,
     }
     result.update(extra or {})
     return store._jsonable(result)
@@ -216,6 +218,7 @@ def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig
         raise ValueError("no images to audit")
     if not models:
         raise ValueError("no models to audit")
+    config = replace(config, method=resolve_method(config.method, (source.size, source.size), list(models.values())))
     check_method(config.method, (source.size, source.size))
     # Calibrated batch sizes and engine="auto" are chosen by timing, which would make results depend on the
     # machine and the moment; a stored audit fixes both: the engine by the model's type (runner.fixed_engine)
@@ -224,7 +227,7 @@ def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig
     models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, config.ensemble)
     stored = audit_config(source, models, config, storage.chunk_size, ranks.device, storage.identity)
     doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": stored, "n_images": len(source),
-           "chunk_size": storage.chunk_size, "title": title,
+           "chunk_size": storage.chunk_size, "title": title, "command": storage.command,
            "models": [{"name": n, "method": config.method, "options": config.model_options()} for n in models]}
     # folders written before the preprocessing was recorded used the plain transform
     older = {"preprocessing": Preprocessing(source.size).details()}
@@ -232,11 +235,35 @@ def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig
                  older)
 
 
+# Stored configurations written by earlier versions: keys renamed since (old -> new), and keys added since with the
+# value those versions ran with, so that their audits continue.
+RENAMED_KEYS = {"mask_value": "baselines"}
+ADDED_KEYS = {"seed": 0}
+
+
+def as_stored_there(config: dict, stored: dict | None) -> dict:
+    """``config`` (a stored configuration as this version writes it) in the names of ``stored`` (the folder's,
+    None: no audit there): a key renamed since takes its old name where the folder has the old name, and a key
+    added since is left out where the folder lacks it and ``config`` holds the value earlier versions ran with."""
+    if stored is None:
+        return config
+    out = dict(config)
+    for old, new in RENAMED_KEYS.items():
+        if old in stored and new not in stored and new in out:
+            out[old] = out.pop(new)
+    for key, value in ADDED_KEYS.items():
+        if key not in stored and key in out and out[key] == value:
+            del out[key]
+    return out
+
+
 def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
     """Refuse another configuration (every rank alike), then on rank 0: clear on restart, remove a killed
     commit's temporaries and write the running document when the folder holds no running audit."""
     if not restart:
-        store.check_resumable(out, plan.stored, plan.recorded_later)
+        there = store.read_doc(out)
+        store.check_resumable(out, as_stored_there(plan.stored, None if there is None else there.get("config", {})),
+                              plan.recorded_later)
     if ranks.is_main:
         os.makedirs(out, exist_ok=True)
         if restart:
@@ -256,7 +283,7 @@ def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfi
         _open_folder(out, plan, storage.restart, ranks)
         pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
         mine = store.share(pending, ranks.rank, ranks.world)
-        committing = _compute(out, source, plan, mine, storage.workers, ranks, run.progress)
+        committing = _compute(out, source, plan, mine, storage.workers, ranks, run.show_progress)
         done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
                            commit_seconds=committing)
         if ranks.is_main:

@@ -8,6 +8,7 @@ import torch
 
 from ..ops import kernels as _ops
 from ..runtime.inputs import prepare
+from ..runtime.renames import renamed_keywords
 from ..methods.results import SISResult
 
 
@@ -30,27 +31,28 @@ def keep_last_mask(order: torch.Tensor, fraction: float = 0.05) -> torch.Tensor:
     return mask
 
 
-def _apply(images, keep: torch.Tensor, mask_value, features) -> torch.Tensor:
+def _apply(images, keep: torch.Tensor, baselines, feature_mask) -> torch.Tensor:
     """images with only the features in ``keep`` (bool [N, p]) present, by the fused mask_apply kernel."""
-    prep = prepare(images, features=features, mask_value=mask_value)
+    prep = prepare(images, features=feature_mask, mask_value=0.0 if baselines is None else baselines)
     n = prep.images.shape[0]
     idx = torch.arange(n, device=prep.images.device)
     return _ops.mask_apply(prep.images, prep.baseline, prep.feature_map, keep.to(prep.images.device), idx, idx,
                            torch.full_like(idx, -1))
 
 
+@renamed_keywords(mask_value="baselines", features="feature_mask")
 def pixel_subsets(
     images: torch.Tensor,
     results: Sequence[SISResult],
     fraction: float = 0.05,
-    mask_value: float | torch.Tensor = 0.0,
-    features: torch.Tensor | None = None,
+    baselines: float | torch.Tensor | None = None,
+    feature_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep the last ``fraction`` of each image's backward-selection order, mask the rest.
 
     Args:
         images: [N, *D]; results: exact-SIS results of those images (their ``order``);
-        mask_value, features: as for :func:`overinterp_fast.fast_sis` (same as the run).
+        baselines, feature_mask: as for :func:`overinterp_fast.fast_sis` (same as the run).
 
     Returns:
         (masked images [N, *D], kept features bool [N, p]).
@@ -61,21 +63,22 @@ def pixel_subsets(
     if any(r.order.numel() != p for r in results):
         raise ValueError("every result must cover all features (use the first round of backward selection)")
     keep = torch.stack([keep_last_mask(r.order, fraction) for r in results])
-    return _apply(images, keep, mask_value, features), keep
+    return _apply(images, keep, baselines, feature_mask), keep
 
 
+@renamed_keywords(mask_value="baselines", features="feature_mask")
 def random_subsets(
     images: torch.Tensor,
     fraction: float = 0.05,
     seed: int = 0,
-    mask_value: float | torch.Tensor = 0.0,
-    features: torch.Tensor | None = None,
+    baselines: float | torch.Tensor | None = None,
+    feature_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The baseline: per image, the same number of features as :func:`keep_last`, uniformly at random (seeded)."""
-    p = prepare(images[:1], features=features).num_features
+    p = prepare(images[:1], features=feature_mask).num_features
     k = keep_last(torch.arange(p), fraction).numel()
     g = torch.Generator().manual_seed(seed)
     keep = torch.zeros(images.shape[0], p, dtype=torch.bool)
     for i in range(images.shape[0]):
         keep[i, torch.randperm(p, generator=g)[:k]] = True
-    return _apply(images, keep, mask_value, features), keep
+    return _apply(images, keep, baselines, feature_mask), keep

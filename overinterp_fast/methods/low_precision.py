@@ -148,13 +148,13 @@ class LowPrecision:
         """K from :meth:`measure`'s (m, within), read on the host: twice the most candidates within m of a sampled
         step's best, in [RESCORE_MIN, p]."""
         self.rescore = min(p, max(RESCORE_MIN, 2 * int(measured[1])))
-        logger.info("overinterp_fast: score_dtype=%s: m = %.3g, K = %d of p = %d", self.dtype, measured[0],
+        logger.info("score_dtype=%s: m = %.3g, K = %d of p = %d", self.dtype, measured[0],
                     self.rescore, p)
 
     def grow(self, p: int) -> None:
         """A step was unsafe: re-score more candidates per step from now on (K x RESCORE_GROWTH, at most p)."""
         self.rescore = min(p, self.rescore * RESCORE_GROWTH)
-        logger.info("overinterp_fast: score_dtype=%s: a step was unsafe, K = %d", self.dtype, self.rescore)
+        logger.info("score_dtype=%s: a step was unsafe, K = %d", self.dtype, self.rescore)
 
     def plan(self, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Host lists of the re-scored candidates of S images completing a low-precision step with ``counts``

@@ -30,6 +30,7 @@ import os
 import numpy as np
 import torch
 
+from ..runtime.renames import renamed_keywords  # the old keyword names, as the public functions take them
 from .results import SISResult  # the result container only
 
 
@@ -69,12 +70,14 @@ def _f(model, outputs: str, x: torch.Tensor, target: int) -> torch.Tensor:
 
 
 def _problem(images, features, mask_value):
-    """(feature map int64 [*D], p, grid shape of a result mask, baselines [N, *D]) from the user's options.
+    """(feature map int64 [*D], p, grid shape of a result mask, baselines [N, *D]) from the user's options
+    (``feature_mask`` and ``baselines``).
 
     Default features: one per pixel over all channels for [C, H, W] examples, one per
     element otherwise; a custom map is broadcast to one example's shape. The mask value:
-    a number, one value per channel ([C]), a baseline for one example or one per image.
+    None (0), a number, one value per channel ([C]), a baseline for one example or one per image.
     """
+    mask_value = 0.0 if mask_value is None else mask_value
     if not isinstance(images, torch.Tensor) or images.dim() < 2 or not images.is_floating_point():
         raise ValueError("images must be a floating tensor [N, *D]")
     n, shape = images.shape[0], tuple(images.shape[1:])
@@ -171,14 +174,15 @@ def find_sis_from_backselect(stack, threshold):
     return sis
 
 
+@renamed_keywords(mask_value="baselines", features="feature_mask")
 def sis(
     model,
     images: torch.Tensor,
     threshold: float = 0.9,
     *,
     target=None,
-    mask_value=0.0,
-    features=None,
+    baselines=None,
+    feature_mask=None,
     collection: bool = False,
     batch_size: int | None = None,
     outputs: str = "logits",
@@ -188,7 +192,7 @@ def sis(
     ``sis_score`` is f of x_S from its own forward pass (not read off the values).
     """
     model = _as_callable(model)
-    fmap, p, grid, base = _problem(images, features, mask_value)
+    fmap, p, grid, base = _problem(images, feature_mask, baselines)
     taus = _thresholds(threshold, images.shape[0])
     results = []
     with torch.inference_mode():
@@ -249,6 +253,7 @@ def _gradient_step(model, outputs, x, base, feature_map, mask, target):
     return float(f.detach()), g.detach().cpu().numpy()
 
 
+@renamed_keywords(mask_value="baselines", features="feature_mask")
 def gradient_sis(
     model,
     images: torch.Tensor,
@@ -256,8 +261,8 @@ def gradient_sis(
     *,
     k: int = 100,
     target=None,
-    mask_value=0.0,
-    features=None,
+    baselines=None,
+    feature_mask=None,
     collection: bool = False,
     outputs: str = "logits",
 ) -> list[SISResult]:
@@ -269,7 +274,7 @@ def gradient_sis(
     arguments and result type as ``fast_sis(..., method="gradient")``.
     """
     model = _as_callable(model)
-    fmap, p, grid, base_all = _problem(images, features, mask_value)
+    fmap, p, grid, base_all = _problem(images, feature_mask, baselines)
     taus = _thresholds(threshold, images.shape[0])
     device = images.device
     results = []
@@ -350,6 +355,7 @@ def _quadrants(box, rng) -> list[tuple[int, int, int, int]]:
     return [(y0, x0, ys, xs), (y0, xs, ys, x1), (ys, x0, y1, xs), (ys, xs, y1, x1)]
 
 
+@renamed_keywords(mask_value="baselines")
 def responsibility(
     model,
     images: torch.Tensor,
@@ -358,7 +364,7 @@ def responsibility(
     depth: int = 10,
     min_box: int = 10,
     seed: int = 0,
-    mask_value=0.0,
+    baselines=None,
     outputs: str = "logits",
 ) -> list[tuple[torch.Tensor, int]]:
     """The ReX descent transcribed plainly: one image, one iteration, one box at a time.
@@ -383,7 +389,7 @@ def responsibility(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's generators take seeds >= 0
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     model = _as_callable(model)
-    _, _, _, base_all = _problem(images, None, mask_value)
+    _, _, _, base_all = _problem(images, None, baselines)
     out = []
     for i in range(images.shape[0]):
         x, base = images[i], base_all[i]

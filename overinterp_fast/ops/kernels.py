@@ -169,12 +169,12 @@ def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
         elif not _defines(name):
             choice = OpInfo(name, where, "torch", "the loaded extension does not define it (built from "
                             "older sources: rebuild with ./scripts/test)"), pure
-            warnings.warn(f"overinterp_fast: the compiled extension does not define {name} (built from older "
+            warnings.warn(f"the compiled extension does not define {name} (built from older "
                           "sources?); using its pure-PyTorch version (same results, slower)",
                           RuntimeWarning, stacklevel=4)
         elif not _has_kernel(name, device.type):
             choice = OpInfo(name, where, "torch", f"the extension has no {device.type} kernel"), pure
-            warnings.warn(f"overinterp_fast: no compiled {device.type} kernel for {name}; using its "
+            warnings.warn(f"no compiled {device.type} kernel for {name}; using its "
                           "pure-PyTorch version (same results, slower)", RuntimeWarning, stacklevel=4)
         elif device.type in SELF_CHECK_DEVICE_TYPES:
             problem = self_check(name, device)
@@ -182,7 +182,7 @@ def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
                 choice = OpInfo(name, where, "kernel", f"passed its self-check on {where}"), kernel(name)
             else:
                 choice = OpInfo(name, where, "torch", f"failed its self-check on {where}: {problem}"), pure
-                warnings.warn(f"overinterp_fast: the {name} kernel failed its self-check on {where} ({problem}); "
+                warnings.warn(f"the {name} kernel failed its self-check on {where} ({problem}); "
                               "using its pure-PyTorch version there (same results, slower)",
                               RuntimeWarning, stacklevel=4)
         else:

@@ -291,11 +291,11 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
         t_incr = exact_job_time(incr.times, incr.batch_size, n, p) + float(call_time(cal.times)(n)) * p
         t_dense = exact_job_time(cal.times, cal.batch_size, n, p)
         pays = t_incr * INCREMENTAL_MARGIN < t_dense
-        logger.info("overinterp_fast: incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
+        logger.info("incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
                     "on" if pays else "off", t_incr, t_dense, dense.name)
         return pays
     pays = pl.cost_ratio <= incremental.AUTO_MAX_COST_RATIO
-    logger.info("overinterp_fast: incremental inference %s (estimated %.2fx the work of a dense pass)",
+    logger.info("incremental inference %s (estimated %.2fx the work of a dense pass)",
                 "on" if pays else "off", pl.cost_ratio)
     return pays
 

@@ -25,7 +25,7 @@ import torch
 
 from .sync import to_host
 
-log = logging.getLogger("overinterp_fast")
+log = logging.getLogger(__name__)
 ENV_VAR = "OVERINTERP_FAST_CUDA_GRAPHS"
 MAX_GRAPHS = 32  # shapes beyond this many run eagerly
 _WARMUP_CALLS = 2
@@ -107,7 +107,7 @@ class GraphedForward:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.failed = f"{type(exc).__name__}: {first}"
             self.graphs.clear()
-            log.warning("overinterp_fast: CUDA graphs off for this model (%s); running it eagerly", self.failed)
+            log.warning("CUDA graphs off for this model (%s); running it eagerly", self.failed)
             return None
         finally:
             if debug:

@@ -970,10 +970,10 @@ def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> Incremental
     except NotIncremental as exc:
         if incremental:
             raise ValueError(f"incremental=True, but {exc}") from None
-        logger.warning("overinterp_fast: incremental inference off, dense candidates instead: %s", exc)
+        logger.warning("incremental inference off, dense candidates instead: %s", exc)
         return None
     if incremental is None and pl.cost_ratio > AUTO_MEASURE_MAX_COST_RATIO:
-        logger.info("overinterp_fast: incremental inference off (estimated %.2fx the work of a dense pass)",
+        logger.info("incremental inference off (estimated %.2fx the work of a dense pass)",
                     pl.cost_ratio)
         return None
     logger.debug(pl.summary())

@@ -95,16 +95,16 @@ def default_feature_map(element_shape: tuple[int, ...]) -> tuple[torch.Tensor, t
 
 def check_feature_map(features, element_shape: tuple[int, ...]) -> tuple[torch.Tensor, int]:
     if not isinstance(features, torch.Tensor):
-        raise TypeError("features must be an integer tensor (a feature id per input element) or None")
+        raise TypeError("feature_mask must be an integer tensor (a feature id per input element) or None")
     if features.dtype.is_floating_point or features.dtype.is_complex or features.dtype == torch.bool:
-        raise TypeError(f"features must be an integer tensor, got {features.dtype}")
+        raise TypeError(f"feature_mask must be an integer tensor, got {features.dtype}")
     if features.dim() == len(element_shape) + 1 and features.shape[0] == 1:
         features = features[0]  # a [1, *D] map shared by the batch, as Captum allows
     try:
         fm = torch.broadcast_to(features, element_shape)
     except RuntimeError:
         raise ValueError(
-            f"features of shape {tuple(features.shape)} does not fit one example of shape {element_shape}; "
+            f"feature_mask of shape {tuple(features.shape)} does not fit one example of shape {element_shape}; "
             "it must be broadcastable to it (e.g. [H, W] for [C, H, W] images)"
         ) from None
     fm = fm.to(torch.int64)
@@ -113,7 +113,7 @@ def check_feature_map(features, element_shape: tuple[int, ...]) -> tuple[torch.T
     if int(ids[0]) != 0 or int(ids[-1]) != p - 1:
         raise ValueError(
             f"feature ids must be exactly 0..p-1 with every id used; found {p} distinct ids from "
-            f"{int(ids[0])} to {int(ids[-1])} (relabel with torch.unique(features, return_inverse=True)[1])"
+            f"{int(ids[0])} to {int(ids[-1])} (relabel with torch.unique(feature_mask, return_inverse=True)[1])"
         )
     return fm, p
 
@@ -123,13 +123,13 @@ def check_mask_value(mask_value, images: torch.Tensor) -> torch.Tensor:
     element_shape = tuple(images.shape[1:])
     if isinstance(mask_value, Real) and not isinstance(mask_value, bool):
         if not math.isfinite(float(mask_value)):
-            raise ValueError(f"mask_value must be finite, got {mask_value}")
+            raise ValueError(f"baselines must be finite, got {mask_value}")
         return torch.full((1, *element_shape), float(mask_value), dtype=images.dtype, device=images.device)
     if not isinstance(mask_value, torch.Tensor):
-        raise TypeError("mask_value must be a number, a per-channel tensor [C], or a baseline tensor")
+        raise TypeError("baselines must be a number, a per-channel tensor [C], or a baseline tensor")
     mv = mask_value.to(device=images.device, dtype=images.dtype)
     if not bool(torch.isfinite(mv).all()):
-        raise ValueError("mask_value contains NaN or inf")
+        raise ValueError("baselines contains NaN or inf")
     if mv.dim() == 1 and len(element_shape) == 3 and mv.numel() == element_shape[0]:
         mv = mv.view(-1, 1, 1)  # per-channel value
     if mv.dim() == len(element_shape) + 1 and mv.shape[0] == images.shape[0] and mv.shape[0] != 1:
@@ -143,7 +143,7 @@ def check_mask_value(mask_value, images: torch.Tensor) -> torch.Tensor:
             baseline = torch.broadcast_to(mv, element_shape).unsqueeze(0)
         except RuntimeError:
             raise ValueError(
-                f"mask_value of shape {tuple(mask_value.shape)} fits neither one channel value per channel, "
+                f"baselines of shape {tuple(mask_value.shape)} fits neither one channel value per channel, "
                 f"nor an example {element_shape}, nor the batch {tuple(images.shape)}"
             ) from None
     if images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last):

@@ -159,4 +159,5 @@ def check_pixels(s: Setup, what: str) -> None:
     """The job's features must be the default pixels of images [N, C, H, W] (``what`` names the caller)."""
     if s.prep.images.dim() != 4 or s.prep.grid_shape != tuple(s.prep.images.shape[-2:]):
         hint = "; images must have a batch dimension: pass images[None]" if s.prep.images.dim() == 3 else ""
-        raise ValueError(f"{what} works on images [N, C, H, W] with the default pixel features (features=None){hint}")
+        raise ValueError(f"{what} works on images [N, C, H, W] with the default pixel features "
+                         f"(feature_mask=None){hint}")

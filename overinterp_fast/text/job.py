@@ -5,13 +5,13 @@ import os
 import time
 
 from ..zoo.text import LABELS, TextModel, bundled_text_model, load_text_data, load_text_model, tokenize
-from .reduction import input_reduction
+from .reduction import BEAM_SIZE, IMPORTANCE, input_reduction
 from .report import summarize, write_reductions
 
 
-def load_model_spec(spec: str, progress: bool | None = None) -> TextModel:
+def load_model_spec(spec: str, show_progress: bool | None = None) -> TextModel:
     """"bundled" (the Rotten Tomatoes word CNN, trained once and cached) or a path written by save_text_model."""
-    return bundled_text_model(progress=progress) if spec == "bundled" else load_text_model(spec)
+    return bundled_text_model(show_progress=show_progress) if spec == "bundled" else load_text_model(spec)
 
 
 def load_texts(spec: str, limit: int | None) -> tuple[list[list[str]], list[int] | None]:
@@ -35,14 +35,14 @@ def load_texts(spec: str, limit: int | None) -> tuple[list[list[str]], list[int]
     return tokens, None
 
 
-def run_reduce(model_spec: str, text_spec: str, out_dir: str, *, beam_size: int = 5,
-               importance: str = "leave_one_out", limit: int | None = None, progress: bool | None = None) -> dict:
+def run_reduce(model_spec: str, text_spec: str, out_dir: str, *, beam_size: int = BEAM_SIZE,
+               importance: str = IMPORTANCE, limit: int | None = None, show_progress: bool | None = None) -> dict:
     """Run input reduction on the texts and write ``out_dir``/reductions.parquet and report.html; return the summary."""
-    tm = load_model_spec(model_spec, progress)
+    tm = load_model_spec(model_spec, show_progress)
     tokens, labels = load_texts(text_spec, limit)
     seqs = [tm.vocab.encode(t) for t in tokens]
     t0 = time.perf_counter()
-    results = input_reduction(tm.model, seqs, beam_size=beam_size, importance=importance, progress=progress)
+    results = input_reduction(tm.model, seqs, beam_size=beam_size, importance=importance, show_progress=show_progress)
     seconds = time.perf_counter() - t0
     # what the model saw: words outside the vocabulary are <unk>
     seen = [tm.vocab.decode(s) for s in seqs]

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..runtime.renames import renamed_keywords
 from .model import pad_batch
-from .reduction import input_reduction
+from .reduction import BEAM_SIZE, input_reduction
 
 
 @dataclass
@@ -23,10 +24,11 @@ class EntropyFinetune:
     final_loss: float
 
 
+@renamed_keywords(progress="show_progress")
 def entropy_finetune(model: nn.Module, data: tuple[list[torch.Tensor], torch.Tensor], lam: float, *,
-                     beam_size: int = 5, epochs: int = 1, lr: float = 1e-3, batch: int = 64, seed: int = 0,
+                     beam_size: int = BEAM_SIZE, epochs: int = 1, lr: float = 1e-3, batch: int = 64, seed: int = 0,
                      pad_id: int = 0, reduce_limit: int | None = None,
-                     progress: bool | None = None) -> EntropyFinetune:
+                     show_progress: bool | None = None) -> EntropyFinetune:
     """Fine-tune a copy of ``model``: minimise CE(regular batch) - lam * mean entropy(f(reduced batch)).
 
     Args:
@@ -46,7 +48,7 @@ def entropy_finetune(model: nn.Module, data: tuple[list[torch.Tensor], torch.Ten
     was_training = model.training
     model.eval()
     to_reduce = seqs if reduce_limit is None else seqs[:reduce_limit]
-    reductions = input_reduction(model, to_reduce, beam_size=beam_size, pad_id=pad_id, progress=progress)
+    reductions = input_reduction(model, to_reduce, beam_size=beam_size, pad_id=pad_id, show_progress=show_progress)
     model.train(was_training)
     reduced = [s[b.kept] for s, r in zip(to_reduce, reductions) for b in r.beam]
     tuned = copy.deepcopy(model).train()
@@ -55,7 +57,7 @@ def entropy_finetune(model: nn.Module, data: tuple[list[torch.Tensor], torch.Ten
     n, m = len(seqs), len(reduced)
     steps, loss_value = 0, float("nan")
     bar = tqdm(total=epochs * ((n + batch - 1) // batch), desc="entropy fine-tuning", unit="batch",
-               disable=None if progress is None else not progress)
+               disable=None if show_progress is None else not show_progress)
     for _ in range(epochs):
         perm = torch.randperm(n, generator=g).tolist()
         for s in range(0, n, batch):

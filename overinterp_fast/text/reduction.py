@@ -19,10 +19,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..runtime.renames import renamed_keywords
 from ..runtime.model import check_targets
 from .model import TextModelFn, check_sequences
 
 IMPORTANCES = ("leave_one_out", "gradient")
+BEAM_SIZE, IMPORTANCE = 5, IMPORTANCES[0]  # the defaults of input reduction (Feng et al.: beam 5), here only
 _BITS = 62  # positions per int64 word of a kept-set bit pattern (sign bit unused)
 # CPU: tokens per forward call. Measured on the bundled word CNN (1 thread): 2^12 tokens per call is fastest,
 # 2^15 is 3x slower (activations spill the caches); its deletion_logits is fastest at about 2^10 rows' tokens.
@@ -206,16 +208,17 @@ def _rank_pool(seq: torch.Tensor, f: torch.Tensor, words: torch.Tensor, k: int) 
     return order[(idx - start) < k]
 
 
+@renamed_keywords(progress="show_progress")
 def input_reduction(
     model,
     sequences,
     *,
-    beam_size: int = 5,
-    importance: str = "leave_one_out",
+    beam_size: int = BEAM_SIZE,
+    importance: str = IMPORTANCE,
     target: int | torch.Tensor | None = None,
     pad_id: int = 0,
     batch_size: int | None = None,
-    progress: bool | None = None,
+    show_progress: bool | None = None,
     embedding: torch.nn.Module | None = None,
     attention_mask: torch.Tensor | None = None,
     incremental: bool = True,
@@ -233,6 +236,8 @@ def input_reduction(
         target: class y per sequence (int or [N]); None = the prediction on the full sequence.
         pad_id: token id written into padding (its attention mask is False).
         batch_size: rows per forward call; None = about 4k tokens per call on a CPU (1k for deletion_logits).
+        show_progress: a progress bar (None: only on a terminal; ``progress``, its name before, still works with
+            a FutureWarning).
         embedding: the token embedding module (gradient importance; also gives the vocabulary size checked);
             None = ``get_input_embeddings()`` or the model's only ``nn.Embedding``.
         incremental: leave-one-out through the model's ``deletion_logits(ids, mask) -> [B, T, K]`` when it has
@@ -252,7 +257,7 @@ def input_reduction(
         pos, targets, score0 = _full_sequences(fn, scorer, packed, target, pad_id)
     search = _BeamSearch.start(scorer, packed, targets, score0, pos, pad_id, beam_size, importance, use_deletions)
     search.bar = tqdm(total=len(seqs), unit="seq", desc=f"input reduction (beam {beam_size})",
-                      disable=None if progress is None else not progress)
+                      disable=None if show_progress is None else not show_progress)
     search.run()
     search.bar.close()
     return search.results(score0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..methods.results import SISResult
+from ..runtime.renames import renamed_keywords
 from .model import TextModelFn, check_sequences
 
 
@@ -26,6 +27,7 @@ class _IdsFromFloat:
         return self.fn.logits(ids, torch.ones(ids.shape, dtype=torch.bool, device=ids.device))
 
 
+@renamed_keywords(progress="show_progress")
 def token_sis(
     model,
     sequences,
@@ -35,7 +37,7 @@ def token_sis(
     target: int | torch.Tensor | None = None,
     collection: bool = False,
     batch_size: int | None = None,
-    progress: bool | None = None,
+    show_progress: bool | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> list[SISResult]:
     """Exact SIS of every sequence over its token positions (docs: algorithms.md, Exact SIS and Input reduction).
@@ -47,7 +49,8 @@ def token_sis(
         threshold: tau, one for all or one per sequence.
         mask_id: the id a masked token becomes (e.g. the tokenizer's [UNK] or [MASK], or the pad id); its
             attention stays True.
-        target, collection, batch_size, progress: as :func:`overinterp_fast.fast_sis`.
+        target, collection, batch_size, show_progress: as :func:`overinterp_fast.fast_sis` (``progress``, the
+            name of ``show_progress`` before, still works with a FutureWarning).
 
     Returns:
         One :class:`~overinterp_fast.SISResult` per sequence; ``sis`` and ``order`` hold token positions.
@@ -75,8 +78,8 @@ def token_sis(
     for length, idx in sorted(by_length.items()):
         rows = torch.stack([seqs[i] for i in idx]).to(device=fn.device, dtype=torch.float64)
         t = None if tgt is None else (tgt if tgt.dim() == 0 else tgt[idx])
-        res = fast_sis(wrapper, rows, taus[idx], mask_value=float(mask_id), target=t, collection=collection,
-                       batch_size=batch_size, progress=progress)
+        res = fast_sis(wrapper, rows, taus[idx], baselines=float(mask_id), target=t, collection=collection,
+                       batch_size=batch_size, show_progress=show_progress)
         for i, r in zip(idx, res):
             out[i] = r
     return out

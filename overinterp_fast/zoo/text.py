@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..runtime.renames import renamed_keywords
 from ..text.model import pad_batch  # noqa: F401  (re-exported: the zoo's users pad with it)
 
 CORPUS_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
@@ -231,9 +232,10 @@ def text_accuracy(model: nn.Module, seqs: list[torch.Tensor], y: torch.Tensor, b
     return correct / max(1, len(seqs))
 
 
+@renamed_keywords(progress="show_progress")
 def train_text_cnn(data: TextData, vocab: Vocab, *, seed: int = 0, epochs: int = 6, dim: int = 64,
                    filters: int = 64, widths=(3, 5), lr: float = 2e-3, batch: int = 64,
-                   weight_decay: float = 1e-5, progress: bool | None = None) -> WordCNN:
+                   weight_decay: float = 1e-5, show_progress: bool | None = None) -> WordCNN:
     """Adam on cross-entropy, seeded; returns the model in eval mode."""
     from tqdm.auto import tqdm
 
@@ -247,7 +249,7 @@ def train_text_cnn(data: TextData, vocab: Vocab, *, seed: int = 0, epochs: int =
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ops this small gain nothing from threads, and lose much on a busy machine
     bar = tqdm(total=epochs * ((n + batch - 1) // batch), desc="training the text CNN", unit="batch",
-               disable=None if progress is None else not progress)
+               disable=None if show_progress is None else not show_progress)
     try:
         for _ in range(epochs):
             perm = torch.randperm(n, generator=g).tolist()
@@ -265,7 +267,8 @@ def train_text_cnn(data: TextData, vocab: Vocab, *, seed: int = 0, epochs: int =
     return model.eval()
 
 
-def bundled_text_model(cache_dir: str | os.PathLike | None = None, progress: bool | None = None,
+@renamed_keywords(progress="show_progress")
+def bundled_text_model(cache_dir: str | os.PathLike | None = None, show_progress: bool | None = None,
                        **overrides) -> TextModel:
     """The Rotten Tomatoes word CNN: loaded from the cache, or trained (about a minute on two cores) and cached.
 
@@ -286,7 +289,7 @@ def bundled_text_model(cache_dir: str | os.PathLike | None = None, progress: boo
     vocab = Vocab.build(data.tokens_train, cfg["min_count"])
     model = train_text_cnn(data, vocab, seed=cfg["seed"], epochs=cfg["epochs"], dim=cfg["dim"],
                            filters=cfg["filters"], widths=cfg["widths"], lr=cfg["lr"], batch=cfg["batch"],
-                           weight_decay=cfg["weight_decay"], progress=progress)
+                           weight_decay=cfg["weight_decay"], show_progress=show_progress)
     acc = text_accuracy(model, [vocab.encode(t) for t in data.tokens_test], data.y_test)
     result = TextModel(model, vocab, acc, cfg)
     save_text_model(result, path)

@@ -41,7 +41,7 @@ def test_attribute_of_a_feature_mask_gives_every_element_its_feature_s_score():
     model, x = make_cnn(1), make_images(2)
     patches = (torch.arange(5).view(-1, 1) // 2) * 3 + torch.arange(5).view(1, -1) // 2  # 9 patches of 5 x 5
     got = ExactSIS(model, threshold=0.5).attribute(x, feature_mask=patches)
-    (r0, r1) = of.fast_sis(model, x, 0.5, features=patches)
+    (r0, r1) = of.fast_sis(model, x, 0.5, feature_mask=patches)
     for a, r in zip(got, (r0, r1)):
         want = torch.zeros(9, dtype=torch.float64)
         want[r.order] = torch.arange(1, 10, dtype=torch.float64)
@@ -80,12 +80,12 @@ def test_baselines_forms_as_captum_takes_them():
     model, x = make_cnn(3), make_images(2, seed=7)
     tau = _tau(model, x)
     sis = ExactSIS(model, threshold=tau)
-    _same(sis.find_sis(x), reference.sis(model, x, tau, mask_value=0.0))
-    _same(sis.find_sis(x, baselines=None), reference.sis(model, x, tau, mask_value=0.0))
+    _same(sis.find_sis(x), reference.sis(model, x, tau, baselines=0.0))
+    _same(sis.find_sis(x, baselines=None), reference.sis(model, x, tau, baselines=0.0))
     per_channel = torch.tensor([0.5, -0.25, 1.0], dtype=torch.float64)
     per_image = torch.randn(2, 3, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     for baselines in (0.25, per_channel, per_image[0], per_image[:1], per_image):
-        _same(sis.find_sis(x, baselines=baselines), reference.sis(model, x, tau, mask_value=baselines))
+        _same(sis.find_sis(x, baselines=baselines), reference.sis(model, x, tau, baselines=baselines))
     with pytest.raises(TypeError, match=whole_message(
             "baselines must be None, a number or one tensor; tuples of baselines (several input tensors) are not "
             "supported")):
@@ -97,7 +97,7 @@ def test_feature_mask_forms_as_captum_takes_them():
     convention); [N, *D] is taken when every example has the same map."""
     model, x = make_cnn(4), make_images(3, seed=2)
     rows = torch.arange(25).view(5, 5) // 5
-    want = reference.sis(model, x, 0.3, features=rows)
+    want = reference.sis(model, x, 0.3, feature_mask=rows)
     sis = ExactSIS(model, threshold=0.3)
     for mask in (rows, rows[None], rows[None, None], rows.expand(3, 5, 5), rows.expand(3, 3, 5, 5)):
         _same(sis.find_sis(x, feature_mask=mask), want)

@@ -36,7 +36,7 @@ def test_baselines_and_feature_mask():
     model, x = make_cnn(2), make_images(2, seed=3)
     cols = torch.arange(25).view(5, 5) % 5
     got = GradientSIS(model, threshold=0.3, k=2).find_sis(x, baselines=0.5, feature_mask=cols[None, None])
-    assert_same_lists(got, reference.gradient_sis(model, x, 0.3, k=2, mask_value=0.5, features=cols),
+    assert_same_lists(got, reference.gradient_sis(model, x, 0.3, k=2, baselines=0.5, feature_mask=cols),
                       assert_same_result)
 
 

@@ -46,7 +46,7 @@ def test_attribute_gives_the_ranking_back():
 def test_find_sis_equals_fast_sis(options):
     model, x = MODEL.eval(), _x()
     got = MinimalPixelSet(model, threshold=0.4, collection=True, **options).find_sis(x, baselines=0.25)
-    fast = of.fast_sis(model, x, 0.4, method="responsibility", mask_value=0.25, collection=True,
+    fast = of.fast_sis(model, x, 0.4, method="responsibility", baselines=0.25, collection=True,
                        options=of.MinimalPixelSetOptions(**options))
     assert_same_lists(got, fast, assert_same_result, collection=True)
     assert all(a.total_queries == b.total_queries and a.minimal == b.minimal for a, b in zip(got, fast))
@@ -60,7 +60,7 @@ def test_another_method_s_option_is_refused():
     with pytest.raises(ValueError, match=whole_message("block must be 'auto' or an int >= 1, got 0")):
         MinimalPixelSet(model, block=0)
     with pytest.raises(ValueError, match=whole_message(
-            "MinimalPixelSet works on images [N, C, H, W] with the default pixel features (features=None)")):
+            "MinimalPixelSet works on images [N, C, H, W] with the default pixel features (feature_mask=None)")):
         MinimalPixelSet(model).find_sis(_x(1), feature_mask=torch.arange(256).view(16, 16) // 16)
 
 

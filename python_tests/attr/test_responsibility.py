@@ -40,7 +40,7 @@ def test_options_defaults_and_refusals():
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
             Responsibility(model, **{option: 1})
     with pytest.raises(ValueError, match=whole_message(
-            "Responsibility works on images [N, C, H, W] with the default pixel features (features=None)")):
+            "Responsibility works on images [N, C, H, W] with the default pixel features (feature_mask=None)")):
         Responsibility(model).compute_maps(x, feature_mask=torch.arange(25).view(5, 5) // 5)
     with pytest.raises(ValueError, match=whole_message("criterion must be one of ('top1', 'threshold'), got 'top5'")):
         Responsibility(model, criterion="top5")

@@ -30,7 +30,7 @@ class Squares(ImageSource):
 def _audit(out):
     src = Squares([f"im{i}" for i in range(3)], [0, 1, 2], 8, description={"kind": "squares"})
     return run_stored_audit({"net": tiny_cnn(3)}, src, str(out), AuditConfig(method="exact", threshold=0.5),
-                            StoreOptions(chunk_size=2, workers=0, report=False), RunOptions(progress=False))
+                            StoreOptions(chunk_size=2, workers=0, report=False), RunOptions(show_progress=False))
 
 
 def _write_lock(folder, pid, host, job="another job", since="2024-05-01T10:00:00+00:00"):

@@ -48,14 +48,14 @@ def test_pipeline_trains_and_evaluates_on_the_right_images(monkeypatch):
     monkeypatch.setattr(pipeline, "accuracy", fake_accuracy)
     monkeypatch.setattr(pipeline, "fast_sis", fake_sis)
     t0 = time.perf_counter()
-    out = pipeline.digits_pipeline(fraction=0.1, n_train=5, n_test=3, epochs=4, seed=7, progress=False)
+    out = pipeline.digits_pipeline(fraction=0.1, n_train=5, n_test=3, epochs=4, seed=7, show_progress=False)
     wall = time.perf_counter() - t0
     full = load_digits(seed=7)
     x_tr, y_tr, x_te, y_te = full.x_train[:5], full.y_train[:5], full.x_test[:3], full.y_test[:3]
     assert loads == [7]
     # backward selection of every training and test image with the full model, at tau 0.9, progress passed on
-    assert [(len(x), tau, kw) for x, tau, kw in sis_calls] == [(5, 0.9, {"progress": False}),
-                                                               (3, 0.9, {"progress": False})]
+    assert [(len(x), tau, kw) for x, tau, kw in sis_calls] == [(5, 0.9, {"show_progress": False}),
+                                                               (3, 0.9, {"show_progress": False})]
     assert [(t["epochs"], t["seed"]) for t in trained] == [(4, 7)] * 3
     assert all(torch.equal(t["y"], y_tr) for t in trained)
     assert torch.equal(trained[0]["x"], x_tr)
@@ -126,9 +126,9 @@ def test_pipeline_default_fraction_is_five_percent(monkeypatch):
     monkeypatch.setattr(pipeline, "train_digits_cnn", lambda data, epochs, seed: LinearDigits(seed, scale=4.0).eval())
     shown = []
     real_sis = pipeline.fast_sis
-    monkeypatch.setattr(pipeline, "fast_sis", lambda model, x, tau, progress: shown.append(progress) or real_sis(
-        model, x, tau, progress=False))
-    pipeline.digits_pipeline(n_train=2, n_test=2, epochs=1, progress=True)
+    monkeypatch.setattr(pipeline, "fast_sis", lambda model, x, tau, show_progress: shown.append(show_progress) or
+                        real_sis(model, x, tau, show_progress=False))
+    pipeline.digits_pipeline(n_train=2, n_test=2, epochs=1, show_progress=True)
     assert shown == [True, True]
     shown.clear()
     out = pipeline.digits_pipeline(n_train=2, n_test=2, epochs=1)

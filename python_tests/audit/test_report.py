@@ -79,10 +79,11 @@ def runs():
     nets = {"cnn A": make_cnn(0, channels=3, h=H, w=W), "cnn B": make_cnn(2, channels=3, h=H, w=W),
             "cnn C": make_cnn(3, channels=3, h=H, w=W)}
     res = {
-        "cnn A": of.fast_sis(nets["cnn A"], x, _thresholds(nets["cnn A"], x, 3, 0.6), collection=True, progress=False),
-        "cnn B": of.fast_sis(nets["cnn B"], x, _thresholds(nets["cnn B"], x, 0), method="gradient", progress=False,
+        "cnn A": of.fast_sis(nets["cnn A"], x, _thresholds(nets["cnn A"], x, 3, 0.6), collection=True,
+                             show_progress=False),
+        "cnn B": of.fast_sis(nets["cnn B"], x, _thresholds(nets["cnn B"], x, 0), method="gradient", show_progress=False,
                              options=of.GradientOptions(k=8)),
-        "cnn C": of.fast_sis(nets["cnn C"], x, _thresholds(nets["cnn C"], x, 2), progress=False),
+        "cnn C": of.fast_sis(nets["cnn C"], x, _thresholds(nets["cnn C"], x, 2), show_progress=False),
     }
     return x, nets, res
 
@@ -343,7 +344,7 @@ def test_rebuild_report_from_saved_folder(three, three_report, tmp_path):
 def test_report_with_a_custom_feature_map_skips_overlays(runs, tmp_path):
     x, nets, _ = runs
     patches = (torch.arange(H).view(H, 1) // 2) * (W // 2) + torch.arange(W).view(1, W) // 2  # 4x4 patches of 2x2
-    res = of.fast_sis(nets["cnn A"], x, _thresholds(nets["cnn A"], x, 3), features=patches, progress=False)
+    res = of.fast_sis(nets["cnn A"], x, _thresholds(nets["cnn A"], x, 3), feature_mask=patches, show_progress=False)
     assert all(r.mask is None or r.mask.shape == (16,) for r in res)
     record = AuditRecord("patches", [f"p{i}" for i in range(N)], _displays(x), [None] * N, {},
                          [ModelRecord("patchy", "exact", res)])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+import overinterp_fast as of
 from overinterp_fast.attr.options import GradientOptions
 from overinterp_fast.audit import runner
 from overinterp_fast.audit.config import AuditConfig, RunOptions
@@ -103,10 +104,10 @@ def test_exact_sis_size_guard_at_the_limit():
 
 @pytest.mark.mutation
 def test_model_options_engines_and_transfer_rule(tmp_path):
-    assert AuditConfig("exact", 0.9, "auto", k=100, autocast=None, mask_value=0.0).model_options() == {
-        "threshold": 0.9, "threshold_mode": "auto", "mask_value": 0.0}
-    assert AuditConfig("gradient", 0.8, "relative", k=16, autocast="bf16", mask_value=0.5).model_options() == {
-        "threshold": 0.8, "threshold_mode": "relative", "mask_value": 0.5, "k": 16, "autocast": "bf16"}
+    assert AuditConfig("exact", 0.9, "auto", k=100, autocast=None, baselines=0.0).model_options() == {
+        "threshold": 0.9, "threshold_mode": "auto", "baselines": 0.0}
+    assert AuditConfig("gradient", 0.8, "relative", k=16, autocast="bf16", baselines=0.5).model_options() == {
+        "threshold": 0.8, "threshold_mode": "relative", "baselines": 0.5, "k": 16, "autocast": "bf16"}
     assert runner.fixed_engine(Fixed().eval()) == "torch"
     from overinterp_fast import export_onnx
     from overinterp_fast.runtime.onnx import OnnxModel
@@ -118,6 +119,36 @@ def test_model_options_engines_and_transfer_rule(tmp_path):
     assert not runner.wants_transfer(True, 1, "exact")
     assert not runner.wants_transfer(True, 2, "responsibility")  # no backward-selection order to cut
     assert runner.reference_name(True) == "labels" and runner.reference_name(False) == "full-image predictions"
+
+
+def test_method_auto_resolves_by_image_size_and_gradients(tmp_path, caplog):
+    """"auto": exact up to 32 x 32 = 1024 pixels; above, gradient when every model has gradients, else
+    responsibility (an ONNX model, its path, or an ensemble holding one); the other methods as given."""
+    import logging
+
+    from overinterp_fast import Ensemble, export_onnx
+    from overinterp_fast.runtime.onnx import OnnxModel
+
+    torch_model = Fixed().eval()
+    path = export_onnx(Fixed().eval().float(), str(tmp_path / "m.onnx"), torch.randn(2, 3, 4, 4))
+    onnx = OnnxModel(path)
+    assert runner.resolve_method("auto", (1, 3, 32, 32), [torch_model, onnx]) == "exact"
+    assert runner.resolve_method("auto", (3, 16, 64), [onnx]) == "exact"  # 1024 pixels
+    assert runner.resolve_method("auto", (3, 33, 32), [torch_model]) == "gradient"  # 1056 pixels
+    assert runner.resolve_method("auto", (3, 224, 224), [torch_model, torch_model]) == "gradient"
+    for without in (onnx, path, Ensemble([torch_model, onnx])):
+        assert runner.resolve_method("auto", (3, 224, 224), [torch_model, without]) == "responsibility"
+    assert runner.resolve_method("auto", (3, 224, 224), [Ensemble([torch_model, Fixed()])]) == "gradient"
+    for method in ("exact", "gradient", "responsibility"):
+        assert runner.resolve_method(method, (3, 224, 224), [onnx]) == method
+    with pytest.raises(ValueError, match="^method must be one of \\('auto', 'exact', 'gradient', 'responsibility'\\), "
+                       "got 'fast'$"):
+        runner.resolve_method("fast", (3, 8, 8), [torch_model])
+    with caplog.at_level(logging.INFO, logger="overinterp_fast"):
+        runner.resolve_method("auto", (3, 40, 40), [onnx])
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.name.startswith("overinterp_fast")] == [
+        ("overinterp_fast.audit.runner", "method 'auto' runs 'responsibility': 1600 pixels (more than 1024, and a "
+                                         "model without gradients)")]
 
 
 def _order_result(order: list[int]) -> SISResult:
@@ -193,7 +224,7 @@ def test_run_audit_argument_checks():
         kw = dict(models=model, images=x, image_names=["a", "b"], displays=displays)
         kw.update(change)
         with pytest.raises(ValueError, match=whole_message(message)):
-            runner.run_audit(**kw, run=RunOptions(progress=False))
+            runner.run_audit(**kw, run=RunOptions(show_progress=False))
 
 
 @pytest.mark.mutation
@@ -205,14 +236,14 @@ def test_run_audit_with_labels_records_the_label_reference_and_classes():
     rec = runner.run_audit({"a": ByMean().eval(), "b": ByMean().eval()}, x, ["p", "q"], displays,
                            AuditConfig(threshold=0.5, method="exact", fraction=0.25),
                            RunOptions(class_name=lambda c: f"c{c}", title="T", meta={"source": "hand"},
-                                      progress=False), labels=[1, 4])
+                                      show_progress=False), labels=[1, 4])
     assert rec.title == "T" and rec.image_names == ["p", "q"] and rec.labels == [1, 4]
     assert rec.class_names == {0: "c0", 1: "c1", 4: "c4"}  # predictions 1 and 0, label 4
     assert rec.transfer["reference"] == "labels" and rec.transfer["rows"] == ["a", "b"]
     assert rec.meta["source"] == "hand" and rec.meta["images"] == "2 x [1, 2, 2] torch.float32"
     assert rec.meta["device"] == "cpu" and rec.meta["torch"] == torch.__version__
     for m in rec.models:
-        assert m.options == {"threshold": 0.5, "threshold_mode": "auto", "mask_value": 0.0}
+        assert m.options == {"threshold": 0.5, "threshold_mode": "auto", "baselines": 0.0}
         assert m.method == "exact" and len(m.results) == 2 and m.seconds >= 0 and m.sensitivity is None
         assert m.predictions == [1, 0]
     # image 0's SIS under ByMean: the fewest pixels whose mean stays positive with the rest at 0: one pixel of 2
@@ -234,7 +265,7 @@ def test_audit_progress_bar_per_model(monkeypatch):
     def run(progress):
         tty = fake_terminal(monkeypatch)
         runner.run_audit({"first": ByMean().eval(), "second": ByLast().eval()}, x, ["p", "q"], displays,
-                         AuditConfig(threshold=0.5, transfer=False), RunOptions(progress=progress))
+                         AuditConfig(threshold=0.5, transfer=False), RunOptions(show_progress=progress))
         return "".join(tty.text)
 
     shown = run(True)
@@ -254,8 +285,9 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
         calls.append((model, taus, kw))
         return [_order_result([0, 1, 2, 3]) for _ in range(images.shape[0])]
 
-    def fake_sensitivity(model, images, masks, truth, sigma, low, high):
-        sens.append((truth.tolist(), sigma, low, high))
+    def fake_sensitivity(model, images, masks, truth, sigma, low, high, seed):
+        sens.append((truth.tolist(), float(sigma), None if low is None else float(low),
+                     None if high is None else float(high), seed))
         n = images.shape[0]
         return {"correct_fg": torch.ones(n, dtype=torch.bool), "correct_bg": torch.zeros(n, dtype=torch.bool),
                 "p_fg": torch.full((n,), 0.75), "p_bg": torch.full((n,), 0.25)}
@@ -266,23 +298,26 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     masks = torch.ones(2, 2, 2, dtype=torch.bool)
     models = {"m": ByMean().eval()}
     config = AuditConfig(threshold=0.9, threshold_mode="absolute", method="gradient", k=7, collection=True,
-                         transfer=False, fraction=0.25, mask_value=0.5, autocast="bf16", batch_size=5, noise_sigma=0.3,
-                         value_range=(-1.0, 1.0))
+                         transfer=False, fraction=0.25, baselines=0.5, autocast="bf16", batch_size=5, noise_sigma=0.3,
+                         value_range=(-1.0, 1.0), seed=3)
     t0 = time.perf_counter()
     done = runner.audit_chunk(models, x, [0, 0], True, config, engine=None, progress=False, object_masks=masks)
     wall = time.perf_counter() - t0
     ((model, taus, kw),) = calls
     assert model is models["m"] and taus == [0.9, 0.9]
-    assert kw == {"method": "gradient", "collection": True, "mask_value": 0.5, "batch_size": 5, "engine": "torch",
-                  "progress": False, "options": GradientOptions(k=7, autocast="bf16")}  # engine None: fixed_engine's
+    assert kw == {"method": "gradient", "collection": True, "baselines": 0.5, "batch_size": 5, "engine": "torch",
+                  "show_progress": False, "options": GradientOptions(k=7, autocast="bf16")}  # engine None: fixed_engine's
     assert 0 <= done.seconds[0] <= wall and done.transfer is None
-    assert sens == [([0, 0], 0.3, -1.0, 1.0)]  # known labels: the truth is the labels, not the predictions
+    # known labels: the truth is the labels, not the predictions; sigma 0.3 of the pixel range, which spans
+    # 1 - (-1) = 2 in the images' units: 0.6 there, clipped to [-1, 1]; the audit's seed
+    assert sens == [([0, 0], pytest.approx(0.6), -1.0, 1.0, 3)]
     assert done.sensitivity[0]["fg_correct"].tolist() == [True, True]
     calls.clear(), sens.clear()
     runner.audit_chunk(models, x, [None, None], False, replace(config, value_range=None), engine="onnxruntime",
                        progress=False, object_masks=masks)
     assert calls[0][2]["engine"] == "onnxruntime"
-    assert sens == [([1, 0], 0.3, None, None)]  # unknown labels: each model's own predictions, no clipping
+    # unknown labels: each model's own predictions; no value range: the images are in pixel units, no clipping
+    assert sens == [([1, 0], pytest.approx(0.3), None, None, 3)]
 
 
 @pytest.mark.mutation
@@ -305,24 +340,25 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     x = torch.zeros(2, 1, 2, 2)
     displays = np.zeros((2, 2, 2), np.uint8)
     rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays)
+    # method "auto" on 2 x 2 images: exact
     assert seen[0] == {"threshold": 0.9, "threshold_mode": "auto", "method": "exact", "k": 100, "collection": False,
-                       "transfer": True, "fraction": 0.05, "mask_value": 0.0, "autocast": None, "batch_size": None,
-                       "engine": "auto", "progress": None, "object_masks": None, "noise_sigma": 0.25,
-                       "value_range": None}
+                       "transfer": True, "fraction": 0.05, "baselines": None, "autocast": None, "batch_size": None,
+                       "engine": "auto", "progress": None, "object_masks": None, "noise_sigma": 0.1,
+                       "value_range": None, "seed": 0}
     assert rec.title == "Overinterpretation audit" and rec.transfer["fraction"] == 0.05
-    assert rec.models[0].options == {"threshold": 0.9, "threshold_mode": "auto", "mask_value": 0.0}
+    assert rec.models[0].options == {"threshold": 0.9, "threshold_mode": "auto", "baselines": 0.0}
     masks = np.ones((2, 2, 2), bool)
     rec = runner.run_audit({"a": ByMean().eval(), "b": ByLast().eval()}, x, ["p", "q"], displays,
                            AuditConfig(threshold=0.7, threshold_mode="relative", method="gradient", k=9,
-                                       collection=True, fraction=0.5, mask_value=0.25, autocast="fp16", batch_size=4,
+                                       collection=True, fraction=0.5, baselines=0.25, autocast="fp16", batch_size=4,
                                        noise_sigma=0.125, value_range=(0.0, 1.0)),
-                           RunOptions(progress=False), object_masks=masks)
+                           RunOptions(show_progress=False), object_masks=masks)
     kw = seen[1]
     assert torch.equal(kw.pop("object_masks"), torch.ones(2, 2, 2, dtype=torch.bool))
     assert kw == {"threshold": 0.7, "threshold_mode": "relative", "method": "gradient", "k": 9, "collection": True,
-                  "transfer": True, "fraction": 0.5, "mask_value": 0.25, "autocast": "fp16", "batch_size": 4,
-                  "engine": "auto", "progress": False, "noise_sigma": 0.125, "value_range": (0.0, 1.0)}
-    assert rec.models[1].options == {"threshold": 0.7, "threshold_mode": "relative", "mask_value": 0.25, "k": 9,
+                  "transfer": True, "fraction": 0.5, "baselines": 0.25, "autocast": "fp16", "batch_size": 4,
+                  "engine": "auto", "progress": False, "noise_sigma": 0.125, "value_range": (0.0, 1.0), "seed": 0}
+    assert rec.models[1].options == {"threshold": 0.7, "threshold_mode": "relative", "baselines": 0.25, "k": 9,
                                      "autocast": "fp16"}
     assert rec.models[0].method == "gradient" and rec.models[0].sensitivity["sigma"] == 0.125
     assert rec.models[0].sensitivity["reference"] == "full-image predictions"
@@ -370,3 +406,29 @@ def test_stored_audit_engine_for_onnx_models_is_onnxruntime(monkeypatch, tmp_pat
     runner.audit_chunk({"onnx": onnx, "torch": ByMean().eval()}, x, [0, 1], True,
                        AuditConfig(threshold=0.5, transfer=False), engine=None, progress=False, object_masks=None)
     assert engines_seen == ["onnxruntime", "torch"]
+
+
+def test_the_audits_seed_reaches_the_responsibility_method_and_the_noise(monkeypatch):
+    calls, seeds = [], []
+    monkeypatch.setattr(runner, "fast_sis", lambda model, images, taus, **kw: calls.append(kw) or [
+        _order_result([0, 1, 2, 3]) for _ in range(images.shape[0])])
+    monkeypatch.setattr(runner, "noise_sensitivity", lambda *a, seed: seeds.append(seed) or {
+        "correct_fg": torch.ones(2, dtype=torch.bool), "correct_bg": torch.ones(2, dtype=torch.bool),
+        "p_fg": torch.ones(2), "p_bg": torch.ones(2)})
+    x = torch.zeros(2, 1, 2, 2)
+    masks = torch.ones(2, 2, 2, dtype=torch.bool)
+    config = AuditConfig(method="responsibility", seed=5, transfer=False)
+    runner.audit_chunk({"m": ByMean().eval()}, x, [0, 0], True, config, engine="torch", progress=False,
+                       object_masks=masks)
+    assert calls[0]["options"] == of.MinimalPixelSetOptions(seed=5) and seeds == [5]
+
+
+@pytest.mark.parametrize("sigma, value_range, expect", [
+    (0.1, None, (0.1, None, None)),  # the images are in pixel units: as given, not clipped
+    (0.1, (0.0, 1.0), (0.1, 0.0, 1.0)),
+    (0.2, (-1.0, 1.0), (0.4, -1.0, 1.0)),  # (x - 0.5) / 0.5: the pixel range spans 2
+    (0.1, (-0.485 / 0.229, (1 - 0.485) / 0.229), (0.1 / 0.229, -0.485 / 0.229, (1 - 0.485) / 0.229)),
+])
+def test_noise_in_pixel_units_becomes_the_images_units(sigma, value_range, expect):
+    got = runner.noise_in_image_units(sigma, value_range)
+    assert [None if v is None else pytest.approx(float(v), rel=1e-6) for v in got] == list(expect)

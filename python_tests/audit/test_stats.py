@@ -104,7 +104,7 @@ def test_noise_sensitivity_of_a_foreground_model():
 def test_digits_pipeline_end_to_end_on_a_tiny_budget():
     from overinterp_fast.audit.pipeline import digits_pipeline, format_table
 
-    r = digits_pipeline(n_train=120, n_test=40, epochs=10, progress=False)
+    r = digits_pipeline(n_train=120, n_test=40, epochs=10, show_progress=False)
     acc = {(row["trained_on"], row["evaluated_on"]): row["accuracy"] for row in r["rows"]}
     full = acc[("full images", "full images")]
     own = acc[("full images", "its 5% backward-selection subsets")]
@@ -186,7 +186,7 @@ def test_pixel_and_random_subsets_options_by_hand():
     orders = [torch.arange(16), torch.arange(16).flip(0)]
     res = [SISResult(order=o, values=torch.zeros(16, dtype=torch.float64), sis=None, mask=None, target=0,
                      score=0.0, threshold=0.5) for o in orders]
-    sub, keep = audit.pixel_subsets(images, res, mask_value=mv)
+    sub, keep = audit.pixel_subsets(images, res, baselines=mv)
     assert [k.nonzero().flatten().tolist() for k in keep] == [[15], [0]]
     want = mv.view(1, 3, 1, 1).expand(2, 3, 4, 4).clone()
     want[0, :, 3, 3] = images[0, :, 3, 3]
@@ -196,7 +196,7 @@ def test_pixel_and_random_subsets_options_by_hand():
     patches = (torch.arange(4).view(4, 1) // 2) * 2 + torch.arange(4).view(1, 4) // 2
     pres = [SISResult(order=o, values=torch.zeros(4, dtype=torch.float64), sis=None, mask=None, target=0,
                       score=0.0, threshold=0.5) for o in (torch.tensor([3, 2, 1, 0]), torch.tensor([0, 2, 1, 3]))]
-    sub, keep = audit.pixel_subsets(images, pres, 0.5, mask_value=mv, features=patches)
+    sub, keep = audit.pixel_subsets(images, pres, 0.5, baselines=mv, feature_mask=patches)
     assert keep.tolist() == [[True, True, False, False], [False, True, False, True]]
     for i in range(2):
         kept = keep[i][patches]  # [4, 4]
@@ -218,7 +218,7 @@ def test_pixel_and_random_subsets_options_by_hand():
     for i in range(2):
         assert keep[i].nonzero().flatten().tolist() == sorted(torch.randperm(16, generator=gen)[:1].tolist())
         assert torch.equal(sub[i], torch.where(keep[i].view(4, 4), images[i], torch.zeros((), dtype=torch.float64)))
-    sub, keep = audit.random_subsets(images, 0.5, seed=4, mask_value=mv, features=patches)
+    sub, keep = audit.random_subsets(images, 0.5, seed=4, baselines=mv, feature_mask=patches)
     gen = torch.Generator().manual_seed(4)
     for i in range(2):
         assert keep[i].nonzero().flatten().tolist() == sorted(torch.randperm(4, generator=gen)[:2].tolist())

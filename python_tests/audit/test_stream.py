@@ -138,7 +138,7 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     out = str(tmp_path / "audit")
     config = AuditConfig(method="exact", threshold=0.5)
     storage = StoreOptions(chunk_size=3, workers=0, report=False)
-    quiet = RunOptions(progress=False)
+    quiet = RunOptions(show_progress=False)
     run = run_stored_audit({"net": model}, src, out, config, storage, quiet)
     assert (run.chunks, run.skipped, run.computed) == (3, 0, 3)
     assert_identical(run.record.models[0].results, expected_chunks(model, src, 3))
@@ -189,7 +189,7 @@ def test_stored_audit_of_any_dataset_equals_the_folder_s(tree, tmp_path):
     src = from_dataset(data, SIDE)
     model = tiny_cnn(3)
     run = run_stored_audit({"net": model}, src, str(tmp_path / "d"), AuditConfig(method="exact", threshold=0.5),
-                           StoreOptions(chunk_size=3, workers=2, report=False), RunOptions(progress=False))
+                           StoreOptions(chunk_size=3, workers=2, report=False), RunOptions(show_progress=False))
     assert_identical(run.record.models[0].results, expected_chunks(model, folder, 3))
     assert run.record.labels == folder.image_labels and src.classes == ["a_dog", "b_cat"]
     assert [d.tolist() for d in run.record.displays] == [folder[i]["display"].tolist() for i in range(7)]
@@ -203,7 +203,7 @@ def test_stored_preprocessing_is_part_of_the_configuration(tree, tmp_path):
 
     out = str(tmp_path / "audit")
     config, storage, quiet = (AuditConfig(method="exact", threshold=0.5),
-                              StoreOptions(chunk_size=4, workers=0, report=False), RunOptions(progress=False))
+                              StoreOptions(chunk_size=4, workers=0, report=False), RunOptions(show_progress=False))
     model = tiny_cnn(3)
     first = run_stored_audit({"net": model}, open_images(str(tree), SIDE), out, config, storage, quiet)
     assert first.record.meta["preprocessing"] == {"size": 8, "library": "overinterp_fast", "resize": 8,
@@ -235,7 +235,7 @@ def test_incomplete_audit_is_not_loaded(tree, tmp_path):
     src = open_images(str(tree), SIDE)
     out = str(tmp_path / "audit")
     run_stored_audit({"net": tiny_cnn(3)}, src, out, AuditConfig(method="exact", threshold=0.5),
-                     StoreOptions(chunk_size=3, workers=0, report=False, load=False), RunOptions(progress=False))
+                     StoreOptions(chunk_size=3, workers=0, report=False, load=False), RunOptions(show_progress=False))
     doc = store.read_doc(out)
     store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="running"))
     with pytest.raises(ValueError, match="not complete"):
@@ -248,7 +248,7 @@ def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys)
     src = open_images(str(tree), SIDE)
     run = run_stored_audit({"a": a, "b": b}, src, str(tmp_path / "o"),
                            AuditConfig(method="exact", threshold=0.5, ensemble=True),
-                           StoreOptions(chunk_size=4, workers=2, gallery=2), RunOptions(progress=True))
+                           StoreOptions(chunk_size=4, workers=2, gallery=2), RunOptions(show_progress=True))
     bar = capsys.readouterr().err
     assert "21/21" in bar and "images/s" in bar  # jobs: 7 images x 3 models, counted from the committed parts
     rec = run.record
@@ -411,19 +411,19 @@ def test_source_digest_by_hand():
 def test_audit_config_every_field():
     src = _source(4, mean=(0.5, 0.25, 0.125), std=0.5)
     config = AuditConfig(method="gradient", threshold=0.9, threshold_mode="auto", k=50, collection=False,
-                         ensemble=True, transfer=True, fraction=0.05, mask_value=torch.tensor([0.0, 0.0]),
+                         ensemble=True, transfer=True, fraction=0.05, baselines=torch.tensor([0.0, 0.0]),
                          autocast="bf16", batch_size=32, noise_sigma=torch.tensor([0.25, 0.25, 0.25]))
     extra = {"model_files": ("a.onnx",), "chunk_size": 2}
     cfg = stream.audit_config(src, {"a": 1, "b": 2}, config, 2, torch.device("cpu"), extra)
     assert cfg == {
         "models": ["a", "b"], "method": "gradient", "threshold": 0.9, "threshold_mode": "auto", "k": 50,
         "autocast": "bf16", "collection": False, "ensemble": True, "transfer": True, "fraction": 0.05,
-        "mask_value": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
+        "baselines": 0.0, "images": {"kind": "squares", "n": 4}, "n_images": 4,
         "images_digest": stream.source_digest(src), "size": 6, "mean": [0.5, 0.25, 0.125], "std": 0.5,
         "preprocessing": {"library": "overinterp_fast", "resize": 6, "crop_pct": 1.0, "interpolation": "bicubic",
                           "crop_mode": "center"},  # the plain transform: shorter side to 6, centre crop
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
-        "batch_size": 32, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON (lists)
+        "batch_size": 32, "seed": 0, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON
     # k matters only for the gradient method; the noise only with object masks
     cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, replace(config, method="exact"), 2,
                               torch.device("cpu"), None)
@@ -514,3 +514,34 @@ def test_progress_rate_is_images_per_second_since_the_start(monkeypatch, tmp_pat
     assert posted == [("8.00 images/s", False), "refresh"]  # 4 new images in half a second
     assert bar.bar.n == 18
     bar.stop.set()
+
+
+def test_an_audit_stored_under_the_earlier_names_continues(tree, tmp_path):
+    """A folder whose stored configuration says "mask_value" (now "baselines") and has no "seed" (now stored; the
+    earlier versions ran with 0) continues with the same configuration; another seed is refused."""
+    src = open_images(str(tree), SIDE)
+    out = str(tmp_path / "audit")
+    config, quiet = AuditConfig(method="exact", threshold=0.5), RunOptions(show_progress=False)
+    storage = StoreOptions(chunk_size=3, workers=0, report=False)
+    first = run_stored_audit({"net": tiny_cnn(3)}, src, out, config, storage, quiet)
+    doc = store.read_doc(out)
+    old = {("mask_value" if k == "baselines" else k): v for k, v in doc["config"].items() if k != "seed"}
+    assert old["mask_value"] == 0.0 and "baselines" not in old and "seed" not in old
+    store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, config=old, status="running"))
+    os.remove(store.part_path(out, 2, "results"))
+    again = run_stored_audit({"net": tiny_cnn(3)}, src, out, config, storage, quiet)
+    assert (again.skipped, again.computed) == (2, 1)
+    assert_identical(again.record.models[0].results, first.record.models[0].results)
+    store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, config=old, status="running"))
+    with pytest.raises(ValueError, match="seed is None there, 5 here"):
+        run_stored_audit({"net": tiny_cnn(3)}, src, out, replace(config, seed=5), storage, quiet)
+    with pytest.raises(ValueError, match="mask_value is 0.0 there, 0.5 here"):
+        run_stored_audit({"net": tiny_cnn(3)}, src, out, replace(config, baselines=0.5), storage, quiet)
+
+
+def test_as_stored_there_by_hand():
+    new = {"baselines": 0.0, "seed": 0, "k": None}
+    assert stream.as_stored_there(new, None) == new  # no audit there
+    assert stream.as_stored_there(new, dict(new)) == new  # written by this version
+    assert stream.as_stored_there(new, {"mask_value": 0.0, "k": None}) == {"mask_value": 0.0, "k": None}
+    assert stream.as_stored_there(dict(new, seed=3), {"mask_value": 0.0}) == {"mask_value": 0.0, "seed": 3, "k": None}

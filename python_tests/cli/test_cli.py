@@ -139,7 +139,7 @@ def test_run_audit_ensemble_and_transfer(image_folder):
     a, b = tiny_cnn(1), tiny_cnn(2)
     imgs = load_images(str(image_folder), SIDE)
     rec = run_audit({"a": a, "b": b}, imgs.x, imgs.names, imgs.displays,
-                    AuditConfig(method="exact", threshold=0.5, ensemble=True), RunOptions(progress=False))
+                    AuditConfig(method="exact", threshold=0.5, ensemble=True), RunOptions(show_progress=False))
     assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
     # each model's results are the reference SIS with its own per-image thresholds ("auto": tau where
     # f(x) >= tau, else tau * f(x)); the ensemble is the mean of the logits, written out here
@@ -261,7 +261,7 @@ def test_run_audit_object_masks_sensitivity_and_report(tmp_path):
     displays = [(d.permute(1, 2, 0).clamp(0, 1) * 255).to(torch.uint8).numpy() for d in x]
     rec = run_audit({"left": LeftHalfModel().eval()}, x, list("abcd"), displays,
                     AuditConfig(method="exact", threshold=0.9, noise_sigma=1.0, value_range=(0.0, 1.0)),
-                    RunOptions(progress=False), labels=[1, 1, 1, 1], object_masks=objects)
+                    RunOptions(show_progress=False), labels=[1, 1, 1, 1], object_masks=objects)
     (m,) = rec.models
     s = m.sensitivity
     # noise on the background changes nothing; on the (clipped) object it darkens it below 0.8
@@ -296,7 +296,7 @@ def test_cli_audit_object_masks(image_folder, model_files, tmp_path):
                  "--out", str(out)]) == 0
     rec = load_audit(str(out))
     assert rec.object_masks[0].shape == (SIDE, SIDE) and rec.object_masks[0].any() and not rec.object_masks[0].all()
-    assert rec.models[0].sensitivity["sigma"] == pytest.approx(0.2)  # 0.1 pixel units / std 0.5
+    assert rec.models[0].sensitivity["sigma"] == pytest.approx(0.1)  # the default, in pixel units as given
     assert 'id="object"' in (out / "report.html").read_text()
     (masks / "img2.png").unlink()
     assert main(["audit", "--model", model_files["a"], "--images", str(image_folder), "--size", str(SIDE),
@@ -333,16 +333,17 @@ def test_argument_types():
 def test_parser_defaults():
     p = cli.build_parser()
     a = p.parse_args(["audit", "--model", "m.onnx", "--model", "n.onnx", "--out", "o"])
-    assert a.model == ["m.onnx", "n.onnx"] and a.method == "gradient" and a.threshold == 0.9
+    assert a.model == ["m.onnx", "n.onnx"] and a.method == "auto" and a.threshold == 0.9
     assert a.threshold_mode == "auto" and a.fraction == 0.05 and a.chunk_size == 64 and a.noise_sigma == 0.1
-    assert a.workers == 2 and a.gallery == 24 and a.device == "cpu" and a.split == "test" and a.k is None
+    assert a.workers == 2 and a.gallery == 24 and a.device == "auto" and a.split == "test" and a.k == 100
+    assert a.seed == 0 and a.resume is None and a.verbose == 0 and a.log_level is None
     assert a.images is None and a.batch_size is None and not a.restart and not a.ensemble and not a.quiet
     assert a.title == "Overinterpretation audit" and p.prog == "overinterp-fast"
     s = p.parse_args(["sis", "--model", "m.onnx", "--out", "o", "--mean", "0.1,0.2,0.3", "--limit", "5"])
     assert s.model == "m.onnx" and s.mean == [0.1, 0.2, 0.3] and s.limit == 5 and s.std is None
     d = p.parse_args(["demo"])
     assert (d.out, d.images, d.threshold, d.no_reference, d.no_imagenet, d.no_text, d.k, d.device) == \
-        ("out/demo", 12, 0.9, False, False, False, None, "cpu")
+        ("out/demo", 12, 0.9, False, False, False, None, "auto")
     r = p.parse_args(["reduce", "--out", "o"])
     assert (r.model, r.text, r.limit, r.beam_size, r.importance) == ("bundled", "bundled", None, 5, "leave_one_out")
     g = p.parse_args(["digits-pipeline"])
@@ -359,12 +360,12 @@ def test_noise_units_follow_the_normalization():
     out = cli._noise_units(args, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
     mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-    torch.testing.assert_close(out["noise_sigma"], 0.1 / std)
-    low, high = out["value_range"]
+    assert out["noise_sigma"] == 0.1  # pixel units, as AuditConfig takes it
+    low, high = out["value_range"]  # what the pixel values 0 and 1 are in the model's units
     torch.testing.assert_close(low, -mean / std)
     torch.testing.assert_close(high, (1 - mean) / std)
     one = cli._noise_units(args, 0.5, 0.25)
-    assert one["noise_sigma"].shape == (1, 1, 1) and float(one["noise_sigma"]) == pytest.approx(0.4)
+    assert one["noise_sigma"] == 0.1 and one["value_range"][0].shape == (1, 1, 1)
     assert float(one["value_range"][0]) == -2.0 and float(one["value_range"][1]) == 2.0
     for sigma in (0.0, -0.1):
         with pytest.raises(ValueError, match="^--noise-sigma must be above 0$"):
@@ -373,15 +374,17 @@ def test_noise_units_follow_the_normalization():
 
 @pytest.mark.mutation
 def test_device_checks(monkeypatch):
-    cli._check_device("cpu")
-    with pytest.raises(ValueError, match=r"^--device: 'gpu0' is not a device \(cpu, cuda, cuda:1, \.\.\.\)$"):
+    assert cli._check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^--device: 'gpu0' is not a device \(auto, cpu, cuda, cuda:1, \.\.\.\)$"):
         cli._check_device("gpu0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for dev in ("cuda", "cuda:1"):
         with pytest.raises(ValueError, match="^--device cuda: no CUDA GPU is available here$"):
             cli._check_device(dev)
+    assert cli._check_device("auto") == torch.device("cpu")  # auto: the CPU without a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cli._check_device("cuda:1")
+    assert cli._check_device("cuda:1") == torch.device("cuda:1")
+    assert cli._check_device("auto") == torch.device("cuda")  # auto: the GPU when there is one
 
 
 def _result(sis, target=1, score=0.987, threshold=0.9):
@@ -449,7 +452,7 @@ def test_main_errors_are_one_line_with_exit_code_2(monkeypatch, capsys):
 
 def _rejects(argv) -> bool:
     try:
-        cli.build_parser().parse_args(argv)
+        cli.parse_args(argv)
     except SystemExit as exc:
         return exc.code == 2
     return False
@@ -460,7 +463,8 @@ def test_parser_choices_types_and_required_options(capsys):
     """Every choice the README names is accepted and spelt exactly; numbers come back as numbers; --model and
     --out are required where the README says so."""
     base = {"sis": ["sis", "--model", "m", "--out", "o"], "audit": ["audit", "--model", "m", "--out", "o"]}
-    choices = {"--method": ("exact", "gradient", "responsibility"), "--threshold-mode": ("auto", "absolute", "relative"),
+    choices = {"--method": ("auto", "exact", "gradient", "responsibility"),
+               "--threshold-mode": ("auto", "absolute", "relative"),
                "--dataset": ("cifar10", "cifar100"), "--split": ("test", "train")}
     for cmd, argv in base.items():
         p = cli.build_parser()
@@ -541,7 +545,7 @@ def test_prepare_models_source_namer_k_and_normalization(files):
     loaded, source, namer, k, (mean, std) = cli._prepare(_audit_args(files), True, torch.device("cpu"))
     assert [m.name for m in loaded] == ["a", "b"] and len(source) == 3 and source.size == 8
     assert source.image_names == ["img0", "img1", "img2"]
-    assert k == 500  # the CPU default (100 on CUDA)
+    assert k == 100  # AuditConfig's, on every device
     assert (mean, std) == (0.5, 0.5)  # nothing known from the models: mid-grey
     assert namer(3) == "3"  # 5 classes, no names: the index
     x = source[0]["x"]
@@ -630,11 +634,13 @@ def test_prepare_errors_are_whole_sentences(files):
                            "--size", "8", "--out", "o", "--method", "exact"), True, "cpu")
     with pytest.raises(ValueError) as err:
         cli._prepare(_args("audit", "--model", files["a"], "--model", files["b"], "--images", files["images"],
-                           "--size", "8", "--out", "o"), True, "cpu")  # the default method is gradient
+                           "--size", "8", "--out", "o", "--method", "gradient"), True, "cpu")
     assert str(err.value) == ("b: method 'gradient' needs a torch model (ONNX Runtime has no gradients); use "
                               "--method responsibility or exact")
-    cli._prepare(_args("audit", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o"),
-                 True, "cpu")  # gradient on a torch model: fine
+    cli._prepare(_args("audit", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o",
+                       "--method", "gradient"), True, "cpu")  # gradient on a torch model: fine
+    cli._prepare(_args("audit", "--model", files["a"], "--model", files["b"], "--images", files["images"],
+                       "--size", "8", "--out", "o"), True, "cpu")  # the default, auto, picks a method that fits
     with pytest.raises(ValueError, match="^give --images or --dataset, not both$"):
         cli._prepare(_audit_args(files, "--dataset", "cifar10"), True, "cpu")
     with pytest.raises(ValueError, match="^the input size is not known from the model: give --size$"):
@@ -664,14 +670,17 @@ def test_run_sis_passes_every_option_to_run_audit(files, monkeypatch):
     assert seen["names"] == ["img0", "img1"] and seen["displays"].shape == (2, 8, 8, 3)
     assert seen["displays"].dtype == np.uint8 and seen["labels"] == [None, None]
     assert (seen["threshold"], seen["threshold_mode"], seen["method"], seen["k"]) == (0.7, "relative", "exact", 9)
-    assert seen["collection"] is True and seen["progress"] is False and seen["title"] == "SIS"
-    assert seen["class_name"](2) == "2"
+    assert seen["collection"] is True and seen["show_progress"] is False and seen["title"] == "SIS"
+    assert seen["class_name"](2) == "2" and seen["seed"] == 0
     src = of.audit.sources.open_images(files["images"], 8, 0.5, 0.5)
-    assert seen["meta"] == {"models": [files["a"]], "image source": src.description, "preprocessing": PLAIN_8}
+    assert seen["meta"] == {"models": [files["a"]], "image source": src.description, "preprocessing": PLAIN_8,
+                            "seed": 0}
     torch.testing.assert_close(seen["x"][1], src[1]["x"], rtol=0, atol=0)
-    cli._run_sis(_args("sis", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o"))
-    assert seen["progress"] is None and seen["collection"] is False and seen["method"] == "gradient"
-    assert seen["threshold"] == 0.9 and seen["threshold_mode"] == "auto" and seen["k"] == 500
+    cli._run_sis(_args("sis", "--model", files["a"], "--images", files["images"], "--size", "8", "--out", "o",
+                       "--seed", "5"))
+    assert seen["show_progress"] is None and seen["collection"] is False and seen["method"] == "auto"
+    assert seen["threshold"] == 0.9 and seen["threshold_mode"] == "auto" and seen["k"] == 100
+    assert seen["seed"] == 5 and seen["meta"]["seed"] == 5
 
 
 # ---------------------------------------------------------------------------------------------- _run_audit
@@ -691,18 +700,25 @@ def test_run_audit_passes_every_option_and_tears_down(files, monkeypatch):
                        "--fraction", "0.1", "--quiet", "--title", "T", "--gallery", "4", "--class-names",
                        files["names"])
     assert cli._run_audit(args) == "the run"
-    assert events == [("setup", "cpu"), ("teardown", ranks)]
+    assert events == [("setup", "auto"), ("teardown", ranks)]
     assert list(seen["models"]) == ["a", "b"] and len(seen["source"]) == 3 and seen["out"] == out
     assert seen["ranks"] is ranks
     assert seen["identity"] == {"model_files": [files["a"], files["b"]], "class_names": files["names"]}
+    # the command line, for --resume: every option that fixes results, paths absolute
+    command = seen["command"]
+    assert command["model"] == [os.path.abspath(files["a"]), os.path.abspath(files["b"])]
+    assert command["images"] == os.path.abspath(files["images"]) and command["class_names"] == files["names"]
+    assert (command["chunk_size"], command["batch_size"], command["k"], command["method"]) == (5, 11, 3, "exact")
+    assert (command["title"], command["workers"], command["gallery"]) == ("T", 0, 4)
+    assert not {"out", "restart", "quiet", "resume", "verbose", "log_level", "command"} & set(command)
     assert (seen["chunk_size"], seen["restart"], seen["workers"], seen["batch_size"]) == (5, True, 0, 11)
     assert (seen["threshold"], seen["threshold_mode"], seen["method"], seen["k"]) == (0.6, "absolute", "exact", 3)
     assert seen["collection"] is True and seen["ensemble"] is True and seen["fraction"] == 0.1
-    assert seen["progress"] is False and seen["title"] == "T" and seen["gallery"] == 4
+    assert seen["show_progress"] is False and seen["title"] == "T" and seen["gallery"] == 4
     assert seen["class_name"](1) == "one"
     assert seen["meta"] == {"models": [files["a"], files["b"]], "image source": seen["source"].description,
-                            "preprocessing": PLAIN_8}
-    assert seen["noise_sigma"] == 0.25 and seen["value_range"] is None  # no object masks: the defaults, unused
+                            "preprocessing": PLAIN_8, "seed": 0}
+    assert seen["noise_sigma"] == 0.1 and seen["value_range"] is None  # no object masks: the defaults, unused
     # the defaults; and the group is left even when the job fails
     monkeypatch.setattr(stream, "run_stored_audit", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
@@ -726,11 +742,11 @@ def test_run_audit_defaults_and_noise_units(files, monkeypatch, tmp_path):
         Image.fromarray(np.full((12, 10), 255, np.uint8)).save(masks / f"img{i}.png")
     cli._run_audit(_audit_args(files, "--object-masks", str(masks), "--noise-sigma", "0.2"))
     assert (seen["chunk_size"], seen["restart"], seen["workers"], seen["batch_size"]) == (64, False, 2, None)
-    assert seen["ensemble"] is False and seen["fraction"] == 0.05 and seen["progress"] is None
-    assert seen["title"] == "Overinterpretation audit" and seen["gallery"] == 24 and seen["k"] == 500
-    assert seen["identity"]["class_names"] is None
-    # sigma 0.2 of the pixel range is 0.4 in inputs normalized by (x - 0.5) / 0.5; valid inputs lie in [-1, 1]
-    torch.testing.assert_close(seen["noise_sigma"].flatten(), torch.tensor([0.4]))
+    assert seen["ensemble"] is False and seen["fraction"] == 0.05 and seen["show_progress"] is None
+    assert seen["title"] == "Overinterpretation audit" and seen["gallery"] == 24 and seen["k"] == 100
+    assert seen["identity"]["class_names"] is None and seen["seed"] == 0
+    # sigma in pixel units, as given; the pixel values 0 and 1 are -1 and 1 in inputs normalized by (x - 0.5) / 0.5
+    assert seen["noise_sigma"] == 0.2
     lo, hi = seen["value_range"]
     torch.testing.assert_close(lo.flatten(), torch.tensor([-1.0]))
     torch.testing.assert_close(hi.flatten(), torch.tensor([1.0]))
@@ -779,11 +795,11 @@ def test_main_demo_passes_its_options(monkeypatch):
     monkeypatch.setattr(demo, "run_demo", lambda out, **kw: seen.append({"out": out, **kw}))
     assert cli.main(["demo"]) == 0
     assert seen[-1] == {"out": "out/demo", "n_images": 12, "threshold": 0.9, "compare_reference": True,
-                        "imagenet": True, "k": None, "text": True, "device": "cpu"}
+                        "imagenet": True, "k": None, "text": True, "device": "auto"}
     assert cli.main(["demo", "--out", "d", "--images", "3", "--threshold", "0.5", "--no-reference", "--no-imagenet",
                      "--no-text", "--k", "40"]) == 0
     assert seen[-1] == {"out": "d", "n_images": 3, "threshold": 0.5, "compare_reference": False,
-                        "imagenet": False, "k": 40, "text": False, "device": "cpu"}
+                        "imagenet": False, "k": 40, "text": False, "device": "auto"}
 
 
 @pytest.mark.mutation
@@ -842,14 +858,14 @@ def test_main_report_reduce_and_pipeline(monkeypatch, capsys, tmp_path):
         ("reduce", model, text, out, kw)) or summary)
     assert cli.main(["reduce", "--out", "o"]) == 0
     assert calls[-1] == ("reduce", "bundled", "bundled", "o", {"beam_size": 5, "importance": "leave_one_out",
-                                                                 "limit": 200, "progress": None})
+                                                                 "limit": 200, "show_progress": None})
     assert capsys.readouterr().out.splitlines() == [
         "3 texts in 1.2 s: mean length 10.0 -> 2.5 tokens (median 9 -> 2); 50% of the reductions are more "
         "confident than the originals", "wrote r.parquet and r.html"]
     cli.main(["reduce", "--out", "o", "--text", "mine.csv", "--model", "m.pt", "--beam-size", "2", "--importance",
               "gradient", "--quiet"])
     assert calls[-1] == ("reduce", "m.pt", "mine.csv", "o", {"beam_size": 2, "importance": "gradient", "limit": None,
-                                                              "progress": False})
+                                                              "show_progress": False})
     cli.main(["reduce", "--out", "o", "--limit", "7"])
     assert calls[-1][4]["limit"] == 7
     capsys.readouterr()

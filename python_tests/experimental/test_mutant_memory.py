@@ -74,14 +74,14 @@ def test_a_remembered_pass_wins_over_a_remembered_fail():
 def test_on_a_monotone_criterion_the_maps_are_the_descents_own(need, seed):
     model = PatchReader(ROWS, COLS, need=need).eval()
     x = torch.ones(2, 1, 28, 28, dtype=torch.float64)
-    without = of.responsibility(model, x, iterations=6, min_box=4, seed=seed, monotone=True, progress=False)
+    without = of.responsibility(model, x, iterations=6, min_box=4, seed=seed, monotone=True, show_progress=False)
     got = research_maps(model, x, iterations=6, min_box=4, seed=seed, monotone=True, monotone_memory=True,
                             progress=False)
     for a, b in zip(without, got):
         assert a.map.abs().sum() > 0 and torch.equal(a.map, b.map)
         assert b.queries < a.queries and b.iterations == 6 and b.target == a.target
     # the same with every mutant scored (monotone=False) and with gated descents after the remembered ones
-    full = of.responsibility(model, x, iterations=3, min_box=4, seed=seed, progress=False)
+    full = of.responsibility(model, x, iterations=3, min_box=4, seed=seed, show_progress=False)
     full_mem = research_maps(model, x, iterations=3, min_box=4, seed=seed, monotone_memory=True, progress=False)
     assert all(torch.equal(a.map, b.map) and b.queries < a.queries for a, b in zip(full, full_mem))
 
@@ -137,7 +137,7 @@ def test_remembering_evaluator_by_hand():
 def test_fast_sis_with_the_memory():
     model = PatchReader(ROWS, COLS, need=0.4).eval()
     x = torch.ones(2, 1, 28, 28, dtype=torch.float64)
-    plain = of.fast_sis(model, x, method="responsibility", progress=False,
+    plain = of.fast_sis(model, x, method="responsibility", show_progress=False,
                         options=of.MinimalPixelSetOptions(iterations=5))
     got = research_sets(model, x, iterations=5, monotone_memory=True, progress=False)
     for a, b in zip(plain, got):  # the same maps (monotone criterion), so the same sets

@@ -140,7 +140,7 @@ def test_image_already_at_the_mask_value(method):
     opts = of.GradientOptions(k=3) if method == "gradient" else None
     for x, mv, f in ((torch.zeros(1, 1, 2, 2, dtype=torch.float64), 0.0, 0.5),
                      (torch.full((1, 1, 2, 2), 0.25, dtype=torch.float64), torch.full((1, 1, 2, 2), 0.25), 0.75)):
-        (r,) = of.fast_sis(model, x, f, method=method, mask_value=mv, outputs="probabilities", options=opts)
+        (r,) = of.fast_sis(model, x, f, method=method, baselines=mv, outputs="probabilities", options=opts)
         # masking changes nothing: f stays f(x) = tau at every step, so the fully masked input passes
         assert r.score == f and set(r.values.tolist()) == {f}
         assert r.sis.tolist() == [] and r.order.tolist() == [0, 1, 2, 3]

@@ -129,8 +129,8 @@ def test_patch_features_and_channel_mask_value():
     images = make_images(3, h=6, w=6, seed=3)
     patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2  # 3x3 grid of 2x2 patches
     mv = torch.tensor([0.5, -0.25, 0.1], dtype=torch.float64)
-    fast = of.fast_sis(model, images, 0.3, features=patches, mask_value=mv, collection=True)
-    ref = reference.sis(model, images, 0.3, features=patches, mask_value=mv, collection=True)
+    fast = of.fast_sis(model, images, 0.3, feature_mask=patches, baselines=mv, collection=True)
+    ref = reference.sis(model, images, 0.3, feature_mask=patches, baselines=mv, collection=True)
     assert_same(fast, ref, collection=True)
     assert fast[0].order.shape == (9,) and (fast[0].mask is None or fast[0].mask.shape == (9,))
     assert assert_sets_sufficient(model, images, fast, baseline=mv, features=patches) >= 1
@@ -139,8 +139,8 @@ def test_patch_features_and_channel_mask_value():
 def test_per_image_baseline_and_given_target(cnn64, images64):
     baseline = torch.randn(images64.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     target = torch.tensor([0, 1, 2, 3])
-    fast = of.fast_sis(cnn64, images64, 0.1, mask_value=baseline, target=target)
-    ref = reference.sis(cnn64, images64, 0.1, mask_value=baseline, target=target)
+    fast = of.fast_sis(cnn64, images64, 0.1, baselines=baseline, target=target)
+    ref = reference.sis(cnn64, images64, 0.1, baselines=baseline, target=target)
     assert_same(fast, ref)
     assert [r.target for r in fast] == [0, 1, 2, 3]
     assert assert_sets_sufficient(cnn64, images64, fast, baseline=baseline) >= 1

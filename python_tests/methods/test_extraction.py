@@ -320,7 +320,7 @@ def test_minimal_pixel_sets_wait_for_the_device_only_to_read_it(monkeypatch, dev
 
     def sets(model, x):
         return of.fast_sis(model, x, 0.6, method="responsibility", engine="torch", collection=True, options=opts,
-                           progress=False)
+                           show_progress=False)
 
     want = sets(model, x)
     calls = strict_sync(monkeypatch, device)
@@ -358,7 +358,7 @@ def test_minimal_pixel_sets_are_the_same_with_the_gpus_boundary_speculation(monk
 
     def sets():
         return of.fast_sis(model, x, 0.6, method="responsibility", engine="torch", collection=True, options=opts,
-                           progress=False)
+                           show_progress=False)
 
     want = sets()
     monkeypatch.setattr(prefix, "SPECULATION", {"cpu": 3})

@@ -68,12 +68,12 @@ def test_patch_features_and_packing_invariance():
     model = make_cnn(4, h=6, w=6)
     images = make_images(3, h=6, w=6, seed=3)
     patches = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6).view(1, 6) // 2
-    together = of.fast_sis(model, images, 0.3, method="gradient", features=patches, collection=True,
+    together = of.fast_sis(model, images, 0.3, method="gradient", feature_mask=patches, collection=True,
                            options=of.GradientOptions(k=2))
-    assert_same(together, reference.gradient_sis(model, images, 0.3, k=2, features=patches, collection=True), True)
+    assert_same(together, reference.gradient_sis(model, images, 0.3, k=2, feature_mask=patches, collection=True), True)
     assert assert_sets_sufficient(model, images, together, features=patches) >= 3
     for i in range(3):
-        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", features=patches, collection=True,
+        alone = of.fast_sis(model, images[i : i + 1], 0.3, method="gradient", feature_mask=patches, collection=True,
                             options=of.GradientOptions(k=2))
         assert_same([together[i]], alone, collection=True)
 
@@ -137,9 +137,9 @@ def test_per_image_baselines_equal_transcription():
     model = make_cnn(1, h=4, w=4)
     images = make_images(2, h=4, w=4, seed=11)
     base = make_images(2, h=4, w=4, seed=12) * 0.5
-    fast = of.fast_sis(model, images, 0.3, method="gradient", mask_value=base, collection=True,
+    fast = of.fast_sis(model, images, 0.3, method="gradient", baselines=base, collection=True,
                        options=of.GradientOptions(k=3))
-    ref = reference.gradient_sis(model, images, 0.3, k=3, mask_value=base, collection=True)
+    ref = reference.gradient_sis(model, images, 0.3, k=3, baselines=base, collection=True)
     assert_same(fast, ref, collection=True)
     assert len(fast[0].collection) != len(fast[1].collection)  # a round with one of the two images
     assert assert_sets_sufficient(model, images, fast, baseline=base) == sum(len(r.collection) for r in fast)
@@ -194,8 +194,8 @@ def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
 @pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
 def test_gradient_progress_bar(monkeypatch, progress, shown):
     tty = fake_terminal(monkeypatch)
-    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient", progress=progress,
-                options=of.GradientOptions(k=2))
+    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient",
+                show_progress=progress, options=of.GradientOptions(k=2))
     if not shown:
         assert "".join(tty.text) == ""
         return
@@ -204,7 +204,7 @@ def test_gradient_progress_bar(monkeypatch, progress, shown):
     assert "step/s" in last or "s/step" in last
     tty.text.clear()  # two rounds (see the next test): 4 steps, then 1; the total grows with each round
     of.fast_sis(_all_but_one_first, torch.ones(1, 4), 0.5, method="gradient", outputs="probabilities", collection=True,
-                progress=progress, options=of.GradientOptions(k=1))
+                show_progress=progress, options=of.GradientOptions(k=1))
     assert " 5/5 [" in tty.last_line()
 
 

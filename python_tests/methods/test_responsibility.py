@@ -146,7 +146,7 @@ def test_threshold_criterion_and_bad_options():
     with pytest.raises(ValueError, match="iterations"):
         of.responsibility(model, images, iterations=0)
     with pytest.raises(ValueError, match="default pixel features"):
-        of.fast_sis(model, images, method="responsibility", features=torch.zeros(12, 12, dtype=torch.int64))
+        of.fast_sis(model, images, method="responsibility", feature_mask=torch.zeros(12, 12, dtype=torch.int64))
 
 
 def test_sufficient_subset_equals_a_sequential_scan():

@@ -293,8 +293,8 @@ def test_incremental_pays_by_the_plan_estimate_when_nothing_was_timed(caplog):
         assert engines.incremental_pays(_plan(at * 1.001), incr, dense, (2, 25)) is False
         assert engines.incremental_pays(_plan(0.0), incr, dense, (2, 25)) is True
     messages = {r.getMessage() for r in caplog.records}
-    assert "overinterp_fast: incremental inference on (estimated 0.50x the work of a dense pass)" in messages
-    assert "overinterp_fast: incremental inference off (estimated 0.50x the work of a dense pass)" in messages
+    assert "incremental inference on (estimated 0.50x the work of a dense pass)" in messages
+    assert "incremental inference off (estimated 0.50x the work of a dense pass)" in messages
 
 
 @pytest.mark.mutation
@@ -322,8 +322,8 @@ def test_incremental_pays_by_timing_includes_the_base_runs(caplog):
         assert engines.incremental_pays(_plan(0.0 if not pays else 9.0), incr, dense, (n, p)) is pays
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2 and all(m.endswith(" s dense, torch)") for m in messages)
-    assert messages[0].startswith("overinterp_fast: incremental inference on (timed: predicted ")
-    assert messages[1].startswith("overinterp_fast: incremental inference off (timed: predicted ")
+    assert messages[0].startswith("incremental inference on (timed: predicted ")
+    assert messages[1].startswith("incremental inference off (timed: predicted ")
 
 
 # ---------- time_small_job

@@ -80,11 +80,11 @@ def scores_of(model, images):
 
 def compare(model, images, tau, features=None, collection=False, mask_value=0.0, exact_values=True):
     """incremental=True against incremental=False and against the reference."""
-    inc = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
+    inc = of.fast_sis(model, images, tau, feature_mask=features, collection=collection, baselines=mask_value,
                       options=of.ExactOptions(incremental=True))
-    dense = of.fast_sis(model, images, tau, features=features, collection=collection, mask_value=mask_value,
+    dense = of.fast_sis(model, images, tau, feature_mask=features, collection=collection, baselines=mask_value,
                         options=of.ExactOptions(incremental=False))
-    ref = reference.sis(model, images, tau, features=features, collection=collection, mask_value=mask_value)
+    ref = reference.sis(model, images, tau, feature_mask=features, collection=collection, baselines=mask_value)
     check = lambda a, b: assert_same_result(a, b, exact_values)  # noqa: E731
     assert_same_lists(inc, dense, check, collection)
     assert_same_lists(inc, ref, check, collection)
@@ -215,8 +215,8 @@ def test_efficientnet_lite0_patches():
     pl = incremental.plan(ModelFn(model), prepare(images.contiguous(memory_format=torch.channels_last), patches))
     assert {st.kind for st in pl.steps} >= {"window", "pointwise", "merge", "gap"}
     tau = float(scores_of(model, images)[0]) * 0.5
-    inc = of.fast_sis(model, images, tau, features=patches, options=of.ExactOptions(incremental=True))
-    ref = reference.sis(model, images, tau, features=patches)
+    inc = of.fast_sis(model, images, tau, feature_mask=patches, options=of.ExactOptions(incremental=True))
+    ref = reference.sis(model, images, tau, feature_mask=patches)
     assert torch.equal(inc[0].sis, ref[0].sis)
     torch.testing.assert_close(inc[0].values, ref[0].values, rtol=1e-4, atol=1e-6)
 

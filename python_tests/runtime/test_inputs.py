@@ -107,22 +107,22 @@ def test_default_feature_map_by_hand():
 def test_check_feature_map_messages():
     shape = (2, 2, 3)
     with pytest.raises(TypeError, match=whole(
-        "features must be an integer tensor (a feature id per input element) or None")):
+        "feature_mask must be an integer tensor (a feature id per input element) or None")):
         inputs.check_feature_map([[0, 1]], shape)
     for dtype in (torch.float32, torch.complex64, torch.bool):
-        with pytest.raises(TypeError, match=whole(f"features must be an integer tensor, got {dtype}")):
+        with pytest.raises(TypeError, match=whole(f"feature_mask must be an integer tensor, got {dtype}")):
             inputs.check_feature_map(torch.zeros(2, 3, dtype=dtype), shape)
     with pytest.raises(ValueError, match=whole(
-        "features of shape (4, 4) does not fit one example of shape (2, 2, 3); "
+        "feature_mask of shape (4, 4) does not fit one example of shape (2, 2, 3); "
         "it must be broadcastable to it (e.g. [H, W] for [C, H, W] images)")):
         inputs.check_feature_map(torch.zeros(4, 4, dtype=torch.int64), shape)
     with pytest.raises(ValueError, match=whole(
         "feature ids must be exactly 0..p-1 with every id used; found 2 distinct ids from 0 to 2 "
-        "(relabel with torch.unique(features, return_inverse=True)[1])")):
+        "(relabel with torch.unique(feature_mask, return_inverse=True)[1])")):
         inputs.check_feature_map(torch.tensor([[0, 2, 2], [0, 0, 2]]), shape)
     with pytest.raises(ValueError, match=whole(
         "feature ids must be exactly 0..p-1 with every id used; found 3 distinct ids from 1 to 3 "
-        "(relabel with torch.unique(features, return_inverse=True)[1])")):
+        "(relabel with torch.unique(feature_mask, return_inverse=True)[1])")):
         inputs.check_feature_map(torch.tensor([[1, 2, 3], [1, 2, 3]]), shape)
 
 
@@ -165,13 +165,13 @@ def test_check_mask_value_numbers():
     b = inputs.check_mask_value(3, torch.zeros(2, 3, device="meta"))
     assert b.device.type == "meta" and b.shape == (1, 3)
     for bad in (float("inf"), float("nan"), -float("inf")):
-        with pytest.raises(ValueError, match=whole(f"mask_value must be finite, got {bad}")):
+        with pytest.raises(ValueError, match=whole(f"baselines must be finite, got {bad}")):
             inputs.check_mask_value(bad, x)
     with pytest.raises(TypeError, match=whole(
-        "mask_value must be a number, a per-channel tensor [C], or a baseline tensor")):
+        "baselines must be a number, a per-channel tensor [C], or a baseline tensor")):
         inputs.check_mask_value(True, x)
     with pytest.raises(TypeError, match=whole(
-        "mask_value must be a number, a per-channel tensor [C], or a baseline tensor")):
+        "baselines must be a number, a per-channel tensor [C], or a baseline tensor")):
         inputs.check_mask_value([0.0, 1.0, 2.0], x)
 
 
@@ -219,16 +219,16 @@ def test_check_mask_value_tensor_errors():
     for bad in (float("nan"), float("inf")):
         mv = torch.zeros(3)
         mv[1] = bad
-        with pytest.raises(ValueError, match=whole("mask_value contains NaN or inf")):
+        with pytest.raises(ValueError, match=whole("baselines contains NaN or inf")):
             inputs.check_mask_value(mv, x)
     with pytest.raises(ValueError, match=whole("a per-image baseline must have the images' shape (2, 3, 2, 2)")):
         inputs.check_mask_value(torch.zeros(2, 3, 1, 2), x)
     with pytest.raises(ValueError, match=whole(
-        "mask_value of shape (4,) fits neither one channel value per channel, "
+        "baselines of shape (4,) fits neither one channel value per channel, "
         "nor an example (3, 2, 2), nor the batch (2, 3, 2, 2)")):
         inputs.check_mask_value(torch.zeros(4), x)
     with pytest.raises(ValueError, match=whole(
-        "mask_value of shape (3, 3, 2, 2) fits neither one channel value per channel, "
+        "baselines of shape (3, 3, 2, 2) fits neither one channel value per channel, "
         "nor an example (3, 2, 2), nor the batch (2, 3, 2, 2)")):
         inputs.check_mask_value(torch.zeros(3, 3, 2, 2), x)
 

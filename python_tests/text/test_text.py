@@ -252,7 +252,7 @@ def test_token_sis_equals_reference_sis():
     seqs = random_sequences(6, max_len=7, seed=3)
     fast = of.text.token_sis(model, seqs, threshold=0.6, mask_id=1, collection=True)
     for s, r in zip(seqs, fast):
-        (q,) = reference.sis(on_floats, s[None].double(), 0.6, mask_value=1.0, collection=True)
+        (q,) = reference.sis(on_floats, s[None].double(), 0.6, baselines=1.0, collection=True)
         assert r.order.tolist() == q.order.tolist()
         assert r.values.tolist() == pytest.approx(q.values.tolist(), rel=1e-12)
         assert (r.sis is None and q.sis is None) or r.sis.tolist() == q.sis.tolist()
@@ -416,7 +416,7 @@ def test_reduction_progress_bar(monkeypatch, progress, shown):
     terminal = fake_terminal(monkeypatch)
     model = BagOfWords([0.0, 0.0, 1.0, 1.0]).eval()
     of.input_reduction(model, [torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([2, 2, 3])], beam_size=3,
-                       progress=progress)
+                       show_progress=progress)
     terminal.assert_finished_bar(shown, "input reduction (beam 3)", 3, "seq")
 
 
@@ -636,7 +636,7 @@ def test_token_sis_groups_by_length_and_passes_every_option(monkeypatch):
     model = Weights([0.0] * 9).eval()
     seqs = [torch.tensor([2, 3, 4]), torch.tensor([5]), torch.tensor([6, 7, 8]), torch.tensor([1, 2])]
     out = token_sis(model, seqs, [0.1, 0.2, 0.3, 0.4], mask_id=7, target=torch.tensor([1, 0, 0, 1]),
-                    collection=True, batch_size=3, progress=False)
+                    collection=True, batch_size=3, show_progress=False)
     assert out == ["result of row [2.0, 3.0, 4.0]", "result of row [5.0]", "result of row [6.0, 7.0, 8.0]",
                    "result of row [1.0, 2.0]"]
     assert [c["rows"].tolist() for c in calls] == [[[5.0]], [[1.0, 2.0]], [[2.0, 3.0, 4.0], [6.0, 7.0, 8.0]]]
@@ -644,14 +644,14 @@ def test_token_sis_groups_by_length_and_passes_every_option(monkeypatch):
     assert [c["taus"].tolist() for c in calls] == [[0.2], [0.4], [0.1, 0.3]]
     assert [c["target"].tolist() for c in calls] == [[0], [1], [1, 0]]
     for c in calls:
-        assert c["mask_value"] == 7.0 and isinstance(c["mask_value"], float)
-        assert c["collection"] is True and c["batch_size"] == 3 and c["progress"] is False
+        assert c["baselines"] == 7.0 and isinstance(c["baselines"], float)
+        assert c["collection"] is True and c["batch_size"] == 3 and c["show_progress"] is False
         assert isinstance(c["fn"], _IdsFromFloat) and c["fn"].fn.model is model
     calls.clear()
     token_sis(model, seqs[:2], mask_id=0, target=1)  # one target for all; the defaults
     assert [c["target"].tolist() for c in calls] == [1, 1]
     assert [c["taus"].tolist() for c in calls] == [[0.9], [0.9]]
-    assert all(c["collection"] is False and c["batch_size"] is None and c["progress"] is None for c in calls)
+    assert all(c["collection"] is False and c["batch_size"] is None and c["show_progress"] is None for c in calls)
     calls.clear()
     token_sis(model, seqs[:1], 0.5, mask_id=0)
     assert calls[0]["target"] is None and calls[0]["taus"].dtype == torch.float64
@@ -711,14 +711,15 @@ def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
     labels = torch.tensor([1, 0, 1])
     seen = {}
 
-    def fake_reduction(m, to_reduce, *, beam_size, pad_id, progress):
-        seen.update(training=m.training, n=len(to_reduce), beam_size=beam_size, pad_id=pad_id, progress=progress)
+    def fake_reduction(m, to_reduce, *, beam_size, pad_id, show_progress):
+        seen.update(training=m.training, n=len(to_reduce), beam_size=beam_size, pad_id=pad_id,
+                    show_progress=show_progress)
         return [_fake_reduction([[0, 2]])] + [_fake_reduction([[0]]) for _ in to_reduce[1:]]
 
     monkeypatch.setattr(mitigation, "input_reduction", fake_reduction)
     res = mitigation.entropy_finetune(model, (seqs, labels), 2.0, beam_size=3, epochs=1, lr=0.0, batch=8,
-                                      pad_id=0, reduce_limit=1, progress=False)
-    assert seen == {"training": False, "n": 1, "beam_size": 3, "pad_id": 0, "progress": False}
+                                      pad_id=0, reduce_limit=1, show_progress=False)
+    assert seen == {"training": False, "n": 1, "beam_size": 3, "pad_id": 0, "show_progress": False}
     assert model.training  # the caller's mode comes back
     assert res.reduced_examples == 1 and res.steps == 1 and not res.model.training and res.model is not model
     # one batch of all three (lr 0: the model does not move): CE over them minus 2 x the entropy of the only
@@ -738,7 +739,7 @@ def test_entropy_finetune_loss_steps_and_reductions_by_hand(monkeypatch):
     assert res0.steps == 2 * 2 and res0.reduced_examples == 3  # every sequence reduced (no limit): one beam each
     # the defaults: beam 5, pad 0
     mitigation.entropy_finetune(model.eval(), (seqs, labels), 1.0, lr=0.0)
-    assert seen["beam_size"] == 5 and seen["pad_id"] == 0 and seen["progress"] is None and seen["n"] == 3
+    assert seen["beam_size"] == 5 and seen["pad_id"] == 0 and seen["show_progress"] is None and seen["n"] == 3
     assert not model.training
 
 
@@ -788,7 +789,7 @@ def test_entropy_finetune_progress_bar(monkeypatch, progress, shown):
     terminal = fake_terminal(monkeypatch)
     seqs = [torch.tensor([1, 2])] * 5
     mitigation.entropy_finetune(Weights([0.0, 1.0, -1.0]).eval(), (seqs, torch.zeros(5, dtype=torch.int64)), 1.0,
-                                epochs=3, batch=2, progress=progress)
+                                epochs=3, batch=2, show_progress=progress)
     terminal.assert_finished_bar(shown, "entropy fine-tuning", 9, "batch")  # 3 epochs of ceil(5 / 2) = 3 batches
 
 

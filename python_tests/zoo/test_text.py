@@ -44,7 +44,7 @@ def small_model(tmp_path, train=1500, epochs=2):
     data = zt.load_text_data()
     data.tokens_train, data.y_train = data.tokens_train[:train], data.y_train[:train]
     vocab = zt.Vocab.build(data.tokens_train)
-    model = zt.train_text_cnn(data, vocab, epochs=epochs, dim=16, filters=16, progress=False)
+    model = zt.train_text_cnn(data, vocab, epochs=epochs, dim=16, filters=16, show_progress=False)
     acc = zt.text_accuracy(model, [vocab.encode(t) for t in data.tokens_test], data.y_test)
     cfg = dict(zt._DEFAULTS, dim=16, filters=16, epochs=epochs)
     path = zt.save_text_model(zt.TextModel(model, vocab, acc, cfg), tmp_path / "small.pt")
@@ -86,7 +86,7 @@ def test_demo_text_part(small, tmp_path, capsys):
     from overinterp_fast.cli.demo import run_text_part
 
     path, _, data = small
-    s = run_text_part(str(tmp_path / "demo"), model=str(path), n_texts=6, progress=False)
+    s = run_text_part(str(tmp_path / "demo"), model=str(path), n_texts=6, show_progress=False)
     assert s["sequences"] == 6 and s["median_reduced_length"] <= s["median_length"]
     assert os.path.getsize(tmp_path / "demo" / "text" / "report.html") > 1000
     assert "median length" in capsys.readouterr().out
@@ -339,7 +339,8 @@ def test_write_reductions_passes_everything_on(monkeypatch, tmp_path):
 def test_load_model_spec_bundled_or_a_file(monkeypatch):
     """"bundled" (exactly) loads the bundled model with the progress option; anything else is a file path."""
     calls = []
-    monkeypatch.setattr(job, "bundled_text_model", lambda progress=None: calls.append(("bundled", progress)) or "B")
+    monkeypatch.setattr(job, "bundled_text_model", lambda show_progress=None: calls.append(("bundled", show_progress))
+                        or "B")
     monkeypatch.setattr(job, "load_text_model", lambda spec: calls.append(("file", spec)) or "F")
     assert job.load_model_spec("bundled", False) == "B" and calls == [("bundled", False)]
     assert job.load_model_spec("bundled") == "B" and calls[-1] == ("bundled", None)
@@ -431,7 +432,7 @@ def test_run_reduce_from_files(monkeypatch, tmp_path, tiny):
     s = job.run_reduce(model_path, str(texts), str(out))
     (model, ids, kw), = calls
     assert ids == [[2, 3, 4, 7], [5, 1, 6], [2, 4], [3], [5, 7], [6, 6]]
-    assert kw == {"beam_size": 5, "importance": "leave_one_out", "progress": None}
+    assert kw == {"beam_size": 5, "importance": "leave_one_out", "show_progress": None}
     assert isinstance(model, zt.WordCNN) and not model.training
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny.model.state_dict().values()))
     rows = pq.read_table(out / "reductions.parquet").to_pylist()
@@ -466,15 +467,16 @@ def test_run_reduce_bundled_passes_its_options(monkeypatch, tmp_path, tiny):
     limit the texts, beam size and importance input reduction; the labels reach the table; the metadata name
     the bundled model and snippets."""
     loads = []
-    monkeypatch.setattr(job, "bundled_text_model", lambda progress=None: loads.append(progress) or tiny)
+    monkeypatch.setattr(job, "bundled_text_model", lambda show_progress=None: loads.append(show_progress) or tiny)
     monkeypatch.setattr(job, "load_text_data", fake_text_data)
     calls = recording_reduction(monkeypatch, [[1], [0]])
     fake_clock(monkeypatch)
     out = tmp_path / "out"
-    s = job.run_reduce("bundled", "bundled", str(out), beam_size=2, importance="gradient", limit=2, progress=False)
+    s = job.run_reduce("bundled", "bundled", str(out), beam_size=2, importance="gradient", limit=2,
+                       show_progress=False)
     assert loads == [False]
     (_, ids, kw), = calls
-    assert ids == [[2, 4], [5]] and kw == {"beam_size": 2, "importance": "gradient", "progress": False}
+    assert ids == [[2, 4], [5]] and kw == {"beam_size": 2, "importance": "gradient", "show_progress": False}
     rows = pq.read_table(out / "reductions.parquet").to_pylist()
     assert [r["label"] for r in rows] == [1, 0] and s["sequences"] == 2
     html = (out / "report.html").read_text(encoding="utf-8")
@@ -599,7 +601,7 @@ def test_train_text_cnn_defaults_batches_and_threads(monkeypatch):
     before = torch.get_num_threads()
     data = tiny_data(65)
     vocab = zt.Vocab.build(data.tokens_train)
-    m = zt.train_text_cnn(data, vocab, progress=False)
+    m = zt.train_text_cnn(data, vocab, show_progress=False)
     assert adam == [{"lr": 2e-3, "weight_decay": 1e-5}]
     assert [len(y) for y in batches] == [64, 1] * 6
     for e in range(6):
@@ -607,13 +609,13 @@ def test_train_text_cnn_defaults_batches_and_threads(monkeypatch):
     assert set(threads) == {1} and torch.get_num_threads() == before
     assert m.embedding.weight.shape == (len(vocab), 64) and [c.out_channels for c in m.convs] == [64, 64]
     assert [c.kernel_size for c in m.convs] == [(3,), (5,)] and not m.training
-    seeded = zt.train_text_cnn(data, vocab, seed=0, progress=False)
+    seeded = zt.train_text_cnn(data, vocab, seed=0, show_progress=False)
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), seeded.state_dict().values()))
-    other = zt.train_text_cnn(data, vocab, seed=1, progress=False)
+    other = zt.train_text_cnn(data, vocab, seed=1, show_progress=False)
     assert not torch.equal(m.head.weight, other.head.weight)
     batches.clear()
     w = zt.train_text_cnn(data, vocab, epochs=2, dim=4, filters=3, widths=(1, 7), batch=30, lr=0.1,
-                          weight_decay=0.5, progress=False)
+                          weight_decay=0.5, show_progress=False)
     assert [c.kernel_size for c in w.convs] == [(1,), (7,)] and w.embedding.weight.shape == (len(vocab), 4)
     assert [c.out_channels for c in w.convs] == [3, 3] and adam[-1] == {"lr": 0.1, "weight_decay": 0.5}
     assert [len(y) for y in batches] == [30, 30, 5] * 2
@@ -629,7 +631,7 @@ def test_train_text_cnn_progress_bar(monkeypatch, progress, shown):
     terminal = fake_terminal(monkeypatch)
     data = tiny_data(5)
     zt.train_text_cnn(data, zt.Vocab.build(data.tokens_train), epochs=2, batch=2, dim=4, filters=2,
-                      progress=progress)
+                      show_progress=progress)
     terminal.assert_finished_bar(shown, "training the text CNN", 6, "batch")
 
 
@@ -691,12 +693,12 @@ def test_bundled_text_model_trains_once_then_loads_the_cache(monkeypatch, tmp_pa
         for w in t:
             counts[w] = counts.get(w, 0) + 1
     words = sorted((w for w, c in counts.items() if c >= 2), key=lambda w: (-counts[w], w))
-    tm = zt.bundled_text_model(cache_dir=tmp_path, progress=False)
+    tm = zt.bundled_text_model(cache_dir=tmp_path, show_progress=False)
     assert loads == [(0.15, 0)]
     ((got_data, tokens, kw),) = trains
     assert got_data is data and tokens == ["<pad>", "<unk>"] + words
     assert kw == dict(seed=0, epochs=6, dim=64, filters=64, widths=[3, 5], lr=2e-3, batch=64, weight_decay=1e-5,
-                      progress=False)
+                      show_progress=False)
     assert tm.test_accuracy == 0.75 and tm.config == json_loads(DEFAULT_CONFIG)
     path = tmp_path / cache_name(DEFAULT_CONFIG)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
@@ -716,7 +718,7 @@ def json_loads(s):
 def test_bundled_text_model_overrides_and_cache_folders(monkeypatch, tmp_path):
     """Overrides reach the split, the vocabulary and the training, and name their own file (widths as a list);
     unknown options are refused with the message whole; the cache folder is the one given, else
-    $OVERINTERP_FAST_CACHE/text, else ~/.cache/overinterp_fast/text; progress defaults to None."""
+    $OVERINTERP_FAST_CACHE/text, else ~/.cache/overinterp_fast/text; show_progress defaults to None."""
     data, loads, trains = fake_training(monkeypatch)
     with pytest.raises(ValueError, match=whole_message(
             "unknown training options ['depth', 'heads']; known: ['batch', 'dim', 'epochs', 'filters', 'lr', "
@@ -729,16 +731,16 @@ def test_bundled_text_model_overrides_and_cache_folders(monkeypatch, tmp_path):
     (_, tokens, kw), = trains
     assert len(tokens) == 2 + 6  # every word, seen once or more
     assert kw == dict(seed=3, epochs=1, dim=8, filters=4, widths=[3], lr=0.01, batch=8, weight_decay=0.0,
-                      progress=None)
+                      show_progress=None)
     config = ('{"batch": 8, "dim": 8, "epochs": 1, "filters": 4, "lr": 0.01, "min_count": 1, "seed": 3, '
               '"test_fraction": 0.5, "weight_decay": 0.0, "widths": [3]}')
     assert tm.config == json_loads(config) and (tmp_path / "given" / cache_name(config)).is_file()
     monkeypatch.setenv("OVERINTERP_FAST_CACHE", str(tmp_path / "env"))
-    zt.bundled_text_model(progress=False)
+    zt.bundled_text_model(show_progress=False)
     assert (tmp_path / "env" / "text" / cache_name(DEFAULT_CONFIG)).is_file()
     monkeypatch.delenv("OVERINTERP_FAST_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    zt.bundled_text_model(progress=False)
+    zt.bundled_text_model(show_progress=False)
     assert (tmp_path / "home" / ".cache" / "overinterp_fast" / "text" / cache_name(DEFAULT_CONFIG)).is_file()
     assert len(trains) == 3
 
