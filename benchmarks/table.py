@@ -39,8 +39,15 @@ def table(head: list[str], rows: list[list]) -> list[str]:
 
 
 def exact_rows(doc: dict) -> list[str]:
-    configs = [r for r in doc["rows"] if "fast_s" in r]
+    configs = [r for r in doc["rows"] if "fast_s" in r and r.get("case") != "loop_cost"]
+    loops = [r for r in doc["rows"] if r.get("case") == "loop_cost"]
     out = []
+    if loops:
+        out += table(["config (the loop's own cost)", "N", "p", "forward calls", "image-steps", "fast s", "floor s",
+                      "fast/floor", "loop us per call", "loop us per image-step"],
+                     [[r["config"], r["images"], r["features"], r["calls"], r["image_steps"], r["fast_s"],
+                       r["floor_s"], r["fast_over_floor"], r["loop_us_per_call"], r["loop_us_per_image_step"]]
+                      for r in loops]) + [""]
     if configs:
         out += table(["config", "N", "p", "candidates", "B", "fast s", "floor s", "fast/floor", "reference s",
                       "reference/fast", "same SIS", "engine (fast)"],

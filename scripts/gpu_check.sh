@@ -147,7 +147,7 @@ BENCHES="${BENCHES:-exact gradient responsibility}"
 has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
-    EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 stride12-px --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
+    EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 stride12-px linear8-px --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
     # the target's size: 32 Inception-v3 images at k=100, default options and autocast off; the transcription
     # (about 16 s per image at k=100) on one image; every run rewrites the JSON, so a timeout keeps the rows measured
     GRADIENT=(--images 32 --reference-images 1 --k 100 --autocast auto off --rounds 1)
