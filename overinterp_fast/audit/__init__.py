@@ -24,7 +24,8 @@ from .stats import (
 )
 from .config import AuditConfig, RunOptions, StoreOptions
 from .pipeline import digits_pipeline, format_table
-from .records import AuditRecord, ModelRecord, load_audit, save_audit
+from .persist import load_audit, save_audit
+from .records import AuditRecord, ModelRecord
 from .report import build_report, rebuild_report
 from .runner import run_audit, thresholds_for, transfer_table
 from .table import audit_table, write_table

@@ -28,7 +28,8 @@ import torch
 
 from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..methods.results import SISResult
-from .records import AuditRecord, ModelRecord, load_audit
+from .persist import load_audit
+from .records import AuditRecord, ModelRecord
 from .store import REPORT_FILE
 from .config import GALLERY
 from .metrics import (

@@ -39,7 +39,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from ..errors import ConfigMismatch
 from ..methods.results import SISResult
+from ..util.files import TEMP_MARK, atomic_write, write_json  # noqa: F401  (write_json: store.write_json)
 
 FORMAT_VERSION = 2
 RESULTS_FILE = "results.json"
@@ -52,33 +54,7 @@ _PART = re.compile(r"^c(\d{6,})\.results\.parquet$")
 
 
 # ----------------------------------------------------------------------------------------------
-# Atomic files
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write) -> None:
-    """Write ``path`` atomically: ``write(tmp_path)`` fills a temporary file, which is flushed and renamed."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    write(tmp)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def write_json(path: str, doc: dict) -> None:
-    def dump(tmp):
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, default=str)
-
-    atomic_write(path, dump)
+# Commits
 
 
 def _crash_hook(chunk: int, stage: str) -> None:
@@ -349,9 +325,14 @@ def read_doc(folder: str) -> dict | None:
     return doc
 
 
+def differing_keys(old: dict, new: dict) -> list[str]:
+    """The entries in which two configurations differ: ``new``'s keys in order, then those only ``old`` has."""
+    return [k for k in list(new) + [k for k in old if k not in new] if old.get(k) != new.get(k)]
+
+
 def config_difference(old: dict, new: dict) -> str | None:
     """None when two configurations agree, else one line naming what differs."""
-    keys = [k for k in list(new) + [k for k in old if k not in new] if old.get(k) != new.get(k)]
+    keys = differing_keys(old, new)
     if not keys:
         return None
     k = keys[0]
@@ -362,14 +343,16 @@ def config_difference(old: dict, new: dict) -> str | None:
 def check_resumable(folder: str, config: dict) -> dict | None:
     """The stored document when ``folder`` holds an audit with ``config`` (None: no audit there yet).
 
-    Raises ValueError, one line, when it holds another configuration."""
+    Raises :class:`~overinterp_fast.errors.ConfigMismatch` (a ValueError), one line, when it holds another
+    configuration."""
     doc = read_doc(folder)
     if doc is None:
         return None
-    diff = config_difference(_jsonable(doc.get("config", {})), _jsonable(config))
+    old, new = _jsonable(doc.get("config", {})), _jsonable(config)
+    diff = config_difference(old, new)
     if diff:
-        raise ValueError(f"{folder!r} holds an audit with another configuration: {diff}; rerun with --restart "
-                         f"to start over, or choose another --out")
+        raise ConfigMismatch(f"{folder!r} holds an audit with another configuration: {diff}; rerun with --restart "
+                             f"to start over, or choose another --out", folder, differing_keys(old, new)[0])
     return doc
 
 
@@ -387,13 +370,13 @@ def clear(folder: str) -> None:
 
 
 def remove_temporaries(folder: str) -> int:
-    """Delete the temporary files a killed commit left (``*.tmp-<pid>``); returns how many."""
+    """Delete the temporary files a killed commit left (``*.tmp-<pid>-<thread>``); returns how many."""
     parts = os.path.join(folder, PARTS_DIR)
     gone = 0
     for base in (folder, parts):
         if os.path.isdir(base):
             for f in os.listdir(base):
-                if ".tmp-" in f:
+                if TEMP_MARK in f:
                     os.remove(os.path.join(base, f))
                     gone += 1
     return gone

@@ -40,7 +40,8 @@ from .sources import ImageSource, collate
 from . import lock, store
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
 from .distributed import Ranks, barrier, from_main, setup, teardown
-from .records import AuditRecord, ModelRecord, chunk_record, iter_chunks, load_audit, model_entries
+from .persist import chunk_record, iter_chunks, load_audit, model_entries
+from .records import AuditRecord, ModelRecord
 from .runner import (
     _plain,
     audit_chunk,
@@ -258,9 +259,9 @@ def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfi
             lock.release(out, held)
 
 
-def _lock(out: str, ranks: Ranks) -> lock.Holder | None:
-    """Rank 0 takes the folder's lock (its holder returned; None on the other ranks); every rank raises
-    :class:`~overinterp_fast.audit.lock.FolderLocked` alike when rank 0 could not take it."""
+def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
+    """Rank 0 takes the folder's lock (returned; None on the other ranks); every rank raises
+    :class:`~overinterp_fast.errors.FolderLocked` alike when rank 0 could not take it."""
     held, failure, error = None, None, None
     if ranks.is_main:
         try:
@@ -271,7 +272,7 @@ def _lock(out: str, ranks: Ranks) -> lock.Holder | None:
     if failure is not None:
         raise failure
     if error is not None:
-        raise lock.FolderLocked(error)
+        raise lock.FolderLocked(error, out)
     return held
 
 
@@ -356,22 +357,25 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
     counts = None
     sens: list[list[dict]] = [[] for _ in range(n_models)]
     class_names: dict[int, str] = {}
-    tmp = os.path.join(out, f"{store.TABLE_FILE}.tmp-{os.getpid()}")
-    with pq.ParquetWriter(tmp, table_schema()) as writer:
-        for images, per_model, chunk_sens, meta in iter_chunks(out, doc):
-            seconds += np.asarray(meta["seconds"])
-            if meta.get("transfer") is not None:
-                c = np.asarray(meta["transfer"], dtype=np.int64)
-                counts = c if counts is None else counts + c
-            for acc, s in zip(sens, chunk_sens):
-                if s is not None:
-                    acc.append(s)
-            classes = {int(r.target) for res in per_model for r in res} | {int(v) for v in images.labels
-                                                                             if v is not None}
-            names = {c: class_name(c) for c in sorted(classes)}
-            class_names.update(names)
-            writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
-    os.replace(tmp, os.path.join(out, store.TABLE_FILE))
+
+    def write_table(tmp: str) -> None:  # sis.parquet, chunk by chunk, summing the chunks' aggregates meanwhile
+        nonlocal seconds, counts
+        with pq.ParquetWriter(tmp, table_schema()) as writer:
+            for images, per_model, chunk_sens, meta in iter_chunks(out, doc):
+                seconds += np.asarray(meta["seconds"])
+                if meta.get("transfer") is not None:
+                    c = np.asarray(meta["transfer"], dtype=np.int64)
+                    counts = c if counts is None else counts + c
+                for acc, s in zip(sens, chunk_sens):
+                    if s is not None:
+                        acc.append(s)
+                classes = {int(r.target) for res in per_model for r in res} | {int(v) for v in images.labels
+                                                                                 if v is not None}
+                names = {c: class_name(c) for c in sorted(classes)}
+                class_names.update(names)
+                writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
+
+    store.atomic_write(os.path.join(out, store.TABLE_FILE), write_table)
     n = doc["n_images"]
     ref = reference_name(known)
     models = [ModelRecord(m["name"], m["method"], [], float(s), m["options"]) for m, s in zip(doc["models"], seconds)]

@@ -30,15 +30,13 @@ object_fraction    float64   share of the SIS pixels on the object (with object 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .metrics import border_fractions, correctness, inside_fractions
+from .records import AuditRecord
 from .store import TABLE_FILE
 
-if TYPE_CHECKING:  # annotations only: records.py (save_audit) writes this table
-    from .records import AuditRecord
 
 def _nullable(values: np.ndarray) -> list[float | None]:
     return [None if np.isnan(v) else float(v) for v in values]

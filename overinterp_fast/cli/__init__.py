@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                      compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k, text=not args.no_text,
                      device=args.device)
         elif args.command == "sis":
-            from ..audit.records import save_audit
+            from ..audit.persist import save_audit
 
             record = _run_sis(args)
             _print_table(record)

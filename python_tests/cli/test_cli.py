@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 import overinterp_fast as of
-from overinterp_fast.audit.records import load_audit
+from overinterp_fast.audit.persist import load_audit
 from overinterp_fast.audit.store import TABLE_FILE
 from overinterp_fast.methods import reference
 from overinterp_fast.audit.config import AuditConfig, RunOptions
