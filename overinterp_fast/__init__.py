@@ -10,7 +10,8 @@ The layers, from the bottom: :mod:`.ops` (kernels and their pure-PyTorch version
 (inputs, the model wrapper, ONNX Runtime, engines, batch sizes), :mod:`.methods` (the algorithms),
 then the public API (this module and :mod:`.attr`), :mod:`.audit`, :mod:`.text` and :mod:`.cli`.
 """
-from . import ops
+from . import errors, ops
+from .errors import ConfigMismatch, FolderLocked, MissingDependency, StorageFault
 from .ops import ops_info
 from .api import fast_sis, responsibility, sufficient_subset
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
@@ -26,5 +27,6 @@ from .text import input_reduction
 __all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx",
            "SISResult", "ops", "ops_info", "reference", "text", "input_reduction", "ExactSIS", "GradientSIS",
            "Responsibility", "MinimalPixelSet", "SufficientSubset", "ExactOptions", "GradientOptions",
-           "ResponsibilityOptions", "MinimalPixelSetOptions", "SubsetOptions"]
+           "ResponsibilityOptions", "MinimalPixelSetOptions", "SubsetOptions",
+           "errors", "FolderLocked", "ConfigMismatch", "StorageFault", "MissingDependency"]
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ from .stats import (
     rfs,
     sis_size_curve,
 )
+from ..errors import ConfigMismatch, FolderLocked, StorageFault
 from .config import AuditConfig, RunOptions, StoreOptions
 from .pipeline import digits_pipeline, format_table
 from .persist import load_audit, save_audit
@@ -36,4 +37,5 @@ __all__ = [
     "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last",
     "pixel_subsets", "random_subsets", "AuditRecord", "ModelRecord", "load_audit", "save_audit", "build_report",
     "rebuild_report", "AuditConfig", "RunOptions", "StoreOptions", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
+    "FolderLocked", "ConfigMismatch", "StorageFault",
 ]

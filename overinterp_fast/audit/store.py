@@ -269,10 +269,15 @@ def commit_chunk(folder: str, chunk: int, images, results) -> None:
     """Commit one chunk: write its images part, then its results part (the commit), each atomically.
 
     A kill at any moment leaves either no results part (the chunk is redone on resume; a stray
-    images part or temporary file is overwritten or removed) or a complete one."""
+    images part or temporary file is overwritten or removed) or a complete one. ``folder`` must exist: when it
+    was removed meanwhile, the commit fails (FileNotFoundError) instead of starting a new folder without the
+    audit's configuration."""
     import pyarrow.parquet as pq
 
-    os.makedirs(os.path.join(folder, PARTS_DIR), exist_ok=True)
+    try:
+        os.mkdir(os.path.join(folder, PARTS_DIR))  # in the folder, which must exist: a removed one is not made again
+    except FileExistsError:
+        pass
     atomic_write(part_path(folder, chunk, "images"), lambda tmp: pq.write_table(images, tmp))
     _crash_hook(chunk, "images")
 
@@ -286,10 +291,11 @@ def commit_chunk(folder: str, chunk: int, images, results) -> None:
 
 def committed_chunks(folder: str) -> set[int]:
     """The chunks whose results part exists (committed)."""
-    parts = os.path.join(folder, PARTS_DIR)
-    if not os.path.isdir(parts):
+    try:
+        names = os.listdir(os.path.join(folder, PARTS_DIR))
+    except (FileNotFoundError, NotADirectoryError):  # no chunk yet, or the folder was removed
         return set()
-    return {int(m.group(1)) for f in os.listdir(parts) if (m := _PART.match(f))}
+    return {int(m.group(1)) for f in names if (m := _PART.match(f))}
 
 
 def read_chunk(folder: str, chunk: int, n_models: int):

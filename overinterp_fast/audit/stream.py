@@ -40,6 +40,7 @@ from .sources import ImageSource, collate
 from . import lock, store
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
 from .distributed import Ranks, barrier, from_main, setup, teardown
+from .faults import writing
 from .persist import chunk_record, iter_chunks, load_audit, model_entries
 from .records import AuditRecord, ModelRecord
 from .runner import (
@@ -180,6 +181,12 @@ def run_stored_audit(
 
     While it writes, the folder holds a lock (:mod:`overinterp_fast.audit.lock`): a second audit writing to
     the same folder is refused with one line; the ranks of one torchrun job share it.
+
+    Raises:
+        FolderLocked: another audit writes ``out`` (:mod:`overinterp_fast.errors`; a ValueError).
+        ConfigMismatch: ``out`` holds an audit with another configuration, and not ``storage.restart``.
+        StorageFault: ``out`` filled its disk, could not be written or was removed while the audit ran
+            (:mod:`overinterp_fast.audit.faults`); the chunks committed before stay, and the same call resumes.
     """
     config = check_type(config, AuditConfig, "config")
     storage = check_type(storage, StoreOptions, "storage")
@@ -243,16 +250,19 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
 def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
          run: RunOptions) -> StoredAudit:
     plan = _plan(models, source, config, storage, ranks, run.title)
-    held = _lock(out, ranks)
+    with writing(out, len(plan.ranges)):
+        held = _lock(out, ranks)
     try:
-        _open_folder(out, plan, storage.restart, ranks)
+        with writing(out, len(plan.ranges)):
+            _open_folder(out, plan, storage.restart, ranks)
         pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
         mine = store.share(pending, ranks.rank, ranks.world)
         committing = _compute(out, source, plan, mine, storage.workers, ranks, run.progress)
         done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
                            commit_seconds=committing)
         if ranks.is_main:
-            _finish(done, source, plan, storage, run)
+            with writing(out, len(plan.ranges)):
+                _finish(done, source, plan, storage, run)
         return done
     finally:
         if held is not None:
@@ -299,7 +309,8 @@ def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], worker
                                           meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
                                                 "rank": ranks.rank, "world": ranks.world})
             t0 = time.perf_counter()
-            store.commit_chunk(out, c, images, results)
+            with writing(out, len(plan.ranges)):
+                store.commit_chunk(out, c, images, results)
             committing += time.perf_counter() - t0
             del x, objects, done, images, results, batch
         barrier(ranks)

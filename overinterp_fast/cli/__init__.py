@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import MissingDependency, StorageFault
+
 
 def _unit_interval(text: str) -> float:
     v = float(text)
@@ -283,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                      compare_reference=not args.no_reference, imagenet=not args.no_imagenet, k=args.k, text=not args.no_text,
                      device=args.device)
         elif args.command == "sis":
+            from ..audit.faults import writing
             from ..audit.persist import save_audit
 
             record = _run_sis(args)
             _print_table(record)
-            print(f"wrote {save_audit(record, args.out)}")
-            print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
+            with writing(args.out):
+                print(f"wrote {save_audit(record, args.out)}")
+                print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
         elif args.command == "audit":
             run = _run_audit(args)
             if run.ranks.is_main:
@@ -298,9 +302,11 @@ def main(argv: list[str] | None = None) -> int:
                 for f in ("results.json", "sis.parquet", "report.html"):
                     print(f"wrote {os.path.join(args.out, f)}")
         elif args.command == "report":
+            from ..audit.faults import writing
             from ..audit.report import rebuild_report
 
-            print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
+            with writing(os.path.dirname(os.path.abspath(args.out)) if args.out else args.folder):
+                print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
         elif args.command == "reduce":
             from ..text.job import run_reduce
 
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 with open(args.out, "w") as fh:
                     json.dump(result, fh, indent=1)
-    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FloatingPointError, StorageFault, MissingDependency) as exc:
         print(f"overinterp-fast: error: {exc}", file=sys.stderr)
         return 2
     return 0
