@@ -6,7 +6,15 @@
     record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays,
                              audit.AuditConfig(method="gradient"))
     audit.save_audit(record, "out/audit"); audit.build_report(record, "out/audit/report.html")
+
+It needs the ``audit`` extra (``pip install 'overinterp-fast[audit]'``: torchvision, pillow, matplotlib, pyarrow,
+scipy); without it, importing any of its modules raises one line saying so
+(:class:`~overinterp_fast.errors.MissingDependency`).
 """
+from ..util.optional import require
+
+require("audit", "the audit")
+
 from .stats import (
     bonferroni,
     dice,
