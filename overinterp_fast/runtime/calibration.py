@@ -21,7 +21,9 @@ With the environment variable ``OVERINTERP_FAST_CACHE_DIR`` set, calibrations
 are also kept on disk (``calibration.json`` there), keyed by what determines the
 timing (the model's structure and parameter shapes, not its weights; input
 shape, dtype, device, engine, thread count, CPU model and torch version): later
-processes on the same machine skip the measurement and use the same batch size.
+processes on the same machine skip the measurement and use the same batch size. The file is updated under
+its lock (``calibration.json.lock``: read, merge, write atomically), so processes calibrating at once keep each
+other's entries.
 """
 from __future__ import annotations
 
