@@ -15,8 +15,9 @@ Rank 0 takes and releases the lock; the other ranks of its job share the folder 
 every rank goes on or stops alike. A second audit is refused at once, with one line
 (:class:`~overinterp_fast.errors.FolderLocked`), except one of the job that holds the lock: torchrun restarted
 the job's workers, whose old rank 0 is on its way out, so the new one waits for its lock (up to
-``JOB_WAIT_S`` seconds). ``restart`` does not take a lock over: it discards the results of a finished or
-abandoned audit, not a running one.
+``JOB_WAIT_S`` seconds). It waits too (up to ``CHILDREN_WAIT_S``) when the recorded holder ran on this host and
+is gone: processes it forked (DataLoader workers) share its lock until they notice and exit. ``restart`` does
+not take a lock over: it discards the results of a finished or abandoned audit, not a running one.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ LOCK_FILE = "writer.lock"
 HOLDER_FILE = "writer.json"
 JOB_ENV = "TORCHELASTIC_RUN_ID"
 JOB_WAIT_S = 120.0  # how long a restarted torchrun job waits for the lock of its own previous workers
+CHILDREN_WAIT_S = 15.0  # how long to wait for the lock of a killed holder's children (DataLoader workers)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,17 @@ def read_holder(folder: str) -> Holder | None:
         return None
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (only to decide whether to wait, never to take a lock)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def refusal(folder: str, held: Holder | None) -> str:
     """The one-line error for a folder whose lock another audit holds (``held``: who, None when not known)."""
     who = ("its holder is not recorded" if held is None
@@ -102,12 +115,16 @@ def acquire(folder: str, job: str) -> Writer:
         lock.acquire()
     except Timeout:
         held = read_holder(folder)
-        if held is None or held.job != job:
+        if held is not None and held.job == job:
+            wait, why = JOB_WAIT_S, f"of this job ({job})"
+        elif held is not None and held.host == socket.gethostname() and not _alive(held.pid):
+            wait, why = CHILDREN_WAIT_S, "whose process is gone (processes it started still hold the lock)"
+        else:
             raise FolderLocked(refusal(folder, held), folder) from None
-        log.warning("%s: waiting up to %g s for the lock of pid %s on host %s, of this job (%s)", folder,
-                    JOB_WAIT_S, held.pid, held.host, job)
+        log.warning("%s: waiting up to %g s for the lock of pid %s on host %s, %s", folder, wait, held.pid,
+                    held.host, why)
         try:
-            lock.acquire(timeout=JOB_WAIT_S)
+            lock.acquire(timeout=wait)
         except Timeout:
             raise FolderLocked(refusal(folder, read_holder(folder)), folder) from None
     try:

@@ -2,6 +2,7 @@
 with its process, a leftover record (a reused pid, another host) locking nothing, the same torchrun job waiting
 for its own lock, and the lock released after a run and after a crash. test_stream.py's SIGKILL tests resume
 after killed writers, and its two-rank test shares the folder between the ranks of one torchrun job."""
+import contextlib
 import json
 import logging
 import os
@@ -9,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -25,7 +25,14 @@ from overinterp_fast.audit.stream import run_stored_audit
 from overinterp_fast.cli import main
 from helpers import tiny_cnn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: tiny batches do not pay for thread start-up on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class Squares(ImageSource):
@@ -53,22 +60,58 @@ def _write_record(folder, pid, host, job="another job", since="2024-05-01T10:00:
         json.dump({"pid": pid, "host": host, "since": since, "job": job}, fh)
 
 
-HOLD = """import sys
-from overinterp_fast.audit import lock
-w = lock.acquire(sys.argv[1], sys.argv[2])
+# Another audit's side of the lock, as lock.py keeps it (flock on writer.lock, which is what filelock takes on
+# POSIX; the holder in writer.json), in a process that starts in a fraction of a second (no torch): it holds the
+# lock until its stdin closes. With a third argument it forks a child that shares the lock until the same stdin
+# closes (as the DataLoader workers of an audit do with filelock 3, which leaves the descriptor to the child).
+HOLD = """import fcntl, json, os, socket, sys
+folder, job = sys.argv[1], sys.argv[2]
+os.makedirs(folder, exist_ok=True)
+fd = os.open(os.path.join(folder, "writer.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+with open(os.path.join(folder, "writer.json"), "w") as fh:
+    json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": "2024-05-01T10:00:00+00:00",
+               "job": job}, fh)
+if len(sys.argv) > 3 and os.fork() == 0:
+    sys.stdin.read()
+    os._exit(0)
 print("held", flush=True)
 sys.stdin.read()
-lock.release(sys.argv[1], w)
+os.remove(os.path.join(folder, "writer.json"))
+fcntl.flock(fd, fcntl.LOCK_UN)
 """
 
 
-def _holder(folder, job="another job"):
+def _holder(folder, job="another job", child=False):
     """Another process that takes the folder's lock and holds it until its stdin closes."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), job], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    extra = ["child"] if child else []
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), job, *extra], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "held\n", p.stderr.read()
     return p
+
+
+class _OnWait(logging.Handler):
+    """Runs ``action`` when lock.py logs that it waits for a lock: the holder ends while the audit waits."""
+
+    def __init__(self, action):
+        super().__init__()
+        self.action = action
+
+    def emit(self, record):
+        if "waiting up to" in record.getMessage():
+            self.action()
+
+
+@contextlib.contextmanager
+def _released_once_waiting(action):
+    handler = _OnWait(action)
+    logger = logging.getLogger("overinterp_fast.audit.lock")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_a_second_writer_is_refused_with_one_whole_line(tmp_path):
@@ -80,8 +123,8 @@ def test_a_second_writer_is_refused_with_one_whole_line(tmp_path):
         with pytest.raises(of.errors.FolderLocked) as err:
             _audit(out)
         assert str(err.value) == (f"{out} is being written by another audit (pid {p.pid} on host "
-                                  f"{socket.gethostname()} since {rec['since']}); wait for it to finish, or give "
-                                  f"another output folder")
+                                  f"{socket.gethostname()} since 2024-05-01T10:00:00+00:00); wait for it to "
+                                  f"finish, or give another output folder")
         assert isinstance(err.value, ValueError) and err.value.folder == str(out)
         assert _record(str(out)) == rec  # the refused writer leaves the holder's record alone
         assert not os.path.exists(out / "results.json")  # and writes nothing
@@ -138,6 +181,20 @@ def test_a_killed_writers_lock_goes_with_its_process(tmp_path, caplog):
     assert not os.path.exists(out / "writer.json")
 
 
+def test_a_killed_writers_children_are_waited_for(tmp_path, caplog):
+    """The writer is killed, but a process it forked still holds the lock for a moment: the next audit waits for it
+    (the recorded holder ran here and is gone), then runs."""
+    out = tmp_path / "audit"
+    p = _holder(out, child=True)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    with caplog.at_level(logging.WARNING, logger="overinterp_fast.audit.lock"), _released_once_waiting(p.stdin.close):
+        assert _audit(out).computed == 2  # the child exits once the audit waits for it
+    assert caplog.records[0].getMessage() == (
+        f"{out}: waiting up to {lock.CHILDREN_WAIT_S:g} s for the lock of pid {p.pid} on host {socket.gethostname()}, "
+        f"whose process is gone (processes it started still hold the lock)")
+
+
 @pytest.mark.parametrize("host", ["this host", "elsewhere.example"])
 def test_a_leftover_record_locks_nothing(tmp_path, host):
     """A record naming a live process (this one: a pid reused since) or a process on another host, with no lock
@@ -172,11 +229,9 @@ def test_the_same_torchrun_job_waits_for_its_own_lock(tmp_path, monkeypatch, cap
         _audit(out)  # another job: refused at once
     assert time.perf_counter() - t0 < 30
     monkeypatch.setenv(lock.JOB_ENV, "torchrun-1")
-    threading.Timer(1.0, old.stdin.close).start()  # the old rank 0 ends a second later
-    t0 = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="overinterp_fast.audit.lock"):
-        run = _audit(out)
-    assert run.computed == 2 and time.perf_counter() - t0 >= 1.0
+    with caplog.at_level(logging.WARNING, logger="overinterp_fast.audit.lock"), _released_once_waiting(old.stdin.close):
+        run = _audit(out)  # the old rank 0 ends while the new one waits
+    assert run.computed == 2
     old.wait()
     assert caplog.records[0].getMessage() == (f"{out}: waiting up to {lock.JOB_WAIT_S:g} s for the lock of pid "
                                               f"{old.pid} on host {socket.gethostname()}, of this job "

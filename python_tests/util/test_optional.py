@@ -23,6 +23,7 @@ def test_require_names_the_missing_distributions_and_the_extra(monkeypatch):
 def test_load_imports_or_names_the_extra(monkeypatch):
     assert optional.load("json.decoder", "audit", "x").__name__ == "json.decoder"
     monkeypatch.setitem(sys.modules, "skimage", None)
+    monkeypatch.delitem(sys.modules, "skimage.data", raising=False)  # imported by an earlier test
     with pytest.raises(MissingDependency) as err:
         optional.load("skimage.data", "imagenet", "the bundled photos")
     assert str(err.value) == ("the bundled photos needs scikit-image, which is not installed: "
