@@ -16,6 +16,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"  # absolute: the script changes folders
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 log() { printf '[fresh install] %s\n' "$*" >&2; }
