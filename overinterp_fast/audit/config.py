@@ -20,6 +20,11 @@ from ..attr.options import GradientOptions, MinimalPixelSetOptions
 from ..attr.options import RunOptions as _MethodRun
 from ..runtime.renames import renamed_attribute, renamed_keywords
 
+# Defaults and choices the command line shows in its help, here where they import without the audit extra.
+THRESHOLD_MODES = ("absolute", "relative", "auto")
+AUTO_EXACT_FEATURES = 1024  # method="auto": exact SIS up to this many pixels (32 x 32, CIFAR), else a faster method
+FRACTION, EPOCHS = 0.05, 15  # the digits pipeline's defaults (the paper's 5% subsets)
+
 _R, _G, _M = _MethodRun, GradientOptions, MinimalPixelSetOptions  # the method defaults' single source
 METHODS = ("auto", "exact", "gradient", "responsibility")
 DEFAULT_CHUNK = 64
@@ -32,7 +37,7 @@ class AuditConfig:
 
     Attributes:
         method: "exact", "gradient" or "responsibility" (:func:`overinterp_fast.fast_sis`'s), or "auto" (default):
-            exact SIS up to :data:`~overinterp_fast.audit.runner.AUTO_EXACT_FEATURES` pixels (32 x 32), else
+            exact SIS up to :data:`~overinterp_fast.audit.config.AUTO_EXACT_FEATURES` pixels (32 x 32), else
             batched-gradient SIS, or minimal pixel sets ("responsibility") when a model has no gradients (ONNX);
             see :func:`~overinterp_fast.audit.runner.resolve_method`. The record and a stored audit's
             configuration hold the method it resolved to.

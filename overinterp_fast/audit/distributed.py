@@ -7,6 +7,10 @@ cuda:LOCAL_RANK.
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import datetime
 import os
 from dataclasses import dataclass

@@ -6,17 +6,19 @@ SIS's size, its share in the border or in a region (an object mask), and the mod
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
+from typing import Sequence
 
 import numpy as np
 import torch
 
+from ..methods.results import SISResult
+from .records import AuditRecord, ModelRecord
 from .stats import fraction_inside
 from .subsets import keep_last_mask
-
-if TYPE_CHECKING:  # annotations only: records.py writes the table, which builds on these functions
-    from ..methods.results import SISResult
-    from .records import AuditRecord, ModelRecord
 
 BORDER = 0.10  # width of the border band, as a fraction of each side of the image
 SUBSET_FRACTION = 0.05  # the pixel subsets of Carter et al. 2021: the last 5% of backward selection

@@ -2,6 +2,10 @@
 command line and the report."""
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import numpy as np
 
 PANEL_TITLES = ("image", "SIS (red)", "SIS alone")

@@ -12,6 +12,10 @@ Statistics come from :mod:`overinterp_fast.audit.stats`; nothing is recomputed f
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import base64
 import html
 import io
@@ -28,7 +32,8 @@ import torch
 
 from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..methods.results import SISResult
-from .records import AuditRecord, ModelRecord, load_audit
+from .persist import load_audit
+from .records import AuditRecord, ModelRecord
 from .store import REPORT_FILE
 from .config import GALLERY
 from .metrics import (

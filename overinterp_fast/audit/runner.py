@@ -9,6 +9,10 @@ The work on one chunk of images (:func:`audit_chunk`) is shared by the in-memory
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import datetime
 import logging
 import os
@@ -26,6 +30,7 @@ from ..api import fast_sis
 from ..attr.options import GradientOptions, MinimalPixelSetOptions
 from ..runtime.inputs import check_threshold
 from ..runtime.model import Ensemble, ModelFn
+from .config import AUTO_EXACT_FEATURES, THRESHOLD_MODES  # noqa: F401  (runner.THRESHOLD_MODES)
 from .config import METHODS as AUDIT_METHODS
 from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
@@ -33,9 +38,7 @@ from .stats import irfs, noise_sensitivity, rfs
 from .subsets import BACKWARD_METHODS, pixel_subsets
 
 logger = logging.getLogger(__name__)
-THRESHOLD_MODES = ("absolute", "relative", "auto")
 EXACT_FEATURE_LIMIT = 4096  # exact SIS is refused above this many pixels (64 x 64)
-AUTO_EXACT_FEATURES = 1024  # method="auto": exact SIS up to this many pixels (32 x 32, CIFAR), else a faster method
 
 
 @torch.no_grad()

@@ -35,6 +35,10 @@ same pixels, so a stored audit resumes exactly.
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import json
 import os
 import pickle

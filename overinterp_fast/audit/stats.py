@@ -4,6 +4,10 @@ Tests of significance come from scipy.stats; nothing statistical is hand-written
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 from typing import Sequence
 
 import numpy as np

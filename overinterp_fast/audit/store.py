@@ -28,6 +28,10 @@ so the same chunks give bit-identical results whatever the world size or how oft
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import json
 import os
 import re
@@ -39,8 +43,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from ..errors import ConfigMismatch
 from ..methods.results import SISResult
 from ..methods.results_io import list_array as _list_array
+from ..util.files import TEMP_MARK, atomic_write, write_json  # noqa: F401  (write_json: store.write_json)
 
 FORMAT_VERSION = 2
 RESULTS_FILE = "results.json"
@@ -53,33 +59,7 @@ _PART = re.compile(r"^c(\d{6,})\.results\.parquet$")
 
 
 # ----------------------------------------------------------------------------------------------
-# Atomic files
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write) -> None:
-    """Write ``path`` atomically: ``write(tmp_path)`` fills a temporary file, which is flushed and renamed."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    write(tmp)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def write_json(path: str, doc: dict) -> None:
-    def dump(tmp):
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, default=str)
-
-    atomic_write(path, dump)
+# Commits
 
 
 def _crash_hook(chunk: int, stage: str) -> None:
@@ -280,10 +260,15 @@ def commit_chunk(folder: str, chunk: int, images, results) -> None:
     """Commit one chunk: write its images part, then its results part (the commit), each atomically.
 
     A kill at any moment leaves either no results part (the chunk is redone on resume; a stray
-    images part or temporary file is overwritten or removed) or a complete one."""
+    images part or temporary file is overwritten or removed) or a complete one. ``folder`` must exist: when it
+    was removed meanwhile, the commit fails (FileNotFoundError) instead of starting a new folder without the
+    audit's configuration."""
     import pyarrow.parquet as pq
 
-    os.makedirs(os.path.join(folder, PARTS_DIR), exist_ok=True)
+    try:
+        os.mkdir(os.path.join(folder, PARTS_DIR))  # in the folder, which must exist: a removed one is not made again
+    except FileExistsError:
+        pass
     atomic_write(part_path(folder, chunk, "images"), lambda tmp: pq.write_table(images, tmp))
     _crash_hook(chunk, "images")
 
@@ -297,10 +282,11 @@ def commit_chunk(folder: str, chunk: int, images, results) -> None:
 
 def committed_chunks(folder: str) -> set[int]:
     """The chunks whose results part exists (committed)."""
-    parts = os.path.join(folder, PARTS_DIR)
-    if not os.path.isdir(parts):
+    try:
+        names = os.listdir(os.path.join(folder, PARTS_DIR))
+    except (FileNotFoundError, NotADirectoryError):  # no chunk yet, or the folder was removed
         return set()
-    return {int(m.group(1)) for f in os.listdir(parts) if (m := _PART.match(f))}
+    return {int(m.group(1)) for f in names if (m := _PART.match(f))}
 
 
 def read_chunk(folder: str, chunk: int, n_models: int):
@@ -336,9 +322,14 @@ def read_doc(folder: str) -> dict | None:
     return doc
 
 
+def differing_keys(old: dict, new: dict) -> list[str]:
+    """The entries in which two configurations differ: ``new``'s keys in order, then those only ``old`` has."""
+    return [k for k in list(new) + [k for k in old if k not in new] if old.get(k) != new.get(k)]
+
+
 def config_difference(old: dict, new: dict) -> str | None:
     """None when two configurations agree, else one line naming what differs."""
-    keys = [k for k in list(new) + [k for k in old if k not in new] if old.get(k) != new.get(k)]
+    keys = differing_keys(old, new)
     if not keys:
         return None
     k = keys[0]
@@ -350,15 +341,16 @@ def check_resumable(folder: str, config: dict, recorded_later: dict | None = Non
     """The stored document when ``folder`` holds an audit with ``config`` (None: no audit there yet).
 
     ``recorded_later``: entries that folders written before they were recorded lack, with the value such a
-    folder had. Raises ValueError, one line, when it holds another configuration."""
+    folder had. Raises :class:`~overinterp_fast.errors.ConfigMismatch` (a ValueError), one line, when it holds
+    another configuration."""
     doc = read_doc(folder)
     if doc is None:
         return None
-    old = {**(recorded_later or {}), **doc.get("config", {})}
-    diff = config_difference(_jsonable(old), _jsonable(config))
+    old, new = _jsonable({**(recorded_later or {}), **doc.get("config", {})}), _jsonable(config)
+    diff = config_difference(old, new)
     if diff:
-        raise ValueError(f"{folder!r} holds an audit with another configuration: {diff}; rerun with --restart "
-                         f"to start over, or choose another --out")
+        raise ConfigMismatch(f"{folder!r} holds an audit with another configuration: {diff}; rerun with --restart "
+                             f"to start over, or choose another --out", folder, differing_keys(old, new)[0])
     return doc
 
 
@@ -376,13 +368,13 @@ def clear(folder: str) -> None:
 
 
 def remove_temporaries(folder: str) -> int:
-    """Delete the temporary files a killed commit left (``*.tmp-<pid>``); returns how many."""
+    """Delete the temporary files a killed commit left (``*.tmp-<pid>-<thread>``); returns how many."""
     parts = os.path.join(folder, PARTS_DIR)
     gone = 0
     for base in (folder, parts):
         if os.path.isdir(base):
             for f in os.listdir(base):
-                if ".tmp-" in f:
+                if TEMP_MARK in f:
                     os.remove(os.path.join(base, f))
                     gone += 1
     return gone

@@ -24,6 +24,10 @@ Results do not depend on the world size or on resumes: the same chunks give the 
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import hashlib
 import os
 import threading
@@ -41,7 +45,9 @@ from .sources import ImageSource, collate
 from . import lock, store
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
 from .distributed import Ranks, barrier, from_main, setup, teardown
-from .records import AuditRecord, ModelRecord, chunk_record, iter_chunks, load_audit, model_entries
+from .faults import writing
+from .persist import chunk_record, iter_chunks, load_audit, model_entries
+from .records import AuditRecord, ModelRecord
 from .runner import (
     _plain,
     audit_chunk,
@@ -185,6 +191,12 @@ def run_stored_audit(
 
     While it writes, the folder holds a lock (:mod:`overinterp_fast.audit.lock`): a second audit writing to
     the same folder is refused with one line; the ranks of one torchrun job share it.
+
+    Raises:
+        FolderLocked: another audit writes ``out`` (:mod:`overinterp_fast.errors`; a ValueError).
+        ConfigMismatch: ``out`` holds an audit with another configuration, and not ``storage.restart``.
+        StorageFault: ``out`` filled its disk, could not be written or was removed while the audit ran
+            (:mod:`overinterp_fast.audit.faults`); the chunks committed before stay, and the same call resumes.
     """
     config = check_type(config, AuditConfig, "config")
     storage = check_type(storage, StoreOptions, "storage")
@@ -278,25 +290,28 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
 def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
          run: RunOptions) -> StoredAudit:
     plan = _plan(models, source, config, storage, ranks, run.title)
-    held = _lock(out, ranks)
+    with writing(out, len(plan.ranges)):
+        held = _lock(out, ranks)
     try:
-        _open_folder(out, plan, storage.restart, ranks)
+        with writing(out, len(plan.ranges)):
+            _open_folder(out, plan, storage.restart, ranks)
         pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
         mine = store.share(pending, ranks.rank, ranks.world)
         committing = _compute(out, source, plan, mine, storage.workers, ranks, run.show_progress)
         done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
                            commit_seconds=committing)
         if ranks.is_main:
-            _finish(done, source, plan, storage, run)
+            with writing(out, len(plan.ranges)):
+                _finish(done, source, plan, storage, run)
         return done
     finally:
         if held is not None:
             lock.release(out, held)
 
 
-def _lock(out: str, ranks: Ranks) -> lock.Holder | None:
-    """Rank 0 takes the folder's lock (its holder returned; None on the other ranks); every rank raises
-    :class:`~overinterp_fast.audit.lock.FolderLocked` alike when rank 0 could not take it."""
+def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
+    """Rank 0 takes the folder's lock (returned; None on the other ranks); every rank raises
+    :class:`~overinterp_fast.errors.FolderLocked` alike when rank 0 could not take it."""
     held, failure, error = None, None, None
     if ranks.is_main:
         try:
@@ -307,7 +322,7 @@ def _lock(out: str, ranks: Ranks) -> lock.Holder | None:
     if failure is not None:
         raise failure
     if error is not None:
-        raise lock.FolderLocked(error)
+        raise lock.FolderLocked(error, out)
     return held
 
 
@@ -334,7 +349,8 @@ def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], worker
                                           meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
                                                 "rank": ranks.rank, "world": ranks.world})
             t0 = time.perf_counter()
-            store.commit_chunk(out, c, images, results)
+            with writing(out, len(plan.ranges)):
+                store.commit_chunk(out, c, images, results)
             committing += time.perf_counter() - t0
             del x, objects, done, images, results, batch
         barrier(ranks)
@@ -393,22 +409,25 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
     counts = None
     sens: list[list[dict]] = [[] for _ in range(n_models)]
     class_names: dict[int, str] = {}
-    tmp = os.path.join(out, f"{store.TABLE_FILE}.tmp-{os.getpid()}")
-    with pq.ParquetWriter(tmp, table_schema()) as writer:
-        for images, per_model, chunk_sens, meta in iter_chunks(out, doc):
-            seconds += np.asarray(meta["seconds"])
-            if meta.get("transfer") is not None:
-                c = np.asarray(meta["transfer"], dtype=np.int64)
-                counts = c if counts is None else counts + c
-            for acc, s in zip(sens, chunk_sens):
-                if s is not None:
-                    acc.append(s)
-            classes = {int(r.target) for res in per_model for r in res} | {int(v) for v in images.labels
-                                                                             if v is not None}
-            names = {c: class_name(c) for c in sorted(classes)}
-            class_names.update(names)
-            writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
-    os.replace(tmp, os.path.join(out, store.TABLE_FILE))
+
+    def write_table(tmp: str) -> None:  # sis.parquet, chunk by chunk, summing the chunks' aggregates meanwhile
+        nonlocal seconds, counts
+        with pq.ParquetWriter(tmp, table_schema()) as writer:
+            for images, per_model, chunk_sens, meta in iter_chunks(out, doc):
+                seconds += np.asarray(meta["seconds"])
+                if meta.get("transfer") is not None:
+                    c = np.asarray(meta["transfer"], dtype=np.int64)
+                    counts = c if counts is None else counts + c
+                for acc, s in zip(sens, chunk_sens):
+                    if s is not None:
+                        acc.append(s)
+                classes = {int(r.target) for res in per_model for r in res} | {int(v) for v in images.labels
+                                                                                 if v is not None}
+                names = {c: class_name(c) for c in sorted(classes)}
+                class_names.update(names)
+                writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
+
+    store.atomic_write(os.path.join(out, store.TABLE_FILE), write_table)
     n = doc["n_images"]
     ref = reference_name(known)
     models = [ModelRecord(m["name"], m["method"], [], float(s), m["options"]) for m, s in zip(doc["models"], seconds)]

@@ -1,6 +1,10 @@
 """Pixel-subset datasets (Carter et al. 2021, Table 1): the last 5% of backward selection, or 5% at random."""
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import math
 from typing import Sequence
 

@@ -29,17 +29,19 @@ object_fraction    float64   share of the SIS pixels on the object (with object 
 """
 from __future__ import annotations
 
+from ..util.optional import require
+
+require("audit", "the audit")  # before any of its modules: one line when the extra is missing
+
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..methods.results_io import arrow_type, result_fields
 from .metrics import border_fractions, correctness, inside_fractions
+from .records import AuditRecord
 from .store import TABLE_FILE
 
-if TYPE_CHECKING:  # annotations only: records.py (save_audit) writes this table
-    from .records import AuditRecord
 
 def _nullable(values: np.ndarray) -> list[float | None]:
     return [None if np.isnan(v) else float(v) for v in values]

@@ -26,6 +26,7 @@ NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose
                         "resumed_identity"})
 FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device"})
 PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
+from ..errors import MissingDependency, StorageFault
 
 
 def _unit_interval(text: str) -> float:
@@ -53,7 +54,7 @@ DATASETS = ("cifar10", "cifar100")
 
 
 def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
-    from ..audit.runner import AUTO_EXACT_FEATURES, THRESHOLD_MODES
+    from ..audit.config import AUTO_EXACT_FEATURES, THRESHOLD_MODES
 
     side = int(AUTO_EXACT_FEATURES ** 0.5)
     p.add_argument("--model", action="append" if several else "store", required=not several, default=None,
@@ -120,7 +121,7 @@ def _logging_options(top: bool) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from ..audit.pipeline import EPOCHS, FRACTION
+    from ..audit.config import EPOCHS, FRACTION
     from ..text.reduction import BEAM_SIZE, IMPORTANCE, IMPORTANCES
 
     parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).",
@@ -487,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     with logging_to_stderr(log_level(args)):
         try:
             _command(args)
-        except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as exc:
+        except (ValueError, TypeError, FileNotFoundError, FloatingPointError, StorageFault, MissingDependency) as exc:
             print(f"overinterp-fast: error: {exc}", file=sys.stderr)
             return 2
     return 0
@@ -502,12 +503,14 @@ def _command(args) -> None:
         run_demo(args.out, n_images=args.images, threshold=args.threshold, compare_reference=not args.no_reference,
                  imagenet=not args.no_imagenet, k=args.k, text=not args.no_text, device=args.device)
     elif args.command == "sis":
-        from ..audit.records import save_audit
+        from ..audit.faults import writing
+        from ..audit.persist import save_audit
 
         record = _run_sis(args)
         _print_table(record)
-        print(f"wrote {save_audit(record, args.out)}")
-        print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
+        with writing(args.out):
+            print(f"wrote {save_audit(record, args.out)}")
+            print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
     elif args.command == "audit":
         run = _run_audit(args)
         if run.ranks.is_main:
@@ -517,9 +520,11 @@ def _command(args) -> None:
             for f in ("results.json", "sis.parquet", "report.html"):
                 print(f"wrote {os.path.join(args.out, f)}")
     elif args.command == "report":
+        from ..audit.faults import writing
         from ..audit.report import rebuild_report
 
-        print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
+        with writing(os.path.dirname(os.path.abspath(args.out)) if args.out else args.folder):
+            print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
     elif args.command == "reduce":
         from ..text.job import run_reduce
 

@@ -106,7 +106,7 @@ def run_imagenet_part(out_dir: str, threshold: float, k: int | None, device: str
     Writes ``out_dir/imagenet`` (results.json, images.npz) and ``out_dir/report.html``.
     """
     from ..audit.config import AuditConfig, RunOptions
-    from ..audit.records import save_audit
+    from ..audit.persist import save_audit
     from ..audit.report import build_report
     from ..audit.runner import run_audit
     from ..zoo.imagenet import imagenet_label, load_efficientnet_lite, load_photos

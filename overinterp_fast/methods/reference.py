@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..runtime.renames import renamed_keywords  # the old keyword names, as the public functions take them
+from ..util.optional import load
 from .results import SISResult  # the result container only
 
 
@@ -44,8 +45,7 @@ def _as_callable(model):
         members = list(model)
         return lambda x: torch.stack([m(x) for m in members]).mean(0)
     if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "InferenceSession":
-        import onnxruntime as ort
-
+        ort = load("onnxruntime", "onnx", "the reference on an ONNX model")
         sess = model if not isinstance(model, (str, os.PathLike)) else ort.InferenceSession(
             os.fspath(model), providers=["CPUExecutionProvider"]
         )

@@ -21,7 +21,9 @@ With the environment variable ``OVERINTERP_FAST_CACHE_DIR`` set, calibrations
 are also kept on disk (``calibration.json`` there), keyed by what determines the
 timing (the model's structure and parameter shapes, not its weights; input
 shape, dtype, device, engine, thread count, CPU model and torch version): later
-processes on the same machine skip the measurement and use the same batch size.
+processes on the same machine skip the measurement and use the same batch size. The file is updated under
+its lock (``calibration.json.lock``: read, merge, write atomically), so processes calibrating at once keep each
+other's entries.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import torch
 from ..ops import kernels as _ops
 from .batching import bucket
 from .inputs import Prepared
+from ..util.files import update_json
 
 # Seconds a calibration may spend at most, and at most this fraction of the job's estimated time.
 BUDGET_S = 0.5
@@ -81,6 +84,7 @@ LAST: list[Calibration] = []  # the latest calibration made or reused (one entry
 
 
 CACHE_DIR_ENV = "OVERINTERP_FAST_CACHE_DIR"
+DISK_LOCK_S = 30.0  # seconds to wait for another process writing the on-disk cache
 
 
 def clear_cache() -> None:
@@ -122,24 +126,17 @@ def _disk_load(key: str) -> Calibration | None:
 
 
 def _disk_store(key: str, cal: Calibration) -> None:
+    """Add ``key``'s calibration to the on-disk cache: read, merge and write back under the cache's lock, so
+    that processes calibrating at once keep each other's entries. A cache that cannot be written (a read-only
+    folder, a full disk, a lock held past ``DISK_LOCK_S``) is skipped, never fatal."""
     path = _disk_path()
     if path is None:
         return
+    entry = {"batch_size": cal.batch_size, "times": {str(b): t for b, t in cal.times.items()}}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        data = {}
-        if os.path.isfile(path):
-            try:
-                with open(path) as fh:
-                    data = json.load(fh)
-            except ValueError:
-                data = {}
-        data[key] = {"batch_size": cal.batch_size, "times": {str(b): t for b, t in cal.times.items()}}
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)  # atomic: readers see the old or the new file
-    except OSError:
+        update_json(path, lambda data: data.update({key: entry}), timeout=DISK_LOCK_S)
+    except OSError:  # filelock.Timeout is an OSError (TimeoutError) too
         pass
 
 

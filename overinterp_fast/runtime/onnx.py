@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..util.optional import load
+
 # ONNX element types -> (torch dtype, onnx.TensorProto element type), for the tensors we bind.
 _ORT_TYPES = {
     "tensor(float)": (torch.float32, 1),
@@ -57,13 +59,8 @@ def _ort_call(fn, *args):
 
 
 def _import_ort():
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise ImportError(
-            "the ONNX backend needs onnxruntime (pip install onnxruntime; onnxruntime-gpu >= 1.27 for CUDA)"
-        ) from exc
-    return ort
+    """onnxruntime, or MissingDependency naming the onnx extra (onnxruntime-gpu >= 1.27 serves CUDA as well)."""
+    return load("onnxruntime", "onnx", "the ONNX backend")
 
 
 class OnnxModel:
@@ -273,8 +270,7 @@ def export_onnx(
     Returns:
         The path written. Raises ValueError when the check fails.
     """
-    import onnx
-
+    onnx = load("onnx", "onnx", "export_onnx")
     path = os.fspath(path)
     if model.training:
         raise ValueError("export the model in eval mode (model.eval())")

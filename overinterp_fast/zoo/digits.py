@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..util import optional
+
 
 @dataclass
 class DigitsData:
@@ -25,9 +27,7 @@ class DigitsData:
 
 
 def load_digits(test_fraction: float = 0.25, seed: int = 0) -> DigitsData:
-    from sklearn.datasets import load_digits as sk_load_digits
-
-    d = sk_load_digits()
+    d = optional.load("sklearn.datasets", "demo", "the digits").load_digits()
     raw = torch.tensor(d.images, dtype=torch.float32)
     y = torch.tensor(d.target, dtype=torch.int64)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))

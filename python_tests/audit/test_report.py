@@ -18,7 +18,9 @@ import pytest
 import torch
 import overinterp_fast as of
 from overinterp_fast.audit import kruskal_wallis, friedman, fraction_inside, pixel_subsets
-from overinterp_fast.audit.records import RESULTS_FILE, AuditRecord, ModelRecord, load_audit, save_audit
+from overinterp_fast.audit.persist import load_audit, save_audit
+from overinterp_fast.audit.records import AuditRecord, ModelRecord
+from overinterp_fast.audit.store import RESULTS_FILE
 from overinterp_fast.audit.table import TABLE_FILE
 from overinterp_fast.audit.metrics import border_fractions, border_mask
 from overinterp_fast.audit.report import (

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 import overinterp_fast as of
-from overinterp_fast.audit.records import load_audit
+from overinterp_fast.audit.persist import load_audit
 from overinterp_fast.audit.store import TABLE_FILE
 from overinterp_fast.methods import reference
 from overinterp_fast.audit.config import AuditConfig, RunOptions
@@ -33,7 +33,7 @@ import types
 from overinterp_fast import cli
 from overinterp_fast.audit.records import AuditRecord, ModelRecord
 from overinterp_fast.methods.results import SISResult
-from overinterp_fast.audit import distributed, records, stream
+from overinterp_fast.audit import distributed, persist, stream
 from overinterp_fast.audit import runner as audit_runner
 from helpers import tiny_cnn  # noqa: F811
 
@@ -808,7 +808,7 @@ def test_main_sis_prints_and_writes(monkeypatch, capsys, tmp_path):
                       [ModelRecord("m", "exact", [_command_result([0])])])
     monkeypatch.setattr(cli, "_run_sis", lambda args: rec)
     saved = []
-    monkeypatch.setattr(records, "save_audit", lambda record, out: saved.append((record, out)) or f"{out}/r.json")
+    monkeypatch.setattr(persist, "save_audit", lambda record, out: saved.append((record, out)) or f"{out}/r.json")
     monkeypatch.setattr(cli, "_sis_png", lambda record, path: f"png at {path}" if record is rec else "another")
     out = str(tmp_path / "o")
     assert cli.main(["sis", "--model", "m", "--out", out]) == 0

@@ -200,7 +200,7 @@ def _photo_record(names):
 
 @pytest.mark.mutation
 def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
-    import overinterp_fast.audit.records as records
+    import overinterp_fast.audit.persist as persist
     import overinterp_fast.audit.report as report
     import overinterp_fast.audit.runner as runner
     import overinterp_fast.zoo.imagenet as imagenet
@@ -226,7 +226,7 @@ def test_imagenet_part_asks_for_the_audit(monkeypatch, tmp_path, capsys):
         return _photo_record(names)
 
     monkeypatch.setattr(runner, "run_audit", fake_audit)
-    monkeypatch.setattr(records, "save_audit", lambda record, folder: calls.setdefault("saved", (record, folder)))
+    monkeypatch.setattr(persist, "save_audit", lambda record, folder: calls.setdefault("saved", (record, folder)))
     monkeypatch.setattr(report, "build_report", lambda record, path: calls.setdefault("report", (record, path)) and
                         path)
     out = str(tmp_path)

@@ -264,6 +264,44 @@ def test_disk_cache_is_opt_in_and_survives_the_process_cache(monkeypatch, tmp_pa
     assert calibrate(("k",), clock.probe, **kw).source == "cached"
 
 
+def test_disk_cache_keeps_every_writers_entries(monkeypatch, tmp_path):
+    """Writers storing at once (threads, each with its own lock file descriptor, as processes would) keep each
+    other's entries: the cache is read, merged and written under its lock."""
+    import json
+    import threading
+
+    monkeypatch.setenv(calibration.CACHE_DIR_ENV, str(tmp_path))
+
+    def store(t):
+        for i in range(20):
+            calibration._disk_store(f"{t}-{i}", Calibration(16 + i, {16: 0.5, 32: 0.25}, "measured", 0.1))
+
+    threads = [threading.Thread(target=store, args=(t,)) for t in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    data = json.load(open(tmp_path / "calibration.json"))
+    assert sorted(data) == sorted(f"{t}-{i}" for t in range(5) for i in range(20))
+    assert data["3-7"] == {"batch_size": 23, "times": {"16": 0.5, "32": 0.25}}
+
+
+def test_disk_cache_skips_a_write_it_cannot_lock(monkeypatch, tmp_path):
+    from filelock import FileLock
+
+    monkeypatch.setenv(calibration.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(calibration, "DISK_LOCK_S", 0.2)
+    other = FileLock(str(tmp_path / "calibration.json.lock"), timeout=0)
+    other.acquire()  # another process writes the cache, and for too long
+    try:
+        calibration._disk_store("k", Calibration(8, {8: 1.0}, "measured", 0.1))  # waits 0.2 s, then skips
+    finally:
+        other.release()
+    assert not (tmp_path / "calibration.json").exists()
+    calibration._disk_store("k", Calibration(8, {8: 1.0}, "measured", 0.1))
+    assert calibration._disk_load("k").batch_size == 8
+
+
 def test_disk_key_ignores_weights_but_not_structure(monkeypatch, tmp_path):
     from overinterp_fast.runtime.engines import _structure
     a, b = make_cnn(0, torch.float64), make_cnn(1, torch.float64)

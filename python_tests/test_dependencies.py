@@ -1,0 +1,158 @@
+"""Declared dependencies: every module the package imports comes from a distribution that setup.py declares; the
+core imports only install_requires; the audit's modules only the core and the audit extra; the extras that
+util/optional.py names match setup.py's; and without an extra the command line says which one to install, in one
+line. (scripts/check_fresh_install.sh does it for real: pip install into a new environment with torch alone.)
+
+Imports are read from the sources with ``ast``; import names map to distributions through this environment's
+installed metadata (``importlib.metadata.packages_distributions``), independent of the package's own lists.
+"""
+import ast
+import functools
+import importlib.metadata as md
+import os
+import subprocess
+import sys
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "overinterp_fast"
+
+
+def declared() -> tuple[set[str], dict[str, set[str]]]:
+    """(install_requires, extras) from setup.py's constant assignments, as canonical distribution names."""
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
+    ns: dict = {}
+    for node in tree.body:  # the upper-case constants that call nothing: the requirement lists
+        if (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)
+                and not any(isinstance(n, ast.Call) for n in ast.walk(node.value))):
+            exec(compile(ast.Module([node], []), "setup.py", "exec"), ns)
+    names = lambda reqs: {canonicalize_name(Requirement(r).name) for r in reqs}  # noqa: E731
+    return names(ns["INSTALL_REQUIRES"]), {k: names(v) for k, v in ns["EXTRAS"].items()}
+
+
+def imports() -> list[tuple[str, str, bool]]:
+    """(module of the package, top-level name it imports, whether at module level) for every third-party import."""
+    out = []
+    for folder, _, files in os.walk(os.path.join(ROOT, PACKAGE)):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            top_level = {id(n) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))}
+            for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                top_level -= {id(n) for n in ast.walk(fn)}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != PACKAGE:
+                        out.append((module, top, id(node) in top_level))
+    return out
+
+
+@functools.cache
+def installed() -> dict[str, list[str]]:
+    """Top-level import name -> the distributions that provide it, in this environment (read once: slow)."""
+    return md.packages_distributions()
+
+
+def distribution(top: str) -> str:
+    dists = installed().get(top)
+    assert dists, f"{top} is imported by the package but not installed here: declare it and install it"
+    return canonicalize_name(dists[0])
+
+
+def closure(dists: set[str]) -> set[str]:
+    """``dists`` and everything they require (no extras), as installed here."""
+    seen, todo = set(), list(dists)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            reqs = md.distribution(name).requires or []
+        except md.PackageNotFoundError:
+            continue
+        for r in reqs:
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def test_every_import_is_declared():
+    core, extras = declared()
+    everything = core.union(*extras.values())
+    missing = sorted({f"{top} ({distribution(top)}, imported by {module})" for module, top, _ in imports()
+                      if distribution(top) not in everything})
+    assert missing == []
+
+
+def test_module_level_imports_stay_within_their_layers_requirements():
+    """What loads with ``import overinterp_fast`` (any module outside audit/) may need the core alone; audit/'s
+    modules the core and the audit extra (its __init__ checks the extra first, with one line)."""
+    core, extras = declared()
+    allowed_core = closure(core)
+    wrong = []
+    for module, top, at_module_level in imports():
+        if not at_module_level:
+            continue
+        allowed = allowed_core | (extras["audit"] if module.startswith(f"{PACKAGE}.audit") else set())
+        if distribution(top) not in allowed:
+            wrong.append(f"{module} imports {top} ({distribution(top)}) at module level")
+    assert wrong == []
+
+
+def test_the_extras_the_package_names_are_setups():
+    from overinterp_fast.util import optional
+
+    _, extras = declared()
+    for extra, modules in optional.EXTRAS.items():
+        assert extra in extras, f"util/optional.py names extra {extra!r}, which setup.py does not declare"
+        for name, dist in modules:
+            assert canonicalize_name(dist) in extras[extra], f"[{extra}] lacks {dist}"
+            assert distribution(name) == canonicalize_name(dist), f"{name} comes from {distribution(name)}"
+
+
+BLOCKED = """import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # not importable, as when its distribution is not installed
+import torch
+import overinterp_fast as of
+from overinterp_fast.cli import build_parser, main
+build_parser().format_help()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3)).eval()
+res = of.fast_sis(model, torch.randn(2, 3, 2, 2), threshold=0.5)
+assert len(res) == 2
+sys.exit(main(["audit", "--model", "m.pt2", "--images", "images", "--out", "out"]))
+"""
+
+
+@pytest.mark.timeout(120)  # a subprocess that imports torch: about 5 s, up to 40 s on a loaded machine
+def test_the_core_runs_without_any_extra_and_the_audit_names_its_extra(tmp_path):
+    """Every extra's modules made unimportable: import overinterp_fast, the command line's help and fast_sis work;
+    the audit command ends with one line naming the audit extra."""
+    core, extras = declared()
+    optional = set().union(*extras.values()) - closure(core)
+    blocked = sorted(top for top, dists in installed().items()
+                     if canonicalize_name(dists[0]) in optional and top.isidentifier())
+    assert {"PIL", "matplotlib", "pyarrow", "scipy", "torchvision"} <= set(blocked)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", BLOCKED, ",".join(blocked)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=110)
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if "compiled extension" not in line]
+    assert lines == ["overinterp-fast: error: the audit needs matplotlib, pillow, pyarrow, scipy, torchvision, which "
+                     "are not installed: pip install 'overinterp-fast[audit]'"], p.stderr
