@@ -14,8 +14,23 @@ scipy); without it, using any of its functions or importing any of its modules r
 (:class:`~overinterp_fast.errors.MissingDependency`). Its options (``AuditConfig``, ``StoreOptions``,
 ``RunOptions``, in :mod:`.config`) and its errors import without it: the command line reads its defaults there.
 """
+from typing import TYPE_CHECKING
+
 from ..errors import ConfigMismatch, FolderLocked, StorageFault
 from .config import AuditConfig, RunOptions, StoreOptions
+
+if TYPE_CHECKING:  # what __getattr__ gives, for type checkers and the API docs
+    from .persist import load_audit, save_audit
+    from .pipeline import digits_pipeline, format_table
+    from .plotting import plot_sis
+    from .records import AuditRecord, ModelRecord
+    from .report import build_report, rebuild_report
+    from .runner import run_audit, thresholds_for, transfer_table
+    from .sources import from_dataset, open_images, select_range
+    from .stats import (bonferroni, dice, fraction_inside, friedman, hausdorff, heatmap, iou, irfs, kruskal_wallis,
+                        mean_ci, noise_sensitivity, rfs, sis_size_curve)
+    from .subsets import keep_last, pixel_subsets, random_subsets
+    from .table import audit_table, write_table
 
 # everything else loads on first use, once the extra is known to be there
 _LAZY = {
@@ -33,7 +48,16 @@ _LAZY = {
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
-__all__ = [*_WHERE, "AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch", "StorageFault"]
+__all__ = [  # a literal list: the API docs read it without running the package
+    "bonferroni", "dice", "fraction_inside", "friedman", "hausdorff", "heatmap", "iou", "irfs", "kruskal_wallis",
+    "mean_ci", "noise_sensitivity", "rfs", "sis_size_curve", "digits_pipeline", "format_table", "plot_sis",
+    "from_dataset", "open_images", "select_range", "load_audit", "save_audit", "AuditRecord", "ModelRecord",
+    "build_report", "rebuild_report", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
+    "keep_last", "pixel_subsets", "random_subsets",
+    "AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch", "StorageFault",
+]
+assert set(__all__) == set(_WHERE) | {"AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch",
+                                      "StorageFault"}
 
 
 def __getattr__(name: str):
