@@ -60,6 +60,8 @@ AUTO_MAX_COST_RATIO = 0.5
 _PROBE_IMAGES = 8
 # Candidate-state elements per call (CPU); the batch holds this many / the largest state.
 _ELEMENTS_PER_CALL = 1 << 20
+# The input windows of every feature are kept as tables up to this many elements (else gathered per call).
+_INPUT_WINDOW_ELEMENTS = 1 << 22
 
 _POINTWISE_MODULES = (
     nn.ReLU, nn.ReLU6, nn.SiLU, nn.Sigmoid, nn.Hardswish, nn.Hardsigmoid, nn.GELU, nn.Tanh, nn.LeakyReLU,
@@ -319,7 +321,22 @@ class IncrementalPlan:
         self.last_use = last_use
         self.cost_ratio = cost_ratio
         self.state_elems = state_elems
-        self.tables = {st.node: st.geo.table.to(device) for st in steps if st.geo is not None}
+        # every node's table side by side, and each window op's region origin (its window's start times the
+        # stride, less the padding): a call gathers one row per candidate for all of them (table_cols: node ->
+        # first column of its 6; region_cols: window node -> first column of its 2)
+        parts, at = [], 0
+        self.table_cols: dict[fx.Node, int] = {}
+        self.region_cols: dict[fx.Node, int] = {}
+        for st in steps:
+            if st.geo is None:
+                continue
+            parts.append(st.geo.table)
+            self.table_cols[st.node], at = at, at + 6
+            if st.kind == "window":
+                start = st.geo.table[:, :2]
+                parts.append(start * torch.tensor(st.s) - torch.tensor(st.pad))
+                self.region_cols[st.node], at = at, at + 2
+        self.table_all = torch.cat(parts, 1).contiguous().to(device)
 
     def batch_size(self) -> int:
         """Candidates per call: a budget of candidate-state elements over the largest state of one candidate."""
@@ -694,6 +711,25 @@ class IncrementalEngine:
         self.baseline = prep.baseline
         if prep.images.is_contiguous(memory_format=torch.channels_last) and not prep.images.is_contiguous():
             self.fm = self.fm.contiguous(memory_format=torch.channels_last)
+        self.input_windows = self._input_windows(pl, prep)
+
+    def _input_windows(self, pl: IncrementalPlan, prep: Prepared) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per feature (row p: none), where the feature lies in its input window (bool [p + 1, C, wh, ww]) and the
+        baseline there (the baseline's dtype), when the baseline is shared by every image and the tables stay
+        small; else None (both are gathered per call)."""
+        if self.baseline.shape[0] != 1:
+            return None
+        g, c = pl.input_geo, prep.images.shape[1]
+        if (self.p + 1) * c * g.wh * g.ww > _INPUT_WINDOW_ELEMENTS:
+            return None
+        start = g.table[:, :2].to(prep.images.device)
+        feats = torch.arange(self.p + 1, device=start.device)
+        none = start.new_zeros(self.p + 1, 4)
+        fmw, _ = _ops.patch_gather(self.fm, torch.zeros_like(feats), None, start, none, start, g.wh, g.ww, 0.0,
+                                   False)
+        bl, _ = _ops.patch_gather(self.baseline, torch.zeros_like(feats), None, start, none, start, g.wh, g.ww, 0.0,
+                                  False)
+        return fmw == feats.view(-1, 1, 1, 1), bl
 
     # -- base run
     def base(self, rows: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, every_row: bool = False) -> None:
@@ -730,7 +766,9 @@ class IncrementalEngine:
         if check_indices:  # once here: every gather below reads rows of the stored maps by these indices
             self.check(rows, features)
         fidx = torch.where(features < 0, torch.full_like(features, p), features)
-        run = _ScoreRun(self, rows, features, {node: t[fidx] for node, t in pl.tables.items()})
+        tab = pl.table_all.index_select(0, fidx)  # one gather for every node's window and region
+        run = _ScoreRun(self, rows, features, fidx, {node: tab[:, c: c + 6] for node, c in pl.table_cols.items()},
+                        {node: tab[:, c: c + 2] for node, c in pl.region_cols.items()})
         for i, st in enumerate(pl.steps):
             node = st.node
             run.states[node] = _STEP_RUNS.get(st.kind, _ScoreRun.dense)(run, st)
@@ -754,7 +792,9 @@ class _ScoreRun:
     engine: IncrementalEngine
     rows: torch.Tensor
     features: torch.Tensor
+    fidx: torch.Tensor  # the features' table rows (p: none)
     boxes: dict
+    regions: dict  # window node -> int64 [B, 2]: the origin of the input region its window reads
     states: dict = field(default_factory=dict)
     dense_maps: dict = field(default_factory=dict)
 
@@ -790,10 +830,13 @@ class _ScoreRun:
         """The input's window with the candidate's feature replaced by the baseline."""
         eng, rows, node, g = self.engine, self.rows, st.node, st.geo
         origin = self.boxes[node][:, :2]
-        zeros = torch.zeros_like(rows)
         # the indices were checked in score() (rows) or are zeros: no per-gather checks
         x, _ = _ops.patch_gather(eng.stored[node], rows, None, origin, origin.new_zeros(len(rows), 4),
                                  origin, g.wh, g.ww, 0.0, False)
+        if eng.input_windows is not None:  # the feature's place and the baseline there, from the per-feature table
+            inside, bl = (t.index_select(0, self.fidx) for t in eng.input_windows)
+            return _Win(torch.where(inside, bl, x), self.features >= 0)
+        zeros = torch.zeros_like(rows)
         b_rows = rows if eng.baseline.shape[0] > 1 else zeros
         bl, _ = _ops.patch_gather(eng.baseline, b_rows, None, origin, origin.new_zeros(len(rows), 4),
                                   origin, g.wh, g.ww, 0.0, False)
@@ -806,8 +849,7 @@ class _ScoreRun:
         """A window op run on the region of its input that its output window reads."""
         node, g = st.node, st.geo
         a = self._only_input(node)
-        box = self.boxes[node]  # stride and padding as plain numbers: no host-to-device copy per call
-        origin = torch.stack((box[:, 0] * st.s[0] - st.pad[0], box[:, 1] * st.s[1] - st.pad[1]), 1)
+        origin = self.regions[node]  # from the plan's table: no arithmetic per call
         rh = (g.wh - 1) * st.s[0] + (st.k[0] - 1) * st.d[0] + 1
         rw = (g.ww - 1) * st.s[1] + (st.k[1] - 1) * st.d[1] + 1
         region, chg = self.gather(a, origin, rh, rw, st.pad_value)
