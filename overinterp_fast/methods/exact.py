@@ -142,14 +142,23 @@ class _ExactRun:
         dev, p = self.prep.images.device, self.prep.num_features
         state, low = self.state, self.low
         done, tag = batch.done_image, batch.done_tag
-        full_steps, low_steps = done[tag == _STEP], done[tag == _LOW]
-        stepped = np.concatenate([full_steps, low_steps])
+        if low is None:
+            full_steps = stepped = done[tag == _STEP]
+            low_steps = stepped[:0]
+        else:
+            full_steps, low_steps = done[tag == _STEP], done[tag == _LOW]
+            stepped = np.concatenate([full_steps, low_steps])
         scored = done[tag == _SCORE]
         # slots as flat indices into remaining and scores [N, p + 1]: index_select / index_copy_ on the flat views
         # cost less per call than indexing by (image, slot) pairs
         flat = batch.image * (p + 1) + batch.slot
+        n0 = len(flat)  # the batch's full-dtype slots; padding rows and re-scores of low-precision steps follow
         if low is None:  # every slot is scored in the full dtype
-            img, flat, rows, counts, steps = upload(dev, batch.image, flat, stepped, state.count[stepped],
+            img_host = batch.image
+            pad = evaluator.padded_rows(n0) - n0 if hasattr(evaluator, "padded_rows") else 0
+            if pad > 0:  # the model's batch shape: repeats of the last candidate, padded here on the host
+                img_host, flat = (np.concatenate([a, np.repeat(a[-1:], pad)]) for a in (img_host, flat))
+            img, flat, rows, counts, steps = upload(dev, img_host, flat, stepped, state.count[stepped],
                                                     state.step[stepped])
             img_low = None
         else:
@@ -164,7 +173,8 @@ class _ExactRun:
             scores.index_copy_(0, flat_low, low.evaluator(self.present, img_low, img_low,
                                                           remaining.index_select(0, flat_low)))
         feature = remaining.index_select(0, flat)
-        n0 = flat.shape[0]  # the batch's full-dtype slots; re-scores of low-precision steps follow them in f
+        if low is not None:
+            n0 = flat.shape[0]
         if low_steps.size:  # the low-precision steps' best candidates join the full-dtype call
             k = len(full_steps)
             picked = low.pick(self.scores, rows[k:], pos, rank, self.present, self.remaining)
@@ -178,7 +188,7 @@ class _ExactRun:
                 kw["starts"] = np.unique(im[begins]).tolist()
             f = evaluator(self.present, img, img, feature, **kw)
             self.total += f.sum()  # two ops per call; isfinite(f).all() and &= took three
-            scores.index_copy_(0, flat, f if f.shape[0] == n0 else f[:n0])
+            scores.index_copy_(0, flat[:n0], f if f.shape[0] == n0 else f[:n0])
         if low_steps.size:
             low.settle(picked, f[n0:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
                        self.unsafe_step)

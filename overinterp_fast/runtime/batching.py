@@ -52,6 +52,7 @@ BUCKETS = 16
 
 
 @functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)
 def bucket_sizes(chunk: int) -> tuple[int, ...]:
     """The batch shapes a forward call may take under a chunk of ``chunk`` rows, ascending: the multiples of the
     granule g = ceil(chunk / BUCKETS) below ``chunk``, ``chunk`` itself, and below g the sizes ceil(g / 2^k) down
@@ -166,6 +167,13 @@ class CandidateEvaluator:
         return CandidateEvaluator(self.fn, self.prep, self.targets, self.runner, measure=measure,
                                   check_indices=self.check_indices)
 
+    def padded_rows(self, rows: int) -> int:
+        """The rows one call of ``rows`` candidates (at most the runner's chunk) is padded to for the model's fixed
+        batch shapes: a caller that builds its index lists on the host can pad them there (repeats of the last
+        candidate; the scores of those rows are then dropped) and spare the call the device-side padding."""
+        pad_to = self.fn.pad_to
+        return pad_to(rows) if pad_to is not None and 0 < rows <= self.runner.chunk else rows
+
     def __call__(
         self, present: torch.Tensor, image: torch.Tensor, row: torch.Tensor, feature: torch.Tensor,
         check_indices: bool | None = None,
@@ -188,7 +196,7 @@ class CandidateEvaluator:
                 # that mask_apply writes the padded batch itself and the forward pass copies nothing
                 img, r, feat = (torch.cat([t, t[-1:].expand(m - n)]) for t in (img, r, feat))
             x = _ops.mask_apply(p.images, p.baseline, p.feature_map, present, img, r, feat, False)
-            out = self.measure(x, self.targets[img])
+            out = self.measure(x, self.targets.index_select(0, img))
             if m == n:
                 return out
             return tuple(t[:n] for t in out) if isinstance(out, tuple) else out[:n]

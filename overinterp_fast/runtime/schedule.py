@@ -101,6 +101,18 @@ class CandidateQueue:
         m = min(self._tail - h, max(batch_size, 0))  # every segment has a slot: at most batch_size are touched
         if m == 0:
             return Batch(_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        image0, start0, stop0, tag0 = self._seg[:, h].tolist()
+        if stop0 - start0 >= batch_size or m == 1:  # the first segment alone fills the batch (or is all there is)
+            taken = min(batch_size, stop0 - start0)
+            slot = np.arange(start0, start0 + taken, dtype=np.int64)
+            image = np.full(taken, image0, np.int64)
+            if taken < stop0 - start0:  # it goes on in the next batch
+                self._seg[1, h] += taken
+                return Batch(image, slot, _EMPTY, _EMPTY)
+            self._head = h + 1
+            if self._head == self._tail:
+                self._head = self._tail = 0
+            return Batch(image, slot, np.array([image0], np.int64), np.array([tag0], np.int64))
         image, start, stop, tag = self._seg[:, h: h + m]
         size = stop - start
         ends = np.cumsum(size)
