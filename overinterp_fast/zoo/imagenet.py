@@ -172,6 +172,15 @@ def _sklearn(filename: str):
     return load
 
 
+def _grey(name: str):
+    def load() -> np.ndarray:
+        import skimage.data
+
+        return np.repeat(getattr(skimage.data, name)()[..., None], 3, axis=2)  # grey as RGB: R = G = B
+
+    return load
+
+
 def _motorcycle() -> np.ndarray:
     return optional.load("skimage.data", "imagenet", "the bundled photos").stereo_motorcycle()[0]  # the left view
 
@@ -186,10 +195,20 @@ PHOTOS = {
     "china": _sklearn("china.jpg"),  # a Chinese temple
     "flower": _sklearn("flower.jpg"),  # a flower
 }
+# More photos bundled with scikit-image, for measurements over more than PHOTOS (load_photos takes their names;
+# its default stays PHOTOS). Grey photos are given as RGB with three equal channels.
+MORE_PHOTOS = {
+    "camera": _grey("camera"),  # a cameraman and his tripod
+    "clock": _grey("clock"),  # a wall clock, motion-blurred
+    "coins": _grey("coins"),  # Greek coins on a plain ground
+    "retina": _skimage("retina"),  # a photo of a human retina (fundus)
+    "immunohistochemistry": _skimage("immunohistochemistry"),  # a stained tissue section under a microscope
+}
 
 
 def load_photos(size: int = 224, names: list[str] | None = None) -> tuple[torch.Tensor, list[str], np.ndarray]:
-    """The bundled photos (all of PHOTOS, or `names` of them, in that order), center-cropped to size.
+    """The bundled photos (all of PHOTOS, or `names` of them, in that order, from PHOTOS and MORE_PHOTOS),
+    center-cropped to size.
 
     The preprocessing is explicit and fixed (the shorter side to ``size``, PIL bicubic, a centre crop, then
     ``(x - 0.5) / 0.5``), so the benchmarks and figures that use these photos stay reproducible; for a model's
@@ -200,10 +219,11 @@ def load_photos(size: int = 224, names: list[str] | None = None) -> tuple[torch.
     originals uint8 [N, size, size, 3], the same crops before normalization.
     """
     names = list(PHOTOS) if names is None else list(names)
-    unknown = [n for n in names if n not in PHOTOS]
+    known = {**PHOTOS, **MORE_PHOTOS}
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown photos {unknown}; have {list(PHOTOS)}")
-    originals = np.stack([center_crop(PHOTOS[n](), size) for n in names])
+        raise ValueError(f"unknown photos {unknown}; have {list(known)}")
+    originals = np.stack([center_crop(known[n](), size) for n in names])
     x = torch.stack([normalize(o) for o in originals])
     return x, names, originals
 

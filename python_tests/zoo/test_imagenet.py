@@ -250,8 +250,23 @@ def test_motorcycle_is_the_left_view_and_photo_defaults():
     assert x.shape == (1, 3, 224, 224) and originals.shape == (1, 224, 224, 3)
     with pytest.raises(ValueError, match=whole_message(
             "unknown photos ['cat', 'dog']; have ['chelsea', 'coffee', 'astronaut', 'rocket', 'motorcycle', 'china', "
-            "'flower']")):
+            "'flower', 'camera', 'clock', 'coins', 'retina', 'immunohistochemistry']")):
         zoo.load_photos(names=["coffee", "cat", "dog"])
+
+
+def test_more_photos_by_name_and_grey_as_rgb():
+    """MORE_PHOTOS load by name beside PHOTOS (the default stays PHOTOS); a grey photo comes as three equal channels
+    of scikit-image's array, centre-cropped (camera: 512 x 512, so size 512 is the array itself)."""
+    import skimage.data
+
+    _, names, originals = zoo.load_photos(512, names=["camera", "coffee"])
+    assert names == ["camera", "coffee"] and originals.shape == (2, 512, 512, 3)
+    cam = skimage.data.camera()
+    assert all(np.array_equal(originals[0, :, :, c], cam) for c in range(3))
+    _, names, originals = zoo.load_photos(224, names=list(zoo.MORE_PHOTOS))
+    assert names == ["camera", "clock", "coins", "retina", "immunohistochemistry"]
+    assert originals.shape == (5, 224, 224, 3) and originals.dtype == np.uint8
+    assert not set(zoo.MORE_PHOTOS) & set(zoo.PHOTOS) and zoo.load_photos(32)[1] == list(zoo.PHOTOS)
 
 
 @pytest.mark.mutation
