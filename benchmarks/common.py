@@ -8,6 +8,7 @@ on the model (:class:`RowRecorder`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -291,10 +292,12 @@ def versions(device) -> dict:
     return v
 
 
+@functools.lru_cache(maxsize=1)
 def source_commit() -> str:
     """The full hash of the code measured: ``$OVERINTERP_FAST_COMMIT`` where set (a copy of the tree without its
-    ``.git``, as on a lent GPU machine), else ``git rev-parse HEAD``, with ``-dirty`` when tracked files differ
-    from it; "unknown" when neither is available."""
+    ``.git``, as on a lent GPU machine), else ``git rev-parse HEAD``, with ``-dirty`` when tracked code differs
+    from it (the results folder, which a run rewrites as it goes, does not count); "unknown" when neither is
+    available. Read once per process, at the first write: a run records the code it started with."""
     env = os.environ.get("OVERINTERP_FAST_COMMIT")
     if env:
         return env
@@ -303,7 +306,7 @@ def source_commit() -> str:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "overinterp_fast", "csrc", "benchmarks",
-                                "setup.py"], cwd=root).returncode != 0
+                                "setup.py", ":(exclude)benchmarks/results"], cwd=root).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
