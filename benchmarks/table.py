@@ -98,6 +98,21 @@ def responsibility_rows(doc: dict) -> list[str]:
     out += ["", f"{s['photos']} photos; ours {s['speed_ratio']:.2f}x faster, {s['query_ratio']:.2f}x fewer queries; "
                 f"every MPS passes: {fmt(s['ours_all_pass_on_model'])}"
                 + (f"; ours / its bare forward passes: {s['ours_over_floor']:.2f}" if "ours_over_floor" in s else "")]
+    st = s.get("steadiness")
+    if st:  # per photo, then the median and quartiles over photos
+        def spread(d, k=1.0):
+            if not d:
+                return "-"
+            f = ".0f" if abs(k * d["median"]) >= 100 else ".2f"
+            return f"{k * d['median']:{f}} ({k * d['q25']:{f}}-{k * d['q75']:{f}})"
+
+        lines = [["seed Dice (mean pairwise, per photo)", spread(st.get("rex_seed_dice")), spread(st.get("ours_seed_dice"))],
+                 [f"noise Dice ({st.get('noise_copies')} copies, sigma {st.get('noise_sigma')})",
+                  spread(st.get("rex_noise_dice")), spread(st.get("ours_noise_dice"))],
+                 ["queries per image", spread(st.get("rex_queries")), spread(st.get("ours_queries"))],
+                 ["MPS, % of the image", spread(st.get("rex_mps_fraction"), 100), spread(st.get("ours_mps_fraction"), 100)]]
+        out += ["", "Steadiness, median over photos (interquartile range):", ""]
+        out += table(["", "ReX", "ours"], lines)
     return out
 
 
