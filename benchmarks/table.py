@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
 BEGIN, END = "<!-- tables: begin (written by benchmarks/table.py) -->", "<!-- tables: end -->"
-ORDER = ["exact", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient", "scale"]
+ORDER = ["exact", "exact-loop", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient", "scale"]
 
 
 def fmt(v, digits: int = 2) -> str:
@@ -140,7 +140,7 @@ def scale_rows(doc: dict) -> list[str]:
     return out
 
 
-RENDER = {"exact": exact_rows, "exact-cold": exact_rows, "gradient": gradient_rows,
+RENDER = {"exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows, "gradient": gradient_rows,
           "responsibility": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
           "scale": scale_rows}
 
