@@ -188,7 +188,10 @@ class _ExactRun:
                 kw["starts"] = np.unique(im[begins]).tolist()
             f = evaluator(self.present, img, img, feature, **kw)
             self.total += f.sum()  # two ops per call; isfinite(f).all() and &= took three
-            scores.index_copy_(0, flat[:n0], f if f.shape[0] == n0 else f[:n0])
+            if f.shape[0] == n0:
+                scores.index_copy_(0, flat, f)
+            else:  # padding rows, or re-scores of low-precision steps, follow the batch's own slots
+                scores.index_copy_(0, flat[:n0], f[:n0])
         if low_steps.size:
             low.settle(picked, f[n0:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
                        self.unsafe_step)

@@ -189,7 +189,8 @@ class CandidateEvaluator:
         pad_to = self.fn.pad_to
 
         def work(sl: slice) -> torch.Tensor:
-            img, r, feat = image[sl], row[sl], feature[sl]
+            whole = sl.start == 0 and sl.stop == image.shape[0]  # one chunk (the usual call): no views to make
+            img, r, feat = (image, row, feature) if whole else (image[sl], row[sl], feature[sl])
             n = img.shape[0]
             m = pad_to(n) if pad_to is not None and n > 0 else n
             if m > n:  # the model's fixed batch shape: pad the candidate list (repeats of the last candidate), so
