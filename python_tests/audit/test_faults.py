@@ -27,12 +27,7 @@ from mounts import read_only_bind, remount, tmpfs
 N = 8  # images, one per chunk
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Noise(ImageSource):

@@ -26,13 +26,7 @@ from overinterp_fast.cli import main
 from helpers import tiny_cnn
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: tiny batches do not pay for thread start-up on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Squares(ImageSource):
