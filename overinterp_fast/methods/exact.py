@@ -152,8 +152,9 @@ class _ExactRun:
         # slots as flat indices into remaining and scores [N, p + 1]: index_select / index_copy_ on the flat views
         # cost less per call than indexing by (image, slot) pairs
         flat = batch.image * (p + 1) + batch.slot
-        n0 = len(flat)  # the batch's full-dtype slots; padding rows and re-scores of low-precision steps follow
+        # n0: the batch's full-dtype slots; padding rows or the re-scores of low-precision steps follow them in f
         if low is None:  # every slot is scored in the full dtype
+            n0 = len(flat)
             img_host = batch.image
             pad = evaluator.padded_rows(n0) - n0 if hasattr(evaluator, "padded_rows") else 0
             if pad > 0:  # the model's batch shape: repeats of the last candidate, padded here on the host
@@ -168,13 +169,12 @@ class _ExactRun:
             img, flat, img_low, flat_low, rows, counts, steps, pos, rank = upload(
                 dev, batch.image[~is_low], flat[~is_low], batch.image[is_low], flat[is_low], stepped,
                 state.count[stepped], state.step[stepped], pos, rank)
+            n0 = flat.shape[0]
         scores, remaining = self.scores.view(-1), self.remaining.view(-1)
         if img_low is not None and img_low.numel():
             scores.index_copy_(0, flat_low, low.evaluator(self.present, img_low, img_low,
                                                           remaining.index_select(0, flat_low)))
         feature = remaining.index_select(0, flat)
-        if low is not None:
-            n0 = flat.shape[0]
         if low_steps.size:  # the low-precision steps' best candidates join the full-dtype call
             k = len(full_steps)
             picked = low.pick(self.scores, rows[k:], pos, rank, self.present, self.remaining)

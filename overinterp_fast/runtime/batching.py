@@ -52,7 +52,6 @@ BUCKETS = 16
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=64)
 def bucket_sizes(chunk: int) -> tuple[int, ...]:
     """The batch shapes a forward call may take under a chunk of ``chunk`` rows, ascending: the multiples of the
     granule g = ceil(chunk / BUCKETS) below ``chunk``, ``chunk`` itself, and below g the sizes ceil(g / 2^k) down
@@ -186,13 +185,11 @@ class CandidateEvaluator:
         if self.check_indices if check_indices is None else check_indices:
             check_candidates(p, image, row, feature, present.shape[0])
 
-        pad_to = self.fn.pad_to
-
         def work(sl: slice) -> torch.Tensor:
             whole = sl.start == 0 and sl.stop == image.shape[0]  # one chunk (the usual call): no views to make
             img, r, feat = (image, row, feature) if whole else (image[sl], row[sl], feature[sl])
             n = img.shape[0]
-            m = pad_to(n) if pad_to is not None and n > 0 else n
+            m = self.padded_rows(n)  # a chunk never exceeds the runner's chunk size
             if m > n:  # the model's fixed batch shape: pad the candidate list (repeats of the last candidate), so
                 # that mask_apply writes the padded batch itself and the forward pass copies nothing
                 img, r, feat = (torch.cat([t, t[-1:].expand(m - n)]) for t in (img, r, feat))

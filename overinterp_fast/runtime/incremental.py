@@ -724,12 +724,9 @@ class IncrementalEngine:
             return None
         start = g.table[:, :2].to(prep.images.device)
         feats = torch.arange(self.p + 1, device=start.device)
-        none = start.new_zeros(self.p + 1, 4)
-        fmw, _ = _ops.patch_gather(self.fm, torch.zeros_like(feats), None, start, none, start, g.wh, g.ww, 0.0,
-                                   False)
-        bl, _ = _ops.patch_gather(self.baseline, torch.zeros_like(feats), None, start, none, start, g.wh, g.ww, 0.0,
-                                  False)
-        return fmw == feats.view(-1, 1, 1, 1), bl
+        first, none = torch.zeros_like(feats), start.new_zeros(self.p + 1, 4)
+        window = lambda src: _ops.patch_gather(src, first, None, start, none, start, g.wh, g.ww, 0.0, False)[0]  # noqa: E731
+        return window(self.fm) == feats.view(-1, 1, 1, 1), window(self.baseline)
 
     # -- base run
     def base(self, rows: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, every_row: bool = False) -> None:
