@@ -69,8 +69,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import overinterp_fast as of  # noqa: E402
-from overinterp_fast.runtime import graphs  # noqa: E402
-from common import (CONFIGS, RowRecorder, batches, candidate_like_batch, explain, floor_run, fresh_process,  # noqa: E402
+from common import (CONFIGS, batches, candidate_like_batch, eager_rows, explain, floor_run, fresh_process,  # noqa: E402
                     interleaved, make_case, same_sis, write_results)
 
 DEFAULT = ["cnn16-px", "cnn32-2x2", "resnet20-4x4"]
@@ -98,18 +97,8 @@ def dense_batch_size(model, images, features) -> int:
     After the warm-up the calibration is cached and every call is the job's; with --no-warmup this run also
     holds the calibration's timing calls, at most the job's rows per step each.
     """
-    # CUDA graphs replay a call without calling the module (its hooks do not see it): record eager calls
-    saved = os.environ.get(graphs.ENV_VAR)
-    os.environ[graphs.ENV_VAR] = "0"
-    try:
-        with RowRecorder(model) as rec:
-            explain(model, images, 0.5, feature_mask=features, **DENSE)
-    finally:
-        if saved is None:
-            os.environ.pop(graphs.ENV_VAR)
-        else:
-            os.environ[graphs.ENV_VAR] = saved
-    return rec.largest()
+    rows, _ = eager_rows(model, lambda: explain(model, images, 0.5, feature_mask=features, **DENSE))
+    return max(rows) if rows else None
 
 
 def contenders_for(model, images, features, engines: bool, skip) -> dict:
@@ -176,17 +165,7 @@ LOOP_CONFIGS = ("linear8-px", "linear24-px")
 def recorded_calls(model, images, features) -> tuple[list[int], list]:
     """(rows of every forward call of fast_sis's default run, its results): recorded with CUDA graphs off, whose
     replays do not call the module's hooks."""
-    saved = os.environ.get(graphs.ENV_VAR)
-    os.environ[graphs.ENV_VAR] = "0"
-    try:
-        with RowRecorder(model) as rec:
-            res = explain(model, images, 0.5, feature_mask=features)
-    finally:
-        if saved is None:
-            os.environ.pop(graphs.ENV_VAR)
-        else:
-            os.environ[graphs.ENV_VAR] = saved
-    return rec.rows, res
+    return eager_rows(model, lambda: explain(model, images, 0.5, feature_mask=features))
 
 
 def run_loop_cost(name, n_images, device, rounds, warmup=True) -> dict:

@@ -101,7 +101,8 @@ from overinterp_fast.audit.stats import dice  # noqa: E402
 from overinterp_fast.zoo.imagenet import (MORE_PHOTOS, PHOTOS, imagenet_label, load_efficientnet_lite, load_photos,  # noqa: E402
                                           normalize)
 
-from common import RowRecorder, candidate_like_batch, explain, floor_run, fresh_process, timed, write_results  # noqa: E402
+from common import (RowRecorder, candidate_like_batch, eager_rows, explain, floor_run, fresh_process, timed,  # noqa: E402
+                    write_results)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REX_VENV = os.path.join(HERE, ".rex-venv")
@@ -183,11 +184,18 @@ class CountingOnnx(of.OnnxModel):
 
 
 class Counted:
-    """A model (CountingOnnx or a torch module) whose calls are recorded while ``run`` runs: ``run(fn)`` ->
-    (seconds, fn's result, the rows of every call)."""
+    """A model (CountingOnnx or a torch module) whose calls are recorded: ``run(fn)`` -> (seconds, fn's result,
+    the rows of every forward call fn made).
 
-    def __init__(self, model, device):
-        self.model, self.device = model, device
+    ONNX Runtime: the session counts its own calls during the timed run. A torch module: the run is timed as a
+    user meets it (CUDA graphs on, on a GPU), and its rows are those of a second run with graphs off, recorded
+    by a forward pre-hook: a graph's replay does not call the module, so the hook of the timed run would miss
+    every replayed call. ``graph_replays`` (default: on a CUDA device) says whether that second run is needed.
+    """
+
+    def __init__(self, model, device, graph_replays: bool | None = None):
+        self.model, self.device = model, torch.device(device)
+        self.graph_replays = self.device.type == "cuda" if graph_replays is None else graph_replays
         if isinstance(model, CountingOnnx):
             model.calls = []
 
@@ -196,9 +204,13 @@ class Counted:
             self.model.calls = []
             t, res = timed(fn, self.device)
             return t, res, list(self.model.calls)
-        with RowRecorder(self.model) as rec:
-            t, res = timed(fn, self.device)
-        return t, res, rec.rows
+        if not self.graph_replays:
+            with RowRecorder(self.model) as rec:
+                t, res = timed(fn, self.device)
+            return t, res, rec.rows
+        t, res = timed(fn, self.device)
+        rows, _ = eager_rows(self.model, fn)
+        return t, res, rows
 
 
 def _sha256(path: str) -> str:

@@ -8,6 +8,7 @@ on the model (:class:`RowRecorder`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Callable
 import torch
 
 import overinterp_fast as of
+from overinterp_fast.runtime import graphs
 from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -197,6 +199,32 @@ class RowRecorder:
     def largest(self) -> int | None:
         """The most rows in one call (the batch size, when the job filled one), None when nothing was called."""
         return max(self.rows) if self.rows else None
+
+
+@contextlib.contextmanager
+def graphs_off():
+    """CUDA graphs off inside the ``with`` (OVERINTERP_FAST_CUDA_GRAPHS=0), restored after."""
+    saved = os.environ.get(graphs.ENV_VAR)
+    os.environ[graphs.ENV_VAR] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(graphs.ENV_VAR, None)
+        else:
+            os.environ[graphs.ENV_VAR] = saved
+
+
+def eager_rows(model: torch.nn.Module, fn: Callable):
+    """(rows of every forward call ``fn()`` makes of ``model``, fn's result), recorded with CUDA graphs off.
+
+    A replayed CUDA graph runs the model's kernels without calling the module, so its hooks miss every replayed
+    call: a floor recorded with graphs on counts only the calls made while graphs were captured. With graphs off
+    every call reaches the module (same batches, same results; only slower on a GPU).
+    """
+    with graphs_off(), RowRecorder(model) as rec:
+        res = fn()
+    return rec.rows, res
 
 
 def same_sis(a: list, b: list) -> bool:
