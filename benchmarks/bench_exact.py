@@ -70,7 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import overinterp_fast as of  # noqa: E402
 from common import (CONFIGS, batches, candidate_like_batch, eager_rows, explain, floor_run, fresh_process,  # noqa: E402
-                    interleaved, make_case, same_sis, write_results)
+                    graphs_off, interleaved, make_case, same_sis, write_results)
 
 DEFAULT = ["cnn16-px", "cnn32-2x2", "resnet20-4x4"]
 DENSE = {"engine": "torch", "incremental": False}
@@ -183,22 +183,38 @@ def run_loop_cost(name, n_images, device, rounds, warmup=True) -> dict:
     best = {k: min(v) for k, v in times.items()}
     steps = sum(r.order.numel() for r in outputs["fast"])  # one backward-selection step of one image each
     loop = best["fast"] - best["floor"]
+    proxies = host_proxies(model, fast)
     return {"config": name, "case": "loop_cost", "device": str(device), "images": images.shape[0], "features": p,
             "candidates": images.shape[0] * p * (p + 1) // 2, "rounds": rounds, "times_s": times,
             "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
             "calls": len(calls), "rows": sum(calls), "image_steps": steps,
             "loop_us_per_call": 1e6 * loop / len(calls), "loop_us_per_image_step": 1e6 * loop / steps,
-            "engine_used": {"fast": res[0].engine}}
+            "engine_used": {"fast": res[0].engine}, "step": res[0].step, **proxies}
+
+
+def host_proxies(model, fast) -> dict:
+    """What a CPU shows of the host's work per forward call, from one more run with CUDA graphs off (a replay
+    dispatches no op and calls no hook): aten ops dispatched outside the model per forward call (views not
+    counted), the distinct batch shapes, and the host's reads of device values by label."""
+    from overinterp_fast.runtime.opcount import counting_ops
+    from overinterp_fast.runtime.sync import counting
+
+    with graphs_off(), counting_ops(model) as ops, counting() as reads:
+        fast()
+    return {"ops_outside_per_call": ops.outside_per_call, "ops_outside": ops.outside,
+            "forward_calls": ops.forward_calls, "batch_shapes": len(ops.shapes),
+            "ops_outside_by_op": dict(ops.by_op.most_common(12)), "reads_by_label": dict(reads.by_label)}
 
 
 def print_loop_cost(row: dict) -> None:
     print(f"{row['config']:<14}{row['images']:>3}{row['features']:>6}{row['calls']:>7}{row['rows']:>9}"
           f"{row['image_steps']:>8}{row['fast_s']:>9.3f}{row['floor_s']:>9.3f}{row['fast_over_floor']:>8.2f}"
-          f"{row['loop_us_per_call']:>11.0f}{row['loop_us_per_image_step']:>11.1f}", flush=True)
+          f"{row['loop_us_per_call']:>11.0f}{row['loop_us_per_image_step']:>11.1f}"
+          f"{row['ops_outside_per_call']:>9.1f}{row['batch_shapes']:>8}", flush=True)
 
 
 LOOP_HEAD = (f"{'config':<14}{'N':>3}{'p':>6}{'calls':>7}{'rows':>9}{'steps':>8}{'fast s':>9}{'floor s':>9}"
-             f"{'f/floor':>8}{'us/call':>11}{'us/step':>11}")
+             f"{'f/floor':>8}{'us/call':>11}{'us/step':>11}{'ops/call':>9}{'shapes':>8}")
 
 
 # ---- score_dtype against the images' dtype ----

@@ -44,9 +44,11 @@ def exact_rows(doc: dict) -> list[str]:
     out = []
     if loops:
         out += table(["config (the loop's own cost)", "N", "p", "forward calls", "image-steps", "fast s", "floor s",
-                      "fast/floor", "loop us per call", "loop us per image-step"],
+                      "fast/floor", "loop us per call", "loop us per image-step", "ops per call outside the model",
+                      "batch shapes"],
                      [[r["config"], r["images"], r["features"], r["calls"], r["image_steps"], r["fast_s"],
-                       r["floor_s"], r["fast_over_floor"], r["loop_us_per_call"], r["loop_us_per_image_step"]]
+                       r["floor_s"], r["fast_over_floor"], r["loop_us_per_call"], r["loop_us_per_image_step"],
+                       r.get("ops_outside_per_call"), r.get("batch_shapes")]
                       for r in loops]) + [""]
     if configs:
         out += table(["config", "N", "p", "candidates", "B", "fast s", "floor s", "fast/floor", "reference s",

@@ -46,4 +46,24 @@ inline void check_backselect_update(const at::Tensor& scores, const at::Tensor& 
   }
 }
 
+// One backward-selection step of row i of the [N, S] tables (CPU): the largest of scores[i, :count] wins, among
+// equal scores the lowest feature id (the reference's argmax over candidates listed in ascending id order); the
+// feature goes to order/values at `step`, leaves `present`, and the last scored slot moves into its place
+// (swap-with-last keeps the present features compact in remaining[i, :count - 1]).
+inline void backselect_row(const double* scores, int64_t* remaining, bool* present, int64_t* order, double* values,
+                           int64_t i, int64_t count, int64_t step, int64_t S, int64_t P, int64_t M) {
+  const double* s = scores + i * S;
+  int64_t* r = remaining + i * S;
+  int64_t best = 0;
+  for (int64_t j = 1; j < count; ++j) {
+    if (s[j] > s[best] || (s[j] == s[best] && r[j] < r[best])) best = j;
+  }
+  const int64_t feature = r[best];
+  order[i * M + step] = feature;
+  values[i * M + step] = s[best];
+  present[i * P + feature] = false;
+  r[best] = r[count - 1];
+  r[count - 1] = -1;
+}
+
 }  // namespace overinterp_fast

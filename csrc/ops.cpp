@@ -45,4 +45,29 @@ TORCH_LIBRARY(overinterp_fast, m) {
   m.def(
       "patch_gather(Tensor stored, Tensor image, Tensor patch, Tensor patch_origin, Tensor valid, "
       "Tensor region_origin, int height, int width, float pad_value, bool check_indices=True) -> (Tensor, Tensor)");
+  // The exact SIS step loop (csrc/exact_step.h describes a batch's schedule block `sched`, int64 [R, B]).
+  // exact_candidates writes batch b's candidates into out [B, *D]: out[b] is mask_apply's candidate of image
+  // sched[0, b] with present row sched[0, b] and feature remaining.view(-1)[sched[1, b]] masked (none for a
+  // padding row, sched[1, b] < 0).
+  m.def(
+      "exact_candidates(Tensor base, Tensor baseline, Tensor feature_map, Tensor present, Tensor remaining, "
+      "Tensor sched, Tensor(a!) out, bool check_indices=True) -> ()");
+  // exact_scores: f[b] = probs[b, targets[sched[0, b]]] (as float64) goes to scores.view(-1)[sched[1, b]] where
+  // sched[1, b] >= 0, and total (a float64 scalar) becomes NaN once such an f is not finite (it stays 0 otherwise);
+  // then backselect_update's step for every entry k of done (int64 [3, D]: row, count, step) with done[0, k] >= 0.
+  // One op per batch, with no host read: a step made of exact_candidates, the model and exact_scores can be
+  // captured as a CUDA graph.
+  m.def(
+      "exact_scores(Tensor probs, Tensor targets, Tensor sched, Tensor done, Tensor(a!) scores, Tensor(b!) total, "
+      "Tensor(c!) remaining, Tensor(d!) present, Tensor(e!) order, Tensor(f!) values, bool check_indices=True) -> ()");
+  // The host's schedule of the step loop for up to max_batches batches (csrc/cpu/schedule_window_kernel.cpp): the
+  // queue's segments (int64 [4, S]: image, start, stop, tag) in, the batches' schedule blocks out, with each
+  // image's candidate count and step index advanced in place. Returns (records int64 [sum of 6 * Bp]: the
+  // batches' [6, Bp] blocks one after the other; batches int64 [W, 5]: offset, Bp, rows, first completion,
+  // completions; done int64 [D, 5]: batch, image, tag, count and step before, of every completed segment in
+  // queue order; the segments left, int64 [4, S']). CPU only.
+  m.def(
+      "schedule_window(Tensor segments, Tensor(a!) count, Tensor(b!) step, Tensor full, Tensor sizes, "
+      "int batch_size, int stride, int rescore, bool stop_at_round_end, int max_batches) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }

@@ -479,3 +479,30 @@ class sync_errors:
         if self.cuda:
             torch.cuda.set_sync_debug_mode("default")
         return False
+
+
+# ---- independent references of the ops (python_tests/ops)
+
+
+def mask_apply_ref(base, baseline, fm, present, img, row, feat):
+    """Element by element, in Python loops: independent of both implementations."""
+    out = torch.empty(img.numel(), *base.shape[1:], dtype=base.dtype)
+    fm_flat = fm.reshape(-1).tolist()
+    for b, (i, r, f) in enumerate(zip(img.tolist(), row.tolist(), feat.tolist())):
+        src = base[i].reshape(-1)
+        fill = baseline[i if baseline.shape[0] > 1 else 0].reshape(-1)
+        dst = out[b].view(-1)
+        for e, fid in enumerate(fm_flat):
+            dst[e] = src[e] if bool(present[r, fid]) and fid != f else fill[e]
+    return out
+
+
+def backselect_update_ref(scores, rows, counts, steps, remaining, present, order, values):
+    for i, count, step in zip(rows.tolist(), counts.tolist(), steps.tolist()):
+        cand = [(-scores[i, j].item(), remaining[i, j].item(), j) for j in range(count)]
+        _, feature, slot = min(cand)
+        order[i, step] = feature
+        values[i, step] = scores[i, slot]
+        present[i, feature] = False
+        remaining[i, slot] = remaining[i, count - 1]
+        remaining[i, count - 1] = -1

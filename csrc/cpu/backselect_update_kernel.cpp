@@ -26,22 +26,7 @@ void backselect_update_cpu(const at::Tensor& scores, const at::Tensor& rows, con
   const int64_t* st = steps_c.data_ptr<int64_t>();
   at::parallel_for(0, K, 16, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
-      const int64_t i = rw[k], count = ct[k], step = st[k];
-      const double* s = sc + i * S;
-      int64_t* r = rem + i * S;
-      // Largest score wins; among equal scores the lowest feature id (the
-      // reference's argmax over candidates listed in ascending id order).
-      int64_t best = 0;
-      for (int64_t j = 1; j < count; ++j) {
-        if (s[j] > s[best] || (s[j] == s[best] && r[j] < r[best])) best = j;
-      }
-      const int64_t feature = r[best];
-      ord[i * M + step] = feature;
-      val[i * M + step] = s[best];
-      pres[i * P + feature] = false;
-      // Swap-with-last keeps the present features compact in r[0, count - 1).
-      r[best] = r[count - 1];
-      r[count - 1] = -1;
+      if (rw[k] >= 0) backselect_row(sc, rem, pres, ord, val, rw[k], ct[k], st[k], S, P, M);  // < 0: padding
     }
   });
 }

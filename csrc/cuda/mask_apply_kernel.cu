@@ -6,30 +6,10 @@
 
 #include "../mask_apply.h"
 #include "launch.cuh"
+#include "mask_apply.cuh"
 
 namespace overinterp_fast {
 namespace {
-
-template <typename scalar_t>
-__global__ void mask_apply_kernel(const scalar_t* __restrict__ base, const scalar_t* __restrict__ baseline,
-                                  bool per_image_baseline, const int64_t* __restrict__ fm,
-                                  const bool* __restrict__ present, const int64_t* __restrict__ cand_image,
-                                  const int64_t* __restrict__ cand_row, const int64_t* __restrict__ cand_feature,
-                                  scalar_t* __restrict__ out, int64_t total, int64_t E, int64_t P,
-                                  int64_t n_images, int64_t n_rows) {
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t b = idx / E, e = idx - b * E;
-    const int64_t img = cand_image[b], row = cand_row[b], removed = cand_feature[b];
-    CUDA_KERNEL_ASSERT(img >= 0 && img < n_images);
-    CUDA_KERNEL_ASSERT(row >= 0 && row < n_rows);
-    CUDA_KERNEL_ASSERT(removed >= -1 && removed < P);
-    const int64_t f = fm[e];
-    CUDA_KERNEL_ASSERT(f >= 0 && f < P);
-    out[idx] = (present[row * P + f] && f != removed) ? base[img * E + e]
-                                                      : baseline[(per_image_baseline ? img * E : 0) + e];
-  }
-}
 
 at::Tensor mask_apply_cuda(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
                            const at::Tensor& present, const at::Tensor& cand_image, const at::Tensor& cand_row,
@@ -43,10 +23,10 @@ at::Tensor mask_apply_cuda(const at::Tensor& base, const at::Tensor& baseline, c
   auto img = cand_image.contiguous(), row = cand_row.contiguous(), feat = cand_feature.contiguous();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, base.scalar_type(), "mask_apply_cuda", [&] {
-    mask_apply_kernel<scalar_t><<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(
+    cuda::mask_apply_kernel<scalar_t><<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(
         plan.base.data_ptr<scalar_t>(), plan.baseline.data_ptr<scalar_t>(), plan.baseline.size(0) > 1,
         plan.fm.data_ptr<int64_t>(), present_c.data_ptr<bool>(), img.data_ptr<int64_t>(),
-        row.data_ptr<int64_t>(), feat.data_ptr<int64_t>(), static_cast<scalar_t*>(plan.out_flat.data_ptr()),
+        row.data_ptr<int64_t>(), feat.data_ptr<int64_t>(), nullptr, static_cast<scalar_t*>(plan.out_flat.data_ptr()),
         total, plan.elems, plan.num_features, base.size(0), present.size(0));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

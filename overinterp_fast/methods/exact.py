@@ -28,17 +28,16 @@ import torch
 from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
-from ..runtime.batching import CandidateEvaluator, ChunkRunner
+from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes
 from .findsis import find_sis, sis_score
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores
 from .prefix import verify_prefix_sets
 from .results import SISResult, first_with_collection
-from ..runtime.schedule import CandidateQueue, upload
+from ..runtime.schedule import upload
 from ..runtime.sync import to_host
-
-_STEP, _SCORE, _LOW = 0, 1, 2  # a full-dtype step, the score of a round's input, a low-precision step
+from .exact_step import LOW as _LOW, SCORE as _SCORE, STEP as _STEP, DenseStep, StepSchedule, StepTables, Window
 
 
 @dataclass
@@ -65,10 +64,10 @@ class _ExactRun:
     Device tensors (see the module docstring): ``remaining`` int64 [N, p + 1], ``present`` bool [N, p],
     ``order`` int64 [N, p], ``values`` float64 [N, p], ``scores`` float64 [N, p + 1] and ``total`` (float64 [],
     the sum of every score so far: NaN or inf once a score was; scores are probabilities, whose sum cannot
-    overflow). Host: the images' ``state`` (arrays), the ``queue`` of candidate ranges and the
-    ``bar``.
+    overflow). Host: the images' ``state`` (arrays), the ``schedule`` of candidate ranges (windows of batches) and
+    the ``bar``.
     With ``low``: ``unsafe_step`` int64 [N], each image's first step of the round that failed the low-precision check
-    (p: none), and ``low_step`` (host bool [N]: the image's step in flight is a low-precision one).
+    (p: none).
     """
 
     prep: Prepared
@@ -84,16 +83,16 @@ class _ExactRun:
     scores: torch.Tensor
     total: torch.Tensor
     state: _Images
-    queue: CandidateQueue
+    schedule: StepSchedule
     low: LowPrecision | None = None
     unsafe_step: torch.Tensor | None = None
-    low_step: np.ndarray | None = None
     bar: tqdm | None = None
+    path: str = "fused"  # what ran the steps (SISResult.step)
 
     @classmethod
     def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
               collection: bool, verifier: CandidateEvaluator | None, engine: str, low: LowPrecision | None = None,
-              evaluator: Callable | None = None) -> "_ExactRun":
+              evaluator: Callable | None = None, sizes=()) -> "_ExactRun":
         """Every feature present and every image's first step queued (no bar yet). With ``low``, its margin is
         measured first (``evaluator`` scores in the full dtype)."""
         images = prep.images
@@ -113,62 +112,98 @@ class _ExactRun:
         host_scores, targets_host, *measured = (t.tolist() for t in to_host(scores0, targets, *measured,
                                                                           label="start"))
         state = _Images.start(n, p, host_scores)
-        queue = CandidateQueue(images=n, slots=cols, capacity=n)
+        schedule = StepSchedule(state.count, state.step, state.full, cols, sizes)
         run = cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
-                  values, scores, total, state, queue, low)
+                  values, scores, total, state, schedule, low)
         if low is not None:
             low.start(measured[0], p)
             run.unsafe_step = images.new_full((n,), p, dtype=torch.int64)
-            run.low_step = np.zeros(n, dtype=bool)
         run.push_steps(np.arange(n, dtype=np.int64))
         return run
+
+    @property
+    def tables(self) -> StepTables:
+        return StepTables(self.remaining, self.present, self.order, self.values, self.scores, self.total)
+
+    def rescore(self) -> int:
+        """K of low precision (a step with more candidates is scored in the low dtype first), 0 without it."""
+        return 0 if self.low is None else self.low.rescore
 
     def push_steps(self, ids: np.ndarray) -> None:
         """Queue the next step of images ``ids`` (int64 [S], in order): in the low dtype where an image has more
         candidates than are re-scored."""
         count = self.state.count[ids]
         if self.low is None:
-            self.queue.push_many(ids, 0, count, _STEP)
+            self.schedule.queue.push_many(ids, 0, count, _STEP)
             return
         low = ~self.state.full[ids] & (count > self.low.rescore)
-        self.low_step[ids] = low
-        self.queue.push_many(ids, 0, count, np.where(low, _LOW, _STEP))
+        self.schedule.queue.push_many(ids, 0, count, np.where(low, _LOW, _STEP))
 
-    def step(self, evaluator: Callable, batch) -> None:
-        """Score one batch of candidates, advance the images whose step it completes, and end or start rounds.
+    def run_window(self, window: Window, dense: DenseStep | None, evaluator: Callable) -> DenseStep | None:
+        """Run every batch of ``window``, then end and start the rounds it finished. Returns the dense step to use
+        from here on: None once an out-of-memory error moved the loop to ``evaluator`` (whose runner halves its
+        chunks)."""
+        k = 0
+        if dense is not None:
+            bar = None if getattr(self.bar, "disable", False) else self.bar
+            for block, done in window.blocks(self.prep.images.device):
+                try:
+                    dense(block, done)
+                except torch.OutOfMemoryError:  # this batch again, and every later one, through the evaluator
+                    if self.prep.images.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    dense = None
+                    self.path = "evaluator"
+                    break
+                if bar is not None:
+                    bar.update(int(window.batches[k, 2]))
+                k += 1
+            else:
+                self.path = dense.path
+        for j in range(k, len(window)):
+            self.step(evaluator, window, j)
+        ended = window.ended()
+        if ended.size:
+            self.finish_rounds(ended.tolist())
+        scored = window.scored()
+        if scored.size:
+            self.start_rounds(scored.tolist())
+        return dense
+
+    def step(self, evaluator: Callable, window: Window, k: int) -> None:
+        """Score batch ``k`` of ``window`` through ``evaluator`` and finish the steps it completes (the schedule has
+        already advanced the host's counts).
 
         Candidates of low-precision steps are scored by ``low``; the others (full-dtype steps, the inputs of new
         rounds) and the re-scores of the low-precision steps this batch completes by ``evaluator``, in one call."""
         dev, p = self.prep.images.device, self.prep.num_features
         state, low = self.state, self.low
-        done, tag = batch.done_image, batch.done_tag
+        image, flat, tag, done = window.batch(k)
+        slot = flat - image * (p + 1)
+        steps = done[done[:, 2] != _SCORE]
         if low is None:
-            full_steps = stepped = done[tag == _STEP]
-            low_steps = stepped[:0]
+            full, lows = steps, steps[:0]
         else:
-            full_steps, low_steps = done[tag == _STEP], done[tag == _LOW]
-            stepped = np.concatenate([full_steps, low_steps])
-        scored = done[tag == _SCORE]
-        # slots as flat indices into remaining and scores [N, p + 1]: index_select / index_copy_ on the flat views
-        # cost less per call than indexing by (image, slot) pairs
-        flat = batch.image * (p + 1) + batch.slot
+            full, lows = steps[steps[:, 2] == _STEP], steps[steps[:, 2] == _LOW]
+        stepped = np.concatenate([full, lows])  # (batch, image, tag, count, step) rows
+        full_steps, low_steps = full[:, 1], lows[:, 1]
         # n0: the batch's full-dtype slots; padding rows or the re-scores of low-precision steps follow them in f
         if low is None:  # every slot is scored in the full dtype
             n0 = len(flat)
-            img_host = batch.image
+            img_host = image
             pad = evaluator.padded_rows(n0) - n0 if hasattr(evaluator, "padded_rows") else 0
             if pad > 0:  # the model's batch shape: repeats of the last candidate, padded here on the host
                 img_host, flat = (np.concatenate([a, np.repeat(a[-1:], pad)]) for a in (img_host, flat))
-            img, flat, rows, counts, steps = upload(dev, img_host, flat, stepped, state.count[stepped],
-                                                    state.step[stepped])
+            img, flat, rows, counts, steps_t = upload(dev, img_host, flat, stepped[:, 1], stepped[:, 3],
+                                                      stepped[:, 4])
             img_low = None
         else:
-            is_low = self.low_step[batch.image] & (batch.slot < p)
-            pos, rank = ((), ()) if not low_steps.size else low.plan(state.count[low_steps])
+            is_low = tag == _LOW
+            pos, rank = ((), ()) if not low_steps.size else low.plan(lows[:, 3])
             # every index this step needs, in one host-to-device transfer (schedule.upload)
-            img, flat, img_low, flat_low, rows, counts, steps, pos, rank = upload(
-                dev, batch.image[~is_low], flat[~is_low], batch.image[is_low], flat[is_low], stepped,
-                state.count[stepped], state.step[stepped], pos, rank)
+            img, flat, img_low, flat_low, rows, counts, steps_t, pos, rank = upload(
+                dev, image[~is_low], flat[~is_low], image[is_low], flat[is_low], stepped[:, 1], stepped[:, 3],
+                stepped[:, 4], pos, rank)
             n0 = flat.shape[0]
         scores, remaining = self.scores.view(-1), self.remaining.view(-1)
         if img_low is not None and img_low.numel():
@@ -176,14 +211,14 @@ class _ExactRun:
                                                           remaining.index_select(0, flat_low)))
         feature = remaining.index_select(0, flat)
         if low_steps.size:  # the low-precision steps' best candidates join the full-dtype call
-            k = len(full_steps)
-            picked = low.pick(self.scores, rows[k:], pos, rank, self.present, self.remaining)
-            again = rows[k:][pos]
+            kf = len(full_steps)
+            picked = low.pick(self.scores, rows[kf:], pos, rank, self.present, self.remaining)
+            again = rows[kf:][pos]
             img, feature = torch.cat([img, again]), torch.cat([feature, picked.rescored])
         if img.numel():  # none where the batch is all low-precision candidates and completes no step
             kw = {}
             if getattr(evaluator, "takes_starts", False):  # incremental: the images whose inputs changed, from here
-                im, sl = (batch.image, batch.slot) if low is None else (batch.image[~is_low], batch.slot[~is_low])
+                im, sl = (image, slot) if low is None else (image[~is_low], slot[~is_low])
                 begins = (sl == 0) | (sl == p)  # a step's first slot, a round's input
                 kw["starts"] = np.unique(im[begins]).tolist()
             f = evaluator(self.present, img, img, feature, **kw)
@@ -193,30 +228,23 @@ class _ExactRun:
             else:  # padding rows, or re-scores of low-precision steps, follow the batch's own slots
                 scores.index_copy_(0, flat[:n0], f[:n0])
         if low_steps.size:
-            low.settle(picked, f[n0:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
+            kf = len(full_steps)
+            low.settle(picked, f[n0:], self.scores, rows[kf:], counts[kf:], steps_t[kf:], pos, rank,
                        self.unsafe_step)
-            state.rescored[low_steps] += np.minimum(low.rescore, state.count[low_steps])
+            state.rescored[low_steps] += np.minimum(low.rescore, lows[:, 3])
         if stepped.size:
             _ops.backselect_update(
                 self.scores,
                 rows,
                 counts,
-                steps,
+                steps_t,
                 self.remaining,
                 self.present,
                 self.order,
                 self.values,
                 False,  # rows/counts/steps come from the host's bookkeeping; remaining is kept valid
             )
-            state.count[stepped] -= 1
-            state.step[stepped] += 1
-            going = state.count[stepped] > 0
-            self.push_steps(stepped[going])
-            if not going.all():
-                self.finish_rounds(stepped[~going].tolist())
-        if scored.size:
-            self.start_rounds(scored.tolist())
-        self.bar.update(len(batch))
+        self.bar.update(len(image))
 
     def finish_rounds(self, ids: list[int]) -> None:
         """FindSIS on the rounds of images ``ids`` that just ended; with a collection, queue their next rounds.
@@ -237,9 +265,10 @@ class _ExactRun:
             ids = [i for i in ids if i not in redo]
         st = self.state
         found = {}
+        ords, vals = ords.numpy(), vals.numpy()  # host copies: each round's own arrays, with no op per image
         for i in ids:
             m, score = int(st.step[i]), float(st.score[i])
-            o, v = ords[row[i], :m].clone(), vals[row[i], :m].clone()
+            o, v = torch.from_numpy(ords[row[i], :m].copy()), torch.from_numpy(vals[row[i], :m].copy())
             sis = find_sis(o, v, thresholds[i]) if score >= thresholds[i] else None
             found[i] = (o, v, sis, None if sis is None else sis_score(v, score, sis.numel()))
         if self.verifier is not None:
@@ -259,6 +288,7 @@ class _ExactRun:
                     sis_score=f_sis,
                     engine=self.engine,
                     rescored=int(st.rescored[i]),
+                    step=self.path,
                 )
             )
             st.rescored[i], st.full[i] = 0, False
@@ -280,7 +310,7 @@ class _ExactRun:
         m = rest.numel()
         self.state.count[i], self.state.step[i] = m, 0
         self.bar.total += 1 + m * (m + 1) // 2
-        self.queue.push(i, p, p + 1, _SCORE)
+        self.schedule.queue.push(i, p, p + 1, _SCORE)
 
     def redo(self, i: int, rest: torch.Tensor, t: int) -> None:
         """Run image i's round again from its step ``t`` in the full dtype: ``rest`` (int64 [m - t], host) are the
@@ -356,16 +386,29 @@ def exact_sis(
     :class:`~overinterp_fast.runtime.incremental.IncrementalEvaluator`).
     With ``low``, candidates are scored in its low dtype first and the result is still the full-dtype run's (see
     :mod:`~overinterp_fast.methods.low_precision`); each result's ``rescored`` counts the re-scored candidates.
+
+    Without ``evaluator`` and ``low``, each batch is one :class:`~overinterp_fast.methods.exact_step.DenseStep`
+    (three ops around the forward pass; on CUDA a captured graph per batch shape); the schedule of many batches is
+    made at once (:class:`~overinterp_fast.methods.exact_step.StepSchedule`). Each result's ``step`` says what ran.
     """
-    if evaluator is None:  # the queue and backselect_update make valid indices: no per-call checks
+    dense = None
+    if evaluator is None:  # the schedule and backselect_update make valid indices: no per-call checks
         evaluator = CandidateEvaluator(fn, prep, targets, runner, check_indices=False)
-    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator)
+        if low is None:
+            dense = True
+    sizes = bucket_sizes(runner.chunk) if fn.pad_to is not None else ()
+    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator, sizes)
+    if dense:
+        dense = DenseStep(fn, prep, targets, run.tables)
+    run.path = "fused" if dense else ("low-precision" if low is not None else "incremental")
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
     run.bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",
                    disable=None if progress is None else not progress)
-    while run.queue:
-        run.step(evaluator, run.queue.take(batch_size))
+    stop = collection or low is not None  # round ends change the schedule: FindSIS (and the check) decide what next
+    while run.schedule:  # a batch is one forward call: at most the runner's chunk (halved after out-of-memory errors)
+        window = run.schedule.window(min(batch_size, runner.chunk), rescore=run.rescore(), stop_at_round_end=stop)
+        dense = run.run_window(window, dense, evaluator)
     run.bar.close()
     check_finite_scores(math.isfinite(to_host(run.total, label="end")[0]))
 

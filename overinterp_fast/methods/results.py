@@ -47,6 +47,10 @@ class SISResult:
             ``score_dtype`` (each step's best few, and every candidate of the steps run again in the images'
             dtype after a step whose decision the low scores could not prove); 0 without ``score_dtype``
             (docs: algorithms.md, Low precision that stays exact). None for the other methods.
+        step: for exact SIS, what ran the backward-selection steps: "cuda-graph" (each batch one captured CUDA
+            graph), "fused" (each batch three fused ops around the forward pass), "incremental" (incremental
+            inference), "low-precision" (``score_dtype``) or "evaluator" (chunked forward passes, after an
+            out-of-memory error). None for the other methods.
     """
 
     order: torch.Tensor
@@ -66,6 +70,7 @@ class SISResult:
     refine_queries: int | None = field(default=None)
     minimal: bool | None = field(default=None)
     rescored: int | None = field(default=None)
+    step: str | None = field(default=None)
 
     @property
     def total_queries(self) -> int | None:

@@ -256,6 +256,26 @@ def _register_fakes() -> None:
         return out, stored.new_empty((image.shape[0],), dtype=torch.bool)
 
 
+    @register_fake("overinterp_fast::exact_candidates")
+    def _exact_candidates_fake(base, baseline, feature_map, present, remaining, sched, out, check_indices=True):
+        torch._check(sched.dim() == 2 and out.shape[0] == sched.shape[1])
+        return None
+
+    @register_fake("overinterp_fast::exact_scores")
+    def _exact_scores_fake(probs, targets, sched, done, scores, total, remaining, present, order, values,
+                           check_indices=True):
+        torch._check(probs.shape[0] == sched.shape[1])
+        return None
+
+    @register_fake("overinterp_fast::schedule_window")
+    def _schedule_window_fake(segments, count, step, full, sizes, batch_size, stride, rescore, stop_at_round_end,
+                              max_batches):
+        ctx = torch.library.get_ctx()
+        records, windows, done, left = (ctx.new_dynamic_size() for _ in range(4))
+        return (segments.new_empty((records,)), segments.new_empty((windows, 5)), segments.new_empty((done, 5)),
+                segments.new_empty((4, left)))
+
+
 if extension_loaded():
     _register_fakes()
 
@@ -373,3 +393,91 @@ def backselect_update(
     entry moves into its slot).
     """
     call("backselect_update", scores, rows, counts, steps, remaining, present, order, values, check_indices)
+
+
+def exact_candidates(
+    base: torch.Tensor,
+    baseline: torch.Tensor,
+    feature_map: torch.Tensor,
+    present: torch.Tensor,
+    remaining: torch.Tensor,
+    sched: torch.Tensor,
+    out: torch.Tensor,
+    check_indices: bool = True,
+) -> None:
+    """Write the candidates of one batch of the exact SIS step loop into ``out``.
+
+    Args:
+        base, baseline, feature_map: as in :func:`mask_apply` (images [N, *D]).
+        present: bool [N, p], each image's present features (candidate b uses row ``sched[0, b]``).
+        remaining: int64 [N, S], each image's present features as a compact list (-1 past the end).
+        sched: int64 [>= 2, B] with contiguous rows: ``sched[0, b]`` the image, ``sched[1, b]`` the slot in the
+            flat ``remaining`` (candidate b masks ``remaining.view(-1)[sched[1, b]]``; -1 in that table masks
+            nothing); a slot < 0 is a padding row (the image's current input).
+        out: [B, *D] in base's dtype, device and memory format, overwritten.
+        check_indices: as in :func:`mask_apply`.
+    """
+    call("exact_candidates", base, baseline, feature_map, present, remaining, sched, out, check_indices)
+
+
+def exact_scores(
+    probs: torch.Tensor,
+    targets: torch.Tensor,
+    sched: torch.Tensor,
+    done: torch.Tensor,
+    scores: torch.Tensor,
+    total: torch.Tensor,
+    remaining: torch.Tensor,
+    present: torch.Tensor,
+    order: torch.Tensor,
+    values: torch.Tensor,
+    check_indices: bool = True,
+) -> None:
+    """Record one batch's scores and finish the backward-selection steps it completes, in place.
+
+    Args:
+        probs: floating [B, K], the batch's class probabilities.
+        targets: int64 [N], each image's target class.
+        sched: int64 [>= 2, B] as in :func:`exact_candidates`: f[b] = ``probs[b, targets[sched[0, b]]]`` (as float64)
+            is written to ``scores.view(-1)[sched[1, b]]`` (padding rows, slot < 0, are skipped).
+        done: int64 [3, D] with contiguous rows: (row, count, step) of each step the batch completes, as in
+            :func:`backselect_update`; entries with row < 0 are padding (skipped).
+        scores: float64 [N, S]; total: float64 scalar, made NaN once a written f is not finite (0 otherwise).
+        remaining, present, order, values: as in :func:`backselect_update`.
+        check_indices: as in :func:`mask_apply`.
+    """
+    call("exact_scores", probs, targets, sched, done, scores, total, remaining, present, order, values, check_indices)
+
+
+def schedule_window(
+    segments: torch.Tensor,
+    count: torch.Tensor,
+    step: torch.Tensor,
+    full: torch.Tensor,
+    sizes: torch.Tensor,
+    batch_size: int,
+    stride: int,
+    rescore: int,
+    stop_at_round_end: bool,
+    max_batches: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exact SIS step loop's schedule for up to ``max_batches`` batches, on the host.
+
+    Args:
+        segments: int64 [4, S], the queue (image, start slot, stop slot, tag: 0 a step, 1 a round's input, 2 a
+            low-precision step), in order.
+        count, step: int64 [N], each image's candidate count and step index, advanced in place.
+        full: bool [N], images whose steps run in the full dtype (see ``rescore``).
+        sizes: int64 [Z] ascending, the batch shapes (a batch of r rows is padded to the smallest that holds it).
+        batch_size: slots per batch; stride: slots per image row (p + 1); rescore: K of low precision (0: none), a
+            step with more than K candidates of an image not ``full`` is tagged 2; stop_at_round_end: end the
+            window after a batch in which a round ends; max_batches: at most this many batches.
+
+    Returns:
+        (records int64 [sum 6 * Bp]: each batch's block [6, Bp] (image, slot, done row, count, step, tag),
+        batches int64 [W, 5]: (offset into records, Bp, rows, first completion, completions),
+        done int64 [D, 5]: (batch, image, tag, count, step before it) of each completed segment in queue order,
+        the segments left int64 [4, S']).
+    """
+    return call("schedule_window", segments, count, step, full, sizes, batch_size, stride, rescore,
+                stop_at_round_end, max_batches)

@@ -307,3 +307,251 @@ def patch_gather(stored, image, patch, patch_origin, valid, region_origin, heigh
     out = torch.where(inside.unsqueeze(3), out, torch.full((), pad_value, dtype=stored.dtype, device=dev))
     fmt = torch.channels_last if is_channels_last(stored) else torch.contiguous_format
     return out.permute(0, 3, 1, 2).contiguous(memory_format=fmt), changed
+
+
+# ------------------------------------------------------- the exact SIS step
+
+
+def _step_state(g: torch.Generator, n: int, p: int) -> tuple[torch.Tensor, ...]:
+    """(remaining [n, p + 1], present [n, p], counts [n]): each image's present features, compact in remaining."""
+    remaining = torch.full((n, p + 1), -1, dtype=torch.int64)
+    present = torch.zeros(n, p, dtype=torch.bool)
+    counts = torch.zeros(n, dtype=torch.int64)
+    for i in range(n):
+        k = int(torch.randint(1, p + 1, (1,), generator=g))
+        ids = torch.randperm(p, generator=g)[:k]
+        remaining[i, :k] = ids
+        present[i, ids] = True
+        counts[i] = k
+    return remaining, present, counts
+
+
+def _sample_exact_candidates(device: torch.device, g: torch.Generator) -> list[list]:
+    cases = []
+    for dtype, per_image, channels_last in ((torch.float32, True, False), (torch.float16, False, True)):
+        n, c, h, w, p, b = 3, 2, 4, 5, 7, 11
+        base = torch.randn(n, c, h, w, generator=g).to(dtype)
+        baseline = torch.randn(n if per_image else 1, c, h, w, generator=g).to(dtype)
+        out = torch.zeros(b, c, h, w, dtype=dtype)
+        if channels_last:
+            base, out = (t.contiguous(memory_format=torch.channels_last) for t in (base, out))
+        fm = torch.randint(0, p, (c, h, w), generator=g)
+        remaining, present, counts = _step_state(g, n, p)
+        image = torch.randint(0, n, (b,), generator=g)
+        slot = image * (p + 1) + (torch.rand(b, generator=g) * (counts[image] + 1)).long()  # slot p: nothing masked
+        slot[-3:] = -1  # padding rows
+        sched = torch.stack([image, slot, torch.zeros_like(image)])
+        cases.append([t.to(device) for t in (base, baseline, fm, present, remaining, sched, out)])
+    return cases
+
+
+def _slot_features(remaining: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """remaining.view(-1)[slot] where slot >= 0, -1 (nothing masked) for padding rows (slot < 0)."""
+    flat = remaining.reshape(-1)
+    return torch.where(slot >= 0, flat.index_select(0, slot.clamp(min=0)), torch.full_like(slot, -1))
+
+
+@pure_op("exact_candidates", _sample_exact_candidates)
+def exact_candidates(base, baseline, feature_map, present, remaining, sched, out, check_indices: bool = True) -> None:
+    """The candidates of one batch of the exact step loop into ``out`` [B, *D] (see ``ops.exact_candidates``)."""
+    op = "exact_candidates"
+    _check(sched.dtype == torch.int64 and sched.dim() == 2 and sched.shape[0] >= 2
+           and (sched.shape[1] <= 1 or sched.stride(1) == 1),
+           f"{op}: sched must be an int64 [2, B] tensor with contiguous rows, got {list(sched.shape)} {sched.dtype}")
+    _check(present.shape[0] == base.shape[0],
+           f"{op}: present must have one row per image, got {list(present.shape)} for {base.shape[0]} images")
+    _check(remaining.dtype == torch.int64 and remaining.dim() == 2 and remaining.shape[0] == base.shape[0]
+           and remaining.shape[1] >= present.shape[1] and remaining.is_contiguous(),
+           f"{op}: remaining must be a contiguous int64 [N, S >= p] tensor, got {list(remaining.shape)}")
+    image, slot = sched[0], sched[1]
+    if check_indices:
+        check_ranges(op, [(image, 0, base.shape[0], "image"), (slot, -1, remaining.numel(), "slot"),
+                          (feature_map, 0, present.shape[1], "feature_map id")])
+        check_ranges(op, [(_slot_features(remaining, slot), -1, present.shape[1], "slot feature")])
+    feature = _slot_features(remaining, slot)
+    cand = mask_apply(base, baseline, feature_map, present, image, image, feature, False)
+    fmt = torch.channels_last if is_channels_last(base) else torch.contiguous_format
+    _check(out.shape == cand.shape and out.dtype == base.dtype and out.device == base.device
+           and out.is_contiguous(memory_format=fmt),
+           f"out must be {list(cand.shape)} {base.dtype} on {base.device} in base's memory format; got "
+           f"{list(out.shape)} {out.dtype} on {out.device}")
+    out.copy_(cand)
+
+
+def _sample_exact_scores(device: torch.device, g: torch.Generator) -> list[list]:
+    cases = []
+    for dtype, pad in ((torch.float32, 3), (torch.float64, 0), (torch.float32, 99)):
+        n, p, b, k = 5, 9, 12, 4
+        remaining, present, counts = _step_state(g, n, p)
+        scores = torch.randint(0, 3, (n, p + 1), generator=g).double() / 2  # coarse: exact ties
+        probs = torch.softmax(torch.randn(b, k, generator=g), 1).to(dtype)
+        image = torch.randint(0, n, (b,), generator=g)
+        slot = image * (p + 1) + (torch.rand(b, generator=g) * (counts[image] + 1)).long()
+        slot[b - min(pad, b):] = -1  # padding rows (all of them in the last case)
+        rows = torch.randperm(n, generator=g)[:3]
+        done = torch.stack([rows, counts[rows], torch.randint(0, p, (3,), generator=g)])
+        if pad:
+            done = torch.cat([done, torch.tensor([[-1, -1], [1, 1], [0, 0]])], 1)  # padding entries
+        if pad == 99:
+            done[0] = -1
+        args = [probs, torch.randint(0, k, (n,), generator=g), torch.stack([image, slot]), done, scores,
+                torch.zeros((), dtype=torch.float64), remaining, present, torch.full((n, p), -1, dtype=torch.int64),
+                torch.zeros(n, p, dtype=torch.float64)]
+        cases.append([a.to(device) for a in args])
+    return cases
+
+
+def _last_valid(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(any entry valid: bool [], the index of the last valid entry: int64 [1], 0 when none), with no host read."""
+    idx = torch.arange(valid.shape[0], device=valid.device)
+    return valid.any(), torch.where(valid, idx, torch.zeros_like(idx)).amax(0, keepdim=True)
+
+
+def _like_last(t: torch.Tensor, valid: torch.Tensor, some: torch.Tensor, last: torch.Tensor, fill) -> torch.Tensor:
+    """t where valid, else t's last valid entry (or ``fill`` when none is valid): a skipped entry repeats a kept one."""
+    return torch.where(valid, t, torch.where(some, t.index_select(0, last), fill))
+
+
+@pure_op("exact_scores", _sample_exact_scores)
+def exact_scores(probs, targets, sched, done, scores, total, remaining, present, order, values,
+                 check_indices: bool = True) -> None:
+    """The scores of one batch of the exact step loop and the steps it completes (see ``ops.exact_scores``).
+
+    No host read, also with padding rows and entries: a skipped entry is written as a copy of a kept one, or (when
+    none is kept) as what its row already holds.
+    """
+    op = "exact_scores"
+    for t, rows, name in ((sched, 2, "sched"), (done, 3, "done")):
+        _check(t.dtype == torch.int64 and t.dim() == 2 and t.shape[0] >= rows and (t.shape[1] <= 1 or t.stride(1) == 1),
+               f"{op}: {name} must be an int64 [{rows}, B] tensor with contiguous rows, got {list(t.shape)} {t.dtype}")
+    _check(done.shape[0] == 3, f"{op}: done must be int64 [3, D] (row, count, step), got {list(done.shape)}")
+    _check(probs.dim() == 2 and probs.is_floating_point() and probs.shape[0] == sched.shape[1] and probs.shape[1] >= 1,
+           f"{op}: probs must be a floating [B, K] tensor with B = {sched.shape[1]} (the schedule's rows), got "
+           f"{list(probs.shape)} {probs.dtype}")
+    n = scores.shape[0]
+    _check(targets.dtype == torch.int64 and targets.dim() == 1 and targets.shape[0] == n,
+           f"{op}: targets must be int64 [N] with N = {n}, got {list(targets.shape)}")
+    _check(total.dtype == torch.float64 and total.numel() == 1, f"{op}: total must be a float64 scalar")
+    image, slot = sched[0], sched[1]
+    rows, counts, steps = done[0], done[1], done[2]
+    if check_indices:
+        s, p = scores.shape[1], present.shape[1]
+        check_ranges(op, [(image, 0, n, "image"), (slot, -1, scores.numel(), "slot"), (rows, -1, n, "row"),
+                          (counts, 1, min(s, p) + 1, "count"), (steps, 0, order.shape[1], "step"),
+                          (targets, 0, probs.shape[1], "target")])
+    # the scores: padding rows write what the last real row writes (or, with none, scores[0] back)
+    f = probs.gather(1, targets.index_select(0, image).view(-1, 1)).view(-1).double()
+    valid = slot >= 0
+    flat = scores.view(-1)
+    if slot.numel():
+        some, last = _last_valid(valid)
+        idx = _like_last(slot, valid, some, last, torch.zeros_like(slot))
+        flat.index_copy_(0, idx, _like_last(f, valid, some, last, flat[:1]))
+    total.add_(torch.where(valid, f * 0, torch.zeros_like(f)).sum())
+    # the steps: each entry's row state is computed from the rows as they were, then written back whole
+    valid = rows >= 0
+    if rows.numel() == 0:
+        return
+    some, last = _last_valid(valid)
+    rows_, counts_, steps_ = (_like_last(t, valid, some, last, torch.full_like(t, fill))
+                              for t, fill in ((rows, 0), (counts, 1), (steps, 0)))
+    tables = [remaining, present, order, values]
+    before = [t.index_select(0, rows_) for t in tables]
+    after = [t.clone() for t in before]
+    sc = scores.index_select(0, rows_)
+    k = torch.arange(rows_.shape[0], device=rows_.device)
+    backselect_update(sc, k, counts_, steps_, *after, check_indices=False)
+    for t, old, new in zip(tables, before, after):
+        t.index_copy_(0, rows_, torch.where(some, new, old))
+
+
+def _sample_schedule_window(device: torch.device, g: torch.Generator) -> list[list]:
+    cases = []
+    for batch_size, rescore, stop, max_batches in ((8, 2, False, 6), (5, 0, True, 4), (64, 3, False, 1)):
+        n, p = 6, 7
+        count = torch.randint(1, p + 1, (n,), generator=g)
+        step = torch.randint(0, 3, (n,), generator=g)
+        score = torch.rand(n, generator=g) < 0.3
+        tag = torch.where(score, 1, torch.where(torch.rand(n, generator=g) < 0.5, 2, 0))
+        start = torch.where(score, p, 0)
+        stop_ = torch.where(score, p + 1, count)
+        segments = torch.stack([torch.randperm(n, generator=g), start, stop_, tag])
+        segments[1:, :] = segments[1:, segments[0]]  # each image's own segment
+        full = torch.rand(n, generator=g) < 0.3
+        cases.append([segments, count, step, full, torch.tensor([1, 2, 4, 8]), batch_size, p + 1, rescore, stop,
+                      max_batches])
+    return cases
+
+
+@pure_op("schedule_window", _sample_schedule_window)
+def schedule_window(segments, count, step, full, sizes, batch_size: int, stride: int, rescore: int,
+                    stop_at_round_end: bool, max_batches: int) -> tuple[torch.Tensor, ...]:
+    """The exact step loop's schedule for up to ``max_batches`` batches (see csrc/cpu/schedule_window_kernel.cpp
+    and ``ops.schedule_window``): the batches taken from a :class:`~overinterp_fast.runtime.schedule.CandidateQueue`
+    one at a time, with numpy."""
+    import numpy as np
+
+    from ..runtime.schedule import CandidateQueue
+
+    op = "schedule_window"
+    _check(segments.dtype == torch.int64 and segments.dim() == 2 and segments.shape[0] == 4,
+           f"{op}: segments must be int64 [4, S] (image, start, stop, tag), got {list(segments.shape)}")
+    _check(count.dtype == torch.int64 and count.dim() == 1 and count.is_contiguous() and step.dtype == torch.int64
+           and step.shape == count.shape and step.is_contiguous(), f"{op}: count and step must be contiguous int64 [N]")
+    _check(full.dtype == torch.bool and full.shape == count.shape, f"{op}: full must be bool [N]")
+    _check(sizes.dtype == torch.int64 and sizes.dim() == 1, f"{op}: sizes must be int64 [Z]")
+    _check(all(t.device.type == "cpu" for t in (segments, count, step, full, sizes)),
+           f"{op}: every tensor must be on the CPU (the schedule is the host's)")
+    _check(batch_size >= 1 and stride >= 1 and rescore >= 0 and max_batches >= 1,
+           f"{op}: batch_size, stride and max_batches must be >= 1 and rescore >= 0")
+    n = count.shape[0]
+    cnt, stp, fl, sz, seg = count.numpy(), step.numpy(), full.numpy(), sizes.numpy(), segments.numpy()
+    for k in range(seg.shape[1]):  # the kernel's checks, in its order and words
+        image, start, stop, tag = seg[:, k].tolist()
+        _check(0 <= image < n, f"{op}: segment image {image} out of range [0, {n})")
+        _check(0 <= start < stop <= stride, f"{op}: segment slots [{start}, {stop}) out of range [0, {stride})")
+        _check(tag in (0, 1, 2), f"{op}: segment tag {tag} unknown")
+    queue = CandidateQueue(images=n, slots=stride, capacity=max(1, seg.shape[1]))
+    queue.push_many(*seg)
+    blocks, batches, done = [], [], []
+    offset = 0
+    for w in range(max_batches):
+        if not queue:
+            break
+        batch = queue.take(batch_size)
+        first_done, stop, steps, going = len(done), False, [], ([], [])
+        for i, tag in batch.completed:
+            done.append([w, i, tag, int(cnt[i]), int(stp[i])])
+            if tag == 1:  # a new round's input: the host decides what follows
+                stop = True
+                continue
+            _check(cnt[i] >= 1, f"{op}: image {i} completes a step with no candidate left")
+            steps.append([i, int(cnt[i]), int(stp[i])])
+            cnt[i] -= 1
+            stp[i] += 1
+            if cnt[i] > 0:
+                going[0 if tag == 0 else 1].append(i)
+            elif stop_at_round_end:
+                stop = True
+        for i in going[0] + going[1]:
+            queue.push(i, 0, int(cnt[i]), 2 if rescore > 0 and not fl[i] and cnt[i] > rescore else 0)
+        m = len(batch)
+        fit = int(np.searchsorted(sz, m))
+        bp = int(sz[fit]) if fit < len(sz) else m
+        block = np.empty((6, bp), np.int64)
+        pad = bp - m
+        block[0] = np.concatenate([batch.image, np.repeat(batch.image[-1:], pad)])
+        block[1] = np.concatenate([batch.image * stride + batch.slot, np.full(pad, -1)])
+        block[2:5] = np.array([[-1], [1], [0]], np.int64)
+        if steps:
+            block[2:5, :len(steps)] = np.array(steps, np.int64).T
+        block[5] = np.concatenate([batch.tag, np.full(pad, -1)])
+        batches.append([offset, bp, m, first_done, len(done) - first_done])
+        blocks.append(block.reshape(-1))
+        offset += block.size
+        if stop:
+            break
+    left = queue.segments()
+    as_tensor = lambda rows, shape: torch.tensor(rows, dtype=torch.int64, device="cpu").reshape(shape)  # noqa: E731
+    return (torch.from_numpy(np.concatenate(blocks) if blocks else np.zeros(0, np.int64)),
+            as_tensor(batches, (len(batches), 5)), as_tensor(done, (len(done), 5)), torch.from_numpy(left.copy()))

@@ -19,13 +19,15 @@ import torch
 
 @dataclass
 class Batch:
-    """The candidate slots of one batch: ``image`` and ``slot`` (int64 [B]), and the segments whose last slot it
-    holds, in queue order: their images ``done_image`` and tags ``done_tag`` (int64 [D])."""
+    """The candidate slots of one batch: ``image``, ``slot`` and the tag of each slot's segment, ``tag`` (int64 [B]),
+    and the segments whose last slot it holds, in queue order: their images ``done_image`` and tags ``done_tag``
+    (int64 [D])."""
 
     image: np.ndarray
     slot: np.ndarray
     done_image: np.ndarray
     done_tag: np.ndarray
+    tag: np.ndarray
 
     def __len__(self) -> int:
         return int(self.image.shape[0])
@@ -91,6 +93,16 @@ class CandidateQueue:
     def __bool__(self) -> bool:
         return self._tail > self._head
 
+    def segments(self) -> np.ndarray:
+        """The queued segments, int64 [4, S] (image, start, stop, tag) in order (a view: copy to keep)."""
+        return self._seg[:, self._head: self._tail]
+
+    def replace(self, segments: np.ndarray) -> None:
+        """Queue exactly ``segments`` (int64 [4, S], as :meth:`segments` gives them), in order: what is left after
+        a window of batches was taken elsewhere (ops.schedule_window)."""
+        self._head = self._tail = 0
+        self.push_many(*segments)
+
     def pending(self) -> int:
         seg = self._seg[:, self._head: self._tail]
         return int((seg[2] - seg[1]).sum())
@@ -100,19 +112,20 @@ class CandidateQueue:
         h = self._head
         m = min(self._tail - h, max(batch_size, 0))  # every segment has a slot: at most batch_size are touched
         if m == 0:
-            return Batch(_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+            return Batch(_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
         image0, start0, stop0, tag0 = self._seg[:, h].tolist()
         if stop0 - start0 >= batch_size or m == 1:  # the first segment alone fills the batch (or is all there is)
             taken = min(batch_size, stop0 - start0)
             slot = np.arange(start0, start0 + taken, dtype=np.int64)
             image = np.full(taken, image0, np.int64)
+            tags = np.full(taken, tag0, np.int64)
             if taken < stop0 - start0:  # it goes on in the next batch
                 self._seg[1, h] += taken
-                return Batch(image, slot, _EMPTY, _EMPTY)
+                return Batch(image, slot, _EMPTY, _EMPTY, tags)
             self._head = h + 1
             if self._head == self._tail:
                 self._head = self._tail = 0
-            return Batch(image, slot, np.array([image0], np.int64), np.array([tag0], np.int64))
+            return Batch(image, slot, np.array([image0], np.int64), np.array([tag0], np.int64), tags)
         image, start, stop, tag = self._seg[:, h: h + m]
         size = stop - start
         ends = np.cumsum(size)
@@ -123,7 +136,8 @@ class CandidateQueue:
         done = k + 1 if lens[k] == size[k] else k
         first = np.repeat(start[: k + 1] - (np.cumsum(lens) - lens), lens)
         slot = np.arange(taken, dtype=np.int64) + first
-        batch = Batch(np.repeat(image[: k + 1], lens), slot, image[:done].copy(), tag[:done].copy())
+        batch = Batch(np.repeat(image[: k + 1], lens), slot, image[:done].copy(), tag[:done].copy(),
+                      np.repeat(tag[: k + 1], lens))
         if done == k:  # the last segment goes on in the next batch
             self._seg[1, h + k] += lens[k]
         self._head = h + done
@@ -154,3 +168,4 @@ def upload(device: torch.device, *parts) -> tuple[torch.Tensor, ...]:
     else:
         flat = torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(0, np.int64)).to(device)
     return torch.split(flat, sizes)
+

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import overinterp_fast as of
-from overinterp_fast.methods import exact, reference
+from overinterp_fast.methods import exact, exact_step, reference
 from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner
 from overinterp_fast.runtime.inputs import prepare
 from overinterp_fast.runtime.model import ModelFn
@@ -510,16 +510,23 @@ class _SyncingOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 def _watch_steps(monkeypatch, check_evaluator=None) -> list[str]:
     """From now on in the test, every exact-loop step runs under :class:`_SyncingOps` (except where rounds end or
-    start: the loop reads there through to_host and works on the host); ``check_evaluator(evaluator)`` runs first
-    in each step. Returns the list of syncing ops seen inside the steps."""
+    start: the loop reads there through to_host and works on the host), the evaluator's steps and the fused dense
+    steps alike; ``check_evaluator(evaluator)`` runs first in each evaluator step (a dense step fails it: it gets
+    None). Returns the list of syncing ops seen inside the steps."""
     seen, paused = [], []
-    step = exact._ExactRun.step
+    step, dense = exact._ExactRun.step, exact_step.DenseStep.__call__
 
-    def watched(self, evaluator, batch):
+    def watched(self, evaluator, window, k):
         if check_evaluator is not None:
             check_evaluator(evaluator)
         with _SyncingOps(seen, paused):
-            return step(self, evaluator, batch)
+            return step(self, evaluator, window, k)
+
+    def watched_dense(self, block, done):
+        if check_evaluator is not None:
+            check_evaluator(None)
+        with _SyncingOps(seen, paused):
+            return dense(self, block, done)
 
     def boundary(method):  # where rounds end or start the loop reads (through to_host) and works on the host
         def call(self, ids):
@@ -531,6 +538,7 @@ def _watch_steps(monkeypatch, check_evaluator=None) -> list[str]:
         return call
 
     monkeypatch.setattr(exact._ExactRun, "step", watched)
+    monkeypatch.setattr(exact_step.DenseStep, "__call__", watched_dense)
     monkeypatch.setattr(exact._ExactRun, "finish_rounds", boundary(exact._ExactRun.finish_rounds))
     monkeypatch.setattr(exact._ExactRun, "start_rounds", boundary(exact._ExactRun.start_rounds))
     return seen
@@ -623,10 +631,10 @@ def test_incremental_step_loop_never_waits_for_the_gpu(monkeypatch):
     model, x = make_cnn(0).cuda(), make_images(2, seed=3).cuda()
     step = exact._ExactRun.step
 
-    def strict(self, evaluator, batch):
+    def strict(self, evaluator, window, k):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return step(self, evaluator, batch)
+            return step(self, evaluator, window, k)
         finally:
             torch.cuda.set_sync_debug_mode(0)
 
@@ -650,3 +658,62 @@ def test_many_images_run_in_lockstep_and_fill_every_batch():
     steps = rows[1:]  # after the unmasked images' own pass
     assert sum(r.order.numel() for r in res) == 16 * 25
     assert steps.count(64) >= 5200 // 64 - 2 and len(steps) <= 5200 // 64 + 6
+
+
+# ------------------------------------------------------------------ the host's work per forward call
+
+
+@pytest.mark.parametrize("n,size", [(1, 16), (64, 8)])
+def test_at_most_five_ops_outside_the_model_per_forward_call(n, size):
+    """With a near-free model (one linear layer), the whole fast_sis call (set-up, schedule, rounds, FindSIS)
+    dispatches at most 5 aten ops outside the model per forward call (views not counted): each batch is
+    exact_candidates, the model, its softmax and exact_scores. The batch shapes are the runner's few buckets, the
+    reads the start's, the rounds' ends and the end's. A second call of the same job counts (the first one's engine
+    choice is cached)."""
+    from overinterp_fast.runtime.opcount import counting_ops
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(size * size, 10)).eval()
+    x = torch.randn(n, 1, size, size, generator=torch.Generator().manual_seed(1))
+    of.fast_sis(model, x, 0.5, show_progress=False)
+    with counting_ops(model) as ops, of.runtime.sync.counting() as reads:
+        res = of.fast_sis(model, x, 0.5, show_progress=False)
+    p = size * size
+    assert ops.rows >= n * p * (p + 1) // 2  # every candidate went through the model
+    assert ops.outside_per_call <= 5, ops.by_op.most_common(8)
+    assert {"exact_candidates", "exact_scores"} <= set(ops.by_op) and "mask_apply" not in ops.by_op
+    assert len(ops.shapes) <= 24  # the buckets of one chunk size, the set-up's calls
+    assert set(reads.by_label) <= {"start", "round end", "end"} and reads.by_label["round end"] <= n
+    assert {r.step for r in res} == {"fused"}
+    want = of.fast_sis(model, x, 0.5, show_progress=False, options=of.ExactOptions(incremental=False),
+                       engine="torch", batch_size=300)  # other batches: the same orders
+    assert all(torch.equal(a.order, b.order) for a, b in zip(res, want))
+
+
+@cuda
+def test_captured_steps_equal_the_eager_ones_cuda(monkeypatch):
+    """On a GPU each batch shape's whole step (candidates, forward pass, softmax, scores and steps) is one CUDA
+    graph: the same orders, values and SIS as with graphs off, with collections (rounds that start and end between
+    windows); the results say which path ran; the captured steps never make the host wait."""
+    model, x = make_cnn(0).cuda(), make_images(3, seed=5).cuda()
+    kw = dict(collection=True, show_progress=False, engine="torch", batch_size=32,
+              options=of.ExactOptions(incremental=False))
+    monkeypatch.setenv("OVERINTERP_FAST_CUDA_GRAPHS", "0")
+    eager = of.fast_sis(model, x, 0.3, **kw)
+    monkeypatch.delenv("OVERINTERP_FAST_CUDA_GRAPHS")
+    call = exact_step.DenseStep.__call__
+
+    def strict(self, block, done):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return call(self, block, done)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(exact_step.DenseStep, "__call__", strict)
+    graphed = of.fast_sis(model, x, 0.3, **kw)
+    assert {r.step for r in eager} == {"fused"} and {r.step for r in graphed} == {"cuda-graph"}
+    for a, b in zip(graphed, eager):
+        for ra, rb in zip([a, *(a.collection or [])[1:]], [b, *(b.collection or [])[1:]]):
+            assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)
+            assert (ra.sis is None) == (rb.sis is None) and (ra.sis is None or torch.equal(ra.sis, rb.sis))

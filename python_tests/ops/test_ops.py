@@ -16,7 +16,7 @@ from overinterp_fast.ops import kernels as _ops
 from overinterp_fast.ops import pure as ops_torch
 from overinterp_fast import ops
 from overinterp_fast.ops.pure import PURE_OPS, PureOp
-from helpers import cuda
+from helpers import backselect_update_ref, cuda, mask_apply_ref
 
 IMPLS = {"kernel": lambda name: _ops.kernel(name), "torch": lambda name: PURE_OPS[name].fn}
 
@@ -25,19 +25,6 @@ IMPLS = {"kernel": lambda name: _ops.kernel(name), "torch": lambda name: PURE_OP
 def impl(request):
     """impl(name): the compiled kernel or the pure-PyTorch version of op ``name``."""
     return lambda name: IMPLS[request.param](name)
-
-
-def mask_apply_ref(base, baseline, fm, present, img, row, feat):
-    """Element by element, in Python loops: independent of both implementations."""
-    out = torch.empty(img.numel(), *base.shape[1:], dtype=base.dtype)
-    fm_flat = fm.reshape(-1).tolist()
-    for b, (i, r, f) in enumerate(zip(img.tolist(), row.tolist(), feat.tolist())):
-        src = base[i].reshape(-1)
-        fill = baseline[i if baseline.shape[0] > 1 else 0].reshape(-1)
-        dst = out[b].view(-1)
-        for e, fid in enumerate(fm_flat):
-            dst[e] = src[e] if bool(present[r, fid]) and fid != f else fill[e]
-    return out
 
 
 def random_case(device="cpu", dtype=torch.float32, n=3, c=2, h=4, w=5, per_image_baseline=False, seed=0):
@@ -104,17 +91,6 @@ def test_mask_apply_rejects_bad_arguments(impl):
         f(base, baseline.double(), fm, present, img, row, feat)
     with pytest.raises(RuntimeError, match="feature_map must be"):
         f(base, baseline, fm[0], present, img, row, feat)
-
-
-def backselect_update_ref(scores, rows, counts, steps, remaining, present, order, values):
-    for i, count, step in zip(rows.tolist(), counts.tolist(), steps.tolist()):
-        cand = [(-scores[i, j].item(), remaining[i, j].item(), j) for j in range(count)]
-        _, feature, slot = min(cand)
-        order[i, step] = feature
-        values[i, step] = scores[i, slot]
-        present[i, feature] = False
-        remaining[i, slot] = remaining[i, count - 1]
-        remaining[i, count - 1] = -1
 
 
 def bookkeeping_case(device="cpu", seed=0):

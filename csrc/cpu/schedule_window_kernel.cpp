@@ -1,0 +1,152 @@
+// CPU kernel of overinterp_fast::schedule_window: the exact SIS step loop's schedule for many batches at once.
+//
+// The loop's queue holds segments (image, start, stop, tag): a backward-selection step of an image with r
+// features present is the segment of its r candidate slots. Each batch takes the next `batch_size` slots in
+// queue order, splitting the last segment it touches. A batch that holds the last slot of a step (tag STEP or
+// LOW) completes it: the image's candidate count drops by one, its step index grows by one, and its next step is
+// queued behind everything else (the steps of STEP segments first, then those of LOW segments, each in queue
+// order), tagged LOW where rescore > 0, the image is not `full` and it has more than `rescore` candidates. A step
+// that leaves no candidate ends the image's round. A completed SCORE segment (the input of a new round) is left to
+// the host. The window stops after the batch that completes a SCORE segment, after one that ends a round when
+// stop_at_round_end, when the queue is empty, or after max_batches batches.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+namespace overinterp_fast {
+namespace {
+
+constexpr int64_t kStep = 0, kScore = 1, kLow = 2;
+constexpr int64_t kRecordRows = 6;
+
+struct Segment {
+  int64_t image, start, stop, tag;
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> schedule_window_cpu(
+    const at::Tensor& segments, const at::Tensor& count, const at::Tensor& step, const at::Tensor& full,
+    const at::Tensor& sizes, int64_t batch_size, int64_t stride, int64_t rescore, bool stop_at_round_end,
+    int64_t max_batches) {
+  const char* op = "schedule_window";
+  TORCH_CHECK(segments.scalar_type() == at::kLong && segments.dim() == 2 && segments.size(0) == 4, op,
+              ": segments must be int64 [4, S] (image, start, stop, tag), got ", segments.sizes());
+  TORCH_CHECK(count.scalar_type() == at::kLong && count.dim() == 1 && count.is_contiguous() &&
+                  step.scalar_type() == at::kLong && step.sizes() == count.sizes() && step.is_contiguous(),
+              op, ": count and step must be contiguous int64 [N]");
+  TORCH_CHECK(full.scalar_type() == at::kBool && full.sizes() == count.sizes(), op, ": full must be bool [N]");
+  TORCH_CHECK(sizes.scalar_type() == at::kLong && sizes.dim() == 1, op, ": sizes must be int64 [Z]");
+  for (const auto* t : {&segments, &count, &step, &full, &sizes}) {
+    TORCH_CHECK(t->is_cpu(), op, ": every tensor must be on the CPU (the schedule is the host's)");
+  }
+  TORCH_CHECK(batch_size >= 1 && stride >= 1 && rescore >= 0 && max_batches >= 1, op,
+              ": batch_size, stride and max_batches must be >= 1 and rescore >= 0");
+  const int64_t N = count.size(0);
+  int64_t* cnt = count.data_ptr<int64_t>();
+  int64_t* stp = step.data_ptr<int64_t>();
+  const at::Tensor full_c = full.contiguous(), sizes_c = sizes.contiguous(), seg_c = segments.contiguous();
+  const bool* fl = full_c.data_ptr<bool>();
+  const int64_t* sz = sizes_c.data_ptr<int64_t>();
+  const int64_t Z = sizes_c.numel();
+
+  std::vector<Segment> queue;
+  const int64_t S = seg_c.size(1);
+  queue.reserve(S + 16);
+  const int64_t* sg = seg_c.data_ptr<int64_t>();
+  for (int64_t k = 0; k < S; ++k) {
+    const Segment s{sg[k], sg[S + k], sg[2 * S + k], sg[3 * S + k]};
+    TORCH_CHECK(s.image >= 0 && s.image < N, op, ": segment image ", s.image, " out of range [0, ", N, ")");
+    TORCH_CHECK(s.start >= 0 && s.start < s.stop && s.stop <= stride, op, ": segment slots [", s.start, ", ", s.stop,
+                ") out of range [0, ", stride, ")");
+    TORCH_CHECK(s.tag == kStep || s.tag == kScore || s.tag == kLow, op, ": segment tag ", s.tag, " unknown");
+    queue.push_back(s);
+  }
+
+  std::vector<int64_t> records, batches, done;
+  std::vector<int64_t> cand_image, cand_slot, cand_tag, step_row, step_count, step_step, going_step, going_low;
+  size_t head = 0;
+  for (int64_t w = 0; w < max_batches && head < queue.size(); ++w) {
+    cand_image.clear(), cand_slot.clear(), cand_tag.clear();
+    step_row.clear(), step_count.clear(), step_step.clear(), going_step.clear(), going_low.clear();
+    const int64_t done_offset = static_cast<int64_t>(done.size()) / 5;
+    bool stop = false;
+    // take the next batch_size slots
+    while (static_cast<int64_t>(cand_image.size()) < batch_size && head < queue.size()) {
+      Segment& s = queue[head];
+      const int64_t take = std::min(batch_size - static_cast<int64_t>(cand_image.size()), s.stop - s.start);
+      for (int64_t j = 0; j < take; ++j) {
+        cand_image.push_back(s.image);
+        cand_slot.push_back(s.image * stride + s.start + j);
+        cand_tag.push_back(s.tag);
+      }
+      s.start += take;
+      if (s.start < s.stop) break;  // it goes on in the next batch
+      ++head;
+      const int64_t i = s.image;
+      if (s.tag == kScore) {  // a new round's input: the host decides what follows
+        done.insert(done.end(), {w, i, s.tag, cnt[i], stp[i]});
+        stop = true;
+        continue;
+      }
+      TORCH_CHECK(cnt[i] >= 1, op, ": image ", i, " completes a step with no candidate left");
+      done.insert(done.end(), {w, i, s.tag, cnt[i], stp[i]});
+      step_row.push_back(i), step_count.push_back(cnt[i]), step_step.push_back(stp[i]);
+      cnt[i] -= 1;
+      stp[i] += 1;
+      if (cnt[i] > 0) {
+        (s.tag == kStep ? going_step : going_low).push_back(i);
+      } else if (stop_at_round_end) {
+        stop = true;
+      }
+    }
+    for (const auto* going : {&going_step, &going_low}) {
+      for (int64_t i : *going) {
+        const int64_t tag = (rescore > 0 && !fl[i] && cnt[i] > rescore) ? kLow : kStep;
+        queue.push_back(Segment{i, 0, cnt[i], tag});
+      }
+    }
+    // the batch's record: [6, Bp], Bp the smallest of `sizes` that holds it (its own size beyond them)
+    const int64_t n = static_cast<int64_t>(cand_image.size());
+    const int64_t* fit = std::lower_bound(sz, sz + Z, n);
+    const int64_t bp = fit == sz + Z ? n : *fit;
+    const int64_t offset = static_cast<int64_t>(records.size());
+    records.resize(offset + kRecordRows * bp);
+    int64_t* r = records.data() + offset;
+    const int64_t d = static_cast<int64_t>(step_row.size());
+    for (int64_t b = 0; b < bp; ++b) {
+      const bool real = b < n;
+      r[b] = real ? cand_image[b] : cand_image[n - 1];
+      r[bp + b] = real ? cand_slot[b] : -1;
+      r[2 * bp + b] = b < d ? step_row[b] : -1;
+      r[3 * bp + b] = b < d ? step_count[b] : 1;
+      r[4 * bp + b] = b < d ? step_step[b] : 0;
+      r[5 * bp + b] = real ? cand_tag[b] : -1;
+    }
+    batches.insert(batches.end(), {offset, bp, n, done_offset, static_cast<int64_t>(done.size()) / 5 - done_offset});
+    if (stop) break;
+  }
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  auto to_tensor = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
+    at::Tensor t = at::empty(shape, i64);
+    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+    return t;
+  };
+  const int64_t W = static_cast<int64_t>(batches.size()) / 5, D = static_cast<int64_t>(done.size()) / 5;
+  const int64_t left = static_cast<int64_t>(queue.size() - head);
+  at::Tensor rest = at::empty({4, left}, i64);
+  int64_t* rp = rest.data_ptr<int64_t>();
+  for (int64_t k = 0; k < left; ++k) {
+    const Segment& s = queue[head + k];
+    rp[k] = s.image, rp[left + k] = s.start, rp[2 * left + k] = s.stop, rp[3 * left + k] = s.tag;
+  }
+  return {to_tensor(records, {static_cast<int64_t>(records.size())}), to_tensor(batches, {W, 5}),
+          to_tensor(done, {D, 5}), rest};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(overinterp_fast, CPU, m) { m.impl("schedule_window", &schedule_window_cpu); }
+
+}  // namespace overinterp_fast

@@ -1,0 +1,234 @@
+"""The exact SIS step loop's schedule windows and its fused step.
+
+The schedule of a round needs no device value: a step of an image with r features present has r candidates, so
+which slots every batch holds, and which steps it completes, follow from the candidate counts and the batch size
+alone. :class:`StepSchedule` makes the schedule of many batches at once on the host (``ops.schedule_window``: one
+compiled call per window), and :class:`DenseStep` runs each batch as three ops around the model's forward pass:
+``exact_candidates`` writes the batch's candidates into a buffer of the batch's shape, the model scores them, and
+``exact_scores`` writes the scores and finishes the steps the batch completes (``backselect_update``'s step). On a
+CUDA device the whole step of each batch shape is one CUDA graph: the host copies the batch's schedule block into the
+graph's input and replays it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..ops import kernels as _ops
+from ..runtime import graphs
+from ..runtime.inputs import Prepared
+from ..runtime.model import ModelFn
+from ..runtime.schedule import CandidateQueue, upload
+from ..runtime.sync import to_host
+
+log = logging.getLogger(__name__)
+
+STEP, SCORE, LOW = 0, 1, 2  # segment tags: a full-dtype step, the score of a round's input, a low-precision step
+BLOCK_ROWS = 6  # rows of a batch's schedule block: image, slot, done row, done count, done step, tag
+WINDOW_SLOTS = 1 << 18  # a window's blocks hold at most about this many rows (6 int64 each: 12 MB)
+
+
+@dataclass
+class Window:
+    """The schedule of consecutive batches of the exact SIS step loop (``ops.schedule_window``).
+
+    ``records`` (int64, CPU): each batch's block [6, Bp] one after the other: row 0 the images of its candidates,
+    row 1 their slots (image * stride + j; -1 for the padding rows up to the batch shape Bp), rows 2-4 the steps it
+    completes (row, candidate count, step index; row -1 past them), row 5 each candidate's segment tag.
+    ``batches`` int64 [W, 5]: (offset of the block in records, Bp, candidates, first completion, completions).
+    ``done`` int64 [D, 5]: (batch, image, tag, count, step before it) of each completed segment, in queue order.
+    """
+
+    records: torch.Tensor
+    batches: np.ndarray
+    done: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.batches.shape[0])
+
+    def blocks(self, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per batch (its block [6, Bp], the view [3, d] of the steps it completes) on ``device``, after one upload
+        of the whole window."""
+        (records,) = upload(device, self.records) if device.type != "cpu" else (self.records,)
+        out = []
+        for offset, bp, _, _, d in self.batches.tolist():
+            block = records[offset: offset + BLOCK_ROWS * bp].view(BLOCK_ROWS, bp)
+            out.append((block, block[2:5, :d]))
+        return out
+
+    def batch(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Batch k on the host: (image, slot as flat indices, tag) of its candidates (int64 [n], no padding) and
+        its completed segments (int64 [D, 5] rows of ``done``)."""
+        offset, bp, n, d0, dn = self.batches[k].tolist()
+        block = self.records[offset: offset + BLOCK_ROWS * bp].view(BLOCK_ROWS, bp).numpy()
+        return block[0, :n], block[1, :n], block[5, :n], self.done[d0: d0 + dn]
+
+    def ended(self) -> np.ndarray:
+        """Images whose round ended in this window (a step completed with one candidate), in completion order."""
+        d = self.done
+        return d[(d[:, 2] != SCORE) & (d[:, 3] == 1), 1]
+
+    def scored(self) -> np.ndarray:
+        """Images whose new round's input was scored in this window, in completion order."""
+        d = self.done
+        return d[d[:, 2] == SCORE, 1]
+
+
+class StepSchedule:
+    """The exact SIS step loop's queue, and each image's candidate count and step index (host arrays shared with
+    the loop's bookkeeping), advanced a window of batches at a time by ``ops.schedule_window``.
+
+    Args:
+        count, step: int64 [N] arrays, updated in place as windows are taken.
+        full: bool [N] (low precision: the images whose steps run in the full dtype).
+        stride: slots per image (p + 1).
+        sizes: the batch shapes, ascending (a batch is padded to the smallest that holds it); empty: no padding.
+    """
+
+    def __init__(self, count: np.ndarray, step: np.ndarray, full: np.ndarray, stride: int, sizes=()):
+        n = count.shape[0]
+        self.queue = CandidateQueue(images=n, slots=stride, capacity=n)
+        self.count, self.step, self.full = count, step, full
+        self._tensors = tuple(torch.from_numpy(a) for a in (count, step, full))  # the same memory
+        self.stride = stride
+        self.sizes = torch.tensor(sorted(sizes), dtype=torch.int64, device="cpu")
+
+    def __bool__(self) -> bool:
+        return bool(self.queue)
+
+    def window(self, batch_size: int, *, rescore: int = 0, stop_at_round_end: bool = False,
+               max_batches: int | None = None) -> Window:
+        """The next batches: until a round's input is scored (or, with ``stop_at_round_end``, a round ends), the
+        queue runs dry, or ``max_batches`` (default: about WINDOW_SLOTS rows)."""
+        if max_batches is None:
+            max_batches = max(1, WINDOW_SLOTS // max(1, batch_size))
+        segs = torch.from_numpy(np.ascontiguousarray(self.queue.segments()))
+        records, batches, done, left = _ops.schedule_window(
+            segs, *self._tensors, self.sizes, batch_size, self.stride, rescore, stop_at_round_end, max_batches)
+        self.queue.replace(left.numpy())
+        return Window(records, batches.numpy(), done.numpy())
+
+
+@dataclass
+class StepTables:
+    """The exact loop's device state a step reads and writes (see methods/exact.py's ``_ExactRun``)."""
+
+    remaining: torch.Tensor
+    present: torch.Tensor
+    order: torch.Tensor
+    values: torch.Tensor
+    scores: torch.Tensor
+    total: torch.Tensor
+
+
+class DenseStep:
+    """One batch of the step loop on the dense path: ``exact_candidates``, the model, its probabilities and
+    ``exact_scores``; on CUDA, one captured graph per batch shape.
+
+    Args:
+        fn: the model (its forward pass runs on the batch's fixed shape: the schedule pads to ``fn.pad_to``'s
+            sizes).
+        prep: the images, baseline and feature map.
+        targets: int64 [N] on the images' device.
+        tables: the loop's state.
+        use_graphs: capture each batch shape's step as a CUDA graph (CUDA only; default: runtime.graphs.enabled()).
+
+    Attributes:
+        path: "cuda-graph" once a captured step ran, else "fused"; ``failed`` says why graphs were turned off.
+    """
+
+    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, tables: StepTables,
+                 use_graphs: bool | None = None):
+        self.fn, self.prep, self.targets, self.t = fn, prep, targets, tables
+        dev = prep.images.device
+        self.graphs_on = dev.type == "cuda" and (graphs.enabled() if use_graphs is None else use_graphs)
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.captured: dict[int, tuple] = {}
+        self.failed: str | None = None
+        self.path = "fused"
+        self._pool = None
+
+    def buffer(self, rows: int) -> torch.Tensor:
+        """The candidates' buffer of a batch shape, [rows, *D] in the images' memory format (kept: written anew by
+        every batch of that shape)."""
+        out = self.buffers.get(rows)
+        if out is None:
+            images = self.prep.images
+            out = self.buffers[rows] = torch.empty((rows, *images.shape[1:]), dtype=images.dtype,
+                                                   device=images.device).contiguous(
+                memory_format=_ops_format(images))
+        return out
+
+    def eager(self, block: torch.Tensor, done: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The step of one batch (its block [6, Bp] and completed steps [3, d]); returns the model's output."""
+        p, t = self.prep, self.t
+        _ops.exact_candidates(p.images, p.baseline, p.feature_map, t.present, t.remaining, block, out, False)
+        y = self.fn.forward(out)
+        _ops.exact_scores(self.fn.probabilities(y), self.targets, block, done, t.scores, t.total, t.remaining,
+                          t.present, t.order, t.values, False)
+        return y
+
+    def __call__(self, block: torch.Tensor, done: torch.Tensor) -> None:
+        bp = block.shape[1]
+        if self.graphs_on and self.failed is None:
+            g = self.captured.get(bp) or self._capture(bp)
+            if g is not None:
+                g[1].copy_(block)  # the block, its completed steps padded with row -1 up to Bp
+                g[0].replay()
+                self.path = "cuda-graph"
+                return
+        self.eager(block, done, self.buffer(bp))
+
+    def _capture(self, bp: int) -> tuple | None:
+        """Capture the step of batch shape ``bp``: two warm-up runs and the capture on a no-op block (only padding:
+        nothing is written), then one replay checked against an eager forward pass. None (and graphs off for this
+        run, with one logged line) where any of it fails."""
+        dev = self.prep.images.device
+        debug = torch.cuda.get_sync_debug_mode()
+        if debug:  # capturing waits for the device once per shape: not a wait of the loop it serves
+            torch.cuda.set_sync_debug_mode(0)
+        try:
+            block = torch.zeros((BLOCK_ROWS, bp), dtype=torch.int64, device=dev)
+            block[1:3] = -1
+            block[3] = 1
+            out = self.buffer(bp)
+            done = block[2:5]
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.eager(block, done, out)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            noop = block.clone()
+            with torch.cuda.graph(graph, pool=self._pool):
+                y = self.eager(block, done, out)
+            self._pool = graph.pool()
+            block.copy_(noop)
+            graph.replay()
+            eager = self.fn.model(out)
+            tol = 1e-3 if y.dtype in (torch.float16, torch.bfloat16) else 1e-5
+            (same,) = to_host(torch.isclose(y.float(), eager.float(), rtol=tol, atol=tol).all(), label="graph check")
+            if not bool(same):
+                raise RuntimeError("a replay differs from the eager forward pass")
+        except Exception as exc:  # whatever breaks a capture, the eager step gives the same results
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self.failed = f"{type(exc).__name__}: {first}"
+            self.captured.clear()
+            log.warning("the exact step runs eagerly: its CUDA graph could not be captured (%s)", self.failed)
+            return None
+        finally:
+            if debug:
+                torch.cuda.set_sync_debug_mode(debug)
+        self.captured[bp] = (graph, block)
+        return self.captured[bp]
+
+
+def _ops_format(images: torch.Tensor) -> torch.memory_format:
+    """The memory format the candidate ops write in: the images' own (channels_last kept)."""
+    from ..ops.pure import is_channels_last
+
+    return torch.channels_last if is_channels_last(images) else torch.contiguous_format

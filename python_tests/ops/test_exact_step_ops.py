@@ -1,0 +1,287 @@
+"""The exact SIS step's ops: exact_candidates, exact_scores and schedule_window, kernel and pure version, each
+against independent references (mask_apply_ref and backselect_update_ref of test_ops.py, a slot-by-slot FIFO for
+the schedule), hand-built cases, their errors and torch.library.opcheck."""
+import numpy as np
+import pytest
+import torch
+
+from overinterp_fast.ops import kernels as _ops
+from overinterp_fast.ops.pure import PURE_OPS
+from helpers import backselect_update_ref, cuda, mask_apply_ref
+
+
+IMPLS = {"kernel": lambda name: _ops.kernel(name), "torch": lambda name: PURE_OPS[name].fn}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    return lambda name: IMPLS[request.param](name)
+
+
+def cases(name, seeds=range(6), device="cpu"):
+    return [c for s in seeds for c in PURE_OPS[name].sample(torch.device(device), torch.Generator().manual_seed(s))]
+
+
+def clone(case):
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in case]
+
+
+# ------------------------------------------------------------------ exact_candidates
+
+
+def test_exact_candidates_are_mask_apply_of_the_slots_features(impl):
+    f = impl("exact_candidates")
+    for base, baseline, fm, present, remaining, sched, out in cases("exact_candidates"):
+        image, slot = sched[0], sched[1]
+        feature = torch.tensor([remaining.view(-1)[s].item() if s >= 0 else -1 for s in slot.tolist()])
+        want = mask_apply_ref(base, baseline, fm, present, image, image, feature)
+        got = out.clone()
+        f(base, baseline, fm, present, remaining, sched, got)
+        assert torch.equal(got, want.contiguous(memory_format=torch.preserve_format)) and got.stride() == out.stride()
+        assert bool((slot < 0).any()) and bool((feature >= 0).any())  # padding rows and masked features
+
+
+def test_exact_candidates_by_hand(impl):
+    """Two 1x1x3 images, features = pixels; image 1 has features 0 and 2 present (remaining [2, 0, -1, -1])."""
+    base = torch.tensor([[[[1.0, 2.0, 3.0]]], [[[4.0, 5.0, 6.0]]]])
+    baseline = torch.zeros(1, 1, 1, 3)
+    fm = torch.tensor([[[0, 1, 2]]])
+    present = torch.tensor([[True, True, True], [True, False, True]])
+    remaining = torch.tensor([[0, 1, 2, -1], [2, 0, -1, -1]])
+    sched = torch.tensor([[1, 1, 0, 1], [4, 5, 3, -1]])  # image 1 without feature 2, without 0; image 0 intact; pad
+    out = torch.empty(4, 1, 1, 3)
+    impl("exact_candidates")(base, baseline, fm, present, remaining, sched, out)
+    assert out.view(4, 3).tolist() == [[4, 0, 0], [0, 0, 6], [1, 2, 3], [4, 0, 6]]
+
+
+def test_exact_candidates_rejects_bad_arguments(impl):
+    f = impl("exact_candidates")
+    base, baseline, fm, present, remaining, sched, out = cases("exact_candidates", [0])[0]
+    bad = sched.clone()
+    bad[0, 2] = base.shape[0]
+    with pytest.raises(RuntimeError, match=rf"exact_candidates: image {base.shape[0]} out of range"):
+        f(base, baseline, fm, present, remaining, bad, out)
+    bad = sched.clone()
+    bad[1, 0] = remaining.numel()
+    with pytest.raises(RuntimeError, match=r"exact_candidates: slot \d+ out of range"):
+        f(base, baseline, fm, present, remaining, bad, out)
+    with pytest.raises(RuntimeError, match="out must be"):
+        f(base, baseline, fm, present, remaining, sched, out[:-1])
+    with pytest.raises(RuntimeError, match="sched must be an int64"):
+        f(base, baseline, fm, present, remaining, sched[:1], out)
+
+
+# ------------------------------------------------------------------ exact_scores
+
+
+def exact_scores_ref(probs, targets, sched, done, scores, total, remaining, present, order, values):
+    """Row by row: independent of both implementations."""
+    for b, (i, s) in enumerate(zip(sched[0].tolist(), sched[1].tolist())):
+        if s >= 0:
+            f = float(probs[b, targets[i]].double())
+            scores.view(-1)[s] = f
+            total += f * 0
+    keep = done[0] >= 0
+    backselect_update_ref(scores, done[0][keep], done[1][keep], done[2][keep], remaining, present, order, values)
+
+
+def test_exact_scores_matches_the_row_by_row_reference(impl):
+    f = impl("exact_scores")
+    seen = {}
+    for case in cases("exact_scores"):
+        got, want = clone(case), clone(case)
+        f(*got)
+        exact_scores_ref(*want)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        sched, done = case[2], case[3]
+        for key, hit in (("padding rows", (sched[1] < 0).any()), ("no real row", (sched[1] < 0).all()),
+                         ("real rows", (sched[1] >= 0).any()), ("padding entries", (done[0] < 0).any()),
+                         ("no step", (done[0] < 0).all()), ("steps", (done[0] >= 0).any())):
+            seen[key] = seen.get(key, False) or bool(hit)
+    assert all(seen.values()), seen  # the cases hold every kind of row and entry
+
+
+def test_exact_scores_by_hand(impl):
+    """One image of 3 features, all present: the three candidates' probabilities of the target (class 1) are
+    written to slots 0-2, the step picks the best (slot 1: feature 1); a padding row and entry change nothing."""
+    probs = torch.tensor([[0.5, 0.25], [0.25, 0.75], [0.5, 0.5], [0.0, 1.0]], dtype=torch.float32)
+    sched = torch.tensor([[0, 0, 0, 0], [0, 1, 2, -1]])
+    done = torch.tensor([[0, -1], [3, 1], [0, 0]])
+    scores = torch.zeros(1, 4, dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64)
+    remaining = torch.tensor([[0, 1, 2, -1]])
+    present = torch.ones(1, 3, dtype=torch.bool)
+    order = torch.full((1, 3), -1)
+    values = torch.zeros(1, 3, dtype=torch.float64)
+    impl("exact_scores")(probs, torch.tensor([1]), sched, done, scores, total, remaining, present, order, values)
+    assert scores.tolist() == [[0.25, 0.75, 0.5, 0.0]] and total.item() == 0.0
+    assert order.tolist() == [[1, -1, -1]] and values.tolist() == [[0.75, 0, 0]]
+    assert present.tolist() == [[True, False, True]] and remaining.tolist() == [[0, 2, -1, -1]]
+
+
+def test_exact_scores_total_turns_nan_on_a_non_finite_score(impl):
+    f = impl("exact_scores")
+    case = cases("exact_scores", [0])[0]
+    probs = case[0].clone()
+    real = int((case[2][1] >= 0).nonzero()[0])
+    for bad in (float("inf"), float("nan")):
+        args = clone(case)
+        args[0] = probs.clone()
+        args[0][real, case[1][case[2][0, real]]] = bad
+        f(*args)
+        assert args[5].isnan()
+    pad = int((case[2][1] < 0).nonzero()[0])  # a padding row's score is dropped, whatever it is
+    args = clone(case)
+    args[0] = probs.clone()
+    args[0][pad] = float("nan")
+    f(*args)
+    assert args[5].item() == 0.0
+
+
+def test_exact_scores_rejects_bad_arguments(impl):
+    f = impl("exact_scores")
+    for k, row, col, value, message in ((2, 0, 0, 5, r"image 5 out of range \[0, 5\)"),
+                                        (3, 0, 0, 5, r"row 5 out of range \[-1, 5\)"),
+                                        (3, 1, 0, 0, r"count 0 out of range \[1, 10\)"),
+                                        (3, 2, 0, 9, r"step 9 out of range \[0, 9\)"),
+                                        (1, 0, None, 4, r"target 4 out of range \[0, 4\)")):
+        args = clone(cases("exact_scores", [0])[0])
+        if col is None:
+            args[k][row] = value
+        else:
+            args[k][row, col] = value
+        with pytest.raises(RuntimeError, match="exact_scores: " + message):
+            f(*args)
+    args = clone(cases("exact_scores", [0])[0])
+    args[0] = args[0][:-1]
+    with pytest.raises(RuntimeError, match="probs must be a floating"):
+        f(*args)
+
+
+# ------------------------------------------------------------------ schedule_window
+
+
+def schedule_ref(segments, count, step, full, sizes, batch_size, stride, rescore, stop_at_round_end, max_batches):
+    """A plain FIFO of (image, slot, tag, last?) slot entries, one batch of batch_size entries at a time."""
+    count, step = count.clone(), step.clone()
+    fifo = [(i, j, t, j == b - 1) for i, a, b, t in segments.t().tolist() for j in range(a, b)]
+    blocks, done = [], []
+    for w in range(max_batches):
+        if not fifo:
+            break
+        batch, fifo = fifo[:batch_size], fifo[batch_size:]
+        steps, going, stop = [], [[], []], False
+        for i, _, t, last in batch:
+            if not last:
+                continue
+            done.append((w, i, t, int(count[i]), int(step[i])))
+            if t == 1:
+                stop = True
+                continue
+            steps.append((i, int(count[i]), int(step[i])))
+            count[i] -= 1
+            step[i] += 1
+            if count[i] > 0:
+                going[0 if t == 0 else 1].append(i)
+            else:
+                stop |= stop_at_round_end
+        for i in going[0] + going[1]:
+            t = 2 if rescore > 0 and not bool(full[i]) and int(count[i]) > rescore else 0
+            fifo += [(i, j, t, j == int(count[i]) - 1) for j in range(int(count[i]))]
+        n = len(batch)
+        bp = min([s for s in sizes.tolist() if s >= n], default=n)
+        blocks.append(([i for i, *_ in batch] + [batch[-1][0]] * (bp - n),
+                       [i * stride + j for i, j, *_ in batch] + [-1] * (bp - n),
+                       [s[0] for s in steps] + [-1] * (bp - len(steps)),
+                       [s[1] for s in steps] + [1] * (bp - len(steps)),
+                       [s[2] for s in steps] + [0] * (bp - len(steps)),
+                       [t for _, _, t, _ in batch] + [-1] * (bp - n)))
+        if stop:
+            break
+    return blocks, done, count, step, fifo
+
+
+def check_window(f, case):
+    want_blocks, want_done, want_count, want_step, want_fifo = schedule_ref(*case)
+    args = clone(case)
+    records, batches, done, left = f(*args)
+    assert torch.equal(args[1], want_count) and torch.equal(args[2], want_step)
+    assert done.tolist() == [list(d) for d in want_done]
+    got_blocks = [records[o: o + 6 * bp].view(6, bp).tolist() for o, bp, *_ in batches.tolist()]
+    assert got_blocks == [[list(r) for r in b] for b in want_blocks]
+    assert [b[2] for b in batches.tolist()] == [sum(s >= 0 for s in b[1]) for b in want_blocks]
+    first = [b[3] for b in batches.tolist()]
+    assert first == sorted(first) and sum(b[4] for b in batches.tolist()) == len(want_done)
+    rest = [(i, j) for i, a, b, _ in left.t().tolist() for j in range(a, b)]
+    assert rest == [(i, j) for i, j, *_ in want_fifo]
+    return len(batches)
+
+
+def test_schedule_window_matches_a_slot_by_slot_fifo(impl):
+    f = impl("schedule_window")
+    lengths = set()
+    for case in cases("schedule_window", range(10)):
+        lengths.add(check_window(f, case))
+    assert len(lengths) > 2  # windows end early (events, an empty queue) and run to max_batches
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_schedule_window_many_windows_run_a_whole_job(impl, seed):
+    """Windows taken one after another until the queue is empty (as the loop takes them): every image goes
+    through all its steps, one batch after another, the same as the slot-by-slot FIFO."""
+    g = torch.Generator().manual_seed(seed)
+    n, p = 5, 9
+    count = torch.randint(1, p + 1, (n,), generator=g)
+    step = torch.zeros(n, dtype=torch.int64)
+    segments = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.int64), count.clone(), torch.zeros(n, dtype=torch.int64)])
+    total = int((count * (count + 1) // 2).sum())
+    f = impl("schedule_window")
+    seen = 0
+    while segments.shape[1]:
+        case = [segments, count, step, torch.zeros(n, dtype=torch.bool), torch.tensor([2, 4, 8]), 7, p + 1, 0,
+                bool(seed % 2), 3]
+        want = schedule_ref(*clone(case))
+        records, batches, done, segments = f(*case)
+        assert torch.equal(count, want[2]) and torch.equal(step, want[3])
+        seen += int(batches[:, 2].sum())
+    assert seen == total and int(count.sum()) == 0
+
+
+def test_schedule_window_rejects_bad_segments(impl):
+    f = impl("schedule_window")
+    case = clone(cases("schedule_window", [0])[0])
+    for row, value, message in ((0, 6, r"segment image 6 out of range \[0, 6\)"),
+                                (2, 9, r"segment slots \[\d+, 9\) out of range \[0, 8\)"),
+                                (3, 5, "segment tag 5 unknown")):
+        bad = clone(case)
+        bad[0][row, 0] = value
+        with pytest.raises(RuntimeError, match="schedule_window: " + message):
+            f(*bad)
+    bad = clone(case)
+    bad[4] = bad[4].double()
+    with pytest.raises(RuntimeError, match="sizes must be int64"):
+        f(*bad)
+
+
+# ------------------------------------------------------------------ opcheck, CUDA
+
+
+def test_opcheck_exact_step_ops():
+    for name in ("exact_candidates", "exact_scores"):
+        for case in cases(name, [0]):
+            torch.library.opcheck(getattr(torch.ops.overinterp_fast, name).default, case)
+    # data-dependent output sizes: the schema, fake and autograd registration checks
+    torch.library.opcheck(torch.ops.overinterp_fast.schedule_window.default, cases("schedule_window", [0])[0],
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@cuda
+def test_exact_step_kernels_equal_pure_versions_cuda():
+    for name in ("exact_candidates", "exact_scores"):
+        for case in cases(name, range(4), "cuda"):
+            got, want = clone(case), [a.cpu() if isinstance(a, torch.Tensor) else a for a in case]
+            _ops.kernel(name)(*got)
+            PURE_OPS[name].fn(*want)
+            for a, b in zip(got, want):
+                assert torch.equal(a.cpu(), b)
