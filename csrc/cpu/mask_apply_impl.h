@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../mask_apply.h"
@@ -68,22 +69,23 @@ inline void mask_apply_cpu_impl(const MaskApplyPlan& plan, const bool* present, 
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(E, 1));
   at::parallel_for(0, plan.batch, grain, [&](int64_t begin, int64_t end) {
-    // Candidates of one step share their present row and come in runs: each row's element mask is made once
-    // per run, and every candidate is then a branch-free blend of its image and the baseline (vectorized).
+    // Candidates of one step share their image and present row and come in runs: the run's masked input is made
+    // once (a branch-free blend of the image and the baseline, vectorized), and each candidate is a copy of it
+    // with its removed feature's elements set to the baseline.
+    std::vector<scalar_t> current(E);
     std::vector<uint8_t> keep(E);
-    int64_t mask_row = -1;
+    int64_t run_row = -1, run_img = -1;
     for (int64_t b = begin; b < end; ++b) {
       const int64_t img = cand_image[b], row = cand_row[b], removed = cand_feature[b];
-      if (row != mask_row) {
+      const scalar_t* __restrict__ fill = baseline + (per_image_baseline ? img * E : 0);
+      if (row != run_row || img != run_img) {
         const bool* pres = present + row * P;
         for (int64_t e = 0; e < E; ++e) keep[e] = pres[fm[e]];
-        mask_row = row;
+        blend(current.data(), base + img * E, fill, keep.data(), E);
+        run_row = row, run_img = img;
       }
-      const scalar_t* __restrict__ src = base + img * E;
-      const scalar_t* __restrict__ fill = baseline + (per_image_baseline ? img * E : 0);
       scalar_t* __restrict__ dst = out + b * E;
-      const uint8_t* __restrict__ k = keep.data();
-      blend(dst, src, fill, k, E);
+      std::memcpy(dst, current.data(), E * sizeof(scalar_t));
       if (removed >= 0) {
         for (int64_t j = first[removed]; j < first[removed + 1]; ++j) dst[elems[j]] = fill[elems[j]];
       }

@@ -150,6 +150,10 @@ class DenseStep:
         self.failed: str | None = None
         self.path = "fused"
         self._pool = None
+        # the ops' implementations, chosen once for the job (not looked up per call)
+        self._candidates = _ops.implementation("exact_candidates", dev)
+        self._scores = _ops.implementation("exact_scores", dev)
+        self._checked: set[int] = set()  # batch shapes whose model output was checked
 
     def buffer(self, rows: int) -> torch.Tensor:
         """The candidates' buffer of a batch shape, [rows, *D] in the images' memory format (kept: written anew by
@@ -163,12 +167,19 @@ class DenseStep:
         return out
 
     def eager(self, block: torch.Tensor, done: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The step of one batch (its block [6, Bp] and completed steps [3, d]); returns the model's output."""
-        p, t = self.prep, self.t
-        _ops.exact_candidates(p.images, p.baseline, p.feature_map, t.present, t.remaining, block, out, False)
-        y = self.fn.forward(out)
-        _ops.exact_scores(self.fn.probabilities(y), self.targets, block, done, t.scores, t.total, t.remaining,
-                          t.present, t.order, t.values, False)
+        """The step of one batch (its block [6, Bp] and completed steps [3, d]); returns the model's output.
+
+        The batch is already padded to its shape, so the model is called as it is (``fn.run``); its output is
+        checked (shape, dtype, device) on the first call of each shape."""
+        p, t, fn = self.prep, self.t, self.fn
+        self._candidates(p.images, p.baseline, p.feature_map, t.present, t.remaining, block, out, False)
+        y = fn.run(out)
+        rows = out.shape[0]
+        if rows not in self._checked:
+            fn.check_output(y, rows, out.device)
+            self._checked.add(rows)
+        self._scores(fn.probabilities(y), self.targets, block, done, t.scores, t.total, t.remaining, t.present,
+                     t.order, t.values, False)
         return y
 
     def __call__(self, block: torch.Tensor, done: torch.Tensor) -> None:

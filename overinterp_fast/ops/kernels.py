@@ -191,6 +191,12 @@ def _choose(name: str, device: torch.device) -> tuple[OpInfo, Callable]:
         return choice
 
 
+def implementation(name: str, device: torch.device) -> Callable:
+    """The implementation :func:`call` runs for op ``name`` on ``device`` under the current setting (chosen, and
+    self-checked, once): for loops that call an op many times on one device and skip the per-call lookup."""
+    return _choose(name, torch.device(device))[1]
+
+
 def call(name: str, *args):
     """Run op ``name`` with the implementation chosen for the device of its first argument."""
     device = args[0].device
