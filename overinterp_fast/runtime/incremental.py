@@ -31,9 +31,11 @@ candidate whose change died scores exactly the base run's f of its image.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import math
 import operator
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -992,6 +994,44 @@ class IncrementalEvaluator:
         return self.runner.run(image.shape[0], work)
 
 
+_plans: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, IncrementalPlan | NotIncremental]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _plan_key(model: nn.Module, prep: Prepared) -> tuple:
+    """What a plan depends on: the model's tensors (where they are and their version counters, which every
+    in-place change bumps: a plan holds values computed from the weights), the images' shape, dtype, device and
+    layout, and the feature map."""
+    images, fm = prep.images, prep.feature_map
+    tensors = [*model.parameters(), *model.buffers()]
+    return (tuple((t.data_ptr(), t._version) for t in tensors), tuple(images.shape[1:]), images.dtype, images.device,
+            images.is_contiguous(), prep.num_features,
+            hashlib.sha1(fm.detach().cpu().contiguous().numpy().tobytes()).hexdigest())
+
+
+def cached_plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
+    """:func:`plan`, kept per model while its tensors, the images' shape and the feature map stay the same (a
+    trace and a trial run take tens of milliseconds: as long as a whole small job on a GPU). A model that cannot
+    be planned raises NotIncremental again, from the cache."""
+    model = fn.model
+    try:
+        key = _plan_key(model, prep) if isinstance(model, nn.Module) else None
+    except RuntimeError:  # inference tensors (a model made under inference_mode) keep no version counter
+        key = None
+    if key is None:
+        return plan(fn, prep)
+    hit = _plans.get(model)
+    if hit is None or hit[0] != key:
+        try:
+            made = plan(fn, prep)
+        except NotIncremental as exc:
+            made = exc
+        _plans[model] = hit = (key, made)
+    if isinstance(hit[1], NotIncremental):
+        raise hit[1]
+    return hit[1]
+
+
 def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> IncrementalPlan | None:
     """The plan to use or to time, or None for the dense path.
 
@@ -1005,7 +1045,7 @@ def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> Incremental
     if incremental is None and (fn.model is None or not isinstance(fn.model, nn.Module) or prep.images.dim() != 4):
         return None  # ONNX models, callables, text: dense, nothing to say
     try:
-        pl = plan(fn, prep)
+        pl = cached_plan(fn, prep)
     except NotIncremental as exc:
         if incremental:
             raise ValueError(f"incremental=True, but {exc}") from None

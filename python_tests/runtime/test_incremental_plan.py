@@ -208,3 +208,35 @@ def test_estimated_work_by_hand_with_a_dense_flatten():
     assert pl.cost_ratio == pytest.approx((230 + 96 + 96) / (288 + 32 + 96), rel=1e-12)
     assert pl.state_elems == 32  # the flattened map
     assert pl.batch_size() == 4096  # 2^20 / 32, capped
+
+
+def test_plans_are_kept_per_model_while_its_weights_and_the_inputs_stay(monkeypatch):
+    """A second job of the same model and inputs reuses the plan (no new trace); a changed weight (in place: the
+    same address, a new version), another feature map or image size makes a new one; a model that cannot be
+    planned is not traced again either, and keeps its reason."""
+    traced = []
+    real = incremental.trace
+    monkeypatch.setattr(incremental, "trace", lambda m: traced.append(m) or real(m))
+    model = seeded(Planned(), 0)
+    fn, prep = ModelFn(model), prepare(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    first = incremental.choose(fn, prep, True)
+    assert incremental.choose(fn, prep, True) is first and len(traced) == 1
+    with torch.no_grad():
+        model.conv1.weight[0, 0, 0, 0] += 1.0
+    assert incremental.choose(fn, prep, True) is not first and len(traced) == 2
+    again = incremental.choose(fn, prep, True)
+    assert len(traced) == 2
+    pixels2 = prepare(torch.randn(2, 3, 8, 8, dtype=torch.float64), torch.arange(64).view(8, 8) // 2)
+    assert incremental.choose(fn, pixels2, True) is not again and len(traced) == 3
+    assert incremental.choose(ModelFn(model), prepare(torch.randn(1, 3, 12, 12, dtype=torch.float64)), True) \
+        is not again and len(traced) == 4
+
+    class Branchy(nn.Module):  # data-dependent control flow: torch.fx cannot trace it
+        def forward(self, x):
+            return x.flatten(1)[:, :3] if x.sum() > 0 else -x.flatten(1)[:, :3]
+
+    bad = ModelFn(Branchy())
+    for _ in range(2):
+        with pytest.raises(ValueError, match="incremental=True, but torch.fx cannot trace the model"):
+            incremental.choose(bad, prep, True)
+    assert len(traced) == 5
