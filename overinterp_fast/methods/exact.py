@@ -4,16 +4,20 @@ State lives on the images' device: per image the present features (bool [N, p]),
 a compact list of them (int64 [N, p + 1]), the scores of the step in flight
 (float64 [N, p + 1]) and the order/values of the round. Column p of ``remaining``
 is a permanent -1, so slot p is "mask nothing": the score of the current input.
-The host only schedules (see schedule.py): a step's candidate count is known in advance
-(one feature leaves per step), so within a round the host never waits for the device.
+The host only schedules (exact_step.py's StepSchedule): a step's candidate count is known in advance
+(one feature leaves per step), so the schedule of many batches is made at once, without reading the device.
 It reads device values only through :func:`~overinterp_fast.runtime.sync.to_host`, at
 the start and where rounds end or start (FindSIS, the collection logic and the
 verification need the values), never per step. The candidate indices are checked where
-they are made (the queue's bounds; ``remaining`` is kept valid by backselect_update),
+they are made (the schedule's bounds; ``remaining`` is kept valid by the step ops),
 so the ops skip their own per-call checks, each of which would wait for the device.
 
+Each batch is one :class:`~overinterp_fast.methods.exact_step.DenseStep` (the dense path: three ops around the
+forward pass, one captured CUDA graph per batch shape on a GPU), or, for incremental inference, low precision and
+after an out-of-memory error, :meth:`_ExactRun.step` through an evaluator.
+
 With ``low`` (a :class:`~overinterp_fast.methods.low_precision.LowPrecision`), a step of an image with more than K
-features present is scored in the low dtype and its K best candidates again in the full dtype (tag ``_LOW``); the
+features present is scored in the low dtype and its K best candidates again in the full dtype (tag ``LOW``); the
 first step whose decision the check could not prove is kept on the device (``unsafe_step``) and read where the round
 ends, and the round is then run again from that step in the full dtype.
 """
