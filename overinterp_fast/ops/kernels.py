@@ -214,14 +214,16 @@ def ops_info(devices=None) -> list[OpInfo]:
 
     Args:
         devices: devices to report (default: the CPU and every visible CUDA device).
-            Reporting a CUDA device runs its self-checks if they have not run yet.
+            Reporting a CUDA device runs its self-checks if they have not run yet. An op that works on the
+            host's tensors whatever the job's device (``schedule_window``) has a CPU row only.
 
     Returns:
         One :class:`OpInfo` per (op, device); ``print(*ops_info(), sep="\n")`` shows a table.
     """
     if devices is None:
         devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return [_choose(name, torch.device(d))[0] for d in devices for name in sorted(PURE_OPS)]
+    return [_choose(name, torch.device(d))[0] for d in devices for name in sorted(PURE_OPS)
+            if torch.device(d).type == "cpu" or not PURE_OPS[name].host_only]  # host-only ops: the CPU's row
 
 
 def _register_fakes() -> None:

@@ -27,22 +27,24 @@ class PureOp:
 
     ``sample(device, generator)`` returns a list of argument lists (valid inputs,
     tensors on ``device``); the self-check runs kernel and pure version on copies
-    of each and requires equal results and equal in-place updates.
+    of each and requires equal results and equal in-place updates. ``host_only``: the op works on the host's
+    tensors whatever device a job runs on (its kernel is the CPU's alone; its cases are CPU tensors).
     """
 
     name: str
     fn: Callable
     sample: Callable[[torch.device, torch.Generator], list[list]]
+    host_only: bool = False
 
 
 PURE_OPS: dict[str, PureOp] = {}
 
 
-def pure_op(name: str, sample: Callable[[torch.device, torch.Generator], list[list]]):
-    """Register ``fn`` as the pure version of ``overinterp_fast::<name>``."""
+def pure_op(name: str, sample: Callable[[torch.device, torch.Generator], list[list]], host_only: bool = False):
+    """Register ``fn`` as the pure version of ``overinterp_fast::<name>`` (``host_only``: see :class:`PureOp`)."""
 
     def register(fn: Callable) -> Callable:
-        PURE_OPS[name] = PureOp(name, fn, sample)
+        PURE_OPS[name] = PureOp(name, fn, sample, host_only)
         return fn
 
     return register
@@ -483,7 +485,7 @@ def _sample_schedule_window(device: torch.device, g: torch.Generator) -> list[li
     return cases
 
 
-@pure_op("schedule_window", _sample_schedule_window)
+@pure_op("schedule_window", _sample_schedule_window, host_only=True)
 def schedule_window(segments, count, step, full, sizes, batch_size: int, stride: int, rescore: int,
                     stop_at_round_end: bool, max_batches: int) -> tuple[torch.Tensor, ...]:
     """The exact step loop's schedule for up to ``max_batches`` batches (see csrc/cpu/schedule_window_kernel.cpp

@@ -285,3 +285,14 @@ def test_exact_step_kernels_equal_pure_versions_cuda():
             PURE_OPS[name].fn(*want)
             for a, b in zip(got, want):
                 assert torch.equal(a.cpu(), b)
+
+
+def test_the_schedule_is_the_hosts_op_alone(monkeypatch):
+    """schedule_window works on the host's tensors whatever device a job runs on: ops_info gives it a CPU row only
+    (on a device the extension has no kernel for, every other op falls back and is listed)."""
+    monkeypatch.setattr(_ops, "_choices", {})
+    with pytest.warns(RuntimeWarning):
+        rows = _ops.ops_info(["meta"])
+    assert {r.op for r in rows} == set(PURE_OPS) - {"schedule_window"}
+    assert {r.op for r in _ops.ops_info(["cpu"])} == set(PURE_OPS)
+    assert PURE_OPS["schedule_window"].host_only and not PURE_OPS["exact_scores"].host_only
