@@ -130,7 +130,7 @@ class _ExactRun:
         if self.low is None:
             self.queue.push_many(ids, 0, count, _STEP)
             return
-        low = ~self.state.full[ids] & (count > self.low.rescore)
+        low = ~self.state.full[ids] & (count > self.low.per_step(count))
         self.low_step[ids] = low
         self.queue.push_many(ids, 0, count, np.where(low, _LOW, _STEP))
 
@@ -195,7 +195,7 @@ class _ExactRun:
         if low_steps.size:
             low.settle(picked, f[n0:], self.scores, rows[k:], counts[k:], steps[k:], pos, rank,
                        self.unsafe_step)
-            state.rescored[low_steps] += np.minimum(low.rescore, state.count[low_steps])
+            state.rescored[low_steps] += low.per_step(state.count[low_steps])
         if stepped.size:
             _ops.backselect_update(
                 self.scores,

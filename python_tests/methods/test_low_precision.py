@@ -65,6 +65,17 @@ def same(a, b, collection=False):
     assert_same_lists(a, b, assert_same_result, collection)
 
 
+MAX_SHARE = low_precision.MAX_SHARE  # the module's, for the tests of the decline
+
+
+@pytest.fixture(autouse=True)
+def never_declined(monkeypatch):
+    """The planted models here have p <= 64 features, where a K of RESCORE_MIN alone re-scores more than
+    MAX_SHARE of a round and the low dtype would be declined: the tests of the mechanism keep it on (the tests of
+    the decline set MAX_SHARE back)."""
+    monkeypatch.setattr(low_precision, "MAX_SHARE", 1.0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # near-ties and a value at tau
 # ----------------------------------------------------------------------------------------------------
@@ -309,6 +320,7 @@ def bare(rescore: int, margin: float) -> low_precision.LowPrecision:
     """A LowPrecision without a model: K and m only (what pick and settle read)."""
     low = object.__new__(low_precision.LowPrecision)
     low.dtype, low.rescore, low.margin = torch.bfloat16, rescore, torch.tensor(margin, dtype=torch.float64)
+    low.p = 5  # one_step's image
     return low
 
 
