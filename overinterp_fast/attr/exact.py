@@ -12,11 +12,11 @@ from ..runtime import job
 from ..runtime.calibration import Calibration, exact_job_time
 from ..runtime.engines import (Engine, incremental_calibration, incremental_pays, low_precision_calibration,
                                time_small_job)
-from ..runtime.layout import channels_last_copy, choose_channels_last
+from ..runtime.memory_format import channels_last_copy, choose_channels_last
 from ..runtime.incremental import IncrementalEvaluator
 from ..runtime.incremental import choose as choose_incremental
 from ..runtime.model import initial_predictions
-from ._base import SetAttribution
+from ._base import SetAttribution, captum_baselines, captum_feature_mask, check_inputs
 from .options import ExactOptions, RunOptions
 
 _R, _E = RunOptions, ExactOptions  # the defaults' single source
@@ -103,8 +103,27 @@ class ExactSIS(SetAttribution):
                                 engine=eng.name)
             return with_info(results, eng.name, eng.calibration or Calibration(eng.batch_size, {}, "user"), layout)
 
+    def choices(self, inputs: torch.Tensor, feature_mask=None, baselines=None) -> RunInfo:
+        """What a call on ``inputs`` would choose, without running it: the batch size (calibrated as the call does,
+        on the dense torch path, or on the low-dtype copy with ``score_dtype``) and the memory format, as a
+        :class:`~overinterp_fast.methods.results.RunInfo` (no candidates counted). For runs whose results must not
+        depend on timing (a stored audit): measure once, then pass ``batch_size`` and ``channels_last``."""
+        check_inputs(inputs)
+        s = self._setup(inputs, captum_feature_mask(feature_mask, inputs), captum_baselines(baselines), "exact")
+        score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
+        with torch.inference_mode():
+            layout = (False, {}) if score_dtype is not None else self._layout(s)
+            targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
+            if score_dtype is not None:
+                low, cal, layout = self._low_precision(s, targets, score_dtype)
+                return RunInfo("torch", cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]),
+                               low=low.summary())
+            eng = self._dense(s, targets, engine="torch" if self.run.engine == "auto" else None)
+            cal = eng.calibration or Calibration(eng.batch_size, {}, "user")
+            return RunInfo(eng.name, cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]))
+
     def _layout(self, s: job.Setup) -> tuple[bool, dict]:
-        """Whether the job runs channels_last (:func:`~overinterp_fast.runtime.layout.choose_channels_last`, at the
+        """Whether the job runs channels_last (:func:`~overinterp_fast.runtime.memory_format.choose_channels_last`, at the
         runner's first batch size), and the times measured; where it does, ``s`` takes the channels_last copy of
         the model and images. Engines other than torch run the model as given."""
         if self.run.engine not in ("auto", "torch"):

@@ -192,7 +192,9 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
     (``engine`` None: :func:`fixed_engine`)."""
     options = None
-    if config.method == "gradient":
+    if config.method == "exact":
+        options = config.exact_options()
+    elif config.method == "gradient":
         options = GradientOptions(k=config.k, autocast=config.autocast)
     elif config.method == "responsibility":
         options = MinimalPixelSetOptions(seed=config.seed)

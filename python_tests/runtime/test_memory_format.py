@@ -1,11 +1,11 @@
-"""runtime/layout.py: which jobs may run channels_last, the copy they run, and when the measurement keeps it; exact
+"""runtime/memory_format.py: which jobs may run channels_last, the copy they run, and when the measurement keeps it; exact
 SIS through the channels_last copy gives the contiguous model's results, and each result records the choice."""
 import pytest
 import torch
 from torch import nn
 
 import overinterp_fast as of
-from overinterp_fast.runtime import layout
+from overinterp_fast.runtime import memory_format as layout
 from overinterp_fast.runtime.inputs import prepare
 from overinterp_fast.runtime.model import ModelFn
 from helpers import make_cnn, make_images, whole_message
