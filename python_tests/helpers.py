@@ -72,6 +72,15 @@ def tiny_cnn(seed: int) -> nn.Module:
     ).eval()
 
 
+def export_tiny_cnn(path, side: int, seed: int = 3) -> str:
+    """tiny_cnn(seed) saved with torch.export at ``path`` (a .pt2 file for inputs [B, 3, side, side], B dynamic),
+    as the command line loads a model file; returns the path as a string."""
+    batch = torch.export.Dim("batch")
+    torch.export.save(torch.export.export(tiny_cnn(seed), (torch.zeros(2, 3, side, side),),
+                                          dynamic_shapes=({0: batch},)), str(path))
+    return str(path)
+
+
 def seeded(model, seed=0, dtype=torch.float64):
     """``model`` with its weights and batch-norm statistics drawn from ``seed``, in ``dtype`` and eval mode.
 

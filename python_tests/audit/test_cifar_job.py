@@ -17,7 +17,7 @@ from overinterp_fast.audit.subset_files import (SUBSETS_DIR, SubsetFiles, load_p
 from overinterp_fast.cli import main
 from overinterp_fast.methods.results import SISResult
 from overinterp_fast.zoo.imagenet import normalize
-from helpers import run_cli, tiny_cnn, write_cifar
+from helpers import export_tiny_cnn, run_cli, tiny_cnn, write_cifar
 
 
 SIDE = 8  # the 32 x 32 images resized to 8 x 8: 64 pixel features, so the exact SIS of a few images takes seconds
@@ -35,11 +35,7 @@ def cifar(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "net.pt2"
-    batch = torch.export.Dim("batch")
-    torch.export.save(torch.export.export(tiny_cnn(3), (torch.zeros(2, 3, SIDE, SIDE),),
-                                          dynamic_shapes=({0: batch},)), str(path))
-    return str(path)
+    return export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE)
 
 
 def argv(net, cifar, out, *extra):
@@ -83,7 +79,7 @@ def result(order, target=1):
 def test_subset_files_by_hand(tmp_path):
     """Two 2 x 3 images (p = 6, 5%: ceil(0.3) = 1 pixel; 50%: 3), one model; split by name."""
     photos = [np.arange(18, dtype=np.uint8).reshape(2, 3, 3) * 10, np.full((2, 3, 3), 200, np.uint8)]
-    chunk = ChunkImages([0, 1], ["train/00000", "test/00000"], [7, None], photos, None)
+    chunk = ChunkImages([4, 9], ["train/00000", "test/00000"], [7, None], photos, None)  # images 4 and 9 of the audit
     orders = [[5, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5]]  # last masked: pixel 4 of image 0, pixel 5 of image 1
     files = SubsetFiles(["m"], "all", 0.5, seed=2, mean=0.5, std=0.25, mask_value=0.0)
     files.add(chunk, [[result(orders[0], 3), result(orders[1], 4)]])
@@ -95,7 +91,7 @@ def test_subset_files_by_hand(tmp_path):
     assert train.order.dtype == np.int16 and train.order.tolist() == [orders[0]]
     # the last 3 of the order (2, 3, 4), on the 2 x 3 grid
     assert train.backselect.tolist() == [[[False, False, True], [True, True, False]]]
-    assert train.random.sum() == 3 and np.array_equal(train.random[0].ravel(), random_keep(6, 3, 2, 0))
+    assert train.random.sum() == 3 and np.array_equal(train.random[0].ravel(), random_keep(6, 3, 2, 4))
     x = normalize(photos[0], 0.5, 0.25)
     assert torch.equal(train.inputs("full")[0], x)
     kept = torch.from_numpy(train.backselect[0])
@@ -103,7 +99,7 @@ def test_subset_files_by_hand(tmp_path):
     assert torch.equal(train.inputs("random")[0], torch.where(torch.from_numpy(train.random[0]), x, 0.0))
     test = load_pixel_subsets(paths[0])
     assert test.labels.tolist() == [-1] and test.backselect[0].ravel().nonzero()[0].tolist() == [3, 4, 5]
-    assert test.random[0].ravel().tolist() == random_keep(6, 3, 2, 1).tolist()  # drawn by the image's position
+    assert test.random[0].ravel().tolist() == random_keep(6, 3, 2, 9).tolist()  # drawn by the image's position
     with pytest.raises(ValueError, match="which must be"):
         train.inputs("all")
     short = SubsetFiles(["m"], None, 0.05, 0, 0.5, 0.5, [0.0, 0.1, 0.2])

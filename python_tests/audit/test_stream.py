@@ -27,7 +27,7 @@ from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.audit.sources import open_images, select_range
 from overinterp_fast.zoo.preprocessing import Preprocessing
-from helpers import tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
+from helpers import export_tiny_cnn, tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
 import hashlib
 from overinterp_fast.audit import store, stream
 from overinterp_fast.audit.sources import ImageSource
@@ -57,11 +57,7 @@ def tree(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "net.pt2"
-    batch = torch.export.Dim("batch")
-    torch.export.save(torch.export.export(tiny_cnn(3), (torch.zeros(2, 3, SIDE, SIDE),),
-                                          dynamic_shapes=({0: batch},)), str(path))
-    return str(path)
+    return export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE)
 
 
 
