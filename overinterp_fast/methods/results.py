@@ -111,7 +111,7 @@ class SISResult:
     refine_queries: int | None = field(default=None)
     minimal: bool | None = field(default=None)
     rescored: int | None = field(default=None)
-    info: RunInfo | None = field(default=None)
+    info: RunInfo | None = field(default=None, compare=False)  # how the call ran, not what it found
 
     @property
     def total_queries(self) -> int | None:
