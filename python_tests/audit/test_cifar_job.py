@@ -221,3 +221,21 @@ def test_exact_sis_choices_are_the_call_s(monkeypatch):
     info = of.ExactSIS(model, batch_size=11, score_dtype=torch.bfloat16, channels_last=True).choices(x)
     assert (info.batch_size, info.batch_source, info.channels_last) == (11, "user", True)
     assert info.low["score_dtype"] == "bfloat16" and info.low["channels_last"]
+
+
+def test_the_audit_s_format_applies_where_it_can():
+    """A format chosen on an audit's first model (a CNN) reaches a model without convolutions as 'no'."""
+    from torch import nn
+
+    from overinterp_fast.audit.config import AuditConfig
+    from overinterp_fast.audit.runner import explain
+    from helpers import make_images
+
+    x = make_images(1, h=4, w=4, dtype=torch.float32)
+    config = AuditConfig(method="exact", batch_size=9, channels_last=True)
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(48, 5)).eval()
+    (r,) = explain(mlp, x, [0.1], config, None, False)
+    assert r.info.channels_last is False and r.info.batch_size == 9
+    (r,) = explain(tiny_cnn(0), x, [0.1], config, None, False)
+    assert r.info.channels_last is True
