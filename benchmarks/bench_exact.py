@@ -189,7 +189,7 @@ def run_loop_cost(name, n_images, device, rounds, warmup=True) -> dict:
             "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
             "calls": len(calls), "rows": sum(calls), "image_steps": steps,
             "loop_us_per_call": 1e6 * loop / len(calls), "loop_us_per_image_step": 1e6 * loop / steps,
-            "engine_used": {"fast": res[0].engine}, "step": res[0].step, **proxies}
+            "engine_used": {"fast": res[0].engine}, "step": res[0].info.step, **proxies}
 
 
 def host_proxies(model, fast) -> dict:

@@ -161,6 +161,28 @@ def candidate_like_batch(images: torch.Tensor, features: torch.Tensor | None, ba
     return torch.where(keep, images[torch.arange(batch) % n], torch.zeros((), dtype=images.dtype, device=images.device))
 
 
+def ceiling(model: Callable, images: torch.Tensor, features: torch.Tensor | None, sizes: list[int], device,
+            min_s: float = 0.2, min_calls: int = 3) -> dict[int, float]:
+    """The model's bare rate: {batch size: rows per second of plain forward passes and softmax} on candidate-like
+    inputs (:func:`candidate_like_batch`, built once at the largest size), per size one untimed call, then calls
+    until ``min_s`` seconds and ``min_calls`` calls have passed. A size that runs out of memory ends the sweep."""
+    x = candidate_like_batch(images, features, max(sizes))
+    rates = {}
+    for b in sorted(sizes):
+        try:
+            floor_run(model, x, [b])
+            sync(device)
+            calls, t0 = 0, time.perf_counter()
+            while calls < min_calls or time.perf_counter() - t0 < min_s:
+                floor_run(model, x, [b])
+                calls += 1
+            sync(device)
+            rates[b] = b * calls / (time.perf_counter() - t0)
+        except torch.OutOfMemoryError:
+            break
+    return rates
+
+
 def batches(rows: int, batch: int) -> list[int]:
     """``rows`` split into calls of ``batch`` rows (the last one shorter)."""
     return [batch] * (rows // batch) + ([rows % batch] if rows % batch else [])

@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
 BEGIN, END = "<!-- tables: begin (written by benchmarks/table.py) -->", "<!-- tables: end -->"
-ORDER = ["exact", "exact-loop", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient", "scale"]
+ORDER = ["cifar", "exact", "exact-loop", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient",
+         "scale"]
 
 
 def fmt(v, digits: int = 2) -> str:
@@ -64,6 +65,33 @@ def exact_rows(doc: dict) -> list[str]:
             out += table(["contender", "call s", "process s", "call / reference's", "same SIS"],
                          [[k, r["call_s"][k], r["process_s"][k], r.get("over_reference", {}).get(k),
                            r["same_sis"][k]] for k in r["call_s"]])
+    return out
+
+
+def cifar_rows(doc: dict) -> list[str]:
+    """The CIFAR-10 workload (bench_cifar.py): rates against the ceiling, bf16, and the projections (labelled)."""
+    out = []
+    for r in doc["rows"]:
+        f32, low = r.get("float32_info") or {}, r.get("bf16_info") or {}
+        out += table(["config", "N", "p", "candidates", "float32 rows/s", "bf16 rows/s", "bf16/float32", "re-scored",
+                      "ceiling rows/s", "of ceiling", "B (float32, bf16)", "engine", "channels_last",
+                      "same SIS"],
+                     [[r["config"], r["images"], r["features"], r["candidates"], fmt(r.get("rows_per_s"), 0),
+                       fmt(r.get("bf16_rows_per_s"), 0), r.get("bf16_over_float32"),
+                       "-" if r.get("rescored_share") is None else f"{100 * r['rescored_share']:.1f}%",
+                       fmt(r.get("ceiling_rows_per_s"), 0), r.get("fraction_of_ceiling"),
+                       f"{f32.get('batch_size', '-')}, {low.get('batch_size', '-')}", f32.get("engine", "-"),
+                       "-" if f32.get("channels_last") is None else ("yes" if f32["channels_last"] else "no"),
+                       r.get("same_sis_as_float32")]])
+        if "projected_hours_10000" in r:
+            out += ["", f"{r['images_per_hour']:.0f} images per hour; {r['projection']}: "
+                        f"{r['projected_hours_10000']:.2f} h for 10,000 and {r['projected_hours_60000']:.2f} h for "
+                        f"60,000 (a projection, not a measurement of them)."]
+        if low.get("low"):
+            lp = low["low"]
+            out += ["", f"bf16: K = {lp['rescore_k']} candidates re-scored per step, m = {lp['margin']:.3g}"
+                        + ("; declined (the first step predicted more than half re-scored)" if lp["declined"] else "")
+                        + "."]
     return out
 
 
@@ -142,7 +170,7 @@ def scale_rows(doc: dict) -> list[str]:
     return out
 
 
-RENDER = {"exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows, "gradient": gradient_rows,
+RENDER = {"cifar": cifar_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows, "gradient": gradient_rows,
           "responsibility": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
           "scale": scale_rows}
 

@@ -72,6 +72,15 @@ def tiny_cnn(seed: int) -> nn.Module:
     ).eval()
 
 
+def export_tiny_cnn(path, side: int, seed: int = 3) -> str:
+    """tiny_cnn(seed) saved with torch.export at ``path`` (a .pt2 file for inputs [B, 3, side, side], B dynamic),
+    as the command line loads a model file; returns the path as a string."""
+    batch = torch.export.Dim("batch")
+    torch.export.save(torch.export.export(tiny_cnn(seed), (torch.zeros(2, 3, side, side),),
+                                          dynamic_shapes=({0: batch},)), str(path))
+    return str(path)
+
+
 def seeded(model, seed=0, dtype=torch.float64):
     """``model`` with its weights and batch-norm statistics drawn from ``seed``, in ``dtype`` and eval mode.
 
@@ -390,8 +399,10 @@ def recording_adam(monkeypatch) -> list[dict]:
     return made
 
 
-def write_cifar(root, n: int, seed: int = 0) -> np.ndarray:
-    """A CIFAR-10 test batch in torchvision's layout (pickled dict, data uint8 [n, 3072]); returns the data."""
+def write_cifar(root, n: int, seed: int = 0, train: tuple[int, ...] = ()) -> np.ndarray:
+    """A CIFAR-10 test batch in torchvision's layout (pickled dict, data uint8 [n, 3072]); returns the data. With
+    ``train`` (five counts), also the training batches data_batch_1..5 of that many images each (labels (i + 3) %
+    10 within each file, data drawn after the test batch's from the same generator)."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(seed)
@@ -399,9 +410,34 @@ def write_cifar(root, n: int, seed: int = 0) -> np.ndarray:
     with open(folder / "test_batch", "wb") as fh:
         pickle.dump({"batch_label": "testing batch 1 of 1", "data": data, "labels": [i % 10 for i in range(n)],
                      "filenames": [f"f{i}.png" for i in range(n)]}, fh, protocol=2)
+    for b, count in enumerate(train, start=1):
+        with open(folder / f"data_batch_{b}", "wb") as fh:
+            pickle.dump({"batch_label": f"training batch {b} of 5", "labels": [(i + 3) % 10 for i in range(count)],
+                         "data": rng.integers(0, 256, (count, 3072), dtype=np.uint8)}, fh, protocol=2)
     with open(folder / "batches.meta", "wb") as fh:
         pickle.dump({"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": n}, fh, protocol=2)
     return data
+
+
+def run_cli(argv, crash=None, torchrun=0, timeout=120):
+    """``python -m overinterp_fast ARGV`` in a subprocess with one thread (or under ``torchrun`` with that many
+    processes); ``crash``: the commit hook's "<chunk>:<stage>" (audit.store.CRASH_ENV). Returns the finished
+    process (stdout and stderr captured as text)."""
+    import os
+    import subprocess
+    import sys
+
+    from overinterp_fast.audit import store
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop(store.CRASH_ENV, None)
+    if crash:
+        env[store.CRASH_ENV] = crash
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}"]
+                if torchrun else [sys.executable])
+    return subprocess.run(launcher + ["-m", "overinterp_fast", *argv], env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def assert_one_minimal(model, image, mask, target):

@@ -87,3 +87,39 @@ def test_exact_recorded_calls_count_replayed_calls(replays):
     rows, res = recorded_calls(model, images, None)
     assert sum(rows) == model.rows - start > 0
     assert len(res) == 1
+
+
+def test_cifar_figures_and_projections_by_hand():
+    """bench_cifar's derived figures: rates, the share of the ceiling, the re-scored share, and projections from
+    the faster run whose SIS equal float32's (labelled as projections of the measured images)."""
+    from bench_cifar import summarize
+
+    row = {"candidates": 1000, "images": 2, "side": 16, "ceiling_rows_per_s": 400.0, "float32_s": 5.0}
+    out = summarize(row)
+    assert out["rows_per_s"] == 200.0 and out["fraction_of_ceiling"] == 0.5 and out["projected_from"] == "float32"
+    assert out["images_per_hour"] == pytest.approx(1440.0)  # 2.5 s per image
+    assert out["projected_hours_10000"] == pytest.approx(10_000 * 2.5 / 3600)
+    assert out["projected_hours_60000"] == pytest.approx(60_000 * 2.5 / 3600)
+    assert out["projection"].startswith("projection: 2 measured images of 16x16 (float32)")
+    row.update(bf16_s=4.0, bf16_info={"rescored": 50, "candidates": 1000}, same_sis_as_float32=True)
+    out = summarize(row)
+    assert out["bf16_rows_per_s"] == 250.0 and out["bf16_over_float32"] == 1.25 and out["rescored_share"] == 0.05
+    assert out["projected_from"] == "bf16" and out["projected_hours_10000"] == pytest.approx(10_000 * 2.0 / 3600)
+    row["same_sis_as_float32"] = False  # a faster run with other SIS is never the projection's
+    assert summarize(row)["projected_from"] == "float32"
+
+
+def test_ceiling_times_each_size_and_stops_at_out_of_memory():
+    from common import ceiling
+
+    sizes_run = []
+
+    def model(x):
+        if x.shape[0] > 8:
+            raise torch.OutOfMemoryError("too large")
+        sizes_run.append(x.shape[0])
+        return torch.zeros(x.shape[0], 3)
+
+    rates = ceiling(model, torch.zeros(2, 3, 4, 4), None, [8, 4, 16, 32], "cpu", min_s=0.0, min_calls=2)
+    assert sorted(rates) == [4, 8] and all(r > 0 for r in rates.values())
+    assert sizes_run == [4] * 3 + [8] * 3  # one untimed call, then the timed ones, per size

@@ -4,9 +4,10 @@
 #
 #   call 1 (about 6-8 minutes):  bash scripts/gpu_check.sh bench
 #       build the extension against the machine's torch; the kernels' self-check and kernels == pure ops
-#       (scripts/ops_report.py); then the exact, gradient and responsibility benchmarks at small sizes, each
-#       under its own timeout, one JSON each: $OUT/<bench>-cuda.json and benchmarks/results/<bench>-cuda.json
-#       (the latter on the machine's copy of the tree: copy the files from $OUT to keep them).
+#       (scripts/ops_report.py); then the CIFAR-10 workload (32 images of 32x32, float32 and bf16, against the
+#       model's bare rate) and the exact, gradient and responsibility benchmarks at small sizes, each under its own
+#       timeout, one JSON each: $OUT/<bench>-cuda.json and benchmarks/results/<bench>-cuda.json (the latter on the
+#       machine's copy of the tree: copy the files from $OUT to keep them).
 #   call 2 (about 5-8 minutes):  bash scripts/gpu_check.sh tests
 #       build again if the machine went cold (skipped when the built extension is there); the tests that need a
 #       GPU (those marked with helpers.cuda, or with "cuda" in their name); then the pure-ops pass:
@@ -23,11 +24,12 @@
 #                       $OUT/gpu_check.tgz when the script ends, also when a timeout stops it
 #   BUDGET              seconds for the whole call (default 470 for bench, 540 for tests): each step's timeout is
 #                       cut to what is left, so the call ends with its logs before the device tool's limit
-#   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 (400 on cpu) EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100 RESP_TIMEOUT=130
+#   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 (400 on cpu) CIFAR_TIMEOUT=130 EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100
+#   RESP_TIMEOUT=130
 #   CUDA_TESTS_TIMEOUT=200 TORCH_OPS_TIMEOUT=330      each step's own limit in seconds
 #   BUILD=0|1           force the build off or on (default: on for cuda, off for cpu)
 #   PYTHON              the interpreter (default python3: the machine's, which has torch)
-#   BENCHES             the benchmarks call 1 runs (default "exact gradient responsibility")
+#   BENCHES             the benchmarks call 1 runs (default "cifar exact gradient responsibility")
 #   OVERINTERP_FAST_COMMIT  the commit measured, for the JSONs' "commit" (default: git rev-parse HEAD)
 #
 # What travels to the machine: the git working tree (about 3 MB), plus whatever .whl/ holds. The machine's python3
@@ -143,10 +145,12 @@ bench_step() {  # bench_step NAME LIMIT SCRIPT ARGS...: one benchmark, its JSON 
   step "benchmark $name" "$limit" "bench-$name.log" $PY "benchmarks/$script" --device "$DEVICE" "$@" --out "$json" \
     && [ "$DEVICE" = cuda ] && cp "$json" "benchmarks/results/$name-cuda.json"
 }
-BENCHES="${BENCHES:-exact gradient responsibility}"
+BENCHES="${BENCHES:-cifar exact gradient responsibility}"
 has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
+    # the paper's workload: 32 CIFAR-10-shaped images of 32x32 (1,024 features), float32 and bf16, ResNet-20
+    CIFAR=(--images 32 --size 32)
     EXACT=(--configs cnn16-px cnn32-2x2 resnet20-4x4 stride12-px linear8-px --rounds 3 --cold-rounds 2 --cold-contenders default batch576 reference)
     # the target's size: 32 Inception-v3 images at k=100, default options and autocast off; the transcription
     # (about 16 s per image at k=100) on one image; every run rewrites the JSON, so a timeout keeps the rows measured
@@ -154,6 +158,7 @@ if [ "$MODE" != tests ]; then
     RESP=(--no-rex --photos chelsea coffee --rex-seeds 2)
     OPS_DEFAULT=90
   else  # tiny: proves the commands, not the figures
+    CIFAR=(--images 1 --size 8)
     EXACT=(--configs cnn8-px --rounds 1 --no-engines --cold-size 8 --cold-rounds 1 --cold-contenders default reference)
     GRADIENT=(--images 2 --reference-images 1 --k 200 50 --autocast auto off --rounds 1)
     RESP=(--no-rex --photos chelsea --rex-seeds 1 --no-cold)
@@ -163,6 +168,7 @@ if [ "$MODE" != tests ]; then
   # exit status 1 when a kernel fell back or a result differs
   step "kernels' self-check and kernels == pure ops (ops_report)" "${OPS_TIMEOUT:-$OPS_DEFAULT}" ops_report.log \
     $PY scripts/ops_report.py --device "$DEVICE" --out "$RESULT_DIR/ops_report-$DEVICE.json"
+  bench_step cifar "${CIFAR_TIMEOUT:-130}" bench_cifar.py "${CIFAR[@]}"
   bench_step exact "${EXACT_TIMEOUT:-150}" bench_exact.py "${EXACT[@]}"
   MODELS=(inception_v3)
   has torchvision || MODELS=()

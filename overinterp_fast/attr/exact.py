@@ -7,14 +7,16 @@ import torch
 
 from ..methods.exact import exact_sis
 from ..methods.low_precision import LowPrecision, resolve_score_dtype
-from ..methods.results import SISResult
+from ..methods.results import RunInfo, SISResult
 from ..runtime import job
-from ..runtime.calibration import exact_job_time
-from ..runtime.engines import Engine, incremental_calibration, incremental_pays, time_small_job
+from ..runtime.calibration import Calibration, exact_job_time
+from ..runtime.engines import (Engine, incremental_calibration, incremental_pays, low_precision_calibration,
+                               time_small_job)
+from ..runtime.memory_format import channels_last_copy, choose_channels_last
 from ..runtime.incremental import IncrementalEvaluator
 from ..runtime.incremental import choose as choose_incremental
 from ..runtime.model import initial_predictions
-from ._base import SetAttribution
+from ._base import SetAttribution, captum_baselines, captum_feature_mask, check_inputs
 from .options import ExactOptions, RunOptions
 
 _R, _E = RunOptions, ExactOptions  # the defaults' single source
@@ -38,6 +40,11 @@ class ExactSIS(SetAttribution):
         incremental: :class:`~overinterp_fast.attr.options.ExactOptions`' ``incremental``.
         score_dtype: :class:`~overinterp_fast.attr.options.ExactOptions`' ``score_dtype`` (None, torch.bfloat16 or
             torch.float16: candidates scored in that dtype first; the result is the images' dtype's).
+        channels_last: :class:`~overinterp_fast.attr.options.ExactOptions`' ``channels_last`` (None: measured on a
+            GPU; True, False).
+
+    Every result of a call carries the same ``info`` (:class:`~overinterp_fast.methods.results.RunInfo`): the
+    engine, the batch size and how it was chosen, the memory format, and the candidates scored and re-scored.
 
     Example:
         >>> sis = ExactSIS(model, threshold=0.9)
@@ -49,9 +56,10 @@ class ExactSIS(SetAttribution):
 
     def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs, engine: str = _R.engine,
                  batch_size: int | None = _R.batch_size, collection: bool = _R.collection,
-                 incremental: bool | None = _E.incremental, score_dtype: torch.dtype | None = _E.score_dtype) -> None:
+                 incremental: bool | None = _E.incremental, score_dtype: torch.dtype | None = _E.score_dtype,
+                 channels_last: bool | None = _E.channels_last) -> None:
         super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size, collection),
-                         ExactOptions(incremental, score_dtype))
+                         ExactOptions(incremental, score_dtype, channels_last))
 
     def _check(self) -> None:
         engine, opts = self.run.engine, self.options
@@ -63,29 +71,89 @@ class ExactSIS(SetAttribution):
         if opts.score_dtype is not None and opts.incremental:
             raise ValueError("score_dtype is not combined with incremental=True (incremental inference runs in the "
                              "images' dtype); leave incremental None or False")
+        if opts.channels_last and engine not in ("auto", "torch"):
+            raise ValueError(f"channels_last=True runs a copy of the torch model; engine must be 'auto' or 'torch', "
+                             f"got {engine!r}")
 
     def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
         run = self.run
         s = self._setup(images, features, mask_value, "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
+            # the format of the full-dtype model (with score_dtype: of its low copy, chosen below)
+            layout = (False, {}) if score_dtype is not None else self._layout(s)
             t0 = time.perf_counter()
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
             first_pass_s = time.perf_counter() - t0
             common = dict(thresholds=s.thresholds, collection=run.collection)
             if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
-                low = LowPrecision(s.fn, s.prep, targets, s.runner, score_dtype)
-                eng = self._dense(s, targets, engine="torch")  # the batch size: the full-dtype model's
-                return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
-                                 runner=s.runner, progress=progress, low=low)
-            incremental, eng = self._incremental(s, targets, first_pass_s)
+                low, cal, layout = self._low_precision(s, targets, score_dtype)
+                results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=cal.batch_size,
+                                    runner=s.runner, progress=progress, low=low)
+                return with_info(results, "torch", cal, layout, low)
+            incremental, eng, icl = self._incremental(s, targets, first_pass_s)
             if incremental is not None:
-                return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
-                                 runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
+                results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
+                                    runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
+                return with_info(results, "incremental", icl, layout)
             if eng is None:
                 eng = self._dense(s, targets)
-            return exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size, runner=s.runner,
-                             progress=progress, verifier=job.verifier(s, eng, targets), engine=eng.name)
+            results = exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
+                                runner=s.runner, progress=progress, verifier=job.verifier(s, eng, targets),
+                                engine=eng.name)
+            return with_info(results, eng.name, eng.calibration or Calibration(eng.batch_size, {}, "user"), layout)
+
+    def choices(self, inputs: torch.Tensor, feature_mask=None, baselines=None) -> RunInfo:
+        """What a call on ``inputs`` would choose, without running it: the batch size (calibrated as the call does,
+        on the dense torch path, or on the low-dtype copy with ``score_dtype``) and the memory format, as a
+        :class:`~overinterp_fast.methods.results.RunInfo` (no candidates counted). For runs whose results must not
+        depend on timing (a stored audit): measure once, then pass ``batch_size`` and ``channels_last``."""
+        check_inputs(inputs)
+        s = self._setup(inputs, captum_feature_mask(feature_mask, inputs), captum_baselines(baselines), "exact")
+        score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
+        with torch.inference_mode():
+            layout = (False, {}) if score_dtype is not None else self._layout(s)
+            targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
+            if score_dtype is not None:
+                low, cal, layout = self._low_precision(s, targets, score_dtype)
+                return RunInfo("torch", cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]),
+                               low=low.summary())
+            eng = self._dense(s, targets, engine="torch" if self.run.engine == "auto" else None)
+            cal = eng.calibration or Calibration(eng.batch_size, {}, "user")
+            return RunInfo(eng.name, cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]))
+
+    def _layout(self, s: job.Setup) -> tuple[bool, dict]:
+        """Whether the job runs channels_last (:func:`~overinterp_fast.runtime.memory_format.choose_channels_last`, at the
+        runner's first batch size), and the times measured; where it does, ``s`` takes the channels_last copy of
+        the model and images. Engines other than torch run the model as given."""
+        if self.run.engine not in ("auto", "torch"):
+            return False, {}
+        cl, times = choose_channels_last(self.options.channels_last, s.fn, s.prep, s.runner.chunk)
+        if cl:
+            s.fn, s.prep = channels_last_copy(s.fn, s.prep)
+            job.fixed_shapes(s.fn, s.runner)
+        return cl, times
+
+    def _low_precision(self, s: job.Setup, targets: torch.Tensor,
+                       dtype: torch.dtype) -> tuple[LowPrecision, Calibration, tuple[bool, dict]]:
+        """The low-precision scoring of the job: the low copy's format (measured on that copy, see
+        :meth:`_layout`), its batch size (calibrated on the low copy, whose rows are nearly all of the job's:
+        engines.low_precision_calibration), and both the full model's and the copy's calls padded to the runner's
+        fixed shapes (CUDA graphs on a GPU)."""
+        low = LowPrecision(s.fn, s.prep, targets, s.runner, dtype)
+        layout = (False, {})
+        if self.run.engine in ("auto", "torch"):
+            layout = choose_channels_last(self.options.channels_last, low.evaluator.fn, low.evaluator.prep,
+                                          s.runner.chunk)
+            if layout[0]:
+                low = LowPrecision(s.fn, s.prep, targets, s.runner, dtype, channels_last=True)
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        cal = low_precision_calibration(low.evaluator.fn, s.fn, low.evaluator.prep, targets,
+                                        batch_size=s.batch_size, exact_shape=(n, p))
+        s.runner.chunk = cal.batch_size
+        job.fixed_shapes(s.fn, s.runner)
+        job.fixed_shapes(low.evaluator.fn, s.runner)
+        return low, cal, layout
 
     def _dense(self, s: job.Setup, targets: torch.Tensor, rival_s: float | None = None,
                engine: str | None = None) -> Engine:
@@ -94,14 +162,15 @@ class ExactSIS(SetAttribution):
         return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
                                  exact_shape=(n, p), rival_s=rival_s)
 
-    def _incremental(self, s: job.Setup, targets: torch.Tensor,
-                     first_pass_s: float) -> tuple[IncrementalEvaluator | None, Engine | None]:
+    def _incremental(self, s: job.Setup, targets: torch.Tensor, first_pass_s: float
+                     ) -> tuple[IncrementalEvaluator | None, Engine | None, Calibration | None]:
         """(the incremental evaluator where it runs the job, else None; the dense engine where it was chosen while
-        timing the incremental path against it, else None). The runner takes the incremental batch size."""
+        timing the incremental path against it, else None; the incremental path's calibration where it was made).
+        The runner takes the incremental batch size."""
         engine, incremental = self.run.engine, self.options.incremental
         pl = choose_incremental(s.fn, s.prep, incremental if engine in ("auto", "torch") else False)
         if pl is None:
-            return None, None
+            return None, None, None
         n, p = s.prep.images.shape[0], s.prep.num_features
         icl = incremental_calibration(pl, s.fn, s.prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
         eng = None
@@ -111,5 +180,23 @@ class ExactSIS(SetAttribution):
             icl, eng = time_small_job(pl, s.fn, s.prep, targets, icl, eng, (n, p), first_pass_s)
         if eng is None or incremental_pays(pl, icl, eng, (n, p)):
             s.runner.chunk = icl.batch_size
-            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None
-        return None, eng
+            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None, icl
+        return None, eng, icl
+
+
+def with_info(results: list[SISResult], engine: str, cal: Calibration, layout: tuple[bool, dict],
+              low: LowPrecision | None = None) -> list[SISResult]:
+    """``results`` with one :class:`~overinterp_fast.methods.results.RunInfo` of the call on each: ``engine``, the
+    batch size ``cal`` chose and how, the ``layout`` (channels_last, its measured times), the candidates and
+    re-scored candidates of every round the results hold (a collection's rounds included), and ``low``'s summary."""
+    rounds = [c for r in results for c in ([r] + [c for c in (r.collection or []) if c is not r])]
+    step = next((c.info.step for c in rounds if c.info is not None), "")  # exact_sis's: what ran the steps
+    info = RunInfo(engine, cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]),
+                   candidates=sum(c.order.numel() * (c.order.numel() + 1) // 2 for c in rounds),
+                   rescored=sum(c.rescored or 0 for c in rounds), low=None if low is None else low.summary(),
+                   step=step)
+    for r in results:
+        r.info = info
+        for c in r.collection or []:
+            c.info = info
+    return results

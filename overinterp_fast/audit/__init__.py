@@ -2,6 +2,7 @@
 
     from overinterp_fast import audit
     subset_images, masks = audit.pixel_subsets(images, results, fraction=0.05)
+    train = audit.load_pixel_subsets("out/cifar/subsets/net/train.npz").inputs("backselect")   # a stored audit's
     audit.heatmap([r.mask for r in results]); audit.dice(a, b); audit.rfs(a_fg, a_bg)
     record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays,
                              audit.AuditConfig(method="gradient"))
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # what __getattr__ gives, for type checkers and the API docs
     from .sources import from_dataset, open_images, select_range
     from .stats import (bonferroni, dice, fraction_inside, friedman, hausdorff, heatmap, iou, irfs, kruskal_wallis,
                         mean_ci, noise_sensitivity, rfs, sis_size_curve)
+    from .subset_files import load_pixel_subsets
     from .subsets import keep_last, pixel_subsets, random_subsets
     from .table import audit_table, write_table
 
@@ -45,6 +47,7 @@ _LAZY = {
     "runner": ("run_audit", "thresholds_for", "transfer_table"),
     "table": ("audit_table", "write_table"),
     "subsets": ("keep_last", "pixel_subsets", "random_subsets"),
+    "subset_files": ("load_pixel_subsets",),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -53,7 +56,7 @@ __all__ = [  # a literal list: the API docs read it without running the package
     "mean_ci", "noise_sensitivity", "rfs", "sis_size_curve", "digits_pipeline", "format_table", "plot_sis",
     "from_dataset", "open_images", "select_range", "load_audit", "save_audit", "AuditRecord", "ModelRecord",
     "build_report", "rebuild_report", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
-    "keep_last", "pixel_subsets", "random_subsets",
+    "keep_last", "pixel_subsets", "random_subsets", "load_pixel_subsets",
     "AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch", "StorageFault",
 ]
 assert set(__all__) == set(_WHERE) | {"AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch",

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..attr.options import GradientOptions, MinimalPixelSetOptions
+from ..attr.options import ExactOptions, GradientOptions, MinimalPixelSetOptions
 from ..attr.options import RunOptions as _MethodRun
 from ..runtime.renames import renamed_attribute, renamed_keywords
 
@@ -28,6 +28,7 @@ FRACTION, EPOCHS = 0.05, 15  # the digits pipeline's defaults (the paper's 5% su
 _R, _G, _M = _MethodRun, GradientOptions, MinimalPixelSetOptions  # the method defaults' single source
 METHODS = ("auto", "exact", "gradient", "responsibility")
 DEFAULT_CHUNK = 64
+SCORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # AuditConfig.score_dtype: names, as JSON
 GALLERY = 24  # images shown with their SIS in the report by default; statistics and plots cover every image
 
 
@@ -62,8 +63,14 @@ class AuditConfig:
             ``noise_sigma * (high - low)`` in the images' units, clipped to [low, high]. None: the images are
             in pixel units (the noise is ``noise_sigma``), not clipped.
         seed: the seed of what an audit draws at random: the responsibility method's descents
-            (:class:`~overinterp_fast.attr.options.MinimalPixelSetOptions`' ``seed``) and the noise of the noise
-            sensitivity.
+            (:class:`~overinterp_fast.attr.options.MinimalPixelSetOptions`' ``seed``), the noise of the noise
+            sensitivity and the random baseline of the pixel-subset datasets.
+        score_dtype: exact SIS: None, "bfloat16" or "float16": candidates scored in that dtype first, the results
+            the images' dtype's (:class:`~overinterp_fast.attr.options.ExactOptions`' ``score_dtype``).
+        channels_last: exact SIS: the candidates through a channels_last copy of the model (True), not (False), or
+            None: :func:`overinterp_fast.fast_sis`'s choice in memory (measured on a GPU); a stored audit fixes it
+            when it starts (measured on a GPU with the batch size, see
+            :func:`overinterp_fast.audit.stream.run_stored_audit`).
 
     ``mask_value`` (the name of ``baselines`` before) still works, with a FutureWarning.
     """
@@ -82,13 +89,26 @@ class AuditConfig:
     noise_sigma: float | torch.Tensor = 0.1
     value_range: tuple | None = None
     seed: int = _M.seed
+    score_dtype: str | None = None
+    channels_last: bool | None = None
 
     mask_value = renamed_attribute("mask_value", "baselines", "AuditConfig")
+
+    def __post_init__(self):
+        if self.score_dtype is not None and self.score_dtype not in SCORE_DTYPES:
+            raise ValueError(f"score_dtype must be None or one of {tuple(SCORE_DTYPES)}, got {self.score_dtype!r}")
+
+    def exact_options(self) -> ExactOptions:
+        """exact SIS's options for this audit: its score_dtype and channels_last (incremental: fast_sis's choice)."""
+        return ExactOptions(score_dtype=None if self.score_dtype is None else SCORE_DTYPES[self.score_dtype],
+                            channels_last=self.channels_last)
 
     def model_options(self) -> dict:
         """The options a model's SIS ran with, as the record lists them."""
         options = {"threshold": self.threshold, "threshold_mode": self.threshold_mode,
                    "baselines": 0.0 if self.baselines is None else self.baselines}
+        if self.method == "exact" and self.score_dtype is not None:
+            options.update(score_dtype=self.score_dtype)
         if self.method == "gradient":
             options.update(k=self.k, autocast=self.autocast)
         if self.method == "responsibility":
@@ -134,6 +154,8 @@ class StoreOptions:
         command: the command line's options (name -> JSON value) that started the audit, stored in
             results.json beside the configuration (not compared on a rerun): ``overinterp-fast audit --resume
             OUT`` reads them back.
+        pixel_subsets: with a backward-selection method (exact, gradient), rank 0 also writes the pixel-subset datasets
+            when the audit completes: ``subsets/<model>/<split>.npz`` (:mod:`overinterp_fast.audit.subset_files`).
     """
 
     chunk_size: int = DEFAULT_CHUNK
@@ -145,6 +167,7 @@ class StoreOptions:
     gallery: int = GALLERY
     load: bool = True
     command: dict | None = None
+    pixel_subsets: bool = False
 
 
 AuditConfig.__init__ = renamed_keywords(mask_value="baselines")(AuditConfig.__init__)

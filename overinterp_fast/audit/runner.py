@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..api import fast_sis
 from ..attr.options import GradientOptions, MinimalPixelSetOptions
 from ..runtime.inputs import check_threshold
+from ..runtime.memory_format import convertible
 from ..runtime.model import Ensemble, ModelFn
 from .config import AUTO_EXACT_FEATURES, THRESHOLD_MODES  # noqa: F401  (runner.THRESHOLD_MODES)
 from .config import METHODS as AUDIT_METHODS
@@ -192,13 +193,20 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
     (``engine`` None: :func:`fixed_engine`)."""
     options = None
-    if config.method == "gradient":
+    engine = fixed_engine(model) if engine is None else engine
+    if config.method == "exact":
+        options = config.exact_options()
+        if options.channels_last and not (engine in ("auto", "torch") and convertible(ModelFn(model), images)):
+            # the audit's format, chosen on its first model, applies where it can: not to ONNX models, nor to
+            # models without convolutions
+            options = replace(options, channels_last=False)
+    elif config.method == "gradient":
         options = GradientOptions(k=config.k, autocast=config.autocast)
     elif config.method == "responsibility":
         options = MinimalPixelSetOptions(seed=config.seed)
     return fast_sis(model, images, taus, method=config.method, collection=config.collection,
-                    baselines=config.baselines, batch_size=config.batch_size,
-                    engine=fixed_engine(model) if engine is None else engine, show_progress=progress, options=options)
+                    baselines=config.baselines, batch_size=config.batch_size, engine=engine, show_progress=progress,
+                    options=options)
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,

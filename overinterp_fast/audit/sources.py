@@ -24,7 +24,8 @@ same pixels, so a stored audit resumes exactly.
   folder is read as before: files sorted by name, labels from ``labels_file`` ({name: class}).
 - ``dataset="cifar10"`` (or ``"cifar100"``) reads the python batches that
   ``torchvision.datasets.CIFAR10(root, download=True)`` stores under ``root/cifar-10-batches-py``
-  (``data_batch_1..5`` = train, ``test_batch`` = test; ``batches.meta`` names the classes).
+  (``data_batch_1..5`` = train, ``test_batch`` = test; ``batches.meta`` names the classes); ``split="all"`` is
+  the train images followed by the test images (CIFAR-10's 60,000), named ``train/00000`` ... ``test/09999``.
   ``data_dir`` is that root or the batches folder itself. The files are read directly, with
   the same pickle format torchvision uses, because torchvision also checks their MD5 sums,
   which files written for a test (or a shard of the data) do not have.
@@ -285,30 +286,37 @@ def open_bundled(size: int | Preprocessing, mean=None, std=None, grey: bool = Fa
                        description={"source": "bundled"}, arrays=[PHOTOS[n]() for n in names])
 
 
+SPLIT_ALL = "all"  # a dataset's splits in the order of its DATASETS entry (train, then test)
+
+
 def open_dataset(name: str, data_dir: str, split: str = "test", size: int | Preprocessing | None = None, mean=None,
                  std=None, grey: bool = False) -> ArrayImages:
-    """CIFAR-10 or CIFAR-100 python batches under ``data_dir`` (see the module docstring; ``size`` None: 32)."""
+    """CIFAR-10 or CIFAR-100 python batches under ``data_dir`` (see the module docstring; ``size`` None: 32);
+    ``split`` "train", "test" or "all" (train then test)."""
     prep = as_preprocessing(32 if size is None else size, mean, std)
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; have {sorted(DATASETS)}")
     sub, splits, meta_file, label_key, names_key = DATASETS[name]
-    if split not in splits:
-        raise ValueError(f"{name} has the splits {sorted(splits)}, not {split!r}")
+    if split not in splits and split != SPLIT_ALL:
+        raise ValueError(f"{name} has the splits {sorted(splits)} (and {SPLIT_ALL!r}: all of them), not {split!r}")
     root = data_dir if os.path.isfile(os.path.join(data_dir, meta_file)) else os.path.join(data_dir, sub)
-    files = [os.path.join(root, f) for f in splits[split]]
-    missing = [f for f in files + [os.path.join(root, meta_file)] if not os.path.isfile(f)]
+    parts = list(splits) if split == SPLIT_ALL else [split]
+    files = [(part, os.path.join(root, f)) for part in parts for f in splits[part]]
+    missing = [f for f in [f for _, f in files] + [os.path.join(root, meta_file)] if not os.path.isfile(f)]
     if missing:
         raise FileNotFoundError(f"{name}: {missing[0]!r} not found; --data-dir must hold {sub}/ as "
                                 f"torchvision.datasets.{name.upper()}(root, download=True) "
                                 f"writes it")
-    data, labels = [], []
-    for f in files:
+    data, labels, names, seen = [], [], [], dict.fromkeys(parts, 0)
+    for part, f in files:
         entry = _unpickle(f)
         data.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        labels += [int(v) for v in entry[label_key]]
+        new = [int(v) for v in entry[label_key]]
+        names += [f"{part}/{seen[part] + i:05d}" for i in range(len(new))]  # numbered across a split's files
+        seen[part] += len(new)
+        labels += new
     arrays = np.concatenate(data).transpose(0, 2, 3, 1)  # [N, 32, 32, 3], as torchvision's .data
     classes = [str(c) for c in _unpickle(os.path.join(root, meta_file))[names_key]]
-    names = [f"{split}/{i:05d}" for i in range(len(labels))]
     desc = {"source": name, "path": os.path.abspath(root), "split": split}
     return ArrayImages(names, labels, prep, grey, classes, desc, arrays=arrays)
 

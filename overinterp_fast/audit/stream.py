@@ -32,8 +32,7 @@ import hashlib
 import os
 import threading
 import time
-from dataclasses import dataclass
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -48,10 +47,13 @@ from .distributed import Ranks, barrier, from_main, setup, teardown
 from .faults import writing
 from .persist import chunk_record, iter_chunks, load_audit, model_entries
 from .records import AuditRecord, ModelRecord
+from .subset_files import SubsetFiles
+from .subsets import BACKWARD_METHODS
 from .runner import (
     _plain,
     audit_chunk,
     check_method,
+    fixed_engine,
     reference_name,
     resolve_method,
     run_info,
@@ -72,6 +74,7 @@ class StoredAudit:
         record: on rank 0 with ``load=True``, the complete audit read back; else None.
         commit_seconds: this rank's time writing parts (the cost of durability while computing);
         finalize_seconds: rank 0's merge (results.json aggregates and sis.parquet), 0 on other ranks.
+        subsets: the pixel-subset files rank 0 wrote (paths relative to the folder; ``StoreOptions.pixel_subsets``).
     """
 
     folder: str
@@ -82,6 +85,7 @@ class StoredAudit:
     record: AuditRecord | None = None
     commit_seconds: float = 0.0
     finalize_seconds: float = 0.0
+    subsets: list[str] = field(default_factory=list)
 
 
 def source_digest(source: ImageSource) -> str:
@@ -111,9 +115,46 @@ def audit_config(source: ImageSource, models: Mapping[str, object], config: Audi
         "object_masks": source.object_dir,
         "noise_sigma": _plain(config.noise_sigma) if source.object_dir else None, "chunk_size": chunk_size,
         "device_type": device.type, "batch_size": config.batch_size, "seed": config.seed,
+        "score_dtype": config.score_dtype if method == "exact" else None,
+        "channels_last": bool(config.channels_last) if method == "exact" else False,
     }
     result.update(extra or {})
     return store._jsonable(result)
+
+
+def device_settings(models: Mapping[str, object], source: ImageSource, config: AuditConfig, chunk_size: int,
+                    ranks: Ranks, stored: dict | None) -> AuditConfig:
+    """``config`` with the batch size (and, for exact SIS, the memory format) the stored audit runs at, fixed when
+    it starts so that results do not depend on timing: the caller's; else what ``stored`` (the folder's stored
+    configuration: a resume) holds; else, for exact SIS on a GPU, what exact SIS chooses on the first chunk of the
+    first model (its calibration and the format's measurement, :meth:`~overinterp_fast.attr.ExactSIS.choices`),
+    measured by rank 0 and given to every rank; else the CPU default for the input shape (:func:`fixed_batch_size`)
+    in the images' format."""
+    stored = stored or {}
+    batch, cl = config.batch_size, config.channels_last
+    if batch is None and stored.get("batch_size") is not None:
+        batch = stored["batch_size"]
+        cl = stored.get("channels_last", False) if cl is None else cl
+    exact = config.method == "exact"
+    if batch is None and exact and ranks.device.type == "cuda":
+        batch, cl = from_main(ranks, measure_settings(models, source, config, chunk_size, ranks.device, cl)
+                              if ranks.is_main else None)
+    if batch is None:
+        batch = fixed_batch_size(source, chunk_size)
+    return replace(config, batch_size=batch, channels_last=bool(cl) if exact else False)
+
+
+def measure_settings(models: Mapping[str, object], source: ImageSource, config: AuditConfig, chunk_size: int,
+                     device: torch.device, channels_last: bool | None) -> tuple[int, bool]:
+    """(batch size, channels_last) that exact SIS chooses for the first model on the first chunk's images on
+    ``device`` (:meth:`~overinterp_fast.attr.ExactSIS.choices`; ``channels_last`` None: measured too)."""
+    from ..attr import ExactSIS
+
+    name = next(iter(models))
+    x = torch.stack([source[i]["x"] for i in range(min(chunk_size, len(source)))]).to(device)
+    choice = ExactSIS(_to(models[name], device), engine=fixed_engine(models[name]),
+                      score_dtype=config.exact_options().score_dtype, channels_last=channels_last).choices(x)
+    return choice.batch_size, choice.channels_last
 
 
 def fixed_batch_size(source: ImageSource, chunk_size: int) -> int:
@@ -130,7 +171,8 @@ def _committed_images(folder: str, ranges: list[tuple[int, int]]) -> int:
 
 
 class _Progress:
-    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, images/s, ETA.
+    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, images per hour since this run
+    started, and the time left at that rate ("-" until a chunk is committed).
 
     A thread counts the committed parts once a second, so the bar moves with the other ranks too."""
 
@@ -148,9 +190,11 @@ class _Progress:
 
     def update(self) -> None:
         done = _committed_images(self.folder, self.ranges)
-        rate = (done - self.start_images) / max(1e-9, time.perf_counter() - self.t0)
+        rate = (done - self.start_images) / max(1e-9, time.perf_counter() - self.t0)  # images per second
+        total = self.ranges[-1][1] if self.ranges else 0
+        left = tqdm.format_interval((total - done) / rate) if rate > 0 else "-"
         self.bar.n = done * self.n_models
-        self.bar.set_postfix_str(f"{rate:.2f} images/s", refresh=False)
+        self.bar.set_postfix_str(f"{3600 * rate:,.0f} images/h, {left} left", refresh=False)
         self.bar.refresh()
 
     def _run(self) -> None:
@@ -224,7 +268,7 @@ class _Plan:
     recorded_later: dict
 
 
-def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig, storage: StoreOptions,
+def _plan(models: Mapping[str, object], source: ImageSource, out: str, config: AuditConfig, storage: StoreOptions,
           ranks: Ranks, title: str) -> _Plan:
     if len(source) == 0:
         raise ValueError("no images to audit")
@@ -232,10 +276,13 @@ def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig
         raise ValueError("no models to audit")
     config = replace(config, method=resolve_method(config.method, (source.size, source.size), list(models.values())))
     check_method(config.method, (source.size, source.size))
-    # Calibrated batch sizes and engine="auto" are chosen by timing, which would make results depend on the
-    # machine and the moment; a stored audit fixes both: the engine by the model's type (runner.fixed_engine)
-    # and a batch size from the configuration (given, or a function of the chunk's shape).
-    config = replace(config, batch_size=config.batch_size or fixed_batch_size(source, storage.chunk_size))
+    # Calibrated batch sizes, formats and engine="auto" are chosen by timing, which would make results depend on the
+    # machine and the moment; a stored audit fixes them: the engine by the model's type (runner.fixed_engine), the
+    # batch size and format when it starts (given, stored, measured once on a GPU, or a function of the chunk's
+    # shape), kept in its configuration.
+    there = None if storage.restart else store.read_doc(out)
+    config = device_settings(models, source, config, storage.chunk_size, ranks,
+                             None if there is None else there.get("config"))
     models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, config.ensemble)
     stored = audit_config(source, models, config, storage.chunk_size, ranks.device, storage.identity)
     doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": stored, "n_images": len(source),
@@ -250,7 +297,7 @@ def _plan(models: Mapping[str, object], source: ImageSource, config: AuditConfig
 # Stored configurations written by earlier versions: keys renamed since (old -> new), and keys added since with the
 # value those versions ran with, so that their audits continue.
 RENAMED_KEYS = {"mask_value": "baselines"}
-ADDED_KEYS = {"seed": 0}
+ADDED_KEYS = {"seed": 0, "score_dtype": None, "channels_last": False}
 
 
 def as_stored_there(config: dict, stored: dict | None) -> dict:
@@ -289,7 +336,7 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
 
 def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
          run: RunOptions) -> StoredAudit:
-    plan = _plan(models, source, config, storage, ranks, run.title)
+    plan = _plan(models, source, out, config, storage, ranks, run.title)
     with writing(out, len(plan.ranges)):
         held = _lock(out, ranks)
     try:
@@ -372,8 +419,13 @@ def _finish(done: StoredAudit, source: ImageSource, plan: _Plan, storage: StoreO
     info.update({"chunks": len(plan.ranges), "chunk size": storage.chunk_size, "world size": ranks.world})
     info.setdefault("preprocessing", source.preprocessing.describe())
     known = all(lab is not None for lab in source.image_labels)
+    subsets = None
+    if storage.pixel_subsets and plan.config.method in BACKWARD_METHODS:
+        subsets = SubsetFiles([m["name"] for m in plan.doc["models"]], source.description.get("split"),
+                              plan.config.fraction, plan.config.seed, source.mean, source.std,
+                              _plain(0.0 if plan.config.baselines is None else plan.config.baselines))
     t0 = time.perf_counter()
-    finalize(out, plan.doc, run.class_name, info, plan.config, known)
+    done.subsets = finalize(out, plan.doc, run.class_name, info, plan.config, known, subsets)
     done.finalize_seconds = time.perf_counter() - t0
     if storage.report or storage.load:
         done.record = load_audit(out)
@@ -398,8 +450,10 @@ def _channels(source: ImageSource) -> int:
 
 
 def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, config: AuditConfig,
-             known: bool) -> None:
-    """Aggregate the committed parts: results.json (complete), and sis.parquet written chunk by chunk."""
+             known: bool, subsets: SubsetFiles | None = None) -> list[str]:
+    """Aggregate the committed parts: results.json (complete), and sis.parquet written chunk by chunk; with
+    ``subsets``, the pixel-subset datasets (:mod:`overinterp_fast.audit.subset_files`) gathered in the same pass.
+    Returns the subset files written (relative to ``out``)."""
     import pyarrow.parquet as pq
 
     from .table import audit_table, table_schema
@@ -426,8 +480,11 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
                 names = {c: class_name(c) for c in sorted(classes)}
                 class_names.update(names)
                 writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
+                if subsets is not None:
+                    subsets.add(images, per_model)
 
     store.atomic_write(os.path.join(out, store.TABLE_FILE), write_table)
+    written = [] if subsets is None else [os.path.relpath(f, out) for f in subsets.write(out)]
     n = doc["n_images"]
     ref = reference_name(known)
     models = [ModelRecord(m["name"], m["method"], [], float(s), m["options"]) for m, s in zip(doc["models"], seconds)]
@@ -442,4 +499,7 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
     final = dict(doc, status="complete", class_names={str(k): v for k, v in sorted(class_names.items())},
                  models=model_entries(models), transfer=transfer, meta=info,
                  object_masks=doc["config"].get("object_masks") is not None)
+    if written:
+        final["subsets"] = written
     store.write_json(os.path.join(out, store.RESULTS_FILE), store._jsonable(final))
+    return written

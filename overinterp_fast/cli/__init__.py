@@ -14,7 +14,7 @@ import os
 import sys
 
 from ..attr.options import RunOptions as _MethodRun
-from ..audit.config import METHODS, AuditConfig, StoreOptions
+from ..audit.config import METHODS, SCORE_DTYPES, AuditConfig, StoreOptions
 from ..audit.config import RunOptions as _AuditRun
 
 _A, _S, _T = AuditConfig, StoreOptions, _AuditRun  # the defaults' single source
@@ -24,7 +24,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # device type).
 NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose", "log_level", "given",
                         "resumed_identity"})
-FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device"})
+FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device", "pixel_subsets"})
 PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
 from ..errors import MissingDependency, StorageFault
 
@@ -68,7 +68,8 @@ def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--dataset", choices=sorted(DATASETS), default=None,
                    help="a dataset's python batches in --data-dir (as torchvision downloads them) instead of --images")
     p.add_argument("--data-dir", default=None, help="folder holding the --dataset files (e.g. cifar-10-batches-py/)")
-    p.add_argument("--split", choices=("test", "train"), default="test", help="--dataset split (default: test)")
+    p.add_argument("--split", choices=("test", "train", "all"), default="test",
+                   help="--dataset split: test, train, or all (train then test: CIFAR-10's 60,000; default: test)")
     p.add_argument("--labels", default=None, help="JSON file {image name: true class index} (flat folders)")
     p.add_argument("--class-names", default=None, help="text file with one class name per line")
     p.add_argument("--select", default=None, help="images A:B (positions, Python slice bounds), e.g. 0:1000")
@@ -175,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="discard the audit in --out and start over")
     audit.add_argument("--gallery", type=int, default=_S.gallery,
                        help=f"images shown with their SIS in the report (default {_S.gallery}); statistics cover all")
+    audit.add_argument("--pixel-subsets", action="store_true", default=_S.pixel_subsets,
+                       help="exact or gradient SIS: when the audit completes, also write the pixel-subset datasets, "
+                            "OUT/subsets/<model>/<split>.npz: per image its backward-selection order, the last "
+                            "--fraction of it and as many random pixels (docs: reproducing.md)")
+    audit.add_argument("--score-dtype", choices=sorted(SCORE_DTYPES), default=_A.score_dtype,
+                       help="exact SIS: score candidates in this dtype first, again in float32 where it cannot "
+                            "decide (the results are float32's; part of the configuration)")
     report = sub.add_parser("report", parents=common,
                             help="rebuild report.html from a results folder, without recomputing")
     report.add_argument("folder", help="a folder written by 'audit', 'sis' or 'demo'")
@@ -290,7 +298,8 @@ def _audit_config(args, k: int, noise: dict):
     --fraction, --batch-size) where the command has them; ``noise``: :func:`_noise_units`'s."""
     from ..audit.config import AuditConfig
 
-    own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size") if hasattr(args, name)}
+    own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size", "score_dtype")
+           if hasattr(args, name)}
     return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
                        collection=args.collection, seed=args.seed, **own, **noise)
 
@@ -403,7 +412,8 @@ def _run_audit(args):
         identity = {"model_files": args.model, "class_names": args.class_names}
         identity.update(getattr(args, "resumed_identity", {}))  # the stored names of the files, as first given
         storage = StoreOptions(chunk_size=args.chunk_size, restart=args.restart, workers=args.workers,
-                               identity=identity, gallery=args.gallery, command=_stored_command(args))
+                               identity=identity, gallery=args.gallery, command=_stored_command(args),
+                               pixel_subsets=args.pixel_subsets)
         run = RunOptions(class_name=namer, title=args.title, show_progress=False if args.quiet else None,
                          meta={"models": args.model, "image source": source.description,
                                "preprocessing": source.preprocessing.describe(), "seed": args.seed})
@@ -517,7 +527,7 @@ def _command(args) -> None:
             _print_table(run.record)
             print(f"{run.chunks} chunks: {run.skipped} already committed, {run.computed} computed by rank 0 "
                   f"of {run.ranks.world}")
-            for f in ("results.json", "sis.parquet", "report.html"):
+            for f in ("results.json", "sis.parquet", "report.html", *run.subsets):
                 print(f"wrote {os.path.join(args.out, f)}")
     elif args.command == "report":
         from ..audit.faults import writing

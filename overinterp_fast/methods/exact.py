@@ -38,7 +38,7 @@ from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores
 from .prefix import verify_prefix_sets
-from .results import SISResult, first_with_collection
+from .results import RunInfo, SISResult, first_with_collection
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 from .exact_step import LOW as _LOW, SCORE as _SCORE, STEP as _STEP, DenseStep, StepSchedule, StepTables, Window
@@ -140,7 +140,8 @@ class _ExactRun:
         if self.low is None:
             self.schedule.queue.push_many(ids, 0, count, _STEP)
             return
-        low = ~self.state.full[ids] & (count > self.low.rescore)
+        # the rule the schedule's windows apply too (ops.schedule_window): more candidates than are re-scored
+        low = ~self.state.full[ids] & (count > self.low.per_step(count))
         self.schedule.queue.push_many(ids, 0, count, np.where(low, _LOW, _STEP))
 
     def run_window(self, window: Window, dense: DenseStep | None, evaluator: Callable) -> DenseStep | None:
@@ -235,7 +236,7 @@ class _ExactRun:
             kf = len(full_steps)
             low.settle(picked, f[n0:], self.scores, rows[kf:], counts[kf:], steps_t[kf:], pos, rank,
                        self.unsafe_step)
-            state.rescored[low_steps] += np.minimum(low.rescore, lows[:, 3])
+            state.rescored[low_steps] += low.per_step(lows[:, 3])  # the counts before the step
         if stepped.size:
             _ops.backselect_update(
                 self.scores,
@@ -292,7 +293,7 @@ class _ExactRun:
                     sis_score=f_sis,
                     engine=self.engine,
                     rescored=int(st.rescored[i]),
-                    step=self.path,
+                    info=RunInfo(self.engine, 0, "", step=self.path),  # the caller's RunInfo takes its step
                 )
             )
             st.rescored[i], st.full[i] = 0, False

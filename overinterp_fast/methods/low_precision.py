@@ -13,6 +13,14 @@ m is measured once per job on real candidates (the whole first step of the first
 ``SAFETY_FACTOR`` times the largest error seen, and at least ``2 * eps(score_dtype) * max |f|``. Whenever a
 re-scored candidate's error exceeds m / 2, m is measured again from that step's re-scored candidates (it only grows).
 
+K is sized from that measurement: twice the most candidates of a sampled step within m of its best, at least
+``RESCORE_MIN``; a step of r candidates re-scores min(K, r) of them, so a round re-scores about 2 K / p of its
+candidates (:func:`rescored_share`). K is not scaled down with r: near-ties at the low dtype's resolution do not
+thin out as features leave (on CNNs at 16 x 16 pixels they grow denser), and a smaller K only made more steps
+unsafe. Where the measurement predicts that more than ``MAX_SHARE`` of a round's candidates would be re-scored, the
+low dtype cannot pay and every step runs in the full dtype (K = p: the plain path's work, with the measurement's cost
+on top); :meth:`LowPrecision.summary` says so.
+
 Everything per step runs on the device, with shapes the host knows in advance (K per image), so the step loop still
 reads nothing: the first unsafe step of each image's round is kept on the device and read where the round ends (the
 read the round needs anyway). A round with an unsafe step is run again from that step in the full dtype, and K grows
@@ -44,6 +52,10 @@ SAFETY_FACTOR = 4.0
 SAMPLE_CANDIDATES = 1024  # the measurement: whole first steps of the first images, up to this many (one at least)
 RESCORE_MIN = 8  # K: the fewest candidates re-scored per step
 RESCORE_GROWTH = 4  # K is multiplied by this after a round had an unsafe step
+# The first step's measurement predicts that more than this share of a round's candidates would be scored in the
+# full dtype again: the low dtype cannot pay (each candidate would cost a low and, for most, a full forward pass),
+# so every step runs in the full dtype (K = p), as the plain path does.
+MAX_SHARE = 0.5
 
 
 def check_score_dtype(score_dtype) -> None:
@@ -77,8 +89,9 @@ class _Upcast(nn.Module):
         return self.model(x).float()
 
 
-def low_precision_fn(fn: ModelFn, dtype: torch.dtype) -> ModelFn:
-    """f of a copy of ``fn``'s torch model converted to ``dtype`` (inputs [B, *D] in ``dtype``; f float64 [B])."""
+def low_precision_fn(fn: ModelFn, dtype: torch.dtype, channels_last: bool = False) -> ModelFn:
+    """f of a copy of ``fn``'s torch model converted to ``dtype`` (inputs [B, *D] in ``dtype``; f float64 [B]);
+    with ``channels_last``, the copy's 4-D weights are stored channels_last (its inputs should be too)."""
     model = fn.model
     if isinstance(model, OnnxModel):
         raise ValueError("score_dtype scores candidates in a copy of the torch model converted to score_dtype; "
@@ -87,7 +100,16 @@ def low_precision_fn(fn: ModelFn, dtype: torch.dtype) -> ModelFn:
     if not all(isinstance(m, nn.Module) for m in members):
         raise ValueError(f"score_dtype needs a torch.nn.Module (a copy of it is converted to score_dtype), got "
                          f"{type(next(m for m in members if not isinstance(m, nn.Module))).__name__}")
-    return ModelFn(_Upcast(copy.deepcopy(model).to(dtype)), outputs=fn.outputs)
+    low = copy.deepcopy(model).to(dtype)
+    if channels_last:
+        low = low.to(memory_format=torch.channels_last)
+    return ModelFn(_Upcast(low), outputs=fn.outputs)
+
+
+def rescored_share(k: int, p: int) -> float:
+    """The share of a round's p (p + 1) / 2 candidates scored in the full dtype when a step of r candidates
+    re-scores min(k, r) of them: (k p - k (k - 1) / 2) / (p (p + 1) / 2), about 2 k / p for k << p (k <= p)."""
+    return (k * p - k * (k - 1) / 2) / (p * (p + 1) / 2)
 
 
 @dataclasses.dataclass
@@ -111,15 +133,24 @@ class LowPrecision:
     Attributes:
         dtype: the low dtype. evaluator: scores candidates in it (f float64 [B]).
         margin: float64 [] on the images' device: m. rescore: K, the candidates re-scored per step (host).
+        predicted_share: the share of a round's candidates the first measurement predicts re-scored (None before
+            :meth:`start`). declined: True when that share was above MAX_SHARE (then K = p).
+        channels_last: the low copy's weights and inputs are stored channels_last.
     """
 
-    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner, dtype: torch.dtype):
-        low_prep = dataclasses.replace(prep, images=prep.images.to(dtype), baseline=prep.baseline.to(dtype))
+    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, runner: ChunkRunner, dtype: torch.dtype,
+                 channels_last: bool = False):
+        fmt = torch.channels_last if channels_last else torch.preserve_format
+        low_prep = dataclasses.replace(prep, images=prep.images.to(dtype, memory_format=fmt),
+                                       baseline=prep.baseline.to(dtype, memory_format=fmt))
         self.dtype = dtype
-        self.evaluator = CandidateEvaluator(low_precision_fn(fn, dtype), low_prep, targets, runner,
+        self.channels_last = channels_last
+        self.evaluator = CandidateEvaluator(low_precision_fn(fn, dtype, channels_last), low_prep, targets, runner,
                                             check_indices=False)
         self.margin = prep.images.new_full((), torch.inf, dtype=torch.float64)
         self.rescore = RESCORE_MIN
+        self.predicted_share: float | None = None
+        self.declined = False
 
     def measure(self, full, present: torch.Tensor) -> torch.Tensor:
         """Set m from the whole first step of the first images, scored by ``full`` (the full-dtype evaluator) and in
@@ -146,24 +177,41 @@ class LowPrecision:
 
     def start(self, measured: list[float], p: int) -> None:
         """K from :meth:`measure`'s (m, within), read on the host: twice the most candidates within m of a sampled
-        step's best, in [RESCORE_MIN, p]."""
-        self.rescore = min(p, max(RESCORE_MIN, 2 * int(measured[1])))
-        logger.info("score_dtype=%s: m = %.3g, K = %d of p = %d", self.dtype, measured[0],
-                    self.rescore, p)
+        step's best, in [RESCORE_MIN, p]; p (every step in the full dtype) where the share of a round's candidates
+        it would re-score (:func:`rescored_share`) exceeds MAX_SHARE."""
+        k = min(p, max(RESCORE_MIN, 2 * int(measured[1])))
+        self.predicted_share = rescored_share(k, p)
+        self.declined = self.predicted_share > MAX_SHARE
+        self.rescore = p if self.declined else k
+        logger.info("score_dtype=%s: m = %.3g, K = %d of p = %d (%.1f%% of the candidates re-scored)%s", self.dtype,
+                    measured[0], k, p, 100 * self.predicted_share,
+                    "; more than %d%%: every step in the full dtype" % (100 * MAX_SHARE) if self.declined else "")
 
     def grow(self, p: int) -> None:
         """A step was unsafe: re-score more candidates per step from now on (K x RESCORE_GROWTH, at most p)."""
         self.rescore = min(p, self.rescore * RESCORE_GROWTH)
         logger.info("score_dtype=%s: a step was unsafe, K = %d", self.dtype, self.rescore)
 
+    def per_step(self, counts) -> np.ndarray:
+        """The candidates re-scored in steps of ``counts`` candidates (int64 [S]): min(K, r). A step with r <= K is
+        a full-dtype step."""
+        return np.minimum(self.rescore, np.asarray(counts, dtype=np.int64))
+
     def plan(self, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Host lists of the re-scored candidates of S images completing a low-precision step with ``counts``
         features: (pos int64 [R], the image's index in the S; rank int64 [R], 0 for its best low score), min(K, count)
-        per image."""
-        k = np.minimum(self.rescore, np.asarray(counts, dtype=np.int64))
+        per image (:meth:`per_step`)."""
+        k = self.per_step(counts)
         pos = np.repeat(np.arange(k.size, dtype=np.int64), k)
         start = np.repeat(np.cumsum(k) - k, k)
         return pos, np.arange(pos.size, dtype=np.int64) - start
+
+    def summary(self) -> dict:
+        """What the run's info records of the low dtype: dtype, K (for p features), m, the predicted share and
+        whether the low dtype was declined (m is read from the device: call it after the run)."""
+        return {"score_dtype": str(self.dtype).replace("torch.", ""), "rescore_k": int(self.rescore),
+                "margin": float(self.margin), "predicted_share": self.predicted_share, "declined": self.declined,
+                "channels_last": self.channels_last}
 
     def pick(self, scores: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, rank: torch.Tensor,
              present: torch.Tensor, remaining: torch.Tensor) -> _Picked:

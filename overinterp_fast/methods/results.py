@@ -6,6 +6,53 @@ from dataclasses import dataclass, field
 import torch
 
 
+@dataclass
+class RunInfo:
+    """How one exact SIS call ran: shared by the results of the call (``SISResult.info``).
+
+    Attributes:
+        engine: what scored the candidates ("torch", "onnxruntime", "compile"), or "incremental".
+        batch_size: candidates per forward call. batch_source: how it was chosen: "user" (given), "measured" (timed
+            on this device: the calibration of docs/guides/exact.md), "cached" (a calibration measured before),
+            "fallback" (a job too small to time: the element budget's size).
+        channels_last: the candidates ran through a channels_last copy of the model (measured faster on this
+            device, or asked for).
+        call_s: {batch size: seconds of one forward call} as the calibration measured them ({} where nothing was
+            timed); ``rows_per_s`` gives the rates.
+        layout_s: {"given", "channels_last": seconds of one call at ``batch_size``} where the format was measured.
+        candidates: the candidate evaluations of the call's rounds (m (m + 1) / 2 for a round of m features).
+        rescored: of those, the ones scored again in the images' dtype after ``score_dtype`` (0 without it).
+        low: with ``score_dtype``: the low dtype, K (candidates re-scored per step), the margin m, the share the
+            first measurement predicted, whether the low dtype was declined, its format
+            (:meth:`~overinterp_fast.methods.low_precision.LowPrecision.summary`); None without it.
+        step: what ran the backward-selection steps: "cuda-graph" (each batch one captured CUDA graph), "fused"
+            (each batch three fused ops around the forward pass), "incremental" (incremental inference),
+            "low-precision" (``score_dtype``) or "evaluator" (chunked forward passes, after an out-of-memory
+            error).
+    """
+
+    engine: str
+    batch_size: int
+    batch_source: str
+    channels_last: bool = False
+    call_s: dict = field(default_factory=dict)
+    layout_s: dict = field(default_factory=dict)
+    candidates: int = 0
+    rescored: int = 0
+    low: dict | None = None
+    step: str = ""
+
+    @property
+    def rows_per_s(self) -> dict:
+        """{batch size: candidate rows per second} of the calibration's calls."""
+        return {b: b / t for b, t in self.call_s.items() if t > 0}
+
+    @property
+    def rescored_share(self) -> float:
+        """rescored / candidates (0 for an empty job)."""
+        return self.rescored / self.candidates if self.candidates else 0.0
+
+
 @dataclass(repr=False)
 class SISResult:
     """One image's SIS (one round of backward selection and FindSIS).
@@ -47,10 +94,9 @@ class SISResult:
             ``score_dtype`` (each step's best few, and every candidate of the steps run again in the images'
             dtype after a step whose decision the low scores could not prove); 0 without ``score_dtype``
             (docs: algorithms.md, Low precision that stays exact). None for the other methods.
-        step: for exact SIS, what ran the backward-selection steps: "cuda-graph" (each batch one captured CUDA
-            graph), "fused" (each batch three fused ops around the forward pass), "incremental" (incremental
-            inference), "low-precision" (``score_dtype``) or "evaluator" (chunked forward passes, after an
-            out-of-memory error). None for the other methods.
+        info: for exact SIS, how the call ran (:class:`RunInfo`: engine, batch size and how it was chosen, memory
+            format, what ran the steps, candidates and re-scored candidates of the whole call), the same object for
+            every result of the call; None for the other methods and for results read back from files.
     """
 
     order: torch.Tensor
@@ -70,7 +116,7 @@ class SISResult:
     refine_queries: int | None = field(default=None)
     minimal: bool | None = field(default=None)
     rescored: int | None = field(default=None)
-    step: str | None = field(default=None)
+    info: RunInfo | None = field(default=None, compare=False)  # how the call ran, not what it found
 
     @property
     def total_queries(self) -> int | None:

@@ -33,7 +33,7 @@ def auto_batch_size(images: torch.Tensor, total_candidates: int) -> int:
     if images.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(images.device)
         budget = 0.5 * free / (per_sample * images.element_size() * _CUDA_ACTIVATION_FACTOR)
-        size = int(min(max(budget, 64), 16384))
+        size = int(min(max(budget, 64), 32768))
     else:
         size = int(min(max(_CPU_ELEMENTS_PER_BATCH // per_sample, 16), 4096))
     return max(1, min(size, total_candidates))

@@ -55,8 +55,11 @@ TOLERANCE = 0.10
 # Below this size a calibration does not choose: if nothing this large could be measured within the
 # budget, the fallback size is used (one noisy call must not make a job run row by row).
 MIN_CHOICE = 16
-# Batch sizes tried (those up to the job's largest useful batch, plus that size itself).
-LADDER = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
+# Batch sizes tried (those up to the job's largest useful batch, plus that size itself). A CPU stops at
+# CPU_LADDER_MAX (larger calls spill its caches); a GPU goes on while its memory bound (``upper``) allows: a small
+# model there needs tens of thousands of rows per call to fill the device (ResNet-20 at 32 x 32 on an H200).
+LADDER = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192, 16384, 32768)
+CPU_LADDER_MAX = 4096
 
 
 @dataclass
@@ -141,8 +144,9 @@ def _disk_store(key: str, cal: Calibration) -> None:
 
 
 def ladder(max_rows: int, upper: int | None = None) -> list[int]:
-    """Batch sizes to time: LADDER up to min(max_rows, upper), plus that cap itself."""
-    cap = max(1, min(max_rows, upper or max_rows, LADDER[-1]))
+    """Batch sizes to time: LADDER up to min(max_rows, upper), plus that cap itself; without ``upper`` (a CPU) at
+    most CPU_LADDER_MAX."""
+    cap = max(1, min(max_rows, upper or max_rows, LADDER[-1] if upper else CPU_LADDER_MAX))
     sizes = [b for b in LADDER if b < cap]
     return sizes + [cap]
 

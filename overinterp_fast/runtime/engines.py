@@ -278,6 +278,18 @@ def incremental_calibration(pl: incremental.IncrementalPlan, user: ModelFn, prep
                      expected_rows=n * p * (p + 1) // 2, fallback=pl.batch_size(), images=n, features=p, disk=disk)
 
 
+def low_precision_calibration(low_fn: ModelFn, user: ModelFn, low_prep: Prepared, targets: torch.Tensor, *,
+                              batch_size: int | None, exact_shape: tuple[int, int]) -> Calibration:
+    """The batch size of exact SIS with ``score_dtype``: nearly every row of its calls is scored by the low-dtype copy
+    ``low_fn`` on ``low_prep`` (its images in the low dtype and format), so those calls are timed, like a dense
+    engine's (calibration.calibrate: cached per model, dtype, format, device and thread count; the job's schedule
+    picks the size). The user's ``batch_size`` wins and is not timed."""
+    if batch_size is not None:
+        return Calibration(batch_size, {}, "user", 0.0)
+    n, p = exact_shape
+    return _calibrate("low", low_fn, user, low_prep, targets, "score", n * p, n * p * (p + 1) // 2, exact_shape)
+
+
 def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: Engine,
                      exact_shape: tuple[int, int]) -> bool:
     """incremental=None: whether incremental scoring is predicted to beat the dense engine on this job.

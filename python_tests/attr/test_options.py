@@ -12,7 +12,7 @@ from overinterp_fast.attr.options import RunOptions
 from helpers import make_cnn, make_images, whole_message
 
 DEFAULTS = {
-    of.ExactOptions: dict(incremental=None, score_dtype=None),
+    of.ExactOptions: dict(incremental=None, score_dtype=None, channels_last=None),
     of.GradientOptions: dict(k=100, autocast="auto", channels_last=None),
     of.ResponsibilityOptions: dict(iterations=8, seed=0, depth=10, min_box=10, criterion="top1", monotone=None),
     of.MinimalPixelSetOptions: dict(iterations=8, seed=0, criterion="top1", monotone=None, refine=True,
@@ -58,6 +58,7 @@ def test_the_function_forms_share_the_defaults():
      "score_dtype must be None, torch.bfloat16 or torch.float16 (or the images' dtype), got 'bf16'"),
     (lambda: of.ExactOptions(score_dtype=torch.int8),
      "score_dtype must be None, torch.bfloat16 or torch.float16 (or the images' dtype), got torch.int8"),
+    (lambda: of.ExactOptions(channels_last=1), "channels_last must be None, True or False, got 1"),
     (lambda: of.GradientOptions(k=True), "k (features masked per gradient step) must be a positive int, got True"),
     (lambda: of.ResponsibilityOptions(depth=0), "depth must be an int >= 1, got 0"),
     (lambda: of.ResponsibilityOptions(iterations="auto"), "iterations must be an int >= 1, got 'auto'"),

@@ -344,7 +344,7 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     assert seen[0] == {"threshold": 0.9, "threshold_mode": "auto", "method": "exact", "k": 100, "collection": False,
                        "transfer": True, "fraction": 0.05, "baselines": None, "autocast": None, "batch_size": None,
                        "engine": "auto", "progress": None, "object_masks": None, "noise_sigma": 0.1,
-                       "value_range": None, "seed": 0}
+                       "value_range": None, "seed": 0, "score_dtype": None, "channels_last": None}
     assert rec.title == "Overinterpretation audit" and rec.transfer["fraction"] == 0.05
     assert rec.models[0].options == {"threshold": 0.9, "threshold_mode": "auto", "baselines": 0.0}
     masks = np.ones((2, 2, 2), bool)
@@ -357,7 +357,8 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     assert torch.equal(kw.pop("object_masks"), torch.ones(2, 2, 2, dtype=torch.bool))
     assert kw == {"threshold": 0.7, "threshold_mode": "relative", "method": "gradient", "k": 9, "collection": True,
                   "transfer": True, "fraction": 0.5, "baselines": 0.25, "autocast": "fp16", "batch_size": 4,
-                  "engine": "auto", "progress": False, "noise_sigma": 0.125, "value_range": (0.0, 1.0), "seed": 0}
+                  "engine": "auto", "progress": False, "noise_sigma": 0.125, "value_range": (0.0, 1.0), "seed": 0,
+                  "score_dtype": None, "channels_last": None}
     assert rec.models[1].options == {"threshold": 0.7, "threshold_mode": "relative", "baselines": 0.25, "k": 9,
                                      "autocast": "fp16"}
     assert rec.models[0].method == "gradient" and rec.models[0].sensitivity["sigma"] == 0.125

@@ -263,7 +263,8 @@ def test_cifar100_fine_labels(tmp_path):
 def test_dataset_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^unknown dataset 'mnist'; have \['cifar10', 'cifar100'\]$"):
         ds.open_images(dataset="mnist", data_dir=str(tmp_path))
-    with pytest.raises(ValueError, match=r"^cifar10 has the splits \['test', 'train'\], not 'val'$"):
+    with pytest.raises(ValueError, match=r"^cifar10 has the splits \['test', 'train'\] \(and 'all': all of them\), "
+                                         r"not 'val'$"):
         ds.open_images(dataset="cifar10", data_dir=str(tmp_path), split="val")
     with pytest.raises(ValueError, match=r"^--dataset cifar10 needs --data-dir$"):
         ds.open_images(dataset="cifar10")

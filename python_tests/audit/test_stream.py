@@ -27,12 +27,12 @@ from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.audit.sources import open_images, select_range
 from overinterp_fast.zoo.preprocessing import Preprocessing
-from helpers import tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
+from helpers import export_tiny_cnn, tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
 import hashlib
 from overinterp_fast.audit import store, stream
 from overinterp_fast.audit.sources import ImageSource
 from helpers import fake_terminal
-from helpers import write_cifar  # noqa: F811
+from helpers import run_cli, write_cifar  # noqa: F811
 
 SIDE = 8
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,11 +57,7 @@ def tree(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "net.pt2"
-    batch = torch.export.Dim("batch")
-    torch.export.save(torch.export.export(tiny_cnn(3), (torch.zeros(2, 3, SIDE, SIDE),),
-                                          dynamic_shapes=({0: batch},)), str(path))
-    return str(path)
+    return export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE)
 
 
 
@@ -243,7 +239,7 @@ def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys)
                            AuditConfig(method="exact", threshold=0.5, ensemble=True),
                            StoreOptions(chunk_size=4, workers=2, gallery=2), RunOptions(show_progress=True))
     bar = capsys.readouterr().err
-    assert "21/21" in bar and "images/s" in bar  # jobs: 7 images x 3 models, counted from the committed parts
+    assert "21/21" in bar and "images/h" in bar  # jobs: 7 images x 3 models, counted from the committed parts
     rec = run.record
     assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
     assert_identical(rec.models[1].results, expected_chunks(b, src, 4))
@@ -284,17 +280,6 @@ def cli_args(model_file, tree, out, *extra):
     return ["audit", "--model", model_file, "--images", str(tree), "--size", str(SIDE), "--method", "exact",
             "--threshold", "0.5", "--chunk-size", "2", "--workers", "0", "--quiet", "--gallery", "3",
             "--out", str(out), *extra]
-
-
-def run_cli(argv, crash=None, torchrun=0, timeout=120):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop(store.CRASH_ENV, None)
-    if crash:
-        env[store.CRASH_ENV] = crash
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}"]
-                if torchrun else [sys.executable])
-    return subprocess.run(launcher + ["-m", "overinterp_fast", *argv], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def committed_rows(out):
@@ -416,11 +401,18 @@ def test_audit_config_every_field():
         "preprocessing": {"library": "overinterp_fast", "resize": 6, "crop_pct": 1.0, "interpolation": "bicubic",
                           "crop_mode": "center"},  # the plain transform: shorter side to 6, centre crop
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
-        "batch_size": 32, "seed": 0, "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON
+        "batch_size": 32, "seed": 0, "score_dtype": None, "channels_last": False,  # exact SIS's only
+        "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON
     # k matters only for the gradient method; the noise only with object masks
     cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, replace(config, method="exact"), 2,
                               torch.device("cpu"), None)
     assert cfg["k"] is None and cfg["noise_sigma"] == 0.25 and cfg["object_masks"] == "/masks"
+    cfg = stream.audit_config(_source(4), {"a": 1}, replace(config, method="exact", score_dtype="bfloat16",
+                                                            channels_last=True), 2, torch.device("cpu"), None)
+    assert cfg["score_dtype"] == "bfloat16" and cfg["channels_last"] is True
+    cfg = stream.audit_config(_source(4), {"a": 1}, replace(config, score_dtype="bfloat16", channels_last=True), 2,
+                              torch.device("cpu"), None)
+    assert cfg["score_dtype"] is None and cfg["channels_last"] is False  # the gradient method has neither
     assert "model_files" not in cfg and cfg["n_images"] == 4
     cfg = stream.audit_config(_source(4, object_dir="/m"), {"a": 1},
                               replace(config, noise_sigma=torch.tensor([0.1, 0.2, 0.3])), 2, torch.device("meta"),
@@ -477,7 +469,7 @@ def test_progress_bar_counts_jobs_from_the_folder(monkeypatch, tmp_path):
     bar.close()
     assert not bar.thread.is_alive() and bar.bar.n == 14
     last = terminal.last_line()
-    assert last.startswith("audit: 100%") and "14/14" in last and "images/s" in last
+    assert last.startswith("audit: 100%") and "14/14" in last and "images/h" in last and " left" in last
     assert "job/s" in last or "s/job" in last
     # disabled (another rank, or --quiet): no thread, no output
     terminal.text.clear()
@@ -491,7 +483,7 @@ def test_progress_bar_counts_jobs_from_the_folder(monkeypatch, tmp_path):
 
 
 @pytest.mark.mutation
-def test_progress_rate_is_images_per_second_since_the_start(monkeypatch, tmp_path):
+def test_progress_rate_is_images_per_hour_since_the_start_and_the_time_left(monkeypatch, tmp_path):
     folder = str(tmp_path)
     ranges = store.chunk_ranges(6, 2)
     _commit(folder, 0)
@@ -499,13 +491,16 @@ def test_progress_rate_is_images_per_second_since_the_start(monkeypatch, tmp_pat
     posted = []
     monkeypatch.setattr(bar.bar, "set_postfix_str", lambda s, refresh: posted.append((s, refresh)))
     monkeypatch.setattr(bar.bar, "refresh", lambda: posted.append("refresh"))
-    clock = iter([bar.t0 + 0.5])
+    clock = iter([bar.t0 + 0.25, bar.t0 + 2.0, bar.t0 + 2.5])
     monkeypatch.setattr(stream.time, "perf_counter", lambda: next(clock))
+    bar.update()  # nothing committed since the start: no rate yet, no time left to tell
+    assert posted == [("0 images/h, - left", False), "refresh"]
     _commit(folder, 1)
+    bar.update()  # 2 new images in 2 s: 3,600 per hour; 2 images left: 2 s
+    assert posted[2:] == [("3,600 images/h, 00:02 left", False), "refresh"] and bar.bar.n == 12
     _commit(folder, 2)
-    bar.update()
-    assert posted == [("8.00 images/s", False), "refresh"]  # 4 new images in half a second
-    assert bar.bar.n == 18
+    bar.update()  # 4 new images in 2.5 s: 5,760 per hour; none left
+    assert posted[4:] == [("5,760 images/h, 00:00 left", False), "refresh"] and bar.bar.n == 18
     bar.stop.set()
 
 

@@ -822,7 +822,8 @@ def test_main_sis_prints_and_writes(monkeypatch, capsys, tmp_path):
 def test_main_audit_prints_on_rank_0_only(monkeypatch, capsys):
     rec = AuditRecord("t", ["x"], [np.zeros((4, 5), np.uint8)], [None], {1: "one"},
                       [ModelRecord("m", "exact", [_command_result([0])])])
-    run = types.SimpleNamespace(ranks=distributed.Ranks(0, 3, 0), record=rec, chunks=5, skipped=2, computed=1)
+    run = types.SimpleNamespace(ranks=distributed.Ranks(0, 3, 0), record=rec, chunks=5, skipped=2, computed=1,
+                                subsets=[])
     monkeypatch.setattr(cli, "_run_audit", lambda args: run if args.out == "the-out" else None)
     assert cli.main(["audit", "--model", "m", "--out", "the-out"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -686,7 +686,7 @@ def test_at_most_five_ops_outside_the_model_per_forward_call(n, size):
         assert {"exact_candidates", "exact_scores"} <= set(ops.by_op) and "mask_apply" not in ops.by_op
     assert len(ops.shapes) <= 24  # the buckets of one chunk size, the set-up's calls
     assert set(reads.by_label) <= {"start", "round end", "end"} and reads.by_label["round end"] <= n
-    assert {r.step for r in res} == {"fused"}
+    assert {r.info.step for r in res} == {"fused"}
     want = of.fast_sis(model, x, 0.5, show_progress=False, options=dense, engine="torch",
                        batch_size=300)  # other batches: the same orders
     assert all(torch.equal(a.order, b.order) for a, b in zip(res, want))
@@ -714,7 +714,7 @@ def test_captured_steps_equal_the_eager_ones_cuda(monkeypatch):
 
     monkeypatch.setattr(exact_step.DenseStep, "__call__", strict)
     graphed = of.fast_sis(model, x, 0.3, **kw)
-    assert {r.step for r in eager} == {"fused"} and {r.step for r in graphed} == {"cuda-graph"}
+    assert {r.info.step for r in eager} == {"fused"} and {r.info.step for r in graphed} == {"cuda-graph"}
     for a, b in zip(graphed, eager):
         for ra, rb in zip([a, *(a.collection or [])[1:]], [b, *(b.collection or [])[1:]]):
             assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)

@@ -65,6 +65,17 @@ def same(a, b, collection=False):
     assert_same_lists(a, b, assert_same_result, collection)
 
 
+MAX_SHARE = low_precision.MAX_SHARE  # the module's, for the tests of the decline
+
+
+@pytest.fixture(autouse=True)
+def never_declined(monkeypatch):
+    """The planted models here have p <= 64 features, where a K of RESCORE_MIN alone re-scores more than
+    MAX_SHARE of a round and the low dtype would be declined: the tests of the mechanism keep it on (the tests of
+    the decline set MAX_SHARE back)."""
+    monkeypatch.setattr(low_precision, "MAX_SHARE", 1.0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # near-ties and a value at tau
 # ----------------------------------------------------------------------------------------------------
@@ -309,6 +320,7 @@ def bare(rescore: int, margin: float) -> low_precision.LowPrecision:
     """A LowPrecision without a model: K and m only (what pick and settle read)."""
     low = object.__new__(low_precision.LowPrecision)
     low.dtype, low.rescore, low.margin = torch.bfloat16, rescore, torch.tensor(margin, dtype=torch.float64)
+    low.p = 5  # one_step's image
     return low
 
 
@@ -362,3 +374,72 @@ def test_settle_check(count, margin, low_scores, full, unsafe, margin_after):
     low = bare(2, margin)
     assert one_step(low, count, low_scores, full)[2] == unsafe
     assert float(low.margin) == margin_after
+
+
+# ----------------------------------------------------------------------------------------------------
+# ResNet-20 (the CIFAR-10 workload's model) in float32, bfloat16 for real on the CPU; the decline; the run's info
+# ----------------------------------------------------------------------------------------------------
+
+def resnet20_case(n=1, side=8, head=1.0):
+    """The zoo's ResNet-20 (seed 0, random weights, its last layer's weights times ``head``, float32) and ``n``
+    CIFAR-shaped images of ``side`` x ``side``."""
+    from overinterp_fast.zoo.cifar import ResNet20
+
+    torch.manual_seed(0)
+    model = ResNet20().eval()
+    with torch.no_grad():
+        model.fc.weight *= head
+    return model, make_images(n, h=side, w=side, seed=7, dtype=torch.float32)
+
+
+@pytest.mark.timeout(120)  # under a load of 8 on 2 cores each case took about 30 s (2 s on a quiet machine)
+@pytest.mark.parametrize("channels_last,rescore_min", [(False, 1), (True, low_precision.RESCORE_MIN)])
+def test_resnet20_in_bfloat16_gives_float32_s_orders_values_and_sets(monkeypatch, channels_last, rescore_min):
+    """A head 10x sharper: f 0.19; K from the first step (at least ``rescore_min``: 1 lets bfloat16 decide alone
+    wherever the check allows); steps that fail the check run again in float32 and K grows (on this model bfloat16
+    cannot decide most steps). The results are float32's all the same."""
+    monkeypatch.setattr(low_precision, "RESCORE_MIN", rescore_min)
+    model, x = resnet20_case(head=10.0)
+    with torch.no_grad():
+        tau = float(torch.softmax(model(x), 1).max(1).values.min())  # every image has a SIS
+    plain = of.ExactOptions(incremental=False)
+    want = of.fast_sis(model, x, tau, engine="torch", batch_size=96, options=plain)
+    got = of.fast_sis(model, x, tau, engine="torch", batch_size=96,
+                      options=of.ExactOptions(score_dtype=torch.bfloat16, channels_last=channels_last))
+    for a, b in zip(got, want):
+        assert torch.equal(a.order, b.order) and torch.equal(a.values, b.values) and torch.equal(a.sis, b.sis)
+    info = got[0].info
+    assert info.low["channels_last"] is channels_last and info.low["score_dtype"] == "bfloat16"
+    assert not info.low["declined"] and info.rescored > 0 and info.candidates == 64 * 65 // 2
+    assert info.rescored == sum(r.rescored for r in got)
+    assert want[0].info.rescored == 0 and want[0].info.low is None
+
+
+def test_rescored_share_by_hand():
+    assert low_precision.rescored_share(8, 256) == (8 * 256 - 28) / (256 * 257 / 2)  # steps of 8..1: all of them
+    assert low_precision.rescored_share(64, 64) == 1.0
+    assert low_precision.rescored_share(1, 4) == 4 / 10
+
+
+@pytest.mark.timeout(120)  # as the test above
+def test_the_low_dtype_is_declined_where_the_first_step_predicts_it_cannot_pay(monkeypatch):
+    """A ResNet-20 of random weights is near-uniform (f about 0.11): every candidate of the first step lies within m
+    in bfloat16, K = p, all of a round would be re-scored; every step then runs in float32, with the plain run's
+    results, and the low copy scores the measured step only."""
+    monkeypatch.setattr(low_precision, "MAX_SHARE", MAX_SHARE)
+    model, x = resnet20_case()
+    low_rows = []
+
+    class Counting(low_precision.CandidateEvaluator):  # the low copy's evaluator, counting its rows
+        def __call__(self, present, image, row, feature, check_indices=None):
+            low_rows.append(len(image))
+            return super().__call__(present, image, row, feature, check_indices)
+
+    monkeypatch.setattr(low_precision, "CandidateEvaluator", Counting)
+    got = of.fast_sis(model, x, 0.1, engine="torch", batch_size=96, options=BF16)
+    want = of.fast_sis(model, x, 0.1, engine="torch", batch_size=96, options=of.ExactOptions(incremental=False))
+    assert [(r.order.tolist(), r.values.tolist()) for r in got] == [(r.order.tolist(), r.values.tolist()) for r in want]
+    low = got[0].info.low
+    assert low["declined"] and low["rescore_k"] == 64 and low["predicted_share"] == 1.0 > MAX_SHARE
+    assert got[0].info.rescored == 0
+    assert low_rows == [64]  # the measurement: the whole first step; nothing after it

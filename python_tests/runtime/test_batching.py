@@ -85,8 +85,8 @@ def test_auto_batch_size_on_cuda_from_free_memory(monkeypatch):
     free["bytes"] = 2 * 10 * per_sample_bytes  # at least 64
     assert auto_batch_size(_CudaImages(), 10**6) == 64
     assert auto_batch_size(_CudaImages(), 5) == 5
-    free["bytes"] = 2 * 10**6 * per_sample_bytes  # at most 16384
-    assert auto_batch_size(_CudaImages(), 10**7) == 16384
+    free["bytes"] = 2 * 10**6 * per_sample_bytes  # at most 32768
+    assert auto_batch_size(_CudaImages(), 10**7) == 32768
 
 
 def test_check_batch_size():

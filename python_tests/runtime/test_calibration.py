@@ -409,7 +409,9 @@ def test_out_of_memory_ends_the_ladder_and_keeps_what_was_measured():
 @pytest.mark.mutation
 def test_ladder_caps():
     assert ladder(100, upper=5000) == [16, 32, 64, 100]  # the job's rows cap it, whatever the upper bound
-    assert ladder(10_000) == list(LADDER) and LADDER[-1] == 4096  # never past the ladder's top
+    assert ladder(10_000) == [b for b in LADDER if b < 4096] + [4096]  # a CPU (no upper bound): at most 4096
+    assert ladder(10**6, upper=10**6) == list(LADDER) and LADDER[-1] == 32768  # a GPU: never past the top
+    assert ladder(10**6, upper=20_000) == [b for b in LADDER if b < 20_000] + [20_000]
 
 
 @pytest.mark.mutation
