@@ -34,6 +34,26 @@ class Ensemble(nn.Module):
         return torch.stack([m(x) for m in self._callables]).mean(0)
 
 
+class OutputShapeError(ValueError):
+    """The model returned a tensor that is not [B, K] (one score per class for each of the batch's B rows): the
+    one-line message names the shape it returned.
+
+    Attributes:
+        batch: B, the rows of the call. shape: the shape of what the model returned.
+    """
+
+    def __init__(self, batch: int, shape: tuple[int, ...]):
+        hint = ""
+        if shape == (batch,):
+            hint = ("; a model with one score per example must return one per class (e.g. two logits [B, 2] for a "
+                    "binary classifier)")
+        elif len(shape) == 3 and shape[0] == batch and shape[2] == 1:
+            hint = "; drop its last dimension (out.squeeze(-1))"
+        super().__init__(f"the model must map a batch [B, *D] to scores [B, K] (K classes); for B = {batch} it "
+                         f"returned shape {tuple(shape)}{hint}")
+        self.batch, self.shape = batch, shape
+
+
 def check_targets(target, n: int, k: int, predicted: torch.Tensor, unit: str = "image") -> torch.Tensor:
     """Target class per input: ``target`` (an int or one per input, [N]) checked against ``k`` classes,
     or ``predicted`` (int64 [N]) when it is None. Returns int64 [N] on predicted's device."""
@@ -124,10 +144,7 @@ class ModelFn:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"model must return a tensor of logits [B, K], got {type(out).__name__}")
         if out.dim() != 2 or out.shape[0] != batch:
-            raise ValueError(
-                f"model must map a batch [B, *D] to [B, K]; for B = {batch} it returned shape "
-                f"{tuple(out.shape)}"
-            )
+            raise OutputShapeError(batch, tuple(out.shape))
         if out.shape[1] < 1:
             raise ValueError("model returned zero classes")
         if not out.is_floating_point():
@@ -199,14 +216,17 @@ def _is_one_unbatched_sample(fn: ModelFn, images: torch.Tensor) -> bool:
     ``images`` is then one sample that lacks its batch dimension.
 
     Asked only after the model failed on ``images`` as a batch, so a model that accepts
-    the batch is never second-guessed; two copies (not one) keep a model whose output
-    ignores the batch size (always [1, K]) from passing the probe.
+    the batch is never second-guessed; two copies keep a model whose output
+    ignores the batch size (always [1, K]) from passing the probe, and one copy ([1, *images.shape] -> [1, K]) a
+    model that drops the batch dimension of a single row (``out.squeeze()``: [1, K] -> [K]).
     """
     try:
-        out = fn.model(images[None].expand(2, *images.shape))
+        two = fn.model(images[None].expand(2, *images.shape))
+        one = fn.model(images[None])
     except Exception:
         return False
-    return isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2 and out.shape[1] >= 1
+    return all(isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == rows and out.shape[1] >= 1
+               for out, rows in ((two, 2), (one, 1)))
 
 
 def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tuple[torch.Tensor, torch.Tensor]:
