@@ -265,8 +265,6 @@ def _backselect(fn: ModelFn, gfn: ModelFn, prep: Prepared, targets: torch.Tensor
     order = torch.zeros((A, nb_max, w), dtype=torch.int64, device=dev)
     values = torch.zeros((A, nb_max), dtype=torch.float64, device=dev)
     finite = torch.ones((), dtype=torch.bool, device=dev)
-    bar.total += nb_max
-    bar.refresh()
     sub, xs, bs, ts = None, x, base, tg  # the step's rows (None: all A) and their inputs
     for t in range(nb_max):
         now = [a for a in range(A) if steps[a] > t]
@@ -372,9 +370,14 @@ def gradient_sis(
     counts = [p] * n  # features present per image, kept on the host
     rounds: list[list[SISResult]] = [[] for _ in range(n)]
     active = list(range(n))
-    bar = tqdm(total=0, unit="step", desc="gradient SIS", disable=None if progress is None else not progress)
+    bar = tqdm(total=-(-p // k), unit="step", desc="gradient SIS", disable=None if progress is None else not progress)
+    first = True
     while active:
         cs = [counts[i] for i in active]
+        if not first:  # the bar starts with the first round's steps; each later round adds its own
+            bar.total += -(-max(cs) // k)
+            bar.refresh()
+        first = False
         sel = _backselect(fn, gfn, prep, targets, present, active, cs, k, grad_runner, autocast, expand, bar)
         state = _rounds(sel, active, cs, k, scores)
         verified = _find_sis(evaluator, state, thresholds, p)
