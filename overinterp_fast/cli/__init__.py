@@ -437,12 +437,15 @@ def _print_table(record, most: int = 60) -> None:
             median = f"{sorted(with_sis)[len(with_sis) // 2]:.1%}" if with_sis else "-"
             print(f"{m.name}: {len(with_sis)} of {len(m.results)} images have a SIS; median size {median}")
         return
+    from ..methods.results import score_text
+
     print(f"{'model':<20} {'image':<14} {'prediction':<22} {'f(x)':>6} {'tau':>6} {'SIS':>7} {'of image':>9}")
     for m in record.models:
         for name, r in zip(record.image_names, m.results):
             size = "-" if r.sis is None else str(r.size)
             frac = "-" if r.sis is None else f"{r.fraction:.1%}"
-            print(f"{m.name[:20]:<20} {name[:14]:<14} {record.class_name(r.target)[:22]:<22} {r.score:>6.3f} "
+            score = score_text(r.score, r.threshold, digits=3, fixed=True)  # never rounded onto 1 or tau
+            print(f"{m.name[:20]:<20} {name[:14]:<14} {record.class_name(r.target)[:22]:<22} {score:>6} "
                   f"{r.threshold:>6.3f} {size:>7} {frac:>9}")
 
 

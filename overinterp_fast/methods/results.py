@@ -6,6 +6,24 @@ from dataclasses import dataclass, field
 import torch
 
 
+def score_text(value: float, *against: float, digits: int = 4, fixed: bool = False) -> str:
+    """``value`` (a score f) with ``digits`` significant digits (``fixed``: decimals), or as many more as it takes
+    for the text to keep its order against 0, 1 and each of ``against`` (e.g. the threshold): 0.999998 is
+    "0.999998", never "1", and 0.89996 against tau 0.9 is "0.89996", never "0.9"."""
+    value = float(value)
+    marks = (0.0, 1.0, *(float(a) for a in against))
+    kind = "f" if fixed else "g"
+
+    def side(v: float, a: float) -> int:
+        return (v > a) - (v < a)
+
+    text = f"{value:.{digits}{kind}}"
+    while digits < 17 and any(side(float(text), a) != side(value, a) for a in marks):
+        digits += 1
+        text = f"{value:.{digits}{kind}}"
+    return text
+
+
 @dataclass(repr=False)
 class SISResult:
     """One image's SIS (one round of backward selection and FindSIS).
@@ -88,7 +106,8 @@ class SISResult:
     def __repr__(self) -> str:
         extra = "" if self.collection is None else f", collection={len(self.collection)} SIS"
         return (
-            f"SISResult(target={self.target}, score={self.score:.4g}, threshold={self.threshold}, "
+            f"SISResult(target={self.target}, score={score_text(self.score, self.threshold)}, "
+            f"threshold={self.threshold}, "
             f"features={self.order.numel()}, sis_size={self.size}{extra})"
         )
 
@@ -97,10 +116,10 @@ class SISResult:
         import html
 
         size = "none (f(x) < tau)" if self.sis is None else f"{self.size} of {self.order.numel()} ({self.fraction:.1%})"
-        rows = [("target", self.target), ("f(x)", f"{self.score:.4g}"), ("tau", f"{self.threshold:.4g}"),
-                ("SIS", size)]
+        rows = [("target", self.target), ("f(x)", score_text(self.score, self.threshold)),
+                ("tau", f"{self.threshold:.4g}"), ("SIS", size)]
         if self.sis_score is not None:
-            rows.append(("f(SIS)", f"{self.sis_score:.4g}"))
+            rows.append(("f(SIS)", score_text(self.sis_score, self.threshold)))
         if self.collection is not None:
             rows.append(("disjoint SIS", len(self.collection)))
         if self.total_queries is not None:
