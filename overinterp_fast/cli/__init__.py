@@ -29,6 +29,18 @@ PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object
 from ..errors import MissingDependency, StorageFault
 
 
+PROG = "overinterp-fast"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (a malformed argument, a missing option) end in the one line every error of
+    the command line ends in, ``overinterp-fast: error: ...`` (after the usage), whichever command they are of."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
 def _unit_interval(text: str) -> float:
     v = float(text)
     if not 0.0 <= v <= 1.0:
@@ -110,7 +122,7 @@ def _floats(text: str) -> list[float]:
 def _logging_options(top: bool) -> argparse.ArgumentParser:
     """-v/--verbose and --log-level, for the top level and (``top`` False: defaults left unset, so that an option
     given before the command is kept) for every command."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     unset = {} if top else {"default": argparse.SUPPRESS}
     p.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else unset),
                    help="log the library's decisions: -v info, -vv debug (default: warnings only)")
@@ -124,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ..audit.config import EPOCHS, FRACTION
     from ..text.reduction import BEAM_SIZE, IMPORTANCE, IMPORTANCES
 
-    parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).",
-                                     parents=[_logging_options(top=True)])
+    parser = Parser(prog=PROG, description="Fast Sufficient Input Subsets (SIS).",
+                    parents=[_logging_options(top=True)])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     common = [_logging_options(top=False)]
@@ -492,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _command(args)
         except (ValueError, TypeError, FileNotFoundError, FloatingPointError, StorageFault, MissingDependency) as exc:
-            print(f"overinterp-fast: error: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
     return 0
 

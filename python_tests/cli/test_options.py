@@ -282,6 +282,21 @@ def test_resume_refuses_a_folder_without_a_stored_configuration(completed, tmp_p
                                        f"--out {out}\n")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["audit", "--model", "m", "--out", "o", "--threshold", "2"], "argument --threshold: must lie in [0, 1], got 2.0"),
+    (["sis", "--model", "m", "--out", "o", "--method", "fast"], "argument --method: invalid choice: 'fast'"),
+    (["audit", "--out", "o"], "the following arguments are required: --model (or --resume OUT)"),
+    (["nonsense"], "argument command: invalid choice: 'nonsense'"),
+])
+def test_argument_errors_end_in_the_line_every_error_ends_in(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: overinterp-fast"), err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"overinterp-fast: error: {message}"), last
+
+
 def test_audit_needs_model_and_out_or_resume(capsys):
     for argv, missing in ((["audit", "--out", "o"], "--model"), (["audit", "--model", "m"], "--out"),
                           (["audit"], "--model, --out")):
