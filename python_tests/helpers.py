@@ -479,3 +479,12 @@ class sync_errors:
         if self.cuda:
             torch.cuda.set_sync_debug_mode("default")
         return False
+
+
+def block_module(monkeypatch, name: str) -> None:
+    """Make ``name`` and its submodules unimportable for the rest of the test, as when its distribution is not
+    installed (``sys.modules[...] = None``; submodules an earlier test imported are blocked too)."""
+    import sys
+
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")] + [name]:
+        monkeypatch.setitem(sys.modules, key, None)
