@@ -388,8 +388,12 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     calls = {n: _call(n, gm, modules) for n in nodes if n.op in ("call_module", "call_function", "call_method")}
 
     # Trial run on one image: shapes, and the values of nodes that do not depend on the input.
-    with torch.inference_mode():
-        out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
+    try:
+        with torch.inference_mode():
+            out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
+    except Exception as exc:  # e.g. an exported program's guard on the batch size: the dense path says it plainly
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise NotIncremental(f"the traced model fails on one image ({type(exc).__name__}: {first})") from None
     dependent = {x0}
     for n in nodes:
         if n.op not in ("placeholder", "get_attr", "output") and any(a in dependent for a in n.all_input_nodes):

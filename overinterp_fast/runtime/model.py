@@ -54,6 +54,22 @@ class OutputShapeError(ValueError):
         self.batch, self.shape = batch, shape
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message, first line only (its type's name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def is_exported(model) -> bool:
+    """Whether ``model`` is the module of a ``torch.export`` program (``torch.export.load(path).module()``): its
+    train/eval behaviour was fixed when it was exported, so its modules' ``training`` flags mean nothing (and it
+    refuses ``.eval()``)."""
+    if not isinstance(model, torch.fx.GraphModule):
+        return False
+    stateful = getattr(getattr(torch.export, "_unlift", None), "_StatefulGraphModule", None)
+    return (stateful is not None and isinstance(model, stateful)) or hasattr(model, "_in_spec")
+
+
 def check_targets(target, n: int, k: int, predicted: torch.Tensor, unit: str = "image") -> torch.Tensor:
     """Target class per input: ``target`` (an int or one per input, [N]) checked against ``k`` classes,
     or ``predicted`` (int64 [N]) when it is None. Returns int64 [N] on predicted's device."""
@@ -108,7 +124,7 @@ class ModelFn:
             return
         if not isinstance(model, nn.Module):
             return
-        if any(m.training for m in model.modules()):
+        if any(m.training for m in model.modules()) and not is_exported(model):
             raise ValueError(
                 "model is in training mode; call model.eval() first (dropout and batch norm in training "
                 "mode make f depend on which candidates share a batch)"
@@ -134,9 +150,16 @@ class ModelFn:
         """
         n = x.shape[0]
         m = self.pad_to(n) if self.pad_to is not None and n > 0 else n
-        if m == n:
-            return self.check_output(self.run(x), n, x.device)
-        return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
+        try:
+            if m == n:
+                return self.check_output(self.run(x), n, x.device)
+            return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
+        except AssertionError as exc:  # an exported program's guard on its input shape
+            if is_exported(self.model) and "Guard failed" in str(exc):
+                raise ValueError(f"the torch.export program refuses a batch of {m} rows ({first_line(exc)}); "
+                                 f"export it with a dynamic batch dimension: torch.export.export(model, (x,), "
+                                 f"dynamic_shapes=({{0: torch.export.Dim('batch')}},))") from None
+            raise
 
     @staticmethod
     def check_output(out, batch: int, device: torch.device) -> torch.Tensor:

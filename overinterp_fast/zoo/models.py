@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime.model import first_line
 from ..runtime.onnx import OnnxModel
 from .preprocessing import Preprocessing
 
@@ -123,12 +124,6 @@ def _load_by_name(library: str, rest: str, device: torch.device) -> LoadedModel:
         model, prep = load(name, weights or None)
         short = name
     return LoadedModel(model.to(device), short, preprocessing=prep)
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's message, first line only (its type's name when the message is empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _read(spec: str, expected: str, read):
