@@ -14,7 +14,7 @@ from ..runtime.engines import Engine, incremental_calibration, incremental_pays,
 from ..runtime.incremental import IncrementalEvaluator
 from ..runtime.incremental import choose as choose_incremental
 from ..runtime.model import initial_predictions
-from ._base import SetAttribution
+from ._base import Data, SetAttribution
 from .options import ExactOptions, RunOptions
 
 _R, _E = RunOptions, ExactOptions  # the defaults' single source
@@ -64,9 +64,9 @@ class ExactSIS(SetAttribution):
             raise ValueError("score_dtype is not combined with incremental=True (incremental inference runs in the "
                              "images' dtype); leave incremental None or False")
 
-    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
-        run = self.run
-        s = self._setup(images, features, mask_value, "exact")
+    def _run(self, d: Data) -> list[SISResult]:
+        run, target, progress = self.run, d.target, d.progress
+        s = self._setup(d, "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
             t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from ..methods.gradient import check_autocast, gradient_sis
 from ..methods.results import SISResult
 from ..runtime import job
 from ..runtime.model import initial_predictions
-from ._base import SetAttribution
+from ._base import Data, SetAttribution
 from .options import GradientOptions, RunOptions
 
 _R, _G = RunOptions, GradientOptions  # the defaults' single source
@@ -47,9 +47,9 @@ class GradientSIS(SetAttribution):
             raise ValueError(f"method='gradient' needs the torch model's gradients; engine must be 'auto' or "
                              f"'torch', got {engine!r}")
 
-    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
-        run, opts = self.run, self.options
-        s = self._setup(images, features, mask_value, "gradient")
+    def _run(self, d: Data) -> list[SISResult]:
+        run, opts, target, progress = self.run, self.options, d.target, d.progress
+        s = self._setup(d, "gradient")
         n, p = s.prep.images.shape[0], s.prep.num_features
         with torch.no_grad():
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)

@@ -9,7 +9,7 @@ from ..methods.extraction import ExtractionConfig, extract_sets
 from ..methods.responsibility import DescentPlan, RankingHook, ranking_maps
 from ..methods.results import SISResult
 from ..runtime import job
-from ._base import SetAttribution
+from ._base import Data, SetAttribution
 from .options import MinimalPixelSetOptions, ResponsibilityOptions, RunOptions
 from .responsibility import start_maps
 
@@ -64,11 +64,11 @@ class MinimalPixelSet(SetAttribution):
         return DescentPlan(o.iterations, ResponsibilityOptions.depth, ResponsibilityOptions.min_box, o.seed, progress,
                            monotone=monotone, hook=self._hook())
 
-    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
+    def _run(self, d: Data) -> list[SISResult]:
         o = self.options
         with torch.inference_mode():
-            mj = start_maps(self, images, target, mask_value, features, o.iterations, o.criterion)
-            s, plan = mj.s, self._plan(progress)
+            mj = start_maps(self, d, o.iterations, o.criterion)
+            s, plan = mj.s, self._plan(d.progress)
 
             def rank(present):
                 maps, queries = ranking_maps(mj.evaluator, s.prep, present, mj.passes, plan)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..runtime import runinfo
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, check_candidates
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores, model_memory_format
@@ -112,23 +113,47 @@ class ChannelsLastModel:
         return torch.func.functional_call(self.model, self.weights, (x,), strict=False)
 
 
+def weights_swappable(model) -> str | None:
+    """None when ``torch.func.functional_call`` can run ``model`` with other weights (what
+    :class:`ChannelsLastModel` does with its channels_last copies); else why not: a TorchScript module (scripted
+    or traced), or a module holding one, whose parameters the stateless API cannot swap."""
+    if not isinstance(model, nn.Module):
+        return "the model is not an nn.Module"
+    if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
+        return "a TorchScript module, whose weights torch.func.functional_call cannot swap"
+    return None
+
+
 def gradient_model(fn: ModelFn, images: torch.Tensor, channels_last: bool | None) -> ModelFn:
-    """The model the gradient steps call: ``fn``, or ``fn``'s model through :class:`ChannelsLastModel`.
+    """The model the gradient steps call: ``fn``, or ``fn``'s model through :class:`ChannelsLastModel`. The
+    decision and its reason go to the run's info (``channels_last``, :mod:`~overinterp_fast.runtime.runinfo`).
 
     Args:
         images: [N, *D]; channels_last applies to 4-D images only.
-        channels_last: True: channels_last for 4-D images. False: never. None (auto): for 4-D images that are
-            not float64 (the dtype of exactness checks) when the model is an nn.Module with a 4-D parameter
-            (a convolution) not stored channels_last.
+        channels_last: True: channels_last for 4-D images (inputs only, the weights as they are, where the
+            weights cannot be swapped: :func:`weights_swappable`). False: never. None (auto): for 4-D images that
+            are not float64 (the dtype of exactness checks) when the model is an nn.Module whose weights can be
+            swapped, with a 4-D parameter (a convolution) not stored channels_last; it steps aside silently
+            otherwise.
     """
     if images.dim() != 4 or channels_last is False:
+        runinfo.note("channels_last", "off: " + ("channels_last=False" if channels_last is False
+                                                 else "the inputs are not 4-D"))
         return fn
+    model = fn.model
+    why_not = weights_swappable(model)
     if channels_last is None:
-        model = fn.model
-        convs = isinstance(model, nn.Module) and any(t.dim() == 4 for t in model.parameters())
+        convs = why_not is None and any(t.dim() == 4 for t in model.parameters())
         if images.dtype == torch.float64 or not convs or model_memory_format(model) == torch.channels_last:
+            why = ("float64 inputs" if images.dtype == torch.float64 else why_not if why_not is not None
+                   else "no convolution weights" if not convs else "the weights are channels_last already")
+            runinfo.note("channels_last", f"off: {why}")
             return fn
-    return ModelFn(ChannelsLastModel(fn.model), outputs=fn.outputs)
+    if why_not is not None and isinstance(model, nn.Module):  # channels_last=True: the inputs only
+        runinfo.note("channels_last", f"inputs only: {why_not}")
+        return ModelFn(ChannelsLastModel(model.__call__), outputs=fn.outputs)
+    runinfo.note("channels_last", "on")
+    return ModelFn(ChannelsLastModel(model), outputs=fn.outputs)
 
 
 class MaskExpander:

@@ -72,12 +72,14 @@ class ResponsibilityMap:
         queries: forward passes the descent used for this image (distinct mutants).
         target: the class explained.
         iterations: iterations run.
+        info: what the run decided and why (as :attr:`overinterp_fast.SISResult.info`).
     """
 
     map: torch.Tensor
     queries: int
     target: int
     iterations: int
+    info: dict[str, str] | None = None
 
 
 @dataclass

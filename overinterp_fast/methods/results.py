@@ -65,6 +65,10 @@ class SISResult:
             ``score_dtype`` (each step's best few, and every candidate of the steps run again in the images'
             dtype after a step whose decision the low scores could not prove); 0 without ``score_dtype``
             (docs: algorithms.md, Low precision that stays exact). None for the other methods.
+        info: what the run decided and why, one line per decision, e.g. ``{"channels_last": "off: a TorchScript
+            module (...)", "estimate": "..."}``: a speed path that stepped aside for this model, the method
+            ``method="auto"`` chose, the estimate of a long run (:mod:`overinterp_fast.runtime.runinfo`). None
+            for results not made by a run.
     """
 
     order: torch.Tensor
@@ -84,6 +88,7 @@ class SISResult:
     refine_queries: int | None = field(default=None)
     minimal: bool | None = field(default=None)
     rescored: int | None = field(default=None)
+    info: dict[str, str] | None = field(default=None)
 
     @property
     def total_queries(self) -> int | None:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .batching import auto_batch_size
-from . import incremental
+from . import incremental, runinfo
 from .calibration import (MIN_ROWS, Calibration, calibrate, call_time, candidate_probe, disk_key, exact_job_time,
                           measure)
 from .inputs import Prepared
@@ -293,10 +293,14 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
         pays = t_incr * INCREMENTAL_MARGIN < t_dense
         logger.info("incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
                     "on" if pays else "off", t_incr, t_dense, dense.name)
+        runinfo.note("incremental", f"{'on' if pays else 'off'}: predicted {t_incr:.3g} s against {t_dense:.3g} s "
+                                    f"dense ({dense.name})")
         return pays
     pays = pl.cost_ratio <= incremental.AUTO_MAX_COST_RATIO
     logger.info("incremental inference %s (estimated %.2fx the work of a dense pass)",
                 "on" if pays else "off", pl.cost_ratio)
+    runinfo.note("incremental", f"{'on' if pays else 'off'}: estimated {pl.cost_ratio:.2f}x the work of a dense "
+                                f"pass")
     return pays
 
 

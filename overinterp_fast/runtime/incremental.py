@@ -44,6 +44,7 @@ from torch import nn
 
 from ..ops import kernels as _ops
 from ..ops.pure import check_ranges
+from . import runinfo
 from .inputs import Prepared
 from .model import ModelFn
 from .schedule import upload
@@ -1013,11 +1014,14 @@ def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> Incremental
     except NotIncremental as exc:
         if incremental:
             raise ValueError(f"incremental=True, but {exc}") from None
-        logger.warning("incremental inference off, dense candidates instead: %s", exc)
+        # auto: a speed path that does not apply to this model steps aside; the run's info says why
+        logger.info("incremental inference off, dense candidates instead: %s", exc)
+        runinfo.note("incremental", f"off: {exc}")
         return None
     if incremental is None and pl.cost_ratio > AUTO_MEASURE_MAX_COST_RATIO:
         logger.info("incremental inference off (estimated %.2fx the work of a dense pass)",
                     pl.cost_ratio)
+        runinfo.note("incremental", f"off: estimated {pl.cost_ratio:.2f}x the work of a dense pass")
         return None
     logger.debug(pl.summary())
     return pl

@@ -17,6 +17,14 @@ def _is_onnx(model) -> bool:
     return type(model).__name__ == "InferenceSession" and type(model).__module__.startswith("onnxruntime")
 
 
+def is_onnx(model) -> bool:
+    """An ONNX model in any form a job takes: a path to an .onnx file, an onnxruntime.InferenceSession or an
+    :class:`~overinterp_fast.runtime.onnx.OnnxModel`."""
+    from .onnx import OnnxModel
+
+    return _is_onnx(model) or isinstance(model, OnnxModel)
+
+
 class Ensemble(nn.Module):
     """Mean of the members' logits (the ensembles of Carter et al. 2021). Members share input and classes."""
 
@@ -58,6 +66,31 @@ def first_line(exc: BaseException) -> str:
     """An exception's message, first line only (its type's name when the message is empty)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class ExtraArgs:
+    """``model(x, *args)`` for a batch x of any size B, as Captum's ``additional_forward_args`` are passed: a tensor
+    of ``args`` holds one example's value (first dimension 1) and is expanded to B rows; anything else is passed as
+    it is.
+
+    Not an ``nn.Module``: the speed paths that rebuild a model from its one input (ONNX export, incremental
+    inference, channels_last weights) step aside; the model inside is checked as the model itself is.
+    """
+
+    def __init__(self, model: Callable, args: tuple):
+        self.model, self.args = model, tuple(args)
+
+    def __call__(self, x: torch.Tensor):
+        b = x.shape[0]
+        return self.model(x, *(a.expand(b, *a.shape[1:]) if isinstance(a, torch.Tensor) else a for a in self.args))
+
+    def check_compatible(self, images: torch.Tensor) -> None:
+        """The model's own checks (training mode, device, dtype), and the tensors of ``args`` on the images'
+        device."""
+        ModelFn(self.model).check_compatible(images)
+        for i, a in enumerate(self.args):
+            if isinstance(a, torch.Tensor) and a.device != images.device:
+                raise ValueError(f"additional_forward_args[{i}] is on {a.device}, the inputs on {images.device}")
 
 
 def is_exported(model) -> bool:
