@@ -8,8 +8,9 @@ import torch
 from ..methods.exact import exact_sis
 from ..methods.low_precision import LowPrecision, resolve_score_dtype
 from ..methods.results import SISResult
-from ..runtime import job
-from ..runtime.calibration import exact_job_time
+from ..methods.choice import has_gradients
+from ..runtime import estimate, job
+from ..runtime.calibration import candidate_probe, exact_job_time
 from ..runtime.engines import Engine, incremental_calibration, incremental_pays, time_small_job
 from ..runtime.incremental import IncrementalEvaluator
 from ..runtime.incremental import choose as choose_incremental
@@ -76,32 +77,51 @@ class ExactSIS(SetAttribution):
             if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
                 low = LowPrecision(s.fn, s.prep, targets, s.runner, score_dtype)
                 eng = self._dense(s, targets, engine="torch")  # the batch size: the full-dtype model's
-                return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
-                                 runner=s.runner, progress=progress, low=low)
-            incremental, eng = self._incremental(s, targets, first_pass_s)
+                with estimate.announced(self._estimate(s, targets, eng, first_pass_s)):
+                    return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
+                                     runner=s.runner, progress=progress, low=low)
+            incremental, eng, incremental_s = self._incremental(s, targets, first_pass_s)
             if incremental is not None:
-                return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
-                                 runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
+                with estimate.announced(self._estimate(s, targets, eng, first_pass_s, incremental_s)):
+                    return exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
+                                     runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
             if eng is None:
                 eng = self._dense(s, targets)
-            return exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size, runner=s.runner,
-                             progress=progress, verifier=job.verifier(s, eng, targets), engine=eng.name)
+            with estimate.announced(self._estimate(s, targets, eng, first_pass_s)):
+                return exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
+                                 runner=s.runner, progress=progress, verifier=job.verifier(s, eng, targets),
+                                 engine=eng.name)
+
+    def _estimate(self, s: job.Setup, targets: torch.Tensor, eng: Engine | None, first_pass_s: float,
+                  incremental_s: float | None = None) -> estimate.Estimate:
+        """The run's estimate (:mod:`~overinterp_fast.runtime.estimate`): the incremental path's predicted time
+        where it runs (``incremental_s``), else the dense engine's calibrated schedule, else (no calibration) the
+        first pass's time per image, timed once at the batch size where that predicts a long run."""
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        cal = None if eng is None else eng.calibration
+        if incremental_s is None and eng is not None:
+            probe = candidate_probe(eng.fn.score, s.prep, targets)
+            cal = estimate.timed(cal, probe, eng.batch_size, estimate.exact_rows(n, p), first_pass_s, n)
+        seconds = incremental_s if incremental_s is not None else estimate.exact_seconds(cal, first_pass_s, n, p)
+        return estimate.exact_estimate(n, p, seconds, s.prep.images.device,
+                                       estimate.row_seconds(cal, first_pass_s, n), has_gradients(self.forward_func))
 
     def _dense(self, s: job.Setup, targets: torch.Tensor, rival_s: float | None = None,
                engine: str | None = None) -> Engine:
         """The dense engine of the job (``engine``, default the run's): every candidate of n images of p features."""
         n, p = s.prep.images.shape[0], s.prep.num_features
-        return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
-                                 exact_shape=(n, p), rival_s=rival_s)
+        return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p,
+                                 expected_rows=estimate.exact_rows(n, p), exact_shape=(n, p), rival_s=rival_s)
 
     def _incremental(self, s: job.Setup, targets: torch.Tensor,
-                     first_pass_s: float) -> tuple[IncrementalEvaluator | None, Engine | None]:
+                     first_pass_s: float) -> tuple[IncrementalEvaluator | None, Engine | None, float | None]:
         """(the incremental evaluator where it runs the job, else None; the dense engine where it was chosen while
-        timing the incremental path against it, else None). The runner takes the incremental batch size."""
+        timing the incremental path against it, else None; the incremental path's predicted seconds where it runs
+        and was timed, else None). The runner takes the incremental batch size."""
         engine, incremental = self.run.engine, self.options.incremental
         pl = choose_incremental(s.fn, s.prep, incremental if engine in ("auto", "torch") else False)
         if pl is None:
-            return None, None
+            return None, None, None
         n, p = s.prep.images.shape[0], s.prep.num_features
         icl = incremental_calibration(pl, s.fn, s.prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
         eng = None
@@ -111,5 +131,10 @@ class ExactSIS(SetAttribution):
             icl, eng = time_small_job(pl, s.fn, s.prep, targets, icl, eng, (n, p), first_pass_s)
         if eng is None or incremental_pays(pl, icl, eng, (n, p)):
             s.runner.chunk = icl.batch_size
-            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None
-        return None, eng
+            seconds = None
+            if icl.times:  # its calls, and its base runs (a dense pass of the images per step)
+                dense = None if eng is None else eng.calibration
+                seconds = (estimate.incremental_seconds(icl, dense, n, p) if dense is not None and dense.times
+                           else exact_job_time(icl.times, icl.batch_size, n, p) + p * first_pass_s)
+            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None, seconds
+        return None, eng, None

@@ -2,12 +2,14 @@
 minimal pixel sets). Black box: forward passes only."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ..methods.responsibility import DescentPlan, RankingHook, ResponsibilityMap, ranking_maps
-from ..runtime import job
+from ..runtime import estimate, job
+from ..runtime.calibration import candidate_probe
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.engines import Engine
 from ..runtime.model import initial_predictions
@@ -37,6 +39,7 @@ class MapsJob:
     engine: Engine
     evaluator: CandidateEvaluator
     verifier: CandidateEvaluator | None
+    estimate: estimate.Estimate
 
 
 def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: str) -> MapsJob:
@@ -47,12 +50,21 @@ def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: s
     s = obj._setup(d, "responsibility")
     job.check_pixels(s, obj.name)
     passes = job.passes(criterion, s.thresholds)
+    t0 = time.perf_counter()
     targets, scores0 = initial_predictions(s.fn, s.prep.images, d.target, s.runner)
-    max_rows, expected = responsibility_rows(s.prep.images.shape[0], iterations)
+    first_pass_s = time.perf_counter() - t0
+    n = s.prep.images.shape[0]
+    max_rows, expected = responsibility_rows(n, iterations)
     eng = job.choose_engine(s, run.engine, targets, max_rows=max_rows, expected_rows=expected,
                             measure_fn="score_and_top1")
     evaluator, verifier = job.evaluators(s, eng, targets)
-    return MapsJob(s, passes, targets, scores0, eng, evaluator, verifier)
+    cal = estimate.timed(eng.calibration, candidate_probe(eng.fn.score_and_top1, s.prep, targets), eng.batch_size,
+                         expected, first_pass_s, n)
+    est = estimate.Estimate(f"responsibility maps of {n:,} image{'s' if n > 1 else ''} x {s.prep.num_features:,} "
+                            f"pixels, {iterations} iterations", expected, "forward rows",
+                            expected * estimate.row_seconds(cal, first_pass_s, n),
+                            estimate.device_name(s.prep.images.device))
+    return MapsJob(s, passes, targets, scores0, eng, evaluator, verifier, est)
 
 
 class Responsibility(SISAttribution):
@@ -94,7 +106,8 @@ class Responsibility(SISAttribution):
             present = torch.ones((n, p), dtype=torch.bool, device=mj.s.prep.images.device)
             plan = DescentPlan(o.iterations, o.depth, o.min_box, o.seed, d.progress, monotone=bool(o.monotone),
                                hook=self._hook())
-            maps, queries = ranking_maps(mj.evaluator, mj.s.prep, present, mj.passes, plan)
+            with estimate.announced(mj.estimate):
+                maps, queries = ranking_maps(mj.evaluator, mj.s.prep, present, mj.passes, plan)
         return [ResponsibilityMap(maps[i].cpu(), queries[i], int(mj.targets[i]), o.iterations) for i in range(n)]
 
     def _results(self, d: Data) -> list[ResponsibilityMap]:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator, ChunkRunner
+from ..runtime.estimate import progress_bar
 from .findsis import find_sis, sis_score
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
@@ -362,7 +363,7 @@ def exact_sis(
     run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator)
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
-    run.bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",
+    run.bar = progress_bar(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",  # time left: the estimate's
                    disable=None if progress is None else not progress)
     while run.queue:
         run.step(evaluator, run.queue.take(batch_size))

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from ..runtime import runinfo
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, check_candidates
+from ..runtime.estimate import progress_bar
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores, model_memory_format
 from ..runtime.schedule import upload
@@ -395,7 +396,8 @@ def gradient_sis(
     counts = [p] * n  # features present per image, kept on the host
     rounds: list[list[SISResult]] = [[] for _ in range(n)]
     active = list(range(n))
-    bar = tqdm(total=-(-p // k), unit="step", desc="gradient SIS", disable=None if progress is None else not progress)
+    bar = progress_bar(total=-(-p // k), unit="step", desc="gradient SIS",
+                       disable=None if progress is None else not progress)
     first = True
     while active:
         cs = [counts[i] for i in active]

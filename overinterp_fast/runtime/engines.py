@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from .batching import auto_batch_size
-from . import incremental, runinfo
-from .calibration import (MIN_ROWS, Calibration, calibrate, call_time, candidate_probe, disk_key, exact_job_time,
+from . import estimate, incremental, runinfo
+from .calibration import (MIN_ROWS, Calibration, calibrate, candidate_probe, disk_key, exact_job_time,
                           measure)
 from .inputs import Prepared
 from .model import ModelFn
@@ -288,7 +288,7 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
     n, p = exact_shape
     cal = dense.calibration
     if incr.times and cal is not None and cal.times:
-        t_incr = exact_job_time(incr.times, incr.batch_size, n, p) + float(call_time(cal.times)(n)) * p
+        t_incr = estimate.incremental_seconds(incr, cal, n, p)
         t_dense = exact_job_time(cal.times, cal.batch_size, n, p)
         pays = t_incr * INCREMENTAL_MARGIN < t_dense
         logger.info("incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
