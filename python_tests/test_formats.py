@@ -140,3 +140,11 @@ def test_gradient_channels_last_on_a_torchscript_module(formats):
     assert got[0].info["channels_last"] == ("inputs only: a TorchScript module, whose weights "
                                             "torch.func.functional_call cannot swap")
     _same(got, GradientSIS(module, threshold=0.3, k=12).find_sis(X))
+
+
+def test_an_export_with_a_fixed_batch_size_is_named_in_one_line(tmp_path):
+    torch.export.save(torch.export.export(small_cnn(), (X,)), str(tmp_path / "fixed.pt2"))  # batch 2 only
+    fixed = torch.export.load(str(tmp_path / "fixed.pt2")).module()
+    with pytest.raises(ValueError, match=r"^the torch\.export program refuses a batch of \d+ rows \(Guard failed: "
+                                         r"input\.size\(\)\[0\] == 2\); export it with a dynamic batch dimension: "):
+        ExactSIS(fixed, threshold=0.3).find_sis(X)

@@ -5,7 +5,7 @@ the inputs' shape.
 The data-side arguments follow Captum's perturbation methods (``FeatureAblation.attribute(inputs, baselines=None,
 target=None, additional_forward_args=None, feature_mask=None, ...)``). Before this order the target came second;
 a call written in that order that would now mean something else is refused (an integer second argument: it was a
-target) or warned (docs: api/attr.md, Positional order).
+target) or warned (docs: api/attr.md, The order before).
 """
 from __future__ import annotations
 

@@ -135,6 +135,6 @@ class ExactSIS(SetAttribution):
             if icl.times:  # its calls, and its base runs (a dense pass of the images per step)
                 dense = None if eng is None else eng.calibration
                 seconds = (estimate.incremental_seconds(icl, dense, n, p) if dense is not None and dense.times
-                           else exact_job_time(icl.times, icl.batch_size, n, p) + p * first_pass_s)
+                           else estimate.exact_seconds(icl, first_pass_s, n, p) + p * first_pass_s)
             return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None, seconds
         return None, eng, None

@@ -481,18 +481,17 @@ def log_level(args) -> int:
     return max(logging.DEBUG, logging.WARNING - 10 * getattr(args, "verbose", 0))
 
 
-ESTIMATES = "overinterp_fast.runtime.estimate"  # the logger of a long run's estimate, printed whatever the level
-
-
 @contextlib.contextmanager
 def logging_to_stderr(level: int):
     """The package's log records at ``level`` and above go to stderr (one line each: level, logger, message) for
     the duration of a command, and the estimate of a long run (:mod:`overinterp_fast.runtime.estimate`, logged at
     INFO) as ``overinterp-fast: <estimate>`` at any level; the loggers' levels and handlers are restored after."""
-    logger, estimates = logging.getLogger("overinterp_fast"), logging.getLogger(ESTIMATES)
+    from ..runtime.estimate import logger as estimates  # a long run's estimate, printed whatever the level
+
+    logger = logging.getLogger("overinterp_fast")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(lambda record: record.name != ESTIMATES)
+    handler.addFilter(lambda record: record.name != estimates.name)
     said = logging.StreamHandler(sys.stderr)
     said.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
     before, estimates_before = logger.level, estimates.level

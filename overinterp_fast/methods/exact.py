@@ -363,7 +363,7 @@ def exact_sis(
     run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator)
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
-    run.bar = progress_bar(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",  # time left: the estimate's
+    run.bar = progress_bar(tqdm, total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",  # time left: estimated
                    disable=None if progress is None else not progress)
     while run.queue:
         run.step(evaluator, run.queue.take(batch_size))

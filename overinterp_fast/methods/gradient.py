@@ -396,7 +396,7 @@ def gradient_sis(
     counts = [p] * n  # features present per image, kept on the host
     rounds: list[list[SISResult]] = [[] for _ in range(n)]
     active = list(range(n))
-    bar = progress_bar(total=-(-p // k), unit="step", desc="gradient SIS",
+    bar = progress_bar(tqdm, total=-(-p // k), unit="step", desc="gradient SIS",
                        disable=None if progress is None else not progress)
     first = True
     while active:

@@ -210,11 +210,12 @@ class EstimatedBar(tqdm):
         return d
 
 
-def progress_bar(**kwargs) -> tqdm:
-    """``tqdm(**kwargs)``; inside :func:`announced`, an :class:`EstimatedBar` (its time left from the estimate)."""
+def progress_bar(bar: Callable[..., tqdm] = tqdm, **kwargs) -> tqdm:
+    """``bar(**kwargs)`` (a tqdm class); inside :func:`announced`, an :class:`EstimatedBar` (its time left from the
+    estimate)."""
     est = _CURRENT.get()
     if est is None:
-        return tqdm(**kwargs)
+        return bar(**kwargs)
     return EstimatedBar(seconds=est.seconds, **kwargs)
 
 

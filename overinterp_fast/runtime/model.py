@@ -187,8 +187,8 @@ class ModelFn:
             if m == n:
                 return self.check_output(self.run(x), n, x.device)
             return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
-        except AssertionError as exc:  # an exported program's guard on its input shape
-            if is_exported(self.model) and "Guard failed" in str(exc):
+        except AssertionError as exc:  # an exported program's guard on its batch size (dimension 0)
+            if is_exported(self.model) and "Guard failed" in str(exc) and "size()[0]" in str(exc):
                 raise ValueError(f"the torch.export program refuses a batch of {m} rows ({first_line(exc)}); "
                                  f"export it with a dynamic batch dimension: torch.export.export(model, (x,), "
                                  f"dynamic_shapes=({{0: torch.export.Dim('batch')}},))") from None

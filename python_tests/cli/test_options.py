@@ -161,7 +161,7 @@ def test_verbose_shows_the_librarys_decisions_and_leaves_logging_as_it_was(input
     assert "INFO" not in capsys.readouterr().err  # warnings only by default
     assert main(["-v"] + argv) == 0
     err = capsys.readouterr().err
-    assert "INFO overinterp_fast.audit.runner: method 'auto' runs 'exact': 64 pixels (at most 1024)\n" in err
+    assert "INFO overinterp_fast.methods.choice: method 'auto' runs 'exact': 64 features (at most 1024)\n" in err
     assert (package.level, list(package.handlers)) == before
 
 
