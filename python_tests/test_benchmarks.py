@@ -87,3 +87,29 @@ def test_exact_recorded_calls_count_replayed_calls(replays):
     rows, res = recorded_calls(model, images, None)
     assert sum(rows) == model.rows - start > 0
     assert len(res) == 1
+
+
+def test_the_pytest_benchmark_cases_stay_outside_the_suite_and_their_baseline_covers_them():
+    """``pytest python_tests`` (the suite's only test path) never collects benchmarks/; the stored baseline that
+    ``--benchmark-compare`` checks holds every case of benchmarks/test_bench_*.py."""
+    import ast
+    import glob
+    import json
+    import tomllib
+
+    root = os.path.dirname(BENCH)
+    with open(os.path.join(root, "pyproject.toml"), "rb") as fh:
+        assert tomllib.load(fh)["tool"]["pytest"]["ini_options"]["testpaths"] == ["python_tests"]
+    cases = set()
+    for path in sorted(glob.glob(os.path.join(BENCH, "test_bench_*.py"))):
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                params = [d for d in node.decorator_list if isinstance(d, ast.Call) and ast.unparse(d.func)
+                          == "pytest.mark.parametrize"]
+                values = ast.literal_eval(params[0].args[1]) if params else [None]
+                cases |= {node.name if v is None else f"{node.name}[{v}]" for v in values}
+    assert {"test_mask_apply", "test_backselect_update", "test_rect_fill", "test_patch_gather",
+            "test_exact_loop[linear8-px]", "test_exact_loop[linear24-px]"} <= cases
+    (baseline,) = glob.glob(os.path.join(BENCH, "baseline", "*", "*.json"))
+    with open(baseline) as fh:
+        assert {b["name"] for b in json.load(fh)["benchmarks"]} == cases
