@@ -23,7 +23,7 @@ from ..runtime import job, runinfo
 from ..runtime.inputs import check_feature_map, check_threshold, default_feature_map
 from ..runtime.job import check_flag
 from ..runtime.model import ExtraArgs, is_onnx
-from ..runtime.renames import REMOVED_IN, renamed_keywords
+from ..runtime.renames import REMOVED_IN, moved_keywords
 from .options import RunOptions
 
 # the data-side keywords' names before they took Captum's (accepted with a FutureWarning for one release)
@@ -147,14 +147,17 @@ def captum_call(skip: int = 0) -> Callable:
 
     def decorate(fn: Callable) -> Callable:
         params = inspect.signature(fn).parameters
-        renamed = renamed_keywords(**{old: new for old, new in DATA_RENAMES.items() if new in params})(fn)
+        renames = {old: new for old, new in DATA_RENAMES.items() if new in params}
 
         @functools.wraps(fn)
         def wrapper(self, inputs, *args, **kwargs):
-            check_positional_order(f"{type(self).__name__}.{fn.__name__}()", args[skip:], kwargs)
-            return renamed(self, inputs, *args, **kwargs)
+            where = f"{type(self).__name__}.{fn.__name__}()"
+            if not renames.keys().isdisjoint(kwargs):  # the warning points at the caller's line
+                kwargs = moved_keywords(where, kwargs, renames, stacklevel=2)
+            check_positional_order(where, args[skip:], kwargs)
+            return fn(self, inputs, *args, **kwargs)
 
-        wrapper.renamed_keywords = renamed.renamed_keywords
+        wrapper.renamed_keywords = dict(renames)
         return wrapper
 
     return decorate

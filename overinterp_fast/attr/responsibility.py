@@ -137,7 +137,8 @@ class Responsibility(SISAttribution):
     def attribute(self, inputs: torch.Tensor, baselines=None, target=None, additional_forward_args=None,
                   feature_mask=None, *, show_progress: bool = False) -> torch.Tensor:
         """The maps of :meth:`compute_maps` broadcast over channels: inputs' shape [N, C, H, W] and dtype."""
-        maps = self.compute_maps(inputs, baselines, target, additional_forward_args, feature_mask,
+        maps = self.compute_maps(inputs, baselines=baselines, target=target,
+                                 additional_forward_args=additional_forward_args, feature_mask=feature_mask,
                                  show_progress=show_progress)
         per_pixel = torch.stack([m.map.reshape(-1) for m in maps])
         return spread(per_pixel, inputs, element_features(inputs, None))

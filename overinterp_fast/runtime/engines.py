@@ -13,7 +13,8 @@ its compilation takes tens of seconds.
 Whatever engine scores the candidates, each set returned is checked on the
 user's own model (see prefix.verify_prefix_sets): the engine is a faster
 stand-in, and a near-tie it decides differently never yields a set that fails
-on the user's model. An export that fails falls back to torch with one warning.
+on the user's model. An export that fails falls back to torch: with one warning where the engine was asked
+for by name, silently under "auto" (logged at INFO, and the run's info says so).
 """
 from __future__ import annotations
 
@@ -251,8 +252,9 @@ def select_engine(
     if weigh_ort and min(_job_seconds(cal, expected_rows), math.inf if rival_s is None else rival_s) >= AUTO_MIN_JOB_S:
         try:
             ort_fn = _build("onnxruntime", user, images)
-        except EngineUnavailable as why:
-            warnings.warn(f"engine='auto': the ONNX export failed ({why}); running the torch model")
+        except EngineUnavailable as why:  # a speed path that does not apply to this model: it steps aside
+            logger.info("engine='auto': the ONNX export failed (%s); running the torch model", why)
+            runinfo.note("engine", f"torch: the ONNX export failed ({why})")
         else:
             ort_cal = calibrated("onnxruntime", ort_fn)
             if ort_cal.times and _job_seconds(ort_cal, expected_rows) < _job_seconds(cal, expected_rows):

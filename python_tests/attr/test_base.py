@@ -46,6 +46,9 @@ def test_a_captum_positional_call_means_what_it_means_in_captum():
         _same(sis.find_sis(x, None, [2, 4]), sis.find_sis(x, target=[2, 4]))
     maps = Responsibility(model, iterations=2).compute_maps(x, 0.25, 2)
     assert [m.target for m in maps] == [2, 2]
+    # an integer baseline by keyword is a baseline: attribute passes it on as one, not as a positional integer
+    heat = Responsibility(model, iterations=2).attribute(x, baselines=1, target=2)
+    assert torch.equal(heat, Responsibility(model, iterations=2).attribute(x, 1.0, 2))
 
 
 @pytest.mark.parametrize("cls, name", DATA_METHODS)
@@ -93,8 +96,10 @@ def test_the_classes_take_the_old_keyword_names_as_fast_sis_does(cls, name):
     model, x = make_cnn(0), make_images(1)
     kw = {"iterations": 2} if cls in (MinimalPixelSet, Responsibility) else {}
     obj = cls(model, **kw)
-    with pytest.warns(FutureWarning, match=rf"'mask_value' is now 'baselines'; the name 'mask_value' will be removed"):
+    with pytest.warns(FutureWarning, match=rf"^{cls.__name__}\.{name}\(\): 'mask_value' is now 'baselines'; the "
+                                           rf"name 'mask_value' will be removed") as seen:
         old = getattr(obj, name)(x, mask_value=0.5)
+    assert [w.filename for w in seen if "mask_value" in str(w.message)] == [__file__]  # the caller's line
     new = getattr(obj, name)(x, baselines=0.5)
     if isinstance(new, torch.Tensor):
         assert torch.equal(old, new)
