@@ -1,21 +1,47 @@
 """The function forms: fast_sis, responsibility, sufficient_subset (thin, over :mod:`overinterp_fast.attr`)."""
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
-from .attr._base import captum_baselines
+from .attr._base import DATA_RENAMES, Data, captum_baselines, captum_target
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
                    Responsibility, ResponsibilityOptions, RunOptions, SubsetOptions, SufficientSubset)
+from .methods import choice
 from .methods.responsibility import ResponsibilityMap
 from .methods.results import SISResult
+from .runtime import runinfo
+from .runtime.inputs import check_feature_map, default_feature_map
 from .runtime.renames import renamed_keywords
 
 METHODS = {"exact": ExactSIS, "gradient": GradientSIS, "responsibility": MinimalPixelSet}
 _R, _O, _S = RunOptions, ResponsibilityOptions, SubsetOptions  # the defaults' single source
-# fast_sis's keywords before it took Captum's names (accepted with a FutureWarning for one release)
-OLD_NAMES = {"mask_value": "baselines", "features": "feature_mask", "progress": "show_progress"}
+OLD_NAMES = DATA_RENAMES  # fast_sis's keywords before it took Captum's names (a FutureWarning for one release)
+
+
+def _data(images, target, baselines, feature_mask, show_progress) -> Data:
+    """The function forms' data-side arguments as the classes' (:class:`~overinterp_fast.attr._base.Data`). The
+    model's additional arguments are the classes' (``additional_forward_args``); a function form takes a model
+    that needs none (or a callable that supplies them)."""
+    return Data(images, captum_target(target), captum_baselines(baselines), feature_mask, show_progress)
+
+
+def _auto_method(model, images, feature_mask) -> str:
+    """What method="auto" runs on these inputs (:func:`overinterp_fast.methods.choice.resolve_method`, the
+    audits' rule): their number of features, and whether the model has gradients. Inputs the run will refuse
+    resolve to "exact", whose checks then name what is wrong."""
+    if not isinstance(images, torch.Tensor) or images.dim() < 2:
+        return "exact"
+    shape = tuple(images.shape[1:])
+    try:
+        p = (check_feature_map(feature_mask, shape)[1] if feature_mask is not None
+             else math.prod(default_feature_map(shape)[1]))
+    except (TypeError, ValueError):
+        return "exact"
+    pixels = feature_mask is None and images.dim() == 4
+    return choice.resolve_method("auto", p, [model], pixels=pixels)
 
 
 @renamed_keywords(**OLD_NAMES)
@@ -46,8 +72,10 @@ def fast_sis(
         threshold: tau in [0, 1]: the SIS keeps f >= tau. A number, or one per image (a sequence or [N]).
         method: "exact" (:class:`~overinterp_fast.attr.ExactSIS`: backward selection over every feature),
             "gradient" (:class:`~overinterp_fast.attr.GradientSIS`: batched-gradient SIS for large images; needs
-            a torch model) or "responsibility" (:class:`~overinterp_fast.attr.MinimalPixelSet`: minimal pixel
-            sets from ReX's responsibility maps; black box).
+            a torch model), "responsibility" (:class:`~overinterp_fast.attr.MinimalPixelSet`: minimal pixel
+            sets from ReX's responsibility maps; black box) or "auto": exact SIS up to 1,024 features, else
+            gradient SIS for a torch model, else minimal pixel sets (the audits' rule,
+            :func:`~overinterp_fast.methods.choice.resolve_method`; the choice is in each result's ``info``).
         target: class whose probability is f; None = the class predicted on the unmasked image. An int, or one
             per image (int64 [N]).
         baselines: what masked elements become: None (0), a number, one value per channel ([C]), or a
@@ -62,7 +90,8 @@ def fast_sis(
             the user's model (method="gradient": "auto" or "torch").
         options: the method's options object (:class:`~overinterp_fast.attr.options.ExactOptions`,
             :class:`~overinterp_fast.attr.options.GradientOptions` or
-            :class:`~overinterp_fast.attr.options.MinimalPixelSetOptions`); None: its defaults.
+            :class:`~overinterp_fast.attr.options.MinimalPixelSetOptions`); None: its defaults. With
+            method="auto", the options of the method it resolves to (or None).
 
     Returns:
         One :class:`SISResult` per image (tensors on the CPU). Images with f(x) < threshold get ``sis=None``
@@ -71,15 +100,18 @@ def fast_sis(
     The keywords ``mask_value``, ``features`` and ``progress`` (the names before ``baselines``,
     ``feature_mask`` and ``show_progress``) still work, with a FutureWarning.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
-    cls = METHODS[method]
-    if options is not None and not isinstance(options, cls.options_class):
-        raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
-                         f"{type(options).__name__}")
-    run = RunOptions(threshold, outputs, engine, batch_size, collection)
-    job = cls.from_options(model, run, options, name=f'method="{method}"')
-    return job._run(images, target, captum_baselines(baselines), feature_mask, show_progress)
+    if method != "auto" and method not in METHODS:
+        raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
+    with runinfo.collecting():  # the choice of "auto" is part of the run's info
+        if method == "auto":
+            method = _auto_method(model, images, feature_mask)
+        cls = METHODS[method]
+        if options is not None and not isinstance(options, cls.options_class):
+            raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
+                             f"{type(options).__name__}")
+        run = RunOptions(threshold, outputs, engine, batch_size, collection)
+        job = cls.from_options(model, run, options, name=f'method="{method}"')
+        return job._results(_data(images, target, baselines, feature_mask, show_progress))
 
 
 @renamed_keywords(mask_value="baselines", progress="show_progress")
@@ -118,7 +150,7 @@ def responsibility(
     options = ResponsibilityOptions(iterations, seed, depth, min_box, criterion, monotone)
     maps = Responsibility.from_options(model, RunOptions(threshold, outputs, engine, batch_size), options,
                                        name="responsibility")
-    return maps._maps(images, target, captum_baselines(baselines), None, show_progress)
+    return maps._results(_data(images, target, baselines, None, show_progress))
 
 
 @renamed_keywords(mask_value="baselines", features="feature_mask")
@@ -154,4 +186,4 @@ def sufficient_subset(
     """
     options = SubsetOptions(criterion, step, refine, refine_budget)
     subset = SufficientSubset.from_options(model, RunOptions(threshold, outputs, engine, batch_size), options)
-    return subset._run(images, ranking, target, captum_baselines(baselines), feature_mask)
+    return subset._results(_data(images, target, baselines, feature_mask, False), ranking)

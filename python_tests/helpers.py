@@ -542,3 +542,12 @@ def backselect_update_ref(scores, rows, counts, steps, remaining, present, order
         present[i, feature] = False
         remaining[i, slot] = remaining[i, count - 1]
         remaining[i, count - 1] = -1
+
+
+def block_module(monkeypatch, name: str) -> None:
+    """Make ``name`` and its submodules unimportable for the rest of the test, as when its distribution is not
+    installed (``sys.modules[...] = None``; submodules an earlier test imported are blocked too)."""
+    import sys
+
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")] + [name]:
+        monkeypatch.setitem(sys.modules, key, None)

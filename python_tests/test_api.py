@@ -769,7 +769,7 @@ def test_fast_sis_rival_is_none_without_incremental_times(monkeypatch):
 def test_fast_sis_argument_messages():
     model, x = make_cnn(0), make_images(1)
     with pytest.raises(ValueError, match=whole_message(
-            "method must be one of ('exact', 'gradient', 'responsibility'), got 'rex'")):
+            "method must be one of ('auto', 'exact', 'gradient', 'responsibility'), got 'rex'")):
         of.fast_sis(model, x, method="rex")
     for bad in (1, 0, "auto"):
         with pytest.raises(ValueError, match=whole_message(f"incremental must be None, True or False, got {bad!r}")):

@@ -123,3 +123,29 @@ def test_ceiling_times_each_size_and_stops_at_out_of_memory():
     rates = ceiling(model, torch.zeros(2, 3, 4, 4), None, [8, 4, 16, 32], "cpu", min_s=0.0, min_calls=2)
     assert sorted(rates) == [4, 8] and all(r > 0 for r in rates.values())
     assert sizes_run == [4] * 3 + [8] * 3  # one untimed call, then the timed ones, per size
+
+
+def test_the_pytest_benchmark_cases_stay_outside_the_suite_and_their_baseline_covers_them():
+    """``pytest python_tests`` (the suite's only test path) never collects benchmarks/; the stored baseline that
+    ``--benchmark-compare`` checks holds every case of benchmarks/test_bench_*.py."""
+    import ast
+    import glob
+    import json
+    import tomllib
+
+    root = os.path.dirname(BENCH)
+    with open(os.path.join(root, "pyproject.toml"), "rb") as fh:
+        assert tomllib.load(fh)["tool"]["pytest"]["ini_options"]["testpaths"] == ["python_tests"]
+    cases = set()
+    for path in sorted(glob.glob(os.path.join(BENCH, "test_bench_*.py"))):
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                params = [d for d in node.decorator_list if isinstance(d, ast.Call) and ast.unparse(d.func)
+                          == "pytest.mark.parametrize"]
+                values = ast.literal_eval(params[0].args[1]) if params else [None]
+                cases |= {node.name if v is None else f"{node.name}[{v}]" for v in values}
+    assert {"test_mask_apply", "test_backselect_update", "test_rect_fill", "test_patch_gather",
+            "test_exact_loop[linear8-px]", "test_exact_loop[linear24-px]"} <= cases
+    (baseline,) = glob.glob(os.path.join(BENCH, "baseline", "*", "*.json"))
+    with open(baseline) as fh:
+        assert {b["name"] for b in json.load(fh)["benchmarks"]} == cases

@@ -7,16 +7,17 @@ import torch
 
 from ..methods.exact import exact_sis
 from ..methods.low_precision import LowPrecision, resolve_score_dtype
+from ..methods.choice import has_gradients
 from ..methods.results import RunInfo, SISResult
-from ..runtime import job
-from ..runtime.calibration import Calibration, exact_job_time
+from ..runtime import estimate, job
+from ..runtime.calibration import Calibration, candidate_probe, exact_job_time
 from ..runtime.engines import (Engine, incremental_calibration, incremental_pays, low_precision_calibration,
                                time_small_job)
 from ..runtime.memory_format import channels_last_copy, choose_channels_last
 from ..runtime.incremental import IncrementalEvaluator
 from ..runtime.incremental import choose as choose_incremental
 from ..runtime.model import initial_predictions
-from ._base import SetAttribution, captum_baselines, captum_feature_mask, check_inputs
+from ._base import Data, SetAttribution
 from .options import ExactOptions, RunOptions
 
 _R, _E = RunOptions, ExactOptions  # the defaults' single source
@@ -75,9 +76,9 @@ class ExactSIS(SetAttribution):
             raise ValueError(f"channels_last=True runs a copy of the torch model; engine must be 'auto' or 'torch', "
                              f"got {engine!r}")
 
-    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
-        run = self.run
-        s = self._setup(images, features, mask_value, "exact")
+    def _run(self, d: Data) -> list[SISResult]:
+        run, target, progress = self.run, d.target, d.progress
+        s = self._setup(d, "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
             # the format of the full-dtype model (with score_dtype: of its low copy, chosen below)
@@ -88,28 +89,45 @@ class ExactSIS(SetAttribution):
             common = dict(thresholds=s.thresholds, collection=run.collection)
             if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
                 low, cal, layout = self._low_precision(s, targets, score_dtype)
-                results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=cal.batch_size,
-                                    runner=s.runner, progress=progress, low=low)
+                with estimate.announced(self._estimate(s, targets, None, first_pass_s)):  # from the first pass
+                    results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=cal.batch_size,
+                                        runner=s.runner, progress=progress, low=low)
                 return with_info(results, "torch", cal, layout, low)
-            incremental, eng, icl = self._incremental(s, targets, first_pass_s)
+            incremental, eng, icl, incremental_s = self._incremental(s, targets, first_pass_s)
             if incremental is not None:
-                results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
-                                    runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
+                with estimate.announced(self._estimate(s, targets, eng, first_pass_s, incremental_s)):
+                    results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
+                                        runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
                 return with_info(results, "incremental", icl, layout)
             if eng is None:
                 eng = self._dense(s, targets)
-            results = exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
-                                runner=s.runner, progress=progress, verifier=job.verifier(s, eng, targets),
-                                engine=eng.name)
+            with estimate.announced(self._estimate(s, targets, eng, first_pass_s)):
+                results = exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
+                                    runner=s.runner, progress=progress, verifier=job.verifier(s, eng, targets),
+                                    engine=eng.name)
             return with_info(results, eng.name, eng.calibration or Calibration(eng.batch_size, {}, "user"), layout)
+
+    def _estimate(self, s: job.Setup, targets: torch.Tensor, eng: Engine | None, first_pass_s: float,
+                  incremental_s: float | None = None) -> estimate.Estimate:
+        """The run's estimate (:mod:`~overinterp_fast.runtime.estimate`): the incremental path's predicted time
+        where it runs (``incremental_s``), else the dense engine's calibrated schedule, else (no calibration) the
+        first pass's time per image, timed once at the batch size where that predicts a long run."""
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        cal = None if eng is None else eng.calibration
+        if incremental_s is None and eng is not None:
+            probe = candidate_probe(eng.fn.score, s.prep, targets)
+            cal = estimate.timed(cal, probe, eng.batch_size, estimate.exact_rows(n, p), first_pass_s, n)
+        seconds = (incremental_s * estimate.INCREMENTAL_SHORTFALL if incremental_s is not None
+                   else estimate.exact_seconds(cal, first_pass_s, n, p))
+        return estimate.exact_estimate(n, p, seconds, s.prep.images.device,
+                                       estimate.row_seconds(cal, first_pass_s, n), has_gradients(self.forward_func))
 
     def choices(self, inputs: torch.Tensor, feature_mask=None, baselines=None) -> RunInfo:
         """What a call on ``inputs`` would choose, without running it: the batch size (calibrated as the call does,
         on the dense torch path, or on the low-dtype copy with ``score_dtype``) and the memory format, as a
         :class:`~overinterp_fast.methods.results.RunInfo` (no candidates counted). For runs whose results must not
         depend on timing (a stored audit): measure once, then pass ``batch_size`` and ``channels_last``."""
-        check_inputs(inputs)
-        s = self._setup(inputs, captum_feature_mask(feature_mask, inputs), captum_baselines(baselines), "exact")
+        s = self._setup(self._data(inputs, baselines, None, None, feature_mask, False), "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
             layout = (False, {}) if score_dtype is not None else self._layout(s)
@@ -159,18 +177,19 @@ class ExactSIS(SetAttribution):
                engine: str | None = None) -> Engine:
         """The dense engine of the job (``engine``, default the run's): every candidate of n images of p features."""
         n, p = s.prep.images.shape[0], s.prep.num_features
-        return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p, expected_rows=n * p * (p + 1) // 2,
-                                 exact_shape=(n, p), rival_s=rival_s)
+        return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p,
+                                 expected_rows=estimate.exact_rows(n, p), exact_shape=(n, p), rival_s=rival_s)
 
     def _incremental(self, s: job.Setup, targets: torch.Tensor, first_pass_s: float
-                     ) -> tuple[IncrementalEvaluator | None, Engine | None, Calibration | None]:
+                     ) -> tuple[IncrementalEvaluator | None, Engine | None, Calibration | None, float | None]:
         """(the incremental evaluator where it runs the job, else None; the dense engine where it was chosen while
-        timing the incremental path against it, else None; the incremental path's calibration where it was made).
-        The runner takes the incremental batch size."""
+        timing the incremental path against it, else None; the incremental path's calibration where it was made;
+        its predicted seconds where it runs and was timed, else None). The runner takes the incremental batch
+        size."""
         engine, incremental = self.run.engine, self.options.incremental
         pl = choose_incremental(s.fn, s.prep, incremental if engine in ("auto", "torch") else False)
         if pl is None:
-            return None, None, None
+            return None, None, None, None
         n, p = s.prep.images.shape[0], s.prep.num_features
         icl = incremental_calibration(pl, s.fn, s.prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
         eng = None
@@ -180,8 +199,13 @@ class ExactSIS(SetAttribution):
             icl, eng = time_small_job(pl, s.fn, s.prep, targets, icl, eng, (n, p), first_pass_s)
         if eng is None or incremental_pays(pl, icl, eng, (n, p)):
             s.runner.chunk = icl.batch_size
-            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None, icl
-        return None, eng, icl
+            seconds = None
+            if icl.times:  # its calls, and its base runs (a dense pass of the images per step)
+                dense = None if eng is None else eng.calibration
+                seconds = (estimate.incremental_seconds(icl, dense, n, p) if dense is not None and dense.times
+                           else estimate.exact_seconds(icl, first_pass_s, n, p) + p * first_pass_s)
+            return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None, icl, seconds
+        return None, eng, icl, None
 
 
 def with_info(results: list[SISResult], engine: str, cal: Calibration, layout: tuple[bool, dict],

@@ -1,13 +1,17 @@
 """GradientSIS: batched-gradient SIS for large inputs (docs: algorithms.md, Batched-gradient SIS)."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..methods.gradient import check_autocast, gradient_sis
 from ..methods.results import SISResult
-from ..runtime import job
+from ..runtime import estimate, job
+from ..runtime.calibration import candidate_probe
+from ..runtime.engines import Engine
 from ..runtime.model import initial_predictions
-from ._base import SetAttribution
+from ._base import Data, SetAttribution
 from .options import GradientOptions, RunOptions
 
 _R, _G = RunOptions, GradientOptions  # the defaults' single source
@@ -47,16 +51,39 @@ class GradientSIS(SetAttribution):
             raise ValueError(f"method='gradient' needs the torch model's gradients; engine must be 'auto' or "
                              f"'torch', got {engine!r}")
 
-    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
-        run, opts = self.run, self.options
-        s = self._setup(images, features, mask_value, "gradient")
+    def _run(self, d: Data) -> list[SISResult]:
+        run, opts, target, progress = self.run, self.options, d.target, d.progress
+        s = self._setup(d, "gradient")
         n, p = s.prep.images.shape[0], s.prep.num_features
         with torch.no_grad():
+            t0 = time.perf_counter()
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
+            first_pass_s = time.perf_counter() - t0
             # FindSIS's prefix batches: calibrated like the others (small jobs keep the fallback size)
-            job.choose_engine(s, "torch", targets, max_rows=n * 32, expected_rows=n * (-(-p // opts.k) + 1),
-                              measure_fn="score_and_top1")
+            eng = job.choose_engine(s, "torch", targets, max_rows=n * 32,
+                                    expected_rows=n * (estimate.gradient_steps(p, opts.k) + 1),
+                                    measure_fn="score_and_top1")
+            est = self._estimate(s, targets, eng, first_pass_s)
         autocast = check_autocast(opts.autocast, s.prep.images.device, s.prep.images.dtype)
-        return gradient_sis(s.fn, s.prep, targets, scores0, thresholds=s.thresholds, collection=run.collection,
-                            k=opts.k, runner=s.runner, autocast=autocast,
-                            progress=progress, channels_last=opts.channels_last)
+        with estimate.announced(est):
+            return gradient_sis(s.fn, s.prep, targets, scores0, thresholds=s.thresholds, collection=run.collection,
+                                k=opts.k, runner=s.runner, autocast=autocast,
+                                progress=progress, channels_last=opts.channels_last)
+
+    def _estimate(self, s: job.Setup, targets: torch.Tensor, eng: Engine, first_pass_s: float) -> estimate.Estimate:
+        """The run's estimate: its gradient steps at about :data:`~overinterp_fast.runtime.estimate.
+        GRADIENT_ROW_COST` forward rows each, a forward row's time from the calibration, else from the first pass
+        (timed once at N rows where that predicts a long run); a larger k as the faster option where there are
+        many steps."""
+        n, p, k = s.prep.images.shape[0], s.prep.num_features, self.options.k
+        rows, _ = estimate.gradient(n, p, k, 0.0)
+        probe = candidate_probe(eng.fn.score, s.prep, targets)
+        cal = estimate.timed(eng.calibration, probe, n, int(rows * estimate.GRADIENT_ROW_COST), first_pass_s, n)
+        row_s = estimate.row_seconds(cal, first_pass_s, n)
+        rows, seconds = estimate.gradient(n, p, k, row_s)
+        faster = None
+        if estimate.gradient_steps(p, k) >= 50:
+            _, fewer = estimate.gradient(n, p, 5 * k, row_s)
+            faster = f"k={5 * k} (coarser steps), {estimate.about(fewer)}"
+        return estimate.Estimate(f"gradient SIS of {n:,} image{'s' if n > 1 else ''} x {p:,} features, k={k}", rows,
+                                 "gradient rows", seconds, estimate.device_name(s.prep.images.device), faster)

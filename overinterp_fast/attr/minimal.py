@@ -8,8 +8,8 @@ from ..methods.blocks import auto_block
 from ..methods.extraction import ExtractionConfig, extract_sets
 from ..methods.responsibility import DescentPlan, RankingHook, ranking_maps
 from ..methods.results import SISResult
-from ..runtime import job
-from ._base import SetAttribution
+from ..runtime import estimate, job
+from ._base import Data, SetAttribution
 from .options import MinimalPixelSetOptions, ResponsibilityOptions, RunOptions
 from .responsibility import start_maps
 
@@ -64,11 +64,11 @@ class MinimalPixelSet(SetAttribution):
         return DescentPlan(o.iterations, ResponsibilityOptions.depth, ResponsibilityOptions.min_box, o.seed, progress,
                            monotone=monotone, hook=self._hook())
 
-    def _run(self, images, target, mask_value, features, progress) -> list[SISResult]:
+    def _run(self, d: Data) -> list[SISResult]:
         o = self.options
         with torch.inference_mode():
-            mj = start_maps(self, images, target, mask_value, features, o.iterations, o.criterion)
-            s, plan = mj.s, self._plan(progress)
+            mj = start_maps(self, d, o.iterations, o.criterion)
+            s, plan = mj.s, self._plan(d.progress)
 
             def rank(present):
                 maps, queries = ranking_maps(mj.evaluator, s.prep, present, mj.passes, plan)
@@ -79,4 +79,6 @@ class MinimalPixelSet(SetAttribution):
                 refine=o.refine, refine_budget=o.refine_budget, refine_scan=REX_STEP,
                 block=auto_block(*s.prep.images.shape[-2:]) if o.block == "auto" else o.block,
                 guide=job.slack(o.criterion, s.thresholds) if o.prefix_search == "guided" else None)
-            return extract_sets(mj.evaluator, s.prep, mj.targets, mj.scores0, s.thresholds, rank, mj.passes, config)
+            with estimate.announced(mj.estimate):
+                return extract_sets(mj.evaluator, s.prep, mj.targets, mj.scores0, s.thresholds, rank, mj.passes,
+                                    config)

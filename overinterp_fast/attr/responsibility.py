@@ -2,16 +2,18 @@
 minimal pixel sets). Black box: forward passes only."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ..methods.responsibility import DescentPlan, RankingHook, ResponsibilityMap, ranking_maps
-from ..runtime import job
+from ..runtime import estimate, job
+from ..runtime.calibration import candidate_probe
 from ..runtime.batching import CandidateEvaluator
 from ..runtime.engines import Engine
 from ..runtime.model import initial_predictions
-from ._base import SISAttribution, element_features, spread
+from ._base import Data, SISAttribution, captum_call, check_show_progress, element_features, spread
 from .options import ResponsibilityOptions, RunOptions
 
 _R, _O = RunOptions, ResponsibilityOptions  # the defaults' single source
@@ -37,22 +39,32 @@ class MapsJob:
     engine: Engine
     evaluator: CandidateEvaluator
     verifier: CandidateEvaluator | None
+    estimate: estimate.Estimate
 
 
-def start_maps(obj: SISAttribution, images, target, mask_value, features, iterations: int | str,
-               criterion: str) -> MapsJob:
-    """Set up a responsibility job of ``obj`` (Responsibility or MinimalPixelSet; call it in inference mode):
-    images [N, C, H, W] with pixel features, the targets, the engine sized for ``iterations`` descents."""
+def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: str) -> MapsJob:
+    """Set up a responsibility job of ``obj`` (Responsibility or MinimalPixelSet; call it in inference mode) for
+    the call ``d``: images [N, C, H, W] with pixel features, the targets, the engine sized for ``iterations``
+    descents."""
     run = obj.run
-    s = obj._setup(images, features, mask_value, "responsibility")
+    s = obj._setup(d, "responsibility")
     job.check_pixels(s, obj.name)
     passes = job.passes(criterion, s.thresholds)
-    targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
-    max_rows, expected = responsibility_rows(s.prep.images.shape[0], iterations)
+    t0 = time.perf_counter()
+    targets, scores0 = initial_predictions(s.fn, s.prep.images, d.target, s.runner)
+    first_pass_s = time.perf_counter() - t0
+    n = s.prep.images.shape[0]
+    max_rows, expected = responsibility_rows(n, iterations)
     eng = job.choose_engine(s, run.engine, targets, max_rows=max_rows, expected_rows=expected,
                             measure_fn="score_and_top1")
     evaluator, verifier = job.evaluators(s, eng, targets)
-    return MapsJob(s, passes, targets, scores0, eng, evaluator, verifier)
+    cal = estimate.timed(eng.calibration, candidate_probe(eng.fn.score_and_top1, s.prep, targets), eng.batch_size,
+                         expected, first_pass_s, n)
+    est = estimate.Estimate(f"responsibility maps of {n:,} image{'s' if n > 1 else ''} x {s.prep.num_features:,} "
+                            f"pixels, {iterations} iterations", expected, "forward rows",
+                            expected * estimate.row_seconds(cal, first_pass_s, n),
+                            estimate.device_name(s.prep.images.device))
+    return MapsJob(s, passes, targets, scores0, eng, evaluator, verifier, est)
 
 
 class Responsibility(SISAttribution):
@@ -86,35 +98,47 @@ class Responsibility(SISAttribution):
         """Research code's hook into the descents (:mod:`overinterp_fast.experimental`); None here."""
         return None
 
-    def _maps(self, images, target, mask_value, features, progress) -> list[ResponsibilityMap]:
+    def _maps(self, d: Data) -> list[ResponsibilityMap]:
         o = self.options
         with torch.inference_mode():
-            mj = start_maps(self, images, target, mask_value, features, o.iterations, o.criterion)
+            mj = start_maps(self, d, o.iterations, o.criterion)
             n, p = mj.s.prep.images.shape[0], mj.s.prep.num_features
             present = torch.ones((n, p), dtype=torch.bool, device=mj.s.prep.images.device)
-            plan = DescentPlan(o.iterations, o.depth, o.min_box, o.seed, progress, monotone=bool(o.monotone),
+            plan = DescentPlan(o.iterations, o.depth, o.min_box, o.seed, d.progress, monotone=bool(o.monotone),
                                hook=self._hook())
-            maps, queries = ranking_maps(mj.evaluator, mj.s.prep, present, mj.passes, plan)
+            with estimate.announced(mj.estimate):
+                maps, queries = ranking_maps(mj.evaluator, mj.s.prep, present, mj.passes, plan)
         return [ResponsibilityMap(maps[i].cpu(), queries[i], int(mj.targets[i]), o.iterations) for i in range(n)]
 
-    def compute_maps(self, inputs: torch.Tensor, target=None, baselines=None, feature_mask=None, *,
-                     show_progress: bool = False) -> list[ResponsibilityMap]:
+    def _results(self, d: Data) -> list[ResponsibilityMap]:
+        """:meth:`_maps`, example by example where needed, with the run's info."""
+        return self._each(d, self._maps)
+
+    @captum_call()
+    def compute_maps(self, inputs: torch.Tensor, baselines=None, target=None, additional_forward_args=None,
+                     feature_mask=None, *, show_progress: bool = False) -> list[ResponsibilityMap]:
         """One responsibility map per image.
 
-        Args:
+        Args (Captum's names and positional order):
             inputs: images [N, C, H, W], normalized as the model expects.
-            target, baselines, show_progress: as :meth:`~overinterp_fast.attr.ExactSIS.find_sis`.
+            baselines, target, additional_forward_args, show_progress: as
+                :meth:`~overinterp_fast.attr.ExactSIS.find_sis`.
             feature_mask: None (the maps rank pixels; any other map is refused).
 
         Returns:
             One :class:`~overinterp_fast.methods.responsibility.ResponsibilityMap` per image: ``map`` float64
-            [H, W] (the sum over iterations of log(per-iteration map)) and the ``queries`` used.
+            [H, W] (the sum over iterations of log(per-iteration map)), the ``queries`` used and the run's
+            ``info``.
         """
-        return self._maps(inputs, *self._captum(inputs, target, baselines, feature_mask, show_progress))
+        return self._results(self._data(inputs, baselines, target, additional_forward_args, feature_mask,
+                                         check_show_progress(show_progress)))
 
-    def attribute(self, inputs: torch.Tensor, target=None, baselines=None, feature_mask=None, *,
-                  show_progress: bool = False) -> torch.Tensor:
+    @captum_call()
+    def attribute(self, inputs: torch.Tensor, baselines=None, target=None, additional_forward_args=None,
+                  feature_mask=None, *, show_progress: bool = False) -> torch.Tensor:
         """The maps of :meth:`compute_maps` broadcast over channels: inputs' shape [N, C, H, W] and dtype."""
-        maps = self.compute_maps(inputs, target, baselines, feature_mask, show_progress=show_progress)
+        maps = self.compute_maps(inputs, baselines=baselines, target=target,
+                                 additional_forward_args=additional_forward_args, feature_mask=feature_mask,
+                                 show_progress=show_progress)
         per_pixel = torch.stack([m.map.reshape(-1) for m in maps])
         return spread(per_pixel, inputs, element_features(inputs, None))

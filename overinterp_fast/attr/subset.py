@@ -9,7 +9,7 @@ from ..methods.results import SISResult
 from ..runtime import job
 from ..runtime.inputs import Prepared
 from ..runtime.model import initial_predictions
-from ._base import SISAttribution, element_features, spread
+from ._base import Data, SISAttribution, captum_call, element_features, spread
 from .options import RunOptions, SubsetOptions
 
 _R, _S = RunOptions, SubsetOptions  # the defaults' single source
@@ -59,14 +59,14 @@ class SufficientSubset(SISAttribution):
         super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size),
                          SubsetOptions(criterion, step, refine, refine_budget))
 
-    def _run(self, images, ranking, target, mask_value, features) -> list[SISResult]:
+    def _run(self, d: Data, ranking) -> list[SISResult]:
         o, run = self.options, self.run
-        s = self._setup(images, features, mask_value, "exact")
+        s = self._setup(d, "exact")
         n, p = s.prep.images.shape[0], s.prep.num_features
         scores = feature_scores(ranking, s.prep)
         passes = job.passes(o.criterion, s.thresholds)
         with torch.inference_mode():
-            targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
+            targets, scores0 = initial_predictions(s.fn, s.prep.images, d.target, s.runner)
             rounds = min(-(-p // o.step), 64)
             eng = job.choose_engine(s, run.engine, targets, max_rows=n * min(rounds, 32), expected_rows=n * rounds,
                                     measure_fn="score_and_top1")
@@ -76,32 +76,44 @@ class SufficientSubset(SISAttribution):
             return extract_sets(evaluator, s.prep, targets, scores0, s.thresholds, lambda present: (scores, None),
                                 passes, config)
 
-    def find_sis(self, inputs: torch.Tensor, ranking: torch.Tensor, target=None, baselines=None,
-                 feature_mask=None) -> list[SISResult]:
+    def _results(self, d: Data, ranking) -> list[SISResult]:
+        """:meth:`_run`, example by example where needed (each with its row of ``ranking``), with the run's
+        info."""
+        def work(one: Data) -> list[SISResult]:
+            i = one.example
+            return self._run(one, ranking if i is None or not isinstance(ranking, torch.Tensor) else ranking[i:i + 1])
+
+        return self._each(d, work)
+
+    @captum_call(skip=1)
+    def find_sis(self, inputs: torch.Tensor, ranking: torch.Tensor, baselines=None, target=None,
+                 additional_forward_args=None, feature_mask=None) -> list[SISResult]:
         """One sufficient set per example from its ranking.
 
-        Args:
+        Args (after the ranking, Captum's names and positional order):
             inputs: [N, *D] floating tensor, normalized as the model expects.
             ranking: scores per feature, higher = kept first: [N, p], [N, *grid] (e.g. [N, H, W] for pixels), or an
                 attribution of the inputs' shape [N, *D] (e.g. from Captum), reduced to one score per feature: the
                 sum over the feature's elements (without ``feature_mask``: over the channels of each pixel for
                 [N, C, H, W]).
-            target, baselines, feature_mask: as :meth:`~overinterp_fast.attr.ExactSIS.find_sis`.
+            baselines, target, additional_forward_args, feature_mask: as
+                :meth:`~overinterp_fast.attr.ExactSIS.find_sis`.
 
         Returns:
             One :class:`~overinterp_fast.SISResult` per example: ``order`` the features by descending score,
             ``values`` their scores, ``sis`` the set (None if even all features fail), ``sis_score`` f on it.
         """
-        target, mask_value, features, _ = self._captum(inputs, target, baselines, feature_mask, False)
-        return self._run(inputs, ranking, target, mask_value, features)
+        return self._results(self._data(inputs, baselines, target, additional_forward_args, feature_mask, False),
+                             ranking)
 
-    def attribute(self, inputs: torch.Tensor, ranking: torch.Tensor, target=None, baselines=None,
-                  feature_mask=None) -> torch.Tensor:
+    @captum_call(skip=1)
+    def attribute(self, inputs: torch.Tensor, ranking: torch.Tensor, baselines=None, target=None,
+                  additional_forward_args=None, feature_mask=None) -> torch.Tensor:
         """The set of :meth:`find_sis` as a 0/1 tensor of ``inputs``' shape [N, *D] and dtype (1 on every element
         of the set's features; all 0 where an example has no set)."""
-        target, mask_value, features, _ = self._captum(inputs, target, baselines, feature_mask, False)
-        results = self._run(inputs, ranking, target, mask_value, features)
-        fm = element_features(inputs, features)
+        d = self._data(inputs, baselines, target, additional_forward_args, feature_mask, False)
+        results = self._results(d, ranking)
+        fm = element_features(inputs, d.features)
         member = torch.zeros(len(results), int(fm.max()) + 1, dtype=torch.float64)
         for i, r in enumerate(results):
             if r.sis is not None:

@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 
 from ..attr.options import ExactOptions, GradientOptions, MinimalPixelSetOptions
+from ..methods.choice import AUTO_EXACT_FEATURES  # noqa: F401  (method="auto": exact SIS up to this many pixels)
 from ..attr.options import RunOptions as _MethodRun
 from ..runtime.renames import renamed_attribute, renamed_keywords
 
 # Defaults and choices the command line shows in its help, here where they import without the audit extra.
 THRESHOLD_MODES = ("absolute", "relative", "auto")
-AUTO_EXACT_FEATURES = 1024  # method="auto": exact SIS up to this many pixels (32 x 32, CIFAR), else a faster method
 FRACTION, EPOCHS = 0.05, 15  # the digits pipeline's defaults (the paper's 5% subsets)
 
 _R, _G, _M = _MethodRun, GradientOptions, MinimalPixelSetOptions  # the method defaults' single source

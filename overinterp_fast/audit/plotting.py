@@ -8,6 +8,8 @@ require("audit", "the audit")  # before any of its modules: one line when the ex
 
 import numpy as np
 
+from ..methods.results import score_text
+
 PANEL_TITLES = ("image", "SIS (red)", "SIS alone")
 
 
@@ -139,12 +141,17 @@ def plot_sis(result, image, ax=None, *, baseline=None):
         axes = list(ax) if isinstance(ax, (list, tuple, np.ndarray)) else [ax]
         if len(axes) not in (1, 2):
             raise ValueError(f"ax: one Axes (the SIS) or two (image, SIS), got {len(axes)}")
+    tau = result.threshold
+
+    def num(v: float) -> str:  # two decimals, more where they would round f onto 0, 1 or tau
+        return score_text(v, tau, digits=2, fixed=True)
+
     if result.sis is None:
-        sis_title = f"no SIS: f(x) {result.score:.2f} < tau {result.threshold:.2f}"
+        sis_title = f"no SIS: f(x) {num(result.score)} < tau {num(tau)}"
     else:
-        verified = "" if result.sis_score is None else f", f(SIS) {result.sis_score:.2f}"
+        verified = "" if result.sis_score is None else f", f(SIS) {num(result.sis_score)}"
         sis_title = f"SIS: {result.size} px ({result.fraction:.1%}){verified}"
     if len(axes) == 2:
-        show_panel(axes[0], norm, f"class {result.target}: f(x) {result.score:.2f}")
+        show_panel(axes[0], norm, f"class {result.target}: f(x) {num(result.score)}")
     show_panel(axes[-1], alone, sis_title)
     return axes

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
-from ..methods.results import SISResult
+from ..methods.results import SISResult, score_text
 from .persist import load_audit
 from .records import AuditRecord, ModelRecord
 from .store import REPORT_FILE
@@ -97,6 +97,12 @@ def _finite(x: float | None) -> bool:
 def _num(x: float | None, spec: str = ".3g") -> str:
     """A number for a table; "n/a" for None, NaN and inf."""
     return format(float(x), spec) if _finite(x) else "n/a"
+
+
+def _score(f: float | None, tau: float) -> str:
+    """A score f for the gallery: four decimals, more where they would round it onto 0, 1 or tau
+    (:func:`~overinterp_fast.methods.results.score_text`); "n/a" when not finite."""
+    return score_text(f, tau, fixed=True) if _finite(f) else "n/a"
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
@@ -259,11 +265,11 @@ def result_facts(record: AuditRecord, r: SISResult, label: int | None, display: 
     """Plain-text lines on one image's result (prediction, scores, SIS size, collection, grid)."""
     verdict = "" if label is None else (" (correct)" if int(r.target) == int(label) else " (wrong)")
     facts = [f"predicted: {record.class_name(r.target)}{verdict}",
-             f"f(x) = {_num(r.score, '.4f')}, tau = {_num(r.threshold, '.4f')}"]
+             f"f(x) = {_score(r.score, r.threshold)}, tau = {_num(r.threshold, '.4f')}"]
     if r.sis is None:
         return facts + ["no SIS: f(x) < tau"]
     if r.sis_score is not None:
-        facts.append(f"f(SIS) = {_num(r.sis_score, '.4f')}")
+        facts.append(f"f(SIS) = {_score(r.sis_score, r.threshold)}")
     facts.append(f"SIS: {r.size} of {r.order.numel()} features ({_pct(r.fraction, 2)})")
     if r.size == 0:
         facts.append("empty SIS: the fully masked image already reaches tau")

@@ -15,7 +15,6 @@ require("audit", "the audit")  # before any of its modules: one line when the ex
 
 import datetime
 import logging
-import os
 import platform
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import fast_sis
+from ..methods import choice
 from ..attr.options import GradientOptions, MinimalPixelSetOptions
 from ..runtime.inputs import check_threshold
 from ..runtime.memory_format import convertible
@@ -85,35 +85,14 @@ def with_ensemble(models: Mapping[str, object], ensemble: bool) -> dict[str, obj
     return models
 
 
-def has_gradients(model) -> bool:
-    """Whether ``model`` is a torch model (or callable) that gradients flow through: not an ONNX model (a path,
-    an ``onnxruntime.InferenceSession`` or an OnnxModel), nor an ensemble holding one."""
-    from ..runtime.onnx import OnnxModel
-
-    if isinstance(model, Ensemble):
-        return all(has_gradients(m) for m in model._callables)
-    if isinstance(model, (str, os.PathLike, OnnxModel)):
-        return False
-    return type(model).__name__ != "InferenceSession"
-
-
 def resolve_method(method: str, shape: Sequence[int], models: Sequence[object] = ()) -> str:
-    """The method an audit runs: ``method`` itself, or for "auto" the one that fits images [.., H, W]: exact SIS
-    up to AUTO_EXACT_FEATURES pixels (it checks every candidate: the definition), else batched-gradient SIS when
-    every model has gradients (:func:`has_gradients`), else minimal pixel sets ("responsibility", black box)."""
+    """The method an audit runs: ``method`` itself, or for "auto" the one that fits images [.., H, W] of H * W
+    pixels (:func:`overinterp_fast.methods.choice.resolve_method`, fast_sis's rule): exact SIS up to
+    AUTO_EXACT_FEATURES pixels, else batched-gradient SIS when every model has gradients, else minimal pixel sets
+    ("responsibility", black box)."""
     if method not in AUDIT_METHODS:
         raise ValueError(f"method must be one of {AUDIT_METHODS}, got {method!r}")
-    if method != "auto":
-        return method
-    p = shape[-1] * shape[-2]
-    if p <= AUTO_EXACT_FEATURES:
-        chosen, why = "exact", f"at most {AUTO_EXACT_FEATURES}"
-    elif all(has_gradients(m) for m in models):
-        chosen, why = "gradient", f"more than {AUTO_EXACT_FEATURES}"
-    else:
-        chosen, why = "responsibility", f"more than {AUTO_EXACT_FEATURES}, and a model without gradients"
-    logger.info("method 'auto' runs %r: %d pixels (%s)", chosen, p, why)
-    return chosen
+    return choice.resolve_method(method, shape[-1] * shape[-2], models)
 
 
 def check_method(method: str, shape: Sequence[int]) -> None:

@@ -261,7 +261,7 @@ def open_folder(folder: str, size: int | Preprocessing, mean=None, std=None, gre
             raise ValueError(f"{folder!r}: {str(exc).splitlines()[0]}") from None
         paths = [p for p, _ in samples]
         labels: list[int | None] = [int(c) for _, c in samples]
-        names = [os.path.splitext(os.path.relpath(p, folder))[0].replace(os.sep, "/") for p in paths]
+        names = file_names(paths, folder)
         if labels_file is not None:
             raise ValueError("--labels applies to a flat folder; an ImageFolder's labels are its class folders")
         kind = "ImageFolder"
@@ -516,6 +516,22 @@ def _dataset_classes(dataset, label_key: str | None) -> list[str] | None:
     return None
 
 
+def file_names(paths: Sequence[str], root: str) -> list[str]:
+    """The names of image files under ``root``: each path relative to it, without the extension, with "/" between
+    folders (an ImageFolder's ``cat/1``)."""
+    return [os.path.splitext(os.path.relpath(p, root))[0].replace(os.sep, "/") for p in paths]
+
+
+def _dataset_names(dataset, n: int) -> list[str]:
+    """Default names of a dataset's items: its files' names (:func:`file_names`) where it lists them under a root
+    (torchvision's ImageFolder and DatasetFolder: ``samples`` and ``root``), else the positions, zero-padded."""
+    samples, root = getattr(dataset, "samples", None), getattr(dataset, "root", None)
+    if isinstance(root, (str, os.PathLike)) and isinstance(samples, Sequence) and len(samples) == n and all(
+            isinstance(s, (tuple, list)) and s and isinstance(s[0], (str, os.PathLike)) for s in samples):
+        return file_names([os.fspath(s[0]) for s in samples], os.fspath(root))
+    return [f"{i:0{len(str(n - 1))}d}" for i in range(n)]
+
+
 def from_dataset(dataset, size: int | Preprocessing | None = None, mean=None, std=None, grey: bool = False, *,
                  image_key: str | None = None, label_key: str | None = None,
                  names: Sequence[str] | None = None) -> DatasetImages:
@@ -530,7 +546,9 @@ def from_dataset(dataset, size: int | Preprocessing | None = None, mean=None, st
         size: the side of the plain transform (with ``mean`` and ``std``, default 0.5), or a
             :class:`~overinterp_fast.zoo.preprocessing.Preprocessing` such as a loaded model's; None: the first
             image's side when it is square (CIFAR-sized data as it is).
-        names: one per item (default: the positions, zero-padded).
+        names: one per item (default: for a torchvision ImageFolder or DatasetFolder, each file's path under its
+            root without the extension, ``cat/1``, as the command line names a folder's images; else the
+            positions, zero-padded).
 
     Labels are read up front: a Hugging Face dataset's label column, a torchvision dataset's ``targets``, else
     every item once. Class names come from a ClassLabel feature or a ``classes`` attribute.
@@ -557,7 +575,7 @@ def from_dataset(dataset, size: int | Preprocessing | None = None, mean=None, st
             raise ValueError(f"the dataset's first image is {shape[0]} x {shape[1]}: give size")
         size = shape[0]
     prep = as_preprocessing(size, mean, std)
-    names = [f"{i:0{len(str(n - 1))}d}" for i in range(n)] if names is None else [str(v) for v in names]
+    names = _dataset_names(dataset, n) if names is None else [str(v) for v in names]
     if len(names) != n:
         raise ValueError(f"{len(names)} names for {n} items")
     desc = {"source": "dataset", "type": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "n": n}

@@ -29,6 +29,18 @@ PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object
 from ..errors import MissingDependency, StorageFault
 
 
+PROG = "overinterp-fast"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (a malformed argument, a missing option) end in the one line every error of
+    the command line ends in, ``overinterp-fast: error: ...`` (after the usage), whichever command they are of."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
 def _unit_interval(text: str) -> float:
     v = float(text)
     if not 0.0 <= v <= 1.0:
@@ -111,7 +123,7 @@ def _floats(text: str) -> list[float]:
 def _logging_options(top: bool) -> argparse.ArgumentParser:
     """-v/--verbose and --log-level, for the top level and (``top`` False: defaults left unset, so that an option
     given before the command is kept) for every command."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     unset = {} if top else {"default": argparse.SUPPRESS}
     p.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else unset),
                    help="log the library's decisions: -v info, -vv debug (default: warnings only)")
@@ -125,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ..audit.config import EPOCHS, FRACTION
     from ..text.reduction import BEAM_SIZE, IMPORTANCE, IMPORTANCES
 
-    parser = argparse.ArgumentParser(prog="overinterp-fast", description="Fast Sufficient Input Subsets (SIS).",
-                                     parents=[_logging_options(top=True)])
+    parser = Parser(prog=PROG, description="Fast Sufficient Input Subsets (SIS).",
+                    parents=[_logging_options(top=True)])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     common = [_logging_options(top=False)]
@@ -447,12 +459,15 @@ def _print_table(record, most: int = 60) -> None:
             median = f"{sorted(with_sis)[len(with_sis) // 2]:.1%}" if with_sis else "-"
             print(f"{m.name}: {len(with_sis)} of {len(m.results)} images have a SIS; median size {median}")
         return
+    from ..methods.results import score_text
+
     print(f"{'model':<20} {'image':<14} {'prediction':<22} {'f(x)':>6} {'tau':>6} {'SIS':>7} {'of image':>9}")
     for m in record.models:
         for name, r in zip(record.image_names, m.results):
             size = "-" if r.sis is None else str(r.size)
             frac = "-" if r.sis is None else f"{r.fraction:.1%}"
-            print(f"{m.name[:20]:<20} {name[:14]:<14} {record.class_name(r.target)[:22]:<22} {r.score:>6.3f} "
+            score = score_text(r.score, r.threshold, digits=3, fixed=True)  # never rounded onto 1 or tau
+            print(f"{m.name[:20]:<20} {name[:14]:<14} {record.class_name(r.target)[:22]:<22} {score:>6} "
                   f"{r.threshold:>6.3f} {size:>7} {frac:>9}")
 
 
@@ -479,18 +494,28 @@ def log_level(args) -> int:
 @contextlib.contextmanager
 def logging_to_stderr(level: int):
     """The package's log records at ``level`` and above go to stderr (one line each: level, logger, message) for
-    the duration of a command; the package logger's level and handlers are restored after."""
+    the duration of a command, and the estimate of a long run (:mod:`overinterp_fast.runtime.estimate`, logged at
+    INFO) as ``overinterp-fast: <estimate>`` at any level; the loggers' levels and handlers are restored after."""
+    from ..runtime.estimate import logger as estimates  # a long run's estimate, printed whatever the level
+
     logger = logging.getLogger("overinterp_fast")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    before = logger.level
+    handler.addFilter(lambda record: record.name != estimates.name)
+    said = logging.StreamHandler(sys.stderr)
+    said.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+    before, estimates_before = logger.level, estimates.level
     logger.addHandler(handler)
+    estimates.addHandler(said)
     logger.setLevel(level)
+    estimates.setLevel(logging.INFO)
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        estimates.removeHandler(said)
         logger.setLevel(before)
+        estimates.setLevel(estimates_before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _command(args)
         except (ValueError, TypeError, FileNotFoundError, FloatingPointError, StorageFault, MissingDependency) as exc:
-            print(f"overinterp-fast: error: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
     return 0
 

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes
+from ..runtime.estimate import progress_bar
 from .findsis import find_sis, sis_score
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
@@ -394,7 +395,8 @@ def exact_sis(
 
     Without ``evaluator`` and ``low``, each batch is one :class:`~overinterp_fast.methods.exact_step.DenseStep`
     (three ops around the forward pass; on CUDA a captured graph per batch shape); the schedule of many batches is
-    made at once (:class:`~overinterp_fast.methods.exact_step.StepSchedule`). Each result's ``step`` says what ran.
+    made at once (:class:`~overinterp_fast.methods.exact_step.StepSchedule`). Each result's ``info.step`` says what
+    ran.
     """
     dense = None
     if evaluator is None:  # the schedule and backselect_update make valid indices: no per-call checks
@@ -408,8 +410,8 @@ def exact_sis(
     run.path = "fused" if dense else ("low-precision" if low is not None else "incremental")
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).
-    run.bar = tqdm(total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",
-                   disable=None if progress is None else not progress)
+    run.bar = progress_bar(tqdm, total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",  # time left: estimated
+                           disable=None if progress is None else not progress)
     stop = collection or low is not None  # round ends change the schedule: FindSIS (and the check) decide what next
     while run.schedule:  # a batch is one forward call: at most the runner's chunk (halved after out-of-memory errors)
         window = run.schedule.window(min(batch_size, runner.chunk), rescore=run.rescore(), stop_at_round_end=stop)

@@ -169,14 +169,15 @@ class DenseStep:
     def eager(self, block: torch.Tensor, done: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The step of one batch (its block [6, Bp] and completed steps [3, d]); returns the model's output.
 
-        The batch is already padded to its shape, so the model is called as it is (``fn.run``); its output is
-        checked (shape, dtype, device) on the first call of each shape."""
+        The batch is already padded to its shape, so the model is called as it is (``fn.run``), after a first call
+        of each shape through ``fn.forward`` (its output checked for shape, dtype and device)."""
         p, t, fn = self.prep, self.t, self.fn
         self._candidates(p.images, p.baseline, p.feature_map, t.present, t.remaining, block, out, False)
-        y = fn.run(out)
         rows = out.shape[0]
-        if rows not in self._checked:
-            fn.check_output(y, rows, out.device)
+        if rows in self._checked:
+            y = fn.run(out)
+        else:  # the first call of a shape: ModelFn.forward's checks and its errors (e.g. a fixed-batch export)
+            y = fn.forward(out)
             self._checked.add(rows)
         self._scores(fn.probabilities(y), self.targets, block, done, t.scores, t.total, t.remaining, t.present,
                      t.order, t.values, False)

@@ -35,7 +35,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..runtime import runinfo
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, check_candidates
+from ..runtime.estimate import progress_bar
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores, model_memory_format
 from ..runtime.schedule import upload
@@ -112,23 +114,47 @@ class ChannelsLastModel:
         return torch.func.functional_call(self.model, self.weights, (x,), strict=False)
 
 
+def weights_swappable(model) -> str | None:
+    """None when ``torch.func.functional_call`` can run ``model`` with other weights (what
+    :class:`ChannelsLastModel` does with its channels_last copies); else why not: a TorchScript module (scripted
+    or traced), or a module holding one, whose parameters the stateless API cannot swap."""
+    if not isinstance(model, nn.Module):
+        return "the model is not an nn.Module"
+    if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
+        return "a TorchScript module, whose weights torch.func.functional_call cannot swap"
+    return None
+
+
 def gradient_model(fn: ModelFn, images: torch.Tensor, channels_last: bool | None) -> ModelFn:
-    """The model the gradient steps call: ``fn``, or ``fn``'s model through :class:`ChannelsLastModel`.
+    """The model the gradient steps call: ``fn``, or ``fn``'s model through :class:`ChannelsLastModel`. The
+    decision and its reason go to the run's info (``channels_last``, :mod:`~overinterp_fast.runtime.runinfo`).
 
     Args:
         images: [N, *D]; channels_last applies to 4-D images only.
-        channels_last: True: channels_last for 4-D images. False: never. None (auto): for 4-D images that are
-            not float64 (the dtype of exactness checks) when the model is an nn.Module with a 4-D parameter
-            (a convolution) not stored channels_last.
+        channels_last: True: channels_last for 4-D images (inputs only, the weights as they are, where the
+            weights cannot be swapped: :func:`weights_swappable`). False: never. None (auto): for 4-D images that
+            are not float64 (the dtype of exactness checks) when the model is an nn.Module whose weights can be
+            swapped, with a 4-D parameter (a convolution) not stored channels_last; it steps aside silently
+            otherwise.
     """
     if images.dim() != 4 or channels_last is False:
+        runinfo.note("channels_last", "off: " + ("channels_last=False" if channels_last is False
+                                                 else "the inputs are not 4-D"))
         return fn
+    model = fn.model
+    why_not = weights_swappable(model)
     if channels_last is None:
-        model = fn.model
-        convs = isinstance(model, nn.Module) and any(t.dim() == 4 for t in model.parameters())
+        convs = why_not is None and any(t.dim() == 4 for t in model.parameters())
         if images.dtype == torch.float64 or not convs or model_memory_format(model) == torch.channels_last:
+            why = ("float64 inputs" if images.dtype == torch.float64 else why_not if why_not is not None
+                   else "no convolution weights" if not convs else "the weights are channels_last already")
+            runinfo.note("channels_last", f"off: {why}")
             return fn
-    return ModelFn(ChannelsLastModel(fn.model), outputs=fn.outputs)
+    if why_not is not None and isinstance(model, nn.Module):  # channels_last=True: the inputs only
+        runinfo.note("channels_last", f"inputs only: {why_not}")
+        return ModelFn(ChannelsLastModel(model.__call__), outputs=fn.outputs)
+    runinfo.note("channels_last", "on")
+    return ModelFn(ChannelsLastModel(model), outputs=fn.outputs)
 
 
 class MaskExpander:
@@ -265,8 +291,6 @@ def _backselect(fn: ModelFn, gfn: ModelFn, prep: Prepared, targets: torch.Tensor
     order = torch.zeros((A, nb_max, w), dtype=torch.int64, device=dev)
     values = torch.zeros((A, nb_max), dtype=torch.float64, device=dev)
     finite = torch.ones((), dtype=torch.bool, device=dev)
-    bar.total += nb_max
-    bar.refresh()
     sub, xs, bs, ts = None, x, base, tg  # the step's rows (None: all A) and their inputs
     for t in range(nb_max):
         now = [a for a in range(A) if steps[a] > t]
@@ -372,9 +396,15 @@ def gradient_sis(
     counts = [p] * n  # features present per image, kept on the host
     rounds: list[list[SISResult]] = [[] for _ in range(n)]
     active = list(range(n))
-    bar = tqdm(total=0, unit="step", desc="gradient SIS", disable=None if progress is None else not progress)
+    bar = progress_bar(tqdm, total=-(-p // k), unit="step", desc="gradient SIS",
+                       disable=None if progress is None else not progress)
+    first = True
     while active:
         cs = [counts[i] for i in active]
+        if not first:  # the bar starts with the first round's steps; each later round adds its own
+            bar.total += -(-max(cs) // k)
+            bar.refresh()
+        first = False
         sel = _backselect(fn, gfn, prep, targets, present, active, cs, k, grad_runner, autocast, expand, bar)
         state = _rounds(sel, active, cs, k, scores)
         verified = _find_sis(evaluator, state, thresholds, p)

@@ -53,6 +53,7 @@ from ..runtime.inputs import Prepared
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 from .ranking import ranking_positions
+from .results import RunInfo
 
 SUBSETS = [[c for c in range(4) if s >> c & 1] for s in range(1, 15)]  # the 14 non-empty proper subsets
 # monotone=True: for each subset, the indices of its proper supersets among SUBSETS, and the rounds of a level
@@ -72,12 +73,15 @@ class ResponsibilityMap:
         queries: forward passes the descent used for this image (distinct mutants).
         target: the class explained.
         iterations: iterations run.
+        info: how the call ran (:class:`~overinterp_fast.methods.results.RunInfo`, as
+            :attr:`overinterp_fast.SISResult.info`): what it decided and why.
     """
 
     map: torch.Tensor
     queries: int
     target: int
     iterations: int
+    info: RunInfo | None = None
 
 
 @dataclass

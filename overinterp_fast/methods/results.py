@@ -6,11 +6,34 @@ from dataclasses import dataclass, field
 import torch
 
 
+def score_text(value: float, *against: float, digits: int = 4, fixed: bool = False) -> str:
+    """``value`` (a score f) with ``digits`` significant digits (``fixed``: decimals), or as many more as it takes
+    for the text to keep its order against 0, 1 and each of ``against`` (e.g. the threshold): 0.999998 is
+    "0.999998", never "1", and 0.89996 against tau 0.9 is "0.89996", never "0.9"."""
+    value = float(value)
+    marks = (0.0, 1.0, *(float(a) for a in against))
+    kind = "f" if fixed else "g"
+
+    def side(v: float, a: float) -> int:
+        return (v > a) - (v < a)
+
+    text = f"{value:.{digits}{kind}}"
+    while digits < 17 and any(side(float(text), a) != side(value, a) for a in marks):
+        digits += 1
+        text = f"{value:.{digits}{kind}}"
+    return text
+
+
 @dataclass
 class RunInfo:
-    """How one exact SIS call ran: shared by the results of the call (``SISResult.info``).
+    """How one call ran: shared by the results of the call (``SISResult.info``, ``ResponsibilityMap.info``).
+
+    ``info["channels_last"]`` (``in``, ``get``) reads :attr:`decisions`; the other attributes are exact SIS's.
 
     Attributes:
+        decisions: what the run decided and why, one line per decision, e.g. ``{"channels_last": "off: a TorchScript
+            module (...)", "estimate": "..."}``: a speed path that stepped aside for this model, the method
+            ``method="auto"`` chose, the estimate of a long run (:mod:`overinterp_fast.runtime.runinfo`).
         engine: what scored the candidates ("torch", "onnxruntime", "compile"), or "incremental".
         batch_size: candidates per forward call. batch_source: how it was chosen: "user" (given), "measured" (timed
             on this device: the calibration of docs/guides/exact.md), "cached" (a calibration measured before),
@@ -31,9 +54,9 @@ class RunInfo:
             error).
     """
 
-    engine: str
-    batch_size: int
-    batch_source: str
+    engine: str = ""
+    batch_size: int = 0
+    batch_source: str = ""
     channels_last: bool = False
     call_s: dict = field(default_factory=dict)
     layout_s: dict = field(default_factory=dict)
@@ -41,6 +64,16 @@ class RunInfo:
     rescored: int = 0
     low: dict | None = None
     step: str = ""
+    decisions: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> str:
+        return self.decisions[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.decisions
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.decisions.get(key, default)
 
     @property
     def rows_per_s(self) -> dict:
@@ -94,9 +127,10 @@ class SISResult:
             ``score_dtype`` (each step's best few, and every candidate of the steps run again in the images'
             dtype after a step whose decision the low scores could not prove); 0 without ``score_dtype``
             (docs: algorithms.md, Low precision that stays exact). None for the other methods.
-        info: for exact SIS, how the call ran (:class:`RunInfo`: engine, batch size and how it was chosen, memory
-            format, what ran the steps, candidates and re-scored candidates of the whole call), the same object for
-            every result of the call; None for the other methods and for results read back from files.
+        info: how the call ran (:class:`RunInfo`), the same object for every result of the call: what the run
+            decided and why (``info["channels_last"]``, ``info["estimate"]``, ...), and for exact SIS the engine,
+            the batch size and how it was chosen, the memory format, what ran the steps, the candidates scored and
+            re-scored. None for results not made by a run (read back from files, say).
     """
 
     order: torch.Tensor
@@ -139,7 +173,8 @@ class SISResult:
     def __repr__(self) -> str:
         extra = "" if self.collection is None else f", collection={len(self.collection)} SIS"
         return (
-            f"SISResult(target={self.target}, score={self.score:.4g}, threshold={self.threshold}, "
+            f"SISResult(target={self.target}, score={score_text(self.score, self.threshold)}, "
+            f"threshold={self.threshold}, "
             f"features={self.order.numel()}, sis_size={self.size}{extra})"
         )
 
@@ -148,10 +183,10 @@ class SISResult:
         import html
 
         size = "none (f(x) < tau)" if self.sis is None else f"{self.size} of {self.order.numel()} ({self.fraction:.1%})"
-        rows = [("target", self.target), ("f(x)", f"{self.score:.4g}"), ("tau", f"{self.threshold:.4g}"),
-                ("SIS", size)]
+        rows = [("target", self.target), ("f(x)", score_text(self.score, self.threshold)),
+                ("tau", f"{self.threshold:.4g}"), ("SIS", size)]
         if self.sis_score is not None:
-            rows.append(("f(SIS)", f"{self.sis_score:.4g}"))
+            rows.append(("f(SIS)", score_text(self.sis_score, self.threshold)))
         if self.collection is not None:
             rows.append(("disjoint SIS", len(self.collection)))
         if self.total_queries is not None:

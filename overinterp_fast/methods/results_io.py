@@ -41,6 +41,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..util.optional import load
 from .results import SISResult
 
 RESULT_TYPES = {  # column -> Arrow type name (pyarrow is imported when a table is made)
@@ -51,9 +52,14 @@ RESULT_TYPES = {  # column -> Arrow type name (pyarrow is imported when a table 
 }
 
 
+def _pyarrow(what: str):
+    """pyarrow, or :class:`~overinterp_fast.errors.MissingDependency` naming the extra that installs it."""
+    return load("pyarrow", "audit", what)
+
+
 def arrow_type(name: str):
     """The pyarrow type of a column of :data:`RESULT_TYPES`."""
-    import pyarrow as pa
+    pa = _pyarrow("an Arrow table of results")
 
     return getattr(pa, RESULT_TYPES[name])()
 
@@ -74,7 +80,7 @@ def result_fields(r: SISResult) -> dict:
 def list_array(arrays: Sequence[np.ndarray | None], value_type):
     """An Arrow large-list array from per-row numpy arrays (None: a null row), built from offsets without a copy
     per row."""
-    import pyarrow as pa
+    pa = _pyarrow("an Arrow table of results")
 
     lengths = np.array([0 if a is None else len(a) for a in arrays], dtype=np.int64)
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
@@ -104,8 +110,10 @@ def sis_table(results: Sequence[SISResult], lists: bool = False):
     Args:
         results: SISResult per image, e.g. what :func:`overinterp_fast.fast_sis` returns.
         lists: add the order, values, SIS and the mask (flattened, with its shape) as list columns.
+
+    Needs pyarrow (the ``audit`` extra; without it, :class:`~overinterp_fast.errors.MissingDependency`).
     """
-    import pyarrow as pa
+    pa = _pyarrow("sis_table")
 
     results = _check_results(results)
     rows = [result_fields(r) for r in results]
@@ -125,12 +133,11 @@ def sis_table(results: Sequence[SISResult], lists: bool = False):
 
 def sis_frame(results: Sequence[SISResult], lists: bool = False):
     """:func:`sis_table` as a ``pandas.DataFrame`` (pyarrow's ``to_pandas``, as ``pandas.read_parquet`` reads the
-    audit's table: an integer column with nulls becomes float with NaN, list columns numpy arrays); needs pandas."""
-    import importlib.util
-
-    if importlib.util.find_spec("pandas") is None:
-        raise ImportError("sis_frame needs pandas (pip install pandas); sis_table gives the same rows as a "
-                          "pyarrow.Table")
+    audit's table: an integer column with nulls becomes float with NaN, list columns numpy arrays); needs pandas
+    (the ``data`` extra) and pyarrow (``audit``): without them, :class:`~overinterp_fast.errors.MissingDependency`
+    naming the extra."""
+    load("pandas", "data", "sis_frame")
+    _pyarrow("sis_frame")
     return sis_table(results, lists).to_pandas()
 
 

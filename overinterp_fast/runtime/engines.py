@@ -13,7 +13,8 @@ its compilation takes tens of seconds.
 Whatever engine scores the candidates, each set returned is checked on the
 user's own model (see prefix.verify_prefix_sets): the engine is a faster
 stand-in, and a near-tie it decides differently never yields a set that fails
-on the user's model. An export that fails falls back to torch with one warning.
+on the user's model. An export that fails falls back to torch: with one warning where the engine was asked
+for by name, silently under "auto" (logged at INFO, and the run's info says so).
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ import torch
 from torch import nn
 
 from .batching import auto_batch_size
-from . import incremental
-from .calibration import (MIN_ROWS, Calibration, calibrate, call_time, candidate_probe, disk_key, exact_job_time,
+from . import estimate, incremental, runinfo
+from .calibration import (MIN_ROWS, Calibration, calibrate, candidate_probe, disk_key, exact_job_time,
                           measure)
 from .inputs import Prepared
 from .model import ModelFn
@@ -255,8 +256,9 @@ def select_engine(
     if weigh_ort and min(_job_seconds(cal, expected_rows), math.inf if rival_s is None else rival_s) >= AUTO_MIN_JOB_S:
         try:
             ort_fn = _build("onnxruntime", user, images)
-        except EngineUnavailable as why:
-            warnings.warn(f"engine='auto': the ONNX export failed ({why}); running the torch model")
+        except EngineUnavailable as why:  # a speed path that does not apply to this model: it steps aside
+            logger.info("engine='auto': the ONNX export failed (%s); running the torch model", why)
+            runinfo.note("engine", f"torch: the ONNX export failed ({why})")
         else:
             ort_cal = calibrated("onnxruntime", ort_fn)
             if ort_cal.times and _job_seconds(ort_cal, expected_rows) < _job_seconds(cal, expected_rows):
@@ -304,15 +306,19 @@ def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: 
     n, p = exact_shape
     cal = dense.calibration
     if incr.times and cal is not None and cal.times:
-        t_incr = exact_job_time(incr.times, incr.batch_size, n, p) + float(call_time(cal.times)(n)) * p
+        t_incr = estimate.incremental_seconds(incr, cal, n, p)
         t_dense = exact_job_time(cal.times, cal.batch_size, n, p)
         pays = t_incr * INCREMENTAL_MARGIN < t_dense
         logger.info("incremental inference %s (timed: predicted %.3g s against %.3g s dense, %s)",
                     "on" if pays else "off", t_incr, t_dense, dense.name)
+        runinfo.note("incremental", f"{'on' if pays else 'off'}: predicted {t_incr:.3g} s against {t_dense:.3g} s "
+                                    f"dense ({dense.name})")
         return pays
     pays = pl.cost_ratio <= incremental.AUTO_MAX_COST_RATIO
     logger.info("incremental inference %s (estimated %.2fx the work of a dense pass)",
                 "on" if pays else "off", pl.cost_ratio)
+    runinfo.note("incremental", f"{'on' if pays else 'off'}: estimated {pl.cost_ratio:.2f}x the work of a dense "
+                                f"pass")
     return pays
 
 

@@ -46,6 +46,7 @@ from torch import nn
 
 from ..ops import kernels as _ops
 from ..ops.pure import check_ranges
+from . import runinfo
 from .inputs import Prepared
 from .model import ModelFn
 from .schedule import upload
@@ -390,8 +391,12 @@ def plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
     calls = {n: _call(n, gm, modules) for n in nodes if n.op in ("call_module", "call_function", "call_method")}
 
     # Trial run on one image: shapes, and the values of nodes that do not depend on the input.
-    with torch.inference_mode():
-        out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
+    try:
+        with torch.inference_mode():
+            out, values = _run_graph(gm, images[:1], calls, keep=lambda n: True)
+    except Exception as exc:  # e.g. an exported program's guard on the batch size: the dense path says it plainly
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise NotIncremental(f"the traced model fails on one image ({type(exc).__name__}: {first})") from None
     dependent = {x0}
     for n in nodes:
         if n.op not in ("placeholder", "get_attr", "output") and any(a in dependent for a in n.all_input_nodes):
@@ -1049,11 +1054,14 @@ def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> Incremental
     except NotIncremental as exc:
         if incremental:
             raise ValueError(f"incremental=True, but {exc}") from None
-        logger.warning("incremental inference off, dense candidates instead: %s", exc)
+        # auto: a speed path that does not apply to this model steps aside; the run's info says why
+        logger.info("incremental inference off, dense candidates instead: %s", exc)
+        runinfo.note("incremental", f"off: {exc}")
         return None
     if incremental is None and pl.cost_ratio > AUTO_MEASURE_MAX_COST_RATIO:
         logger.info("incremental inference off (estimated %.2fx the work of a dense pass)",
                     pl.cost_ratio)
+        runinfo.note("incremental", f"off: estimated {pl.cost_ratio:.2f}x the work of a dense pass")
         return None
     logger.debug(pl.summary())
     return pl

@@ -17,6 +17,14 @@ def _is_onnx(model) -> bool:
     return type(model).__name__ == "InferenceSession" and type(model).__module__.startswith("onnxruntime")
 
 
+def is_onnx(model) -> bool:
+    """An ONNX model in any form a job takes: a path to an .onnx file, an onnxruntime.InferenceSession or an
+    :class:`~overinterp_fast.runtime.onnx.OnnxModel`."""
+    from .onnx import OnnxModel
+
+    return _is_onnx(model) or isinstance(model, OnnxModel)
+
+
 class Ensemble(nn.Module):
     """Mean of the members' logits (the ensembles of Carter et al. 2021). Members share input and classes."""
 
@@ -32,6 +40,67 @@ class Ensemble(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.stack([m(x) for m in self._callables]).mean(0)
+
+
+class OutputShapeError(ValueError):
+    """The model returned a tensor that is not [B, K] (one score per class for each of the batch's B rows): the
+    one-line message names the shape it returned.
+
+    Attributes:
+        batch: B, the rows of the call. shape: the shape of what the model returned.
+    """
+
+    def __init__(self, batch: int, shape: tuple[int, ...]):
+        hint = ""
+        if shape == (batch,):
+            hint = ("; a model with one score per example must return one per class (e.g. two logits [B, 2] for a "
+                    "binary classifier)")
+        elif len(shape) == 3 and shape[0] == batch and shape[2] == 1:
+            hint = "; drop its last dimension (out.squeeze(-1))"
+        super().__init__(f"the model must map a batch [B, *D] to scores [B, K] (K classes); for B = {batch} it "
+                         f"returned shape {tuple(shape)}{hint}")
+        self.batch, self.shape = batch, shape
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, first line only (its type's name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class ExtraArgs:
+    """``model(x, *args)`` for a batch x of any size B, as Captum's ``additional_forward_args`` are passed: a tensor
+    of ``args`` holds one example's value (first dimension 1) and is expanded to B rows; anything else is passed as
+    it is.
+
+    Not an ``nn.Module``: the speed paths that rebuild a model from its one input (ONNX export, incremental
+    inference, channels_last weights) step aside; the model inside is checked as the model itself is.
+    """
+
+    def __init__(self, model: Callable, args: tuple):
+        self.model, self.args = model, tuple(args)
+
+    def __call__(self, x: torch.Tensor):
+        b = x.shape[0]
+        return self.model(x, *(a.expand(b, *a.shape[1:]) if isinstance(a, torch.Tensor) else a for a in self.args))
+
+    def check_compatible(self, images: torch.Tensor) -> None:
+        """The model's own checks (training mode, device, dtype), and the tensors of ``args`` on the images'
+        device."""
+        ModelFn(self.model).check_compatible(images)
+        for i, a in enumerate(self.args):
+            if isinstance(a, torch.Tensor) and a.device != images.device:
+                raise ValueError(f"additional_forward_args[{i}] is on {a.device}, the inputs on {images.device}")
+
+
+def is_exported(model) -> bool:
+    """Whether ``model`` is the module of a ``torch.export`` program (``torch.export.load(path).module()``): its
+    train/eval behaviour was fixed when it was exported, so its modules' ``training`` flags mean nothing (and it
+    refuses ``.eval()``)."""
+    if not isinstance(model, torch.fx.GraphModule):
+        return False
+    stateful = getattr(getattr(torch.export, "_unlift", None), "_StatefulGraphModule", None)
+    return (stateful is not None and isinstance(model, stateful)) or hasattr(model, "_in_spec")
 
 
 def check_targets(target, n: int, k: int, predicted: torch.Tensor, unit: str = "image") -> torch.Tensor:
@@ -88,7 +157,7 @@ class ModelFn:
             return
         if not isinstance(model, nn.Module):
             return
-        if any(m.training for m in model.modules()):
+        if any(m.training for m in model.modules()) and not is_exported(model):
             raise ValueError(
                 "model is in training mode; call model.eval() first (dropout and batch norm in training "
                 "mode make f depend on which candidates share a batch)"
@@ -114,9 +183,16 @@ class ModelFn:
         """
         n = x.shape[0]
         m = self.pad_to(n) if self.pad_to is not None and n > 0 else n
-        if m == n:
-            return self.check_output(self.run(x), n, x.device)
-        return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
+        try:
+            if m == n:
+                return self.check_output(self.run(x), n, x.device)
+            return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
+        except AssertionError as exc:  # an exported program's guard on its batch size (dimension 0)
+            if is_exported(self.model) and "Guard failed" in str(exc) and "size()[0]" in str(exc):
+                raise ValueError(f"the torch.export program refuses a batch of {m} rows ({first_line(exc)}); "
+                                 f"export it with a dynamic batch dimension: torch.export.export(model, (x,), "
+                                 f"dynamic_shapes=({{0: torch.export.Dim('batch')}},))") from None
+            raise
 
     @staticmethod
     def check_output(out, batch: int, device: torch.device) -> torch.Tensor:
@@ -124,10 +200,7 @@ class ModelFn:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"model must return a tensor of logits [B, K], got {type(out).__name__}")
         if out.dim() != 2 or out.shape[0] != batch:
-            raise ValueError(
-                f"model must map a batch [B, *D] to [B, K]; for B = {batch} it returned shape "
-                f"{tuple(out.shape)}"
-            )
+            raise OutputShapeError(batch, tuple(out.shape))
         if out.shape[1] < 1:
             raise ValueError("model returned zero classes")
         if not out.is_floating_point():
@@ -199,14 +272,17 @@ def _is_one_unbatched_sample(fn: ModelFn, images: torch.Tensor) -> bool:
     ``images`` is then one sample that lacks its batch dimension.
 
     Asked only after the model failed on ``images`` as a batch, so a model that accepts
-    the batch is never second-guessed; two copies (not one) keep a model whose output
-    ignores the batch size (always [1, K]) from passing the probe.
+    the batch is never second-guessed; two copies keep a model whose output
+    ignores the batch size (always [1, K]) from passing the probe, and one copy ([1, *images.shape] -> [1, K]) a
+    model that drops the batch dimension of a single row (``out.squeeze()``: [1, K] -> [K]).
     """
     try:
-        out = fn.model(images[None].expand(2, *images.shape))
+        two = fn.model(images[None].expand(2, *images.shape))
+        one = fn.model(images[None])
     except Exception:
         return False
-    return isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2 and out.shape[1] >= 1
+    return all(isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == rows and out.shape[1] >= 1
+               for out, rows in ((two, 2), (one, 1)))
 
 
 def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from typing import Sequence
 from ..audit.report import CSS, _esc, _img, _png_uri, _section, _table
 from ..audit.plotting import pyplot
 from .reduction import InputReduction
+from ..util.optional import load
 
 REDUCTIONS_FILE = "reductions.parquet"
 REPORT_FILE = "report.html"
@@ -43,7 +44,7 @@ def summarize(results: Sequence[InputReduction]) -> dict:
 def reduction_table(tokens: Sequence[Sequence[str]], results: Sequence[InputReduction],
                     class_names: Sequence[str] | None = None, labels: Sequence[int] | None = None):
     """One row per sequence (a pyarrow Table); ``tokens``: each sequence's words, as the model's ids."""
-    import pyarrow as pa
+    pa = load("pyarrow", "audit", "the reduction table")
 
     def name(c):
         return class_names[c] if class_names is not None else str(c)
@@ -133,7 +134,7 @@ def build_text_report(tokens: Sequence[Sequence[str]], results: Sequence[InputRe
 def write_reductions(out_dir: str, tokens, results, *, class_names=None, labels=None, title="Input reduction",
                      meta: dict | None = None) -> tuple[str, str]:
     """reductions.parquet and report.html in ``out_dir``; returns both paths."""
-    import pyarrow.parquet as pq
+    pq = load("pyarrow.parquet", "audit", "the reduction report")
 
     os.makedirs(out_dir, exist_ok=True)
     table_path = os.path.join(out_dir, REDUCTIONS_FILE)

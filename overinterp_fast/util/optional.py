@@ -9,7 +9,9 @@ two lists agree)::
 
 Where an extra's module is missing, :func:`require` and :func:`load` raise
 :class:`~overinterp_fast.errors.MissingDependency` with one line naming the extra, instead of the
-``ModuleNotFoundError`` of a deep import.
+``ModuleNotFoundError`` of a deep import. Every import of an optional module goes through them: ``load`` in the
+function that needs it, or ``require`` at the top of a module that imports it (the audit's); an import statement
+elsewhere only where the feature works without the module (python_tests/test_dependencies.py checks this).
 """
 from __future__ import annotations
 

@@ -15,13 +15,13 @@ Each loader returns the model in eval mode on the CPU and its :class:`~.preproce
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from urllib.parse import urlparse
 
 import torch
 from torch import nn
 
+from ..util.optional import load
 from .preprocessing import LibraryTransform, from_image_processor, from_timm, from_torchvision
 
 
@@ -35,12 +35,6 @@ def _first_line(exc: BaseException, most: int = 300) -> str:
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
-def _require(module: str, spec: str) -> None:
-    """A one-line ValueError naming the extra that installs ``module`` when it is missing."""
-    if importlib.util.find_spec(module) is None:
-        raise ValueError(f"{spec} needs {module}: pip install {module} (or overinterp_fast[hub])")
-
-
 def torch_hub_file(url: str) -> str:
     """Where ``torch.hub.load_state_dict_from_url(url)`` keeps its download: ``<hub dir>/checkpoints/<file name>``."""
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(url).path))
@@ -51,8 +45,7 @@ def _timm_cached_file(cfg: dict) -> tuple[str | None, list[str]]:
     looked = []
     hub_id = cfg.get("hf_hub_id")
     if hub_id:
-        from huggingface_hub import try_to_load_from_cache
-
+        try_to_load_from_cache = load("huggingface_hub", "hub", "timm's weights cache").try_to_load_from_cache
         repo, _, revision = hub_id.partition("@")
         filename = cfg.get("hf_hub_filename")
         names = [filename] if filename else ["model.safetensors", "pytorch_model.bin"]  # as timm tries them
@@ -74,16 +67,13 @@ def load_timm(name: str, weights: str | None = None) -> tuple[nn.Module, Library
     """timm model ``name`` (an architecture, or ``architecture.tag`` for one set of its weights) with its
     pretrained weights from ``weights`` (a local state-dict or safetensors file) or timm's caches, and the
     transform of its data config (``timm.data.resolve_model_data_config``)."""
-    _require("timm", f"timm:{name}")
-    import timm
+    timm = load("timm", "hub", f"timm:{name}")
 
     if not timm.is_model(name):
         raise ValueError(f"timm has no model {name!r} (timm.list_models() lists them)")
     if weights is None:
-        from timm.models import get_pretrained_cfg
-
         try:
-            cfg = get_pretrained_cfg(name)
+            cfg = timm.models.get_pretrained_cfg(name)
         except RuntimeError as exc:  # an unknown tag
             raise ValueError(f"timm:{name}: {_first_line(exc)}") from None
         if cfg is None:
@@ -107,8 +97,7 @@ def load_torchvision(name: str, weights: str | None = None) -> tuple[nn.Module, 
     """torchvision classification model ``name`` with its DEFAULT weights (from the torch hub cache) or the state
     dict in the file ``weights`` (for the architecture ``get_model(name, weights=None)`` builds), and the DEFAULT
     weights' transforms (``weights.transforms()``: resize, centre crop, mean and std)."""
-    _require("torchvision", f"torchvision:{name}")
-    from torchvision import models
+    models = load("torchvision.models", "audit", f"torchvision:{name}")
 
     if name not in models.list_models(module=models):
         raise ValueError(f"torchvision has no classification model {name!r} "
@@ -150,8 +139,9 @@ def load_transformers(name: str) -> tuple[nn.Module, LibraryTransform]:
     ``save_pretrained``), through ``AutoModelForImageClassification`` and ``AutoImageProcessor`` with
     ``local_files_only=True``; the model returns logits (:class:`ImageClassifierLogits`), the transform is the
     image processor's."""
-    _require("transformers", f"hf:{name}")
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    transformers = load("transformers", "hub", f"hf:{name}")
+    AutoImageProcessor, AutoModelForImageClassification = (transformers.AutoImageProcessor,
+                                                            transformers.AutoModelForImageClassification)
 
     try:
         processor = AutoImageProcessor.from_pretrained(name, local_files_only=True)

@@ -174,9 +174,8 @@ def _sklearn(filename: str):
 
 def _grey(name: str):
     def load() -> np.ndarray:
-        import skimage.data
-
-        return np.repeat(getattr(skimage.data, name)()[..., None], 3, axis=2)  # grey as RGB: R = G = B
+        photo = _skimage(name)()
+        return np.repeat(photo[..., None], 3, axis=2)  # grey as RGB: R = G = B
 
     return load
 

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..util.optional import load
 from .imagenet import MEAN, STD, center_crop, normalize
 
 
@@ -123,7 +124,7 @@ class LibraryTransform(Preprocessing):
     timm_config: dict | None = None
 
     def crop(self, photo: np.ndarray) -> np.ndarray:
-        from PIL import Image
+        Image = load("PIL.Image", "audit", "a library's transform")
 
         out = np.asarray(self.geometry(Image.fromarray(np.asarray(photo))))
         if out.ndim == 3 and out.shape[0] in (1, 3) and out.shape[-1] not in (1, 3):
@@ -177,7 +178,7 @@ def from_timm_config(config: dict) -> LibraryTransform:
     """The evaluation transform of a timm data config ({"input_size": (C, H, W), "interpolation", "mean", "std",
     "crop_pct", "crop_mode"}): the geometry of ``timm.data.create_transform(**config)``, which timm builds from
     torchvision's Resize and CenterCrop (or its own for crop_mode "border")."""
-    from timm.data import create_transform
+    create_transform = load("timm.data", "hub", "a timm transform").create_transform
 
     pipeline = create_transform(**config, is_training=False, use_prefetcher=True)  # no ToTensor, no Normalize
     steps = list(pipeline.transforms)
@@ -187,7 +188,7 @@ def from_timm_config(config: dict) -> LibraryTransform:
     resize = next((getattr(s, "size", None) for s in steps if type(s).__name__ in ("Resize", "ResizeKeepRatio")),
                   None)
     resize = resize[0] if isinstance(resize, (list, tuple)) and len(set(resize)) == 1 else resize
-    from torchvision import transforms
+    transforms = load("torchvision.transforms", "audit", "a timm transform")
 
     info = {"library": "timm", "resize": list(resize) if isinstance(resize, (list, tuple)) else resize,
             "crop_pct": config.get("crop_pct"), "interpolation": config.get("interpolation"),
@@ -199,15 +200,14 @@ def from_timm_config(config: dict) -> LibraryTransform:
 def from_timm(model: torch.nn.Module) -> LibraryTransform:
     """The model's own evaluation transform: ``timm.data.resolve_model_data_config(model)`` (size, crop_pct,
     interpolation, mean, std from its pretrained config), made as ``timm.data.create_transform`` makes it."""
-    from timm.data import resolve_model_data_config
-
-    return from_timm_config(resolve_model_data_config(model))
+    timm_data = load("timm.data", "hub", "a timm model's transform")
+    return from_timm_config(timm_data.resolve_model_data_config(model))
 
 
 def from_torchvision(weights) -> LibraryTransform:
     """The transform of a torchvision weights enum (``weights.transforms()``, an ``ImageClassification``):
     Resize to ``resize_size`` with its interpolation and antialias, CenterCrop to ``crop_size``, its mean and std."""
-    from torchvision import transforms
+    transforms = load("torchvision.transforms", "audit", "a torchvision transform")
 
     t = weights.transforms()
     for attr in ("resize_size", "crop_size", "interpolation", "mean", "std"):
@@ -247,7 +247,7 @@ def from_image_processor(processor) -> LibraryTransform:
                                                                     1 / 255):
         raise ValueError(f"{name} rescales pixels by {processor.rescale_factor}, not 1/255")
     geometry = _ProcessorGeometry(processor)
-    from PIL import Image
+    Image = load("PIL.Image", "audit", "an image processor's transform")
 
     probe = np.asarray(geometry(Image.new("RGB", (400, 300))))
     size = _square(list(probe.shape[-2:]), name)
@@ -256,9 +256,7 @@ def from_image_processor(processor) -> LibraryTransform:
     std = processor.image_std if normalizes else 1.0
     resample = getattr(processor, "resample", None)
     try:
-        from PIL.Image import Resampling
-
-        interpolation = Resampling(int(resample)).name.lower()
+        interpolation = Image.Resampling(int(resample)).name.lower()
     except (TypeError, ValueError):
         interpolation = None if resample is None else str(resample)
     size_spec = getattr(processor, "size", None)

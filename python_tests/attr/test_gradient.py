@@ -58,5 +58,8 @@ def test_show_progress_draws_a_bar(monkeypatch, show):
     GradientSIS(make_cnn(0), threshold=0.3, k=5).find_sis(make_images(1), show_progress=show)
     if show:
         assert tty.last_line().startswith("gradient SIS: 100%")
+        frames = [f for f in "".join(tty.text).replace("\r", "\n").splitlines() if f.strip()]
+        # every frame drawn has the total (no empty bar of unknown length first): 5 x 5 pixels, 5 a step
+        assert frames and all("/5 [" in f for f in frames), frames
     else:
         assert "".join(tty.text) == ""

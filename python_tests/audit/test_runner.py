@@ -147,8 +147,8 @@ def test_method_auto_resolves_by_image_size_and_gradients(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="overinterp_fast"):
         runner.resolve_method("auto", (3, 40, 40), [onnx])
     assert [(r.name, r.getMessage()) for r in caplog.records if r.name.startswith("overinterp_fast")] == [
-        ("overinterp_fast.audit.runner", "method 'auto' runs 'responsibility': 1600 pixels (more than 1024, and a "
-                                         "model without gradients)")]
+        ("overinterp_fast.methods.choice", "method 'auto' runs 'responsibility': 1600 features (more than 1024, "
+                                           "and a model without gradients)")]
 
 
 def _order_result(order: list[int]) -> SISResult:

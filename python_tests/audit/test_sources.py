@@ -395,6 +395,20 @@ def test_torchvision_style_dataset_labels_from_targets_and_a_crop():
         ds.from_dataset(data)
 
 
+def test_torchvision_image_folder_names_its_images_as_the_command_line_does(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    root = tmp_path / "tree"
+    for cls, files in (("cat", ("1.png", "2.png")), ("dog", ("1.jpeg",))):
+        (root / cls).mkdir(parents=True)
+        for f in files:
+            save(root / cls / f, rgb(8, 8))
+    src = ds.from_dataset(ImageFolder(str(root)), 8)
+    assert src.image_names == ["cat/1", "cat/2", "dog/1"] == ds.open_images(str(root), 8).image_names
+    assert src.image_labels == [0, 0, 1]
+    assert ds.from_dataset(ImageFolder(str(root)), 8, names=["a", "b", "c"]).image_names == ["a", "b", "c"]
+
+
 def test_hugging_face_dataset_dicts_class_label_and_unlabelled():
     datasets = pytest.importorskip("datasets")
     photos = [rgb(8, 8) for _ in range(3)]

@@ -198,6 +198,22 @@ def test_cli_audit_onnx_and_torchscript_then_report(image_folder, model_files, t
     assert (out / "report.html").stat().st_size > 1000
 
 
+def test_cli_auto_on_a_torchscript_model_runs_gradient_sis_quietly(image_folder, tmp_path, capsys, recwarn):
+    """Above 32 x 32 pixels "auto" is gradient SIS; on a TorchScript file it runs (channels_last steps aside),
+    without torch's TorchScript deprecation warning or a log line about incremental inference."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(tiny_cnn(1)), str(tmp_path / "tiny.ts"))
+    out = tmp_path / "sis"
+    assert main(["sis", "--model", str(tmp_path / "tiny.ts"), "--images", str(image_folder), "--size", "40",
+                 "--quiet", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "WARNING" not in err and "deprecated" not in err, err
+    assert not [w for w in recwarn if "torch.jit" in str(w.message)]
+    rec = load_audit(str(out))
+    assert rec.models[0].method == "gradient" and len(rec.models[0].results) == 3
+
+
 def test_cli_sis_writes_results_and_figure(image_folder, model_files, tmp_path):
     out = tmp_path / "sis"
     assert main(["sis", "--model", model_files["b"], "--images", str(image_folder), "--size", str(SIDE),

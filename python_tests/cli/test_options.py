@@ -161,7 +161,7 @@ def test_verbose_shows_the_librarys_decisions_and_leaves_logging_as_it_was(input
     assert "INFO" not in capsys.readouterr().err  # warnings only by default
     assert main(["-v"] + argv) == 0
     err = capsys.readouterr().err
-    assert "INFO overinterp_fast.audit.runner: method 'auto' runs 'exact': 64 pixels (at most 1024)\n" in err
+    assert "INFO overinterp_fast.methods.choice: method 'auto' runs 'exact': 64 features (at most 1024)\n" in err
     assert (package.level, list(package.handlers)) == before
 
 
@@ -280,6 +280,21 @@ def test_resume_refuses_a_folder_without_a_stored_configuration(completed, tmp_p
     assert capsys.readouterr().err == (f"overinterp-fast: error: --resume: the audit in '{out}' was stored without "
                                        f"its command line (by an earlier version); rerun its full command with "
                                        f"--out {out}\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["audit", "--model", "m", "--out", "o", "--threshold", "2"], "argument --threshold: must lie in [0, 1], got 2.0"),
+    (["sis", "--model", "m", "--out", "o", "--method", "fast"], "argument --method: invalid choice: 'fast'"),
+    (["audit", "--out", "o"], "the following arguments are required: --model (or --resume OUT)"),
+    (["nonsense"], "argument command: invalid choice: 'nonsense'"),
+])
+def test_argument_errors_end_in_the_line_every_error_ends_in(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: overinterp-fast"), err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"overinterp-fast: error: {message}"), last
 
 
 def test_audit_needs_model_and_out_or_resume(capsys):

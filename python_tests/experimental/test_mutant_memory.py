@@ -7,6 +7,7 @@ right, so the maps must be those of the same descents scored by the model, for f
 import pytest
 import torch
 import overinterp_fast as of
+from overinterp_fast.attr._base import Data
 from overinterp_fast.experimental import SurrogateMinimalPixelSet, SurrogateResponsibility
 from overinterp_fast.experimental.mutant_memory import MutantMemory, RememberingEvaluator, remembered_responsibility
 from overinterp_fast.methods.responsibility import MutantCache, compute_responsibility
@@ -172,7 +173,7 @@ def test_progress_bar_counts_the_waves(monkeypatch, progress, shown):
     model = PatchReader(ROWS, COLS, need=0.4).eval()
     maps = SurrogateResponsibility(model, iterations=3, min_box=4, monotone_memory=True)
     if progress is None:  # the runtime's progress=None (a bar on a terminal), as the function forms take it
-        maps._maps(torch.ones(1, 1, 28, 28), None, 0.0, None, None)
+        maps._maps(Data(torch.ones(1, 1, 28, 28), progress=None))
     else:
         maps.compute_maps(torch.ones(1, 1, 28, 28), show_progress=progress)
     terminal.assert_finished_bar(shown, "responsibility", 3, "descent")

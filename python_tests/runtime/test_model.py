@@ -178,9 +178,12 @@ def test_check_output_messages():
     assert M.ModelFn.check_output(torch.zeros(1, 1), 1, cpu).shape == (1, 1)  # one class is enough
     with pytest.raises(TypeError, match=whole("model must return a tensor of logits [B, K], got list")):
         M.ModelFn.check_output([[0.0]], 1, cpu)
-    for bad in (torch.zeros(3), torch.zeros(2, 2), torch.zeros(3, 2, 1)):
-        with pytest.raises(ValueError, match=whole(
-            f"model must map a batch [B, *D] to [B, K]; for B = 3 it returned shape {tuple(bad.shape)}")):
+    start = "the model must map a batch [B, *D] to scores [B, K] (K classes); for B = 3 it returned shape"
+    for bad, said in ((torch.zeros(3), "(3,); a model with one score per example must return one per class (e.g. two "
+                                       "logits [B, 2] for a binary classifier)"),
+                      (torch.zeros(2, 2), "(2, 2)"), (torch.zeros(3, 2, 1), "(3, 2, 1); drop its last dimension "
+                                                                            "(out.squeeze(-1))")):
+        with pytest.raises(M.OutputShapeError, match=whole(f"{start} {said}")):
             M.ModelFn.check_output(bad, 3, cpu)
     with pytest.raises(ValueError, match=whole("model returned zero classes")):
         M.ModelFn.check_output(torch.zeros(3, 0), 3, cpu)
@@ -259,8 +262,10 @@ def test_is_one_unbatched_sample():
         return torch.zeros(t.shape[0], 2)
 
     assert M._is_one_unbatched_sample(M.ModelFn(rows), img)
-    assert seen == [(2, 3, 4)]
+    assert seen == [(2, 3, 4), (1, 3, 4)]
     assert M._is_one_unbatched_sample(M.ModelFn(lambda t: torch.zeros(t.shape[0], 1)), img)
+    # [2, K] for two copies but [K] for one: the model squeezes a batch of one, the images may be a batch
+    assert not M._is_one_unbatched_sample(M.ModelFn(lambda t: torch.zeros(t.shape[0], 2).squeeze(0)), img)
     assert not M._is_one_unbatched_sample(M.ModelFn(lambda t: torch.zeros(1, 2)), img)  # ignores the batch
     assert not M._is_one_unbatched_sample(M.ModelFn(lambda t: torch.zeros(t.shape[0])), img)
     assert not M._is_one_unbatched_sample(M.ModelFn(lambda t: torch.zeros(t.shape[0], 0)), img)
@@ -318,6 +323,18 @@ def test_initial_predictions_errors():
     assert isinstance(err.value.__cause__, RuntimeError)
     with pytest.raises(RuntimeError, match=whole("expected a 3-D batch")):  # not one sample either
         M.initial_predictions(M.ModelFn(wants_rank3), torch.zeros(4, 5, 6, 7), None, runner)
+
+    # a model that returns [B] (one score per example), or squeezes a batch of one to [K]: its output shape is named,
+    # not a missing batch dimension of the images
+    lin = torch.nn.Linear(12, 3)
+    per_example = M.ModelFn(lambda t: lin(t.flatten(1))[:, 0])
+    for n in (1, 2):
+        with pytest.raises(M.OutputShapeError, match=rf"for B = {n} it returned shape \({n},\); a model with one"):
+            M.initial_predictions(per_example, torch.zeros(n, 3, 2, 2), None, runner)
+    squeezed = M.ModelFn(lambda t: lin(t.flatten(1)).squeeze())
+    with pytest.raises(M.OutputShapeError, match=whole(
+            "the model must map a batch [B, *D] to scores [B, K] (K classes); for B = 1 it returned shape (3,)")):
+        M.initial_predictions(squeezed, torch.zeros(1, 3, 2, 2), None, runner)
 
     def oom(t):
         raise torch.OutOfMemoryError("planted")

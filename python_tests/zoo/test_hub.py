@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from helpers import block_module
 
 from overinterp_fast.cli import loading, main
 from overinterp_fast.zoo import hub
@@ -180,14 +181,14 @@ def test_sis_command_on_a_transformers_model(tmp_path, empty_caches, capsys):
     assert os.path.isfile(tmp_path / "out" / "sis.png")
 
 
-def test_a_missing_library_is_named_in_one_line(monkeypatch):
-    import importlib.util
+@pytest.mark.parametrize("spec, module, extra", [("timm:resnet18", "timm", "hub"),
+                                                 ("hf:org/net", "transformers", "hub"),
+                                                 ("torchvision:resnet18", "torchvision", "audit")])
+def test_a_missing_library_is_named_with_its_extra(monkeypatch, spec, module, extra):
+    from overinterp_fast.errors import MissingDependency
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("timm", "transformers")
-                        else real(name, *a))
-    with pytest.raises(ValueError, match=r"^timm:resnet18 needs timm: pip install timm \(or overinterp_fast\[hub\]\)$"):
-        loading.load_model("timm:resnet18")
-    with pytest.raises(ValueError, match=r"^hf:org/net needs transformers: pip install transformers \(or "
-                                         r"overinterp_fast\[hub\]\)$"):
-        loading.load_model("hf:org/net")
+    block_module(monkeypatch, module)
+    with pytest.raises(MissingDependency) as err:
+        loading.load_model(spec)
+    assert str(err.value) == f"{spec} needs {module}, which is not installed: pip install 'overinterp-fast[{extra}]'"
+    assert err.value.extra == extra
