@@ -43,6 +43,9 @@ class SISResult:
         engine: what scored the candidates: "torch" (the model as given), "onnxruntime"
             or "compile". With another engine than "torch" on a torch model, ``sis`` and
             ``sis_score`` come from a check on the user's own model (docs: guides/exact.md, How it is fast).
+        step_graphs: for method="gradient", True when the gradient steps of this round replayed a captured CUDA
+            graph (on a GPU), False when they all ran eagerly (on a CPU, with graphs off, or where the capture
+            failed: a logged line says why); None for the other methods.
         rescored: for exact SIS, the candidates of this round scored in the images' dtype after a lower
             ``score_dtype`` (each step's best few, and every candidate of the steps run again in the images'
             dtype after a step whose decision the low scores could not prove); 0 without ``score_dtype``
@@ -66,6 +69,7 @@ class SISResult:
     refine_queries: int | None = field(default=None)
     minimal: bool | None = field(default=None)
     rescored: int | None = field(default=None)
+    step_graphs: bool | None = field(default=None)
 
     @property
     def total_queries(self) -> int | None:
