@@ -1,15 +1,17 @@
 """Batched-gradient SIS (Carter et al. 2021, section S5; docs: algorithms.md, Batched-gradient SIS) for large images.
 
-BackSelect: the mask M over features (1 = masked) enters the model as
-x * (1 - M) + baseline * M. Each step takes one backward pass for all images of
-a round together (the gradient of the sum of their target probabilities with
-respect to M), and masks, per image, the k present features with the largest
+BackSelect: the mask M over features (1 = masked) enters the model as lerp(x, baseline, M) (x where M = 0, the
+baseline where M = 1). Each step takes one backward pass for all images of a round together (the gradient of each
+image's target probability with respect to its M), and masks, per image, the k present features with the largest
 gradient (ties: lowest feature id). About p / k steps per round.
 
 The step loop never waits for the device: each image's number of steps, ceil(count / k), is known on the host
-in advance, and the selection, the masks, the masking order, the values of f and the finiteness check stay on the
-device, written by index into tensors made once per round. The host reads them once per round, in one
-:func:`~overinterp_fast.runtime.sync.to_host` call.
+in advance, and a step is one function of fixed tensors (:class:`RoundSteps`): the masked inputs, the forward and
+backward pass, the ranking (a stable sort of the gradient plus a penalty of -inf on masked features) and the
+records (mask, penalty, place in the masking order, f) written by one scatter. On a GPU it is captured once per
+round as a CUDA graph and replayed for the round's steps (:class:`~overinterp_fast.runtime.graphs.GraphedStep`);
+elsewhere, or where the capture fails, the same function runs eagerly (``SISResult.step_graphs`` says which).
+The host reads the records once per round, in one :func:`~overinterp_fast.runtime.sync.to_host` call.
 
 FindSIS: the candidate sets are "only the last j blocks present", j = 0, 1, ...;
 the SIS is the first that reaches the threshold. Instead of one forward pass per
@@ -21,8 +23,8 @@ These evaluations run on the user's model in the images' dtype and memory format
 is verified in full precision: ``sis_score`` = f(x_S) >= threshold.
 
 The gradient steps may run faster than that: under autocast (bf16 by default on CUDA and on CPUs with bf16
-hardware) and on channels_last
-inputs (by default for 4-D inputs of a torch model; see :class:`ChannelsLastModel`).
+hardware) and on channels_last inputs (by default for 4-D inputs of a torch model; see :class:`ChannelsLastModel`),
+with the model's weights laid out and cast for them once per job (:class:`LaidOutWeights`).
 """
 from __future__ import annotations
 
@@ -320,7 +322,8 @@ class RoundSteps:
 
     Buffers: ``rec`` [A, w + p, 4] (M, PEN, RANK, F per feature; the leaf of the gradient), ``src`` [A, w, 4] (what a
     step writes: 1, -inf, t w + j: the step counter, advanced by w per step; f), the inputs ``x`` [A, *D] and
-    ``base`` ([1, *D] or [A, *D]), ``targets`` [A, 1], and the sort's ``key``, ``keys`` and ``ranked`` [A, w + p].
+    ``base`` ([1, *D] or [A, *D]) and ``targets`` [A, 1]. The step's other tensors are made and freed within it
+    (inside a captured graph, in its memory pool).
     """
 
     def __init__(self, model, outputs: str, x: torch.Tensor, base: torch.Tensor, targets: torch.Tensor,
@@ -329,27 +332,21 @@ class RoundSteps:
         dev, dtype = x.device, x.dtype
         w = min(k, p)
         self.model, self.outputs, self.autocast, self.expand = model, outputs, autocast, expand
-        self.x, self.base, self.targets, self.w, self.p = x, base, targets.view(-1, 1), w, p
+        self.x, self.base, self.targets, self.w = x, base, targets.view(-1, 1), w
         rdt = records_dtype(dtype, w + p)
         self.cast_mask = rdt != dtype  # the mask reaches the model in the images' dtype
-        rec = torch.zeros((A, w + p, 4), dtype=rdt, device=dev)  # F 0; M and PEN +0.0 for present features
-        absent = ~present
-        rec[:, :w, MASK].fill_(1.0)
-        rec[:, w:, MASK].masked_fill_(absent, 1.0)
-        rec[:, :w, PEN].fill_(-torch.inf)
-        rec[:, w:, PEN].masked_fill_(absent, -torch.inf)
-        rec[..., RANK].fill_(torch.inf)
+        # per feature (M, PEN, RANK, F): masked features and the dummies (1, -inf, +inf, 0), present ones
+        # (+0.0, +0.0, +inf, 0); what a step writes (1, -inf, t w + j, f)
+        rows = torch.tensor([[1.0, -torch.inf, torch.inf, 0.0], [0.0, 0.0, torch.inf, 0.0], [1.0, -torch.inf, 0.0, 0.0]],
+                            dtype=rdt, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)  # no wait
+        rec = torch.empty((A, w + p, 4), dtype=rdt, device=dev)
+        rec[:, :w].copy_(rows[0])
+        torch.where(present.unsqueeze(-1), rows[1], rows[0], out=rec[:, w:])
         self.rec = rec
-        src = torch.empty((A, w, 4), dtype=rdt, device=dev)
-        src[..., MASK].fill_(1.0)
-        src[..., PEN].fill_(-torch.inf)
-        src[..., RANK].copy_(torch.arange(w, device=dev, dtype=rdt).expand(A, w))
-        src[..., F].fill_(0.0)
+        src = rows[2].repeat(A, w, 1)
+        src[..., RANK].add_(torch.arange(w, device=dev, dtype=rdt))
         self.src = src
         self.zeros = torch.zeros((A, w), dtype=torch.float64, device=dev)
-        self.key = torch.empty((A, w + p), dtype=rdt, device=dev)
-        self.keys = torch.empty_like(self.key)
-        self.ranked = torch.empty((A, w + p), dtype=torch.int64, device=dev)
         self.wide: torch.Tensor | None = None  # float64 records of f, where f is wider than ``rec`` (made once)
 
     def step(self, sl: slice) -> tuple[Callable[[], None], list[torch.Tensor]]:
@@ -357,7 +354,6 @@ class RoundSteps:
         leaf = self.rec[sl].detach().requires_grad_(True)  # shares rec's memory: the steps write rec
         x, tg, src, zeros = self.x[sl], self.targets[sl], self.src[sl], self.zeros[sl]
         base = self.base[sl] if self.base.shape[0] > 1 else self.base
-        key, keys, ranked = self.key[sl], self.keys[sl], self.ranked[sl]
         n, w, dev = x.shape[0], self.w, x.device
         fit = self.outputs == "logits"
         ctx = (lambda: torch.autocast(dev.type, dtype=self.autocast)) if self.autocast is not None else (
@@ -388,9 +384,8 @@ class RoundSteps:
                 # f, or NaN where f or the gradient is not finite (f + 0 * sum: inf * 0 is NaN)
                 fsrc = torch.addcmul(f, gs, zeros) if wide is not None else torch.addcmul(f, gs, zeros,
                                                                                           out=src[..., F])
-                torch.add(g, leaf[..., PEN], out=key)
-                torch.sort(key, dim=1, descending=True, stable=True, out=(keys, ranked))
-                top = ranked[:, :w]
+                key = g + leaf[..., PEN]
+                top = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :w]
                 leaf.scatter_(1, top.unsqueeze(-1).expand(n, w, 4), src)
                 if wide is not None:
                     wide.scatter_(1, top, fsrc)
@@ -400,8 +395,8 @@ class RoundSteps:
 
     def selection(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(order int64 [A, p]: each row's features in the order masked this round, then the others; f before
-        each step int64 [A, ceil(p / w)]: ``f[a, t]`` before step t of row a, NaN where not finite), on the
-        device."""
+        each step [A, ceil(p / w)]: ``f[a, t]`` before step t of row a, NaN where it or that step's gradient was not
+        finite), on the device."""
         w = self.w
         rec = self.rec.detach()
         order = torch.argsort(rec[:, w:, RANK], dim=1, stable=True)

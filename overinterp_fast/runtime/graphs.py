@@ -293,7 +293,7 @@ class GraphedStep:
         elif not self.wanted or self.failed is not None:
             self._eager()
         elif self.calls <= self.warmup:
-            self._eager(side_stream=True)
+            self._eager(side_stream=self.device.type == "cuda")
         else:
             self._capture_and_check()
 
