@@ -164,8 +164,8 @@ def check_candidates(prep: Prepared, image, row=None, feature=None, rows: int = 
     for values, hi, lo, what in ((image, prep.images.shape[0], 0, "cand_image"), (row, rows, 0, "cand_row"),
                                  (feature, prep.num_features, -1, "cand_feature")):
         if values is not None:
-            t = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, np.int64))
-            checks.append((t.reshape(-1), lo, hi, what))
+            t = values.reshape(-1) if isinstance(values, torch.Tensor) else np.asarray(values, np.int64).reshape(-1)
+            checks.append((t, lo, hi, what))
     check_ranges("mask_apply", checks)
 
 
