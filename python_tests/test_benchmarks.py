@@ -38,8 +38,8 @@ def replays(monkeypatch):
     """Wherever graphs are enabled, the model's calls bypass its hooks, as a graph's replay does."""
     real = job.fixed_shapes
 
-    def fixed_shapes(fn, runner):
-        real(fn, runner)
+    def fixed_shapes(fn, runner, *policy):
+        real(fn, runner, *policy)
         if graphs.enabled() and isinstance(fn.model, nn.Module):
             fn.run = fn.model.forward
 
