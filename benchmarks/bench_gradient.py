@@ -161,7 +161,7 @@ def job_proxies(size: int = 64, n: int = 8, k: int = 64) -> dict:
             "ops_per_forward_call": ops.outside_per_call, "ops_outside": ops.outside,
             "forward_calls": ops.forward_calls, "reads_by_label": reads.by_label,
             "batch_shapes": sorted(s[0] for s in ops.shapes),
-            "steps": sum(r.blocks.numel() - 1 for r in res)}
+            "steps": max(r.blocks.numel() - 1 for r in res)}  # one round: every image steps together
 
 
 AUTOCAST_MODES = {"auto": "auto", "off": None, "bf16": "bf16", "fp16": "fp16"}

@@ -71,7 +71,7 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   cold case; no ReX environment is needed.
 
 - Proxies a CPU can check (``proxies`` in the summary; --no-proxies skips them): two jobs of ours (the defaults,
-  the torch engine) on the CPU with a near-free torch model (a 28 x 28 average pool and one linear layer, so the
+  the torch engine) on the CPU with a near-free torch model (an average pool to 8 x 8 and one linear layer, so the
   time is the loop's own), the first half of the photos (seed --seed) and then the other half (seed --seed + 1):
   per job the aten ops outside the model per query round (a round: one device read) and per forward call, the
   device reads by label, the distinct batch shapes (and how many the second job adds), the forward calls per
@@ -397,11 +397,11 @@ def describe_options(opts: dict) -> str:
 
 
 def near_free_photo_model(classes: int = 1000) -> torch.nn.Module:
-    """A torch model whose forward pass costs next to nothing on 3 x 224 x 224 photos: a 28 x 28 average pool (an
-    8 x 8 grid, so where the evidence lies still matters) and one linear layer, seeded."""
+    """A torch model whose forward pass costs next to nothing on 3-channel photos: an average pool to an 8 x 8 grid
+    (so where the evidence lies still matters) and one linear layer, seeded."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.AvgPool2d(28), torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, classes),
-                               ).eval()
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(),
+                               torch.nn.Linear(3 * 8 * 8, classes)).eval()
 
 
 def proxies(images: torch.Tensor, seed: int, **options) -> dict:
@@ -429,7 +429,7 @@ def proxies(images: torch.Tensor, seed: int, **options) -> dict:
                      "host_ms_per_round": 1000 * t / max(1, reads.count),
                      "host_ms_per_forward_call": 1000 * t / max(1, ops.forward_calls)})
         seen |= shapes
-    return {"model": "near-free (28 x 28 average pool, one linear layer), torch engine, CPU", "jobs": jobs}
+    return {"model": "near-free (an average pool to 8 x 8, one linear layer), torch engine, CPU", "jobs": jobs}
 
 
 def show_proxies(px: dict) -> None:
