@@ -229,9 +229,10 @@ class StepGraphs:
 
     def release(self) -> None:
         """Drop every step's graph (their memory goes back to the pool's owner once nothing references it)."""
-        for s in self.steps:
-            s.graph = None
-        self.steps.clear()
+        with sanctioned_wait():  # destroying a graph is not a wait of the loop it served
+            for s in self.steps:
+                s.graph = None
+            self.steps.clear()
 
 
 class GraphedStep:

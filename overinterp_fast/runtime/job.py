@@ -122,7 +122,7 @@ def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int
                         expected_rows=expected_rows, measure_fn=measure_fn, exact_shape=exact_shape,
                         rival_s=rival_s, max_batch=s.top)
     s.runner.chunk = eng.batch_size
-    if s.top is not None and not isinstance(eng.fn.model, OnnxModel):  # the ladder's shapes, full calls on its top
+    if s.top is not None and eng.name != "onnxruntime":  # the ladder's shapes, full calls on its top
         s.runner.chunk = min(power_of_two_floor(eng.batch_size), s.top)
     elif s.top is not None:  # ONNX Runtime's batches: the user's model (the verifier) pads under them
         fixed_shapes(s.fn, s.runner, max(s.top, 1 << max(0, eng.batch_size - 1).bit_length()))
