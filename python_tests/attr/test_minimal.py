@@ -94,3 +94,27 @@ def test_a_job_takes_a_few_fixed_shapes_and_a_second_job_adds_none():
     assert rows(first) == set(ladder_sizes(32)) == {1, 2, 4, 8, 16, 32}
     assert rows(second) <= rows(first) and len(first.shapes) <= 8
     assert all(r.mask is not None for r in res)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_each_shape_is_captured_once_per_model_not_per_seed(monkeypatch):
+    from helpers import tiny_cnn
+    from overinterp_fast.runtime import graphs
+    from overinterp_fast.runtime.batching import LADDER_RUNGS
+    from overinterp_fast.zoo.imagenet import load_photos
+
+    model = tiny_cnn(0).cuda()
+    x, _, _ = load_photos(32, ["chelsea", "coffee", "astronaut"])
+    x = x.cuda()
+    first = of.fast_sis(model, x[:1], method="responsibility", engine="torch")
+    captured = dict(graphs.for_model(model).graphs)
+    assert 1 <= len(captured) <= LADDER_RUNGS
+    later = of.fast_sis(model, x[1:], method="responsibility", engine="torch",
+                        options=of.MinimalPixelSetOptions(seed=7))
+    again = graphs.for_model(model).graphs
+    assert set(again) == set(captured) and all(again[k] is captured[k] for k in captured)  # nothing new
+    monkeypatch.setenv(graphs.ENV_VAR, "0")  # the same sets without graphs
+    for got, want in ((first, of.fast_sis(model, x[:1], method="responsibility", engine="torch")),
+                      (later, of.fast_sis(model, x[1:], method="responsibility", engine="torch",
+                                          options=of.MinimalPixelSetOptions(seed=7)))):
+        assert [r.mask.tolist() for r in got] == [r.mask.tolist() for r in want]
