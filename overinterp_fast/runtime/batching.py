@@ -87,6 +87,11 @@ def power_of_two_floor(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
+def power_of_two_ceil(n: int) -> int:
+    """The smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def ladder_sizes(top: int) -> tuple[int, ...]:
     """The batch shapes of the ladder policy under a largest shape ``top`` (a power of two), ascending:
     top / 2^j for j < LADDER_RUNGS, at least 1 (for 2048: 16, 32, ..., 2048; for 16: 1, 2, 4, 8, 16)."""
@@ -101,7 +106,7 @@ def ladder(rows: int, top: int) -> int:
     smallest)."""
     if rows >= top:
         return rows
-    return max(ladder_sizes(top)[0], 1 << max(0, int(rows) - 1).bit_length())
+    return max(ladder_sizes(top)[0], power_of_two_ceil(rows))
 
 
 class ChunkRunner:

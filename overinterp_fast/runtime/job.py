@@ -12,7 +12,7 @@ import torch
 
 from . import graphs
 from .batching import (CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size, ladder,
-                       power_of_two_floor)
+                       power_of_two_ceil, power_of_two_floor)
 from .engines import Engine, select_engine
 from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, model_memory_format
@@ -125,7 +125,7 @@ def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int
     if s.top is not None and eng.name != "onnxruntime":  # the ladder's shapes, full calls on its top
         s.runner.chunk = min(power_of_two_floor(eng.batch_size), s.top)
     elif s.top is not None:  # ONNX Runtime's batches: the user's model (the verifier) pads under them
-        fixed_shapes(s.fn, s.runner, max(s.top, 1 << max(0, eng.batch_size - 1).bit_length()))
+        fixed_shapes(s.fn, s.runner, max(s.top, power_of_two_ceil(eng.batch_size)))
     fixed_shapes(eng.fn, s.runner, s.top)
     return eng
 
