@@ -17,13 +17,27 @@ reported. The contenders: fast_sis once per --autocast mode ("auto": the default
 --reference-images images (it takes one backward pass per image and block: on a GPU the slowest part by far).
 Times are compared per image. Every run prints its line and rewrites the JSON, so a run stopped by a time limit
 keeps every row measured so far.
+
+Proxies a CPU can check (what a GPU would wait for, counted without one; --no-proxies skips them):
+- per row, ``ops_per_step``: the aten ops one gradient step dispatches outside the model's forward and backward
+  (the step function that a GPU captures as one CUDA graph, counted by runtime.opcount.counting_ops), and
+  ``host_ms_per_step_meta``: the host's milliseconds per step with the model and images on the ``meta`` device
+  (every op dispatched, no arithmetic: what an eager step costs the host; autocast off, the defaults' memory
+  format), beside ``host_ms_model_meta``, the model's own forward and backward pass there (meta kernels are slower
+  to dispatch than CUDA launches, so the two are compared, not read as a GPU's times), all of the row's model,
+  images and k;
+- ``proxies`` (once per run): a whole job of one conv layer on 8 random 3x64x64 images, k = 64, autocast off, on
+  the CPU: the ops outside the model per forward call, the forward calls, the device reads by label (one per
+  round: none inside it) and the distinct batch shapes.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -94,6 +108,62 @@ def verified(results, tau: float) -> bool:
     return all(r.sis_score >= tau for r in results if r.sis is not None)
 
 
+def step_proxies(model, images: torch.Tensor, k: int, steps: int = 5) -> dict:
+    """CPU proxies of one gradient step of ``model`` on ``images`` [N, C, H, W] (pixel features, baseline 0),
+    with the model and images on the ``meta`` device (no arithmetic): the aten ops the step dispatches outside
+    the model (``ops_per_step``), and the host's milliseconds per step (``host_ms_per_step_meta``, mean of
+    ``steps`` steps after one warm-up; autocast off, channels_last as the defaults choose for a conv model)."""
+    from overinterp_fast.methods.gradient import ChannelsLastModel, MaskExpander, RoundSteps
+    from overinterp_fast.runtime.opcount import counting_ops
+
+    meta = copy.deepcopy(model).to("meta").eval()
+    n, c, h, w = images.shape
+    x = torch.empty(images.shape, device="meta").contiguous(memory_format=torch.channels_last)
+    base = torch.zeros((1, c, h, w), device="meta").contiguous(memory_format=torch.channels_last)
+    expand = MaskExpander(torch.arange(h * w, device="meta").view(1, h, w).expand(c, h, w), 1)
+    smodel = ChannelsLastModel(meta)
+    state = RoundSteps(smodel, "logits", x, base, torch.zeros(n, dtype=torch.int64, device="meta"),
+                       torch.ones((n, h * w), dtype=torch.bool, device="meta"), k, None, expand)
+    step, _ = state.step(slice(0, n))
+    with smodel.installed():
+        step()  # the first call also makes its autograd seed
+        with counting_ops(meta) as ops:
+            step()
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        ms = 1000 * (time.perf_counter() - t) / steps
+        xs = x.detach().requires_grad_(True)
+        t = time.perf_counter()
+        for _ in range(steps):  # the model's own forward and backward pass, for comparison
+            out = smodel(xs)
+            torch.autograd.grad(out, xs, grad_outputs=torch.ones_like(out))
+        model_ms = 1000 * (time.perf_counter() - t) / steps
+    return {"ops_per_step": ops.outside, "host_ms_per_step_meta": ms, "host_ms_model_meta": model_ms}
+
+
+def job_proxies(size: int = 64, n: int = 8, k: int = 64) -> dict:
+    """CPU proxies of a whole job: one conv layer on ``n`` random 3 x ``size`` x ``size`` images, k, autocast off,
+    tau = 0.9 f(x): the aten ops outside the model per forward call, the forward calls, the device reads by label
+    and the distinct batch shapes (runtime.opcount.counting_ops, runtime.sync.counting)."""
+    from overinterp_fast.runtime import sync
+    from overinterp_fast.runtime.opcount import counting_ops
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * size * size, 10)).eval()
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        tau = (0.9 * torch.softmax(model(x), 1).max(1).values).tolist()
+    with counting_ops(model) as ops, sync.counting() as reads:
+        res = of.fast_sis(model, x, tau, method="gradient", options=of.GradientOptions(k=k, autocast=None))
+    return {"config": f"one conv layer, {n} images of 3x{size}x{size}, k={k}, autocast off, CPU",
+            "ops_per_forward_call": ops.outside_per_call, "ops_outside": ops.outside,
+            "forward_calls": ops.forward_calls, "reads_by_label": reads.by_label,
+            "batch_shapes": sorted(s[0] for s in ops.shapes),
+            "steps": max(r.blocks.numel() - 1 for r in res)}  # one round: every image steps together
+
+
 AUTOCAST_MODES = {"auto": "auto", "off": None, "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -142,11 +212,19 @@ def main():
                          "fp16")
     ap.add_argument("--channels-last", action="store_true",
                     help="convert the model (for every contender) to channels_last memory format")
+    ap.add_argument("--no-proxies", action="store_true", help="skip the CPU proxies (ops per step and per call, "
+                    "host time per step on the meta device)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
     ks = args.k or [100 if device.type == "cuda" else 2000]
     rows = []
+    extra = {}
+    if not args.no_proxies:
+        extra["proxies"] = job_proxies()
+        px = extra["proxies"]
+        print(f"proxies ({px['config']}): {px['ops_per_forward_call']:.2f} ops outside the model per forward call, "
+              f"reads {px['reads_by_label']}, batch shapes {px['batch_shapes']}", flush=True)
     for name in args.models:
         model, images, names, size, relative = load_case(name, args.images, device)
         if args.channels_last:
@@ -162,6 +240,11 @@ def main():
             row = {"model": name, "device": str(device), "images": images.shape[0], "reference_images": n_ref,
                    "size": size, "k": k, "threshold": tau, "photos": names, "channels_last": is_channels_last(model),
                    "contenders": {}}
+            if not args.no_proxies:
+                row.update(step_proxies(model, images, k))
+                print(f"{name:<20}k={k:<6}a step: {row['ops_per_step']} ops outside the model, "
+                      f"{row['host_ms_per_step_meta']:.2f} ms of host time on the meta device (the model's forward "
+                      f"and backward alone: {row['host_ms_model_meta']:.2f} ms)", flush=True)
             rows.append(row)
             outputs = {}
 
@@ -173,10 +256,10 @@ def main():
                 print(f"{name:<20}k={k:<6}{contender:<15}round {r}  {seconds:9.2f} s  {c['s_per_image']:8.3f} s/image"
                       f"  speedup {c.get('speedup') or float('nan'):6.2f}  verified {c['verified']}"
                       f"  same SIS {c.get('same_sis', '-')}", flush=True)
-                write_results("gradient", device, rows, args.out)  # a run stopped later keeps this row
+                write_results("gradient", device, rows, args.out, **extra)  # a run stopped later keeps this row
 
             interleaved(contenders, args.rounds, device, f"{name} k={k}", on_result=measured)
-    print(f"wrote {write_results('gradient', device, rows, args.out)}")
+    print(f"wrote {write_results('gradient', device, rows, args.out, **extra)}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,14 @@ same machine and the same ONNX Runtime (CPU execution provider, default threads)
   alone against its floor, on the ONNX model (CPU) or the torch module (--device cuda), with the
   cold case; no ReX environment is needed.
 
+- Proxies a CPU can check (``proxies`` in the summary; --no-proxies skips them): two jobs of ours (the defaults,
+  the torch engine) on the CPU with a near-free torch model (an average pool to 8 x 8 and one linear layer, so the
+  time is the loop's own), the first half of the photos (seed --seed) and then the other half (seed --seed + 1):
+  per job the aten ops outside the model per query round (a round: one device read) and per forward call, the
+  device reads by label, the distinct batch shapes (and how many the second job adds), the forward calls per
+  photo, and the host's milliseconds per round and per forward call. Not on the ``meta`` device: each round reads
+  the device (its scores decide the next round), which a meta tensor cannot give.
+
 Targets: median queries per image <= 1/4 of ReX's; time per image >= 4x
 faster; median MPS size <= ReX's; median Dice to ReX >= ReX's seed-to-seed Dice.
 Ours is summarized as ReX is, over all its seeds: per photo the median MPS size and
@@ -388,6 +396,50 @@ def describe_options(opts: dict) -> str:
     return ", ".join(f"{key}={opts[key]}" for key in OPTION_KEYS if key in opts)
 
 
+def near_free_photo_model(classes: int = 1000) -> torch.nn.Module:
+    """A torch model whose forward pass costs next to nothing on 3-channel photos: an average pool to an 8 x 8 grid
+    (so where the evidence lies still matters) and one linear layer, seeded."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(),
+                               torch.nn.Linear(3 * 8 * 8, classes)).eval()
+
+
+def proxies(images: torch.Tensor, seed: int, **options) -> dict:
+    """CPU proxies of ours (see the module docstring): two jobs with a near-free model on the CPU, the first half of
+    ``images`` (seed ``seed``) then the other half (seed + 1; the same photos when there is only one)."""
+    from overinterp_fast.runtime import sync
+    from overinterp_fast.runtime.opcount import counting_ops
+
+    model = near_free_photo_model()
+    images = images.cpu()
+    half = max(1, images.shape[0] // 2)
+    parts = [images[:half], images[half:] if images.shape[0] > 1 else images]
+    jobs, seen = [], set()
+    for k, part in enumerate(parts):
+        with counting_ops(model) as ops, sync.counting() as reads:
+            t, _ = timed(lambda: explain(model, part, method="responsibility", seed=seed + k, engine="torch",
+                                         **options), "cpu")
+        shapes = {s[0] for s in ops.shapes}
+        jobs.append({"photos": part.shape[0], "forward_calls": ops.forward_calls,
+                     "forward_calls_per_photo": ops.forward_calls / part.shape[0], "rows": ops.rows,
+                     "ops_outside": ops.outside, "ops_per_forward_call": ops.outside_per_call,
+                     "rounds": reads.count, "ops_per_round": ops.outside / max(1, reads.count),
+                     "reads_by_label": reads.by_label, "batch_shapes": sorted(shapes),
+                     "new_batch_shapes": len(shapes - seen) if k else len(shapes),
+                     "host_ms_per_round": 1000 * t / max(1, reads.count),
+                     "host_ms_per_forward_call": 1000 * t / max(1, ops.forward_calls)})
+        seen |= shapes
+    return {"model": "near-free (an average pool to 8 x 8, one linear layer), torch engine, CPU", "jobs": jobs}
+
+
+def show_proxies(px: dict) -> None:
+    for k, j in enumerate(px["jobs"]):
+        print(f"proxies, job {k + 1} ({j['photos']} photos, {px['model']}): {j['ops_per_round']:.1f} ops outside the "
+              f"model per round, {j['ops_per_forward_call']:.1f} per forward call, {j['forward_calls_per_photo']:.1f} "
+              f"calls per photo, batch shapes {j['batch_shapes']} ({j['new_batch_shapes']} new), "
+              f"{j['host_ms_per_round']:.2f} ms per round", flush=True)
+
+
 def run_ours(counted: Counted, images, seed, **kw):
     """(seconds, results, the rows of every model call) of ours on ``images``."""
     return counted.run(lambda: explain(counted.model, images, method="responsibility", seed=seed, **kw))
@@ -429,6 +481,7 @@ def main():
     ap.add_argument("--no-rex", action="store_true", help="ours alone, against its bare forward passes")
     ap.add_argument("--device", default="cpu", help="cpu (ours on the ONNX model, beside ReX) or cuda (ours on "
                     "the torch module; ReX is not run)")
+    ap.add_argument("--no-proxies", action="store_true", help="skip the CPU proxies (ops per round, batch shapes)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.rex_seeds < 2 and not (args.no_rex or args.device != "cpu"):
@@ -534,11 +587,14 @@ def main():
             t_torch, res_t, _ = run_ours(Counted(model, device), images, args.seed, refine=refine, **ours_opts)
             same_torch = [bool(torch.equal(a.mask, b.mask)) for a, b in zip(ours_runs[0]["results"], res_t)]
         cold = None if args.no_cold else cold_case(onnx_path, names[0], str(device), **ours_opts)
+        px = None if args.no_proxies else proxies(images, args.seed, refine=refine, **ours_opts)
+        if px is not None:
+            show_proxies(px)
         check_model = of.OnnxModel(onnx_path)
         ours_runs = [{**run, "results": [to_cpu(r) for r in run["results"]]} for run in ours_runs]
         if not rex:
             ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label,
-                       {"session_s": t_session, "warmup_s": t_warm})
+                       {"session_s": t_session, "warmup_s": t_warm}, px)
             return
 
     p = images.shape[-2] * images.shape[-1]
@@ -646,6 +702,7 @@ def main():
     }
     s["ours_floor_per_image_s"] = min(floor_s) / n
     s["ours_over_floor"] = s["ours_time_per_image_s"] / s["ours_floor_per_image_s"]
+    s["proxies"] = px
     s["rex_cached"] = any(rx.get("cached") for rx, _ in rex_runs)
     s["speed_ratio"] = s["rex_time_per_image_s"] / s["ours_time_per_image_s"]
     s["query_ratio"] = rex_q / s["ours_median_queries"]
@@ -776,7 +833,8 @@ def to_cpu(r):
                                      if torch.is_tensor(getattr(r, f.name))})
 
 
-def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label, start) -> None:
+def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label, start,
+               px: dict | None = None) -> None:
     """--no-rex: ours against its bare forward passes, per photo and summarized; writes the JSON."""
     p = images.shape[-2] * images.shape[-1]
     n = len(names)
@@ -797,7 +855,8 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
          "ours_median_queries": statistics.median(r["ours_queries_median"] for r in rows),
          "ours_median_mps_fraction": statistics.median(r["ours_mps_fraction_median"] for r in rows),
          "ours_all_pass_on_model": all(ok), "ours_model": "onnx" if device.type == "cpu" else "torch",
-         "ours_session_start_s": start["session_s"], "ours_warmup_s": start["warmup_s"], "cold_case": cold}
+         "ours_session_start_s": start["session_s"], "ours_warmup_s": start["warmup_s"], "cold_case": cold,
+         "proxies": px}
     print(f"\nours alone ({ours_label}), {n} photos, seeds {s['seeds']}, {device}: "
           f"{ours_t:.2f} s per image, {s['ours_over_floor']:.2f}x its bare forward passes; "
           f"median {s['ours_median_queries']:.0f} queries, MPS {100 * s['ours_median_mps_fraction']:.2f}%; "

@@ -377,7 +377,8 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     assert eng["targets"].tolist() == _top(model, x) and eng["prep"] is rec.maps[0]["prep"]
     assert eng["prep"] is rec.extracts[0]["prep"] and torch.equal(eng["prep"].images, x)
     assert bool((eng["prep"].baseline == 0).all())  # mask_value 0 by default
-    _check_evaluator(rec.extracts[0]["evaluator"], model, eng["prep"], _top(model, x))
+    # the engine's batch size (7) rounded down to a power of two: the ladder's shapes (runtime.batching.ladder)
+    _check_evaluator(rec.extracts[0]["evaluator"], model, eng["prep"], _top(model, x), chunk=4)
     assert eng["engine"] == "auto" and eng["batch_size"] is None and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 5 * 14, 2 * 5 * 14 * 6)
     assert eng["exact_shape"] is None and eng["rival_s"] is None
@@ -386,7 +387,7 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     assert m["args"] == (5, 10, 10, 17, False, True) and m["hook"] is None
     assert m["present"].shape == (2, 56 * 112) and bool(m["present"].all())
     (e,) = rec.extracts
-    assert e["evaluator"] is m["evaluator"] and e["evaluator"].runner.chunk == 7  # the engine's batch size
+    assert e["evaluator"] is m["evaluator"] and e["evaluator"].runner.chunk == 4
     assert e["evaluator"].measure == e["evaluator"].fn.score_and_top1
     assert e["targets"].tolist() == _top(model, x)
     probs = torch.softmax(model(x), 1).max(1).values
@@ -459,12 +460,13 @@ def test_responsibility_passes_every_option(monkeypatch):
     assert eng["engine"] == "torch" and eng["batch_size"] == 6 and eng["measure_fn"] == "score_and_top1"
     assert (eng["max_rows"], eng["expected_rows"]) == (2 * 3 * 14, 2 * 3 * 14 * 6)
     assert m["args"] == (3, 4, 2, 9, False, True) and m["hook"] is None
-    assert m["evaluator"].runner.chunk == 7 and m["evaluator"].measure == m["evaluator"].fn.score_and_top1
+    # the engine's 7 under the ladder's top: the user's 6 rounded down to a power of two
+    assert m["evaluator"].runner.chunk == 4 and m["evaluator"].measure == m["evaluator"].fn.score_and_top1
     assert m["passes"](0, 0.25, False) and not m["passes"](1, 0.24, True)
     assert m["present"].shape == (2, 25) and m["present"].dtype == torch.bool and bool(m["present"].all())
     assert eng["targets"].tolist() == _top(model, x) and eng["prep"] is m["prep"]
     assert bool((m["prep"].baseline == 0).all())
-    _check_evaluator(m["evaluator"], model, m["prep"], _top(model, x))
+    _check_evaluator(m["evaluator"], model, m["prep"], _top(model, x), chunk=4)
     assert [type(r) for r in got] == [ResponsibilityMap] * 2
     top = _top(model, x)
     for i, r in enumerate(got):

@@ -38,8 +38,8 @@ def replays(monkeypatch):
     """Wherever graphs are enabled, the model's calls bypass its hooks, as a graph's replay does."""
     real = job.fixed_shapes
 
-    def fixed_shapes(fn, runner):
-        real(fn, runner)
+    def fixed_shapes(fn, runner, *policy):
+        real(fn, runner, *policy)
         if graphs.enabled() and isinstance(fn.model, nn.Module):
             fn.run = fn.model.forward
 
@@ -149,3 +149,28 @@ def test_the_pytest_benchmark_cases_stay_outside_the_suite_and_their_baseline_co
     (baseline,) = glob.glob(os.path.join(BENCH, "baseline", "*", "*.json"))
     with open(baseline) as fh:
         assert {b["name"] for b in json.load(fh)["benchmarks"]} == cases
+
+
+def test_gradient_proxies_count_the_step_and_the_job():
+    from bench_gradient import job_proxies, small_cnn_case, step_proxies
+
+    model, images, _ = small_cnn_case(2, "cpu")
+    step = step_proxies(model, images, 100, steps=1)
+    assert step["ops_per_step"] <= 9 and step["host_ms_per_step_meta"] > 0 and step["host_ms_model_meta"] > 0
+    job = job_proxies(size=16, n=4, k=16)  # 16 steps
+    assert job["forward_calls"] >= job["steps"] == 16
+    assert set(job["reads_by_label"]) == {"start", "round", "prefixes"} and job["reads_by_label"]["round"] == 1
+    assert job["ops_per_forward_call"] <= 12  # 9 per step, the job's set-up and FindSIS spread over 16 steps
+
+
+def test_responsibility_proxies_count_two_jobs():
+    from bench_responsibility import proxies
+
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    px = proxies(images, 0, iterations=2)
+    first, second = px["jobs"]
+    assert first["photos"] == second["photos"] == 1
+    assert len(first["batch_shapes"]) <= 8 and second["new_batch_shapes"] == len(
+        set(second["batch_shapes"]) - set(first["batch_shapes"]))
+    assert first["rounds"] == sum(first["reads_by_label"].values())
+    assert first["ops_per_round"] == first["ops_outside"] / first["rounds"]

@@ -100,7 +100,7 @@ def test_every_method_runs_on_every_torch_format_as_on_its_module(formats, fmt, 
     if method == "gradient":
         channels_last = got[0].info["channels_last"]
         if fmt in ("script", "trace"):
-            assert channels_last == "off: a TorchScript module, whose weights torch.func.functional_call cannot swap"
+            assert channels_last == "off: a TorchScript module, whose weights cannot be swapped for laid-out copies"
         else:
             assert channels_last == "on"
     if method == "exact" and fmt in ("script", "trace"):
@@ -138,7 +138,7 @@ def test_gradient_channels_last_on_a_torchscript_module(formats):
     model, module = formats["script"]
     got = GradientSIS(model, threshold=0.3, k=12, channels_last=True).find_sis(X)
     assert got[0].info["channels_last"] == ("inputs only: a TorchScript module, whose weights "
-                                            "torch.func.functional_call cannot swap")
+                                            "cannot be swapped for laid-out copies")
     _same(got, GradientSIS(module, threshold=0.3, k=12).find_sis(X))
 
 

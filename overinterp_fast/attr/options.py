@@ -88,8 +88,10 @@ class GradientOptions:
         channels_last: the gradient steps' memory format for 4-D inputs. None (auto, default): channels_last
             when the model is an nn.Module with convolution weights not stored channels_last and the images are
             not float64; True: channels_last for any 4-D input; False: the inputs' own format. The model is not
-            converted: its 4-D weights are copied once in channels_last and passed to it by
-            ``torch.func.functional_call`` (:class:`~overinterp_fast.methods.gradient.ChannelsLastModel`).
+            converted: its 4-D weights are copied once in channels_last (and, under autocast, its conv and linear
+            weights once in the autocast dtype) and put in its place for each round of gradient steps, then put
+            back (:class:`~overinterp_fast.methods.gradient.ChannelsLastModel`,
+            :class:`~overinterp_fast.methods.gradient.LaidOutWeights`).
     """
 
     k: int = 100

@@ -303,8 +303,8 @@ def _still_passing(evaluator, present: torch.Tensor, nxt: list[int], passes, rou
     if not nxt:
         return []
     check_candidates(evaluator.prep, nxt, nxt, rows=present.shape[0])  # on the host: no device wait
-    (rows,) = upload(present.device, nxt)
-    f, top1 = to_host(*evaluator(present, rows, rows, torch.full_like(rows, -1), check_indices=False), label="rest")
+    rows, none = upload(present.device, nxt, [-1] * len(nxt))
+    f, top1 = to_host(*evaluator(present, rows, rows, none, check_indices=False), label="rest")
     still = []
     for i, fi, ti in zip(nxt, f.tolist(), top1.tolist()):
         if passes(i, fi, ti):
@@ -344,12 +344,11 @@ def _verify_refined(verifier, pos, active, counts, refined, extraction, refineme
     sets = torch.zeros((len(todo), p), dtype=torch.bool, device=dev)
     members = [refined[r][0] for r in todo]  # int64 [k] CPU, each set's features
     check_candidates(verifier.prep, [active[r] for r in todo])  # on the host: no device wait
-    img, row, feat = upload(dev, [active[r] for r in todo],
-                            np.repeat(np.arange(len(todo)), [m.numel() for m in members]),
-                            torch.cat(members))  # one host-to-device copy
+    img, row, feat, at, none = upload(dev, [active[r] for r in todo],
+                                      np.repeat(np.arange(len(todo)), [m.numel() for m in members]),
+                                      torch.cat(members), range(len(todo)), [-1] * len(todo))  # one copy
     sets.index_put_((row, feat), sets.new_ones(()))  # no host scalar to copy: no wait
-    f, top1 = to_host(*verifier(sets, img, torch.arange(len(todo), device=dev), torch.full_like(img, -1),
-                               check_indices=False), label="verified sets")
+    f, top1 = to_host(*verifier(sets, img, at, none, check_indices=False), label="verified sets")
     out = list(refined)
     again = []
     for j, (r, fj, tj) in enumerate(zip(todo, f.tolist(), top1.tolist())):

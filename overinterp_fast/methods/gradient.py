@@ -1,15 +1,17 @@
 """Batched-gradient SIS (Carter et al. 2021, section S5; docs: algorithms.md, Batched-gradient SIS) for large images.
 
-BackSelect: the mask M over features (1 = masked) enters the model as
-x * (1 - M) + baseline * M. Each step takes one backward pass for all images of
-a round together (the gradient of the sum of their target probabilities with
-respect to M), and masks, per image, the k present features with the largest
+BackSelect: the mask M over features (1 = masked) enters the model as lerp(x, baseline, M) (x where M = 0, the
+baseline where M = 1). Each step takes one backward pass for all images of a round together (the gradient of each
+image's target probability with respect to its M), and masks, per image, the k present features with the largest
 gradient (ties: lowest feature id). About p / k steps per round.
 
 The step loop never waits for the device: each image's number of steps, ceil(count / k), is known on the host
-in advance, and the selection, the masks, the masking order, the values of f and the finiteness check stay on the
-device, written by index into tensors made once per round. The host reads them once per round, in one
-:func:`~overinterp_fast.runtime.sync.to_host` call.
+in advance, and a step is one function of fixed tensors (:class:`RoundSteps`): the masked inputs, the forward and
+backward pass, the ranking (a stable sort of the gradient plus a penalty of -inf on masked features) and the
+records (mask, penalty, place in the masking order, f) written by one scatter. On a GPU it is captured once per
+round as a CUDA graph and replayed for the round's steps (:class:`~overinterp_fast.runtime.graphs.GraphedStep`);
+elsewhere, or where the capture fails, the same function runs eagerly (the run's ``info.step`` says which).
+The host reads the records once per round, in one :func:`~overinterp_fast.runtime.sync.to_host` call.
 
 FindSIS: the candidate sets are "only the last j blocks present", j = 0, 1, ...;
 the SIS is the first that reaches the threshold. Instead of one forward pass per
@@ -21,16 +23,18 @@ These evaluations run on the user's model in the images' dtype and memory format
 is verified in full precision: ``sis_score`` = f(x_S) >= threshold.
 
 The gradient steps may run faster than that: under autocast (bf16 by default on CUDA and on CPUs with bf16
-hardware) and on channels_last
-inputs (by default for 4-D inputs of a torch model; see :class:`ChannelsLastModel`).
+hardware) and on channels_last inputs (by default for 4-D inputs of a torch model; see :class:`ChannelsLastModel`),
+with the model's weights laid out and cast for them once per job (:class:`LaidOutWeights`).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -38,12 +42,13 @@ from tqdm.auto import tqdm
 from ..runtime import runinfo
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, check_candidates
 from ..runtime.estimate import progress_bar
+from ..runtime.graphs import GraphedStep, StepGraphs
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores, model_memory_format
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 from .prefix import first_passing_prefix
-from .results import SISResult, first_with_collection
+from .results import RunInfo, SISResult, first_with_collection
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 NON_FINITE = "the model's score or its gradient with respect to the mask is NaN or inf"
@@ -88,40 +93,136 @@ def check_k(k) -> int:
     return k
 
 
-class ChannelsLastModel:
+# Modules whose weight and bias autocast casts to its lower precision in every forward call (conv and linear are
+# on its lower-precision lists on CUDA and CPU): their copies are cast once per job instead (:class:`LaidOutWeights`)
+CAST_ONCE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
+
+
+class LaidOutWeights:
+    """Copies of a model's parameters in the layout and dtype its gradient steps run fastest in, made once and put
+    in the model's place (``module._parameters``) for a block of calls, then put back.
+
+    Copied: 4-D parameters not stored channels_last (with ``channels_last``), and the weight and bias of each
+    convolution and linear layer (exactly the classes of ``CAST_ONCE``, a parameter held by that layer alone) cast
+    to ``cast`` (the autocast dtype: autocast would cast them to it in every call, and with copies already in it,
+    it casts nothing). The copies are detached (no gradient reaches the model's weights) and made on the first
+    :meth:`installed` block; the model's own parameters are never converted, and are back in place when the
+    outermost block ends.
+
+    Args:
+        model: an nn.Module. channels_last: copy 4-D parameters channels_last. cast: a floating dtype or None.
+    """
+
+    def __init__(self, model: nn.Module, channels_last: bool, cast: torch.dtype | None = None):
+        self.model, self.channels_last, self.cast = model, channels_last, cast
+        self.slots: list[tuple[dict, str, nn.Parameter, nn.Parameter]] | None = None
+        self.depth = 0
+
+    def _copies(self) -> list[tuple[dict, str, nn.Parameter, nn.Parameter]]:
+        """(the owning module's parameter dict, name, own parameter, copy) of every parameter that changes."""
+        held = collections.Counter(id(t) for m in self.model.modules() for t in m._parameters.values()
+                                   if t is not None)
+        made: dict[int, nn.Parameter | None] = {}
+        slots = []
+        for m in self.model.modules():
+            castable = self.cast is not None and type(m) in CAST_ONCE
+            for name, t in m._parameters.items():
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    new, changed = t.detach(), False
+                    if self.channels_last and t.dim() == 4 and not t.is_contiguous(memory_format=torch.channels_last):
+                        new, changed = new.contiguous(memory_format=torch.channels_last), True
+                    if castable and held[id(t)] == 1 and t.is_floating_point() and t.dtype != self.cast:
+                        new, changed = new.to(self.cast), True
+                    made[id(t)] = nn.Parameter(new, requires_grad=False) if changed else None
+                if made[id(t)] is not None:
+                    slots.append((m._parameters, name, t, made[id(t)]))
+        return slots
+
+    @contextlib.contextmanager
+    def installed(self):
+        """The copies in the model's place while the block runs (blocks nest; the outermost puts them back)."""
+        if self.depth == 0:
+            if self.slots is None:
+                self.slots = self._copies()
+            for params, name, _, copy in self.slots:
+                params[name] = copy
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                for params, name, own, _ in self.slots:
+                    params[name] = own
+
+
+class LaidOutModel:
+    """Calls a model with its parameters laid out once for the gradient steps (:class:`LaidOutWeights`): the
+    copies are put in place for the length of a :meth:`installed` block (one round of steps), or of each call
+    made outside one; nothing is converted per call. A callable that is not an nn.Module is called as it is.
+
+    Args:
+        model: an nn.Module or a callable [B, *D] -> [B, K].
+        cast: the autocast dtype of the steps (its conv and linear weights are copied in it), or None.
+    """
+
+    channels_last = False
+
+    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], cast: torch.dtype | None = None):
+        self.model = model
+        self.cast = cast
+        self.weights = (LaidOutWeights(model, self.channels_last, cast)
+                        if isinstance(model, nn.Module) and not isinstance(model, torch.jit.ScriptModule) else None)
+
+    def installed(self):
+        """A block in which the copies stay in the model's place."""
+        return self.weights.installed() if self.weights is not None else contextlib.nullcontext()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.installed():
+            return self.model(x)
+
+
+class ChannelsLastModel(LaidOutModel):
     """Calls a model on channels_last inputs, with channels_last copies of its 4-D parameters.
 
-    The copies are made once (detached: no gradient reaches the model's weights) and passed for each call by
-    ``torch.func.functional_call``, which swaps them into the module for the call's duration only; the model's
-    own parameters are never converted. Parameters already channels_last are not copied.
+    The copies are made once (detached: no gradient reaches the model's weights) and put in the model's place
+    for a block of calls (:meth:`installed`: the gradient steps of a round), not per call; the model's own
+    parameters are never converted. Parameters already channels_last are not copied.
 
     Args:
         model: an nn.Module or a callable [B, C, H, W] -> [B, K] (a callable gets channels_last inputs only).
+        cast: as :class:`LaidOutModel`.
     """
 
-    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor]):
-        self.model = model
-        self.weights: dict[str, torch.Tensor] = {}
-        if isinstance(model, nn.Module):
-            for name, t in model.named_parameters():
-                if t.dim() == 4 and not t.is_contiguous(memory_format=torch.channels_last):
-                    self.weights[name] = t.detach().contiguous(memory_format=torch.channels_last)
+    channels_last = True
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        if not self.weights:
-            return self.model(x)
-        return torch.func.functional_call(self.model, self.weights, (x,), strict=False)
+
+def step_model(model: Callable[[torch.Tensor], torch.Tensor], autocast: torch.dtype | None
+               ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the gradient steps call: ``model`` (the gradient model's, :func:`gradient_model`) with its weights
+    laid out and cast once for the job: a :class:`ChannelsLastModel` keeps its layout and gains the autocast
+    copies; an nn.Module under autocast gets its conv and linear weights cast once (:class:`LaidOutModel`); a
+    callable is called as it is."""
+    if isinstance(model, ChannelsLastModel):
+        return ChannelsLastModel(model.model, cast=autocast)
+    if autocast is not None and isinstance(model, nn.Module) and not isinstance(model, torch.jit.ScriptModule):
+        return LaidOutModel(model, cast=autocast)
+    return model
 
 
 def weights_swappable(model) -> str | None:
-    """None when ``torch.func.functional_call`` can run ``model`` with other weights (what
-    :class:`ChannelsLastModel` does with its channels_last copies); else why not: a TorchScript module (scripted
-    or traced), or a module holding one, whose parameters the stateless API cannot swap."""
+    """None when the gradient steps can put laid-out copies of ``model``'s weights in its place
+    (:class:`LaidOutWeights`: channels_last and autocast copies); else why not: a TorchScript module (scripted
+    or traced), or a module holding one, whose compiled code reads its own parameters."""
     if not isinstance(model, nn.Module):
         return "the model is not an nn.Module"
     if any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
-        return "a TorchScript module, whose weights torch.func.functional_call cannot swap"
+        return "a TorchScript module, whose weights cannot be swapped for laid-out copies"
     return None
 
 
@@ -216,112 +317,117 @@ def top_k_present(g: torch.Tensor, present: torch.Tensor, k: int) -> torch.Tenso
     return torch.topk(key, k, dim=1, largest=True, sorted=True).indices
 
 
-def score_and_gradient(
-    fn: ModelFn, x: torch.Tensor, base: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-    expand: MaskExpander, autocast: torch.dtype | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """f and df/dM of images ``x`` under feature masks ``mask``.
-
-    Args:
-        x: [n, *D] images; base: [1, *D] or [n, *D] baselines; targets: int64 [n];
-        mask: [n, p] (1 = masked) in the images' dtype; expand: feature masks to element masks.
-        autocast: the dtype of the model's forward pass under autocast, or None.
-
-    Returns:
-        (float64 [n], [n, p] in the images' dtype), on the images' device; only the gradient with respect to
-        the mask is computed (not the model's weights').
-    """
-    m = mask.detach().clone().requires_grad_(True)
-    ctx = torch.autocast(x.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
-    with torch.enable_grad():
-        me = expand(m)
-        xm = x * (1 - me) + base * me
-        with ctx:
-            out = fn.forward(xm)
-        probs = fn.probabilities(out.float() if autocast is not None else out)
-        f = probs.gather(1, targets.view(-1, 1)).view(-1)
-        (g,) = torch.autograd.grad(f.sum(), m)
-    return f.detach().double(), g.detach()
+# The channels of a round's feature records (:class:`RoundSteps`)
+MASK, PEN, RANK, F = range(4)
 
 
-@dataclass
-class Selection:
-    """One round of BackSelect for images ``rows`` (A of them), on the device.
+def records_dtype(dtype: torch.dtype, features: int) -> torch.dtype:
+    """The dtype of a round's feature records: the images' (float32 or float64) where it holds every rank
+    (0 .. ``features`` - 1) exactly, else float32 or float64."""
+    exact32 = features <= 1 << 24
+    if dtype == torch.float64 or (dtype == torch.float32 and exact32):
+        return dtype
+    return torch.float32 if exact32 else torch.float64
 
-    Attributes:
-        order: int64 [A, nb_max, w] (w = min(k, p)): block t of image a is ``order[a, t, :size]``; flattened,
-            ``order[a].view(-1)[:count_a]`` is the masking order (entries past count_a are unused).
-        values: float64 [A, nb_max]: ``values[a, t]`` = f before step t (t < the image's steps).
-        masked: float64 [A]: f with every feature masked.
-        finite: 0-d bool: every f and gradient of the round was finite.
+
+class RoundSteps:
+    """One round of BackSelect for images ``rows`` (A of them), as one step function of fixed tensors.
+
+    A step, for the rows of a slice: the masked inputs ``lerp(x, baseline, M)`` (M: the feature mask, 1 = masked,
+    broadcast to the elements), the model's forward and backward pass (the gradient of each row's f with respect
+    to its M), then the ranking and the bookkeeping on the device: key = gradient + PEN (PEN = +0.0 present,
+    -inf masked), a stable descending sort (ties: the lowest id), and one scatter that writes the w = min(k, p)
+    features ranked first: M = 1, PEN = -inf, RANK = their places in the round's masking order (t w + j), F = f
+    before the step (NaN where the step's f or gradient is not finite). Every step of a slice has the same shapes,
+    reads and writes only the buffers below, and waits for nothing: on a GPU it is captured once and replayed
+    (:class:`~overinterp_fast.runtime.graphs.GraphedStep`); elsewhere it runs eagerly, as the same function.
+
+    Each row has w dummy features first (ids 0 .. w-1, always masked): at a row's last step, with fewer than w
+    features left, the sort fills the w places with them (masked features tie at -inf and go by id), so every
+    step writes w places and no real feature's records are written twice.
+
+    Buffers: ``rec`` [A, w + p, 4] (M, PEN, RANK, F per feature; the leaf of the gradient), ``src`` [A, w, 4] (what a
+    step writes: 1, -inf, t w + j: the step counter, advanced by w per step; f), the inputs ``x`` [A, *D] and
+    ``base`` ([1, *D] or [A, *D]) and ``targets`` [A, 1]. The step's other tensors are made and freed within it
+    (inside a captured graph, in its memory pool).
     """
 
-    order: torch.Tensor
-    values: torch.Tensor
-    masked: torch.Tensor
-    finite: torch.Tensor
+    def __init__(self, model, outputs: str, x: torch.Tensor, base: torch.Tensor, targets: torch.Tensor,
+                 present: torch.Tensor, k: int, autocast: torch.dtype | None, expand: MaskExpander):
+        A, p = present.shape
+        dev, dtype = x.device, x.dtype
+        w = min(k, p)
+        self.model, self.outputs, self.autocast, self.expand = model, outputs, autocast, expand
+        self.x, self.base, self.targets, self.w = x, base, targets.view(-1, 1), w
+        rdt = records_dtype(dtype, w + p)
+        self.cast_mask = rdt != dtype  # the mask reaches the model in the images' dtype
+        # per feature (M, PEN, RANK, F): masked features and the dummies (1, -inf, +inf, 0), present ones
+        # (+0.0, +0.0, +inf, 0); what a step writes (1, -inf, t w + j, f)
+        rows = torch.tensor([[1.0, -torch.inf, torch.inf, 0.0], [0.0, 0.0, torch.inf, 0.0], [1.0, -torch.inf, 0.0, 0.0]],
+                            dtype=rdt, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)  # no wait
+        rec = torch.empty((A, w + p, 4), dtype=rdt, device=dev)
+        rec[:, :w].copy_(rows[0])
+        torch.where(present.unsqueeze(-1), rows[1], rows[0], out=rec[:, w:])
+        self.rec = rec
+        src = rows[2].repeat(A, w, 1)
+        src[..., RANK].add_(torch.arange(w, device=dev, dtype=rdt))
+        self.src = src
+        self.zeros = torch.zeros((A, w), dtype=torch.float64, device=dev)
+        self.wide: torch.Tensor | None = None  # float64 records of f, where f is wider than ``rec`` (made once)
 
+    def step(self, sl: slice) -> tuple[Callable[[], None], list[torch.Tensor]]:
+        """(the step function of rows ``sl``, the tensors it changes)."""
+        leaf = self.rec[sl].detach().requires_grad_(True)  # shares rec's memory: the steps write rec
+        x, tg, src, zeros = self.x[sl], self.targets[sl], self.src[sl], self.zeros[sl]
+        base = self.base[sl] if self.base.shape[0] > 1 else self.base
+        n, w, dev = x.shape[0], self.w, x.device
+        fit = self.outputs == "logits"
+        ctx = (lambda: torch.autocast(dev.type, dtype=self.autocast)) if self.autocast is not None else (
+            contextlib.nullcontext)
+        ones: list[torch.Tensor] = []  # d(f)/d(f) for autograd, made by the first call (an eager one)
+        rows = (sl.start, sl.stop)
 
-def _backselect(fn: ModelFn, gfn: ModelFn, prep: Prepared, targets: torch.Tensor, present: torch.Tensor,
-                images: list[int], counts: list[int], k: int, grad_runner: ChunkRunner, autocast: torch.dtype | None,
-                expand: MaskExpander, bar: tqdm) -> Selection:
-    """Mask the round's features block by block, all images of the round in one backward pass per step.
+        def step() -> None:
+            with torch.enable_grad():
+                m = leaf[:, w:, MASK]
+                me = self.expand(m.to(x.dtype) if self.cast_mask else m)
+                xm = torch.lerp(x, base, me)
+                with ctx():
+                    out = self.model(xm)
+                out = ModelFn.check_output(out, n, dev)
+                if self.autocast is not None:
+                    out = out.float()
+                f = (torch.softmax(out, 1) if fit else out).gather(1, tg)
+                if not ones:
+                    ones.append(torch.ones_like(f))
+                (g,) = torch.autograd.grad(f, leaf, grad_outputs=ones[0])
+            with torch.no_grad():
+                g = g[..., MASK]
+                gs = torch.sum(g, 1, keepdim=True, dtype=torch.float64)  # finite exactly when every entry is
+                if self.wide is None and f.dtype == torch.float64 and self.rec.dtype != torch.float64:
+                    self.wide = torch.zeros(self.rec.shape[:2], dtype=torch.float64, device=dev)  # f kept exact
+                wide = None if self.wide is None else self.wide[rows[0]:rows[1]]
+                # f, or NaN where f or the gradient is not finite (f + 0 * sum: inf * 0 is NaN)
+                fsrc = torch.addcmul(f, gs, zeros) if wide is not None else torch.addcmul(f, gs, zeros,
+                                                                                          out=src[..., F])
+                key = g + leaf[..., PEN]
+                top = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :w]
+                leaf.scatter_(1, top.unsqueeze(-1).expand(n, w, 4), src)
+                if wide is not None:
+                    wide.scatter_(1, top, fsrc)
+                src[..., RANK].add_(w)
 
-    Args:
-        fn: the user's model (f of the fully masked inputs); gfn: the model of the gradient steps.
-        present: bool [N, p], each image's features present at the start of its round.
-        images: the round's images; counts: their numbers of present features (> 0), known on the host.
+        return step, [self.rec[sl], src] + ([] if self.wide is None else [self.wide[sl]])
 
-    No host read and no wait for the device: image a takes ceil(counts[a] / k) steps, so the rows of each step
-    are known in advance; each step writes its selection into the round's tensors by index.
-    """
-    dev, dtype = prep.images.device, prep.images.dtype
-    A, p = len(images), prep.num_features
-    w = min(k, p)
-    steps = [-(-c // k) for c in counts]
-    nb_max = max(steps)
-    (rows,) = upload(dev, images)
-    pres = present.index_select(0, rows)  # [A, p]
-    mask = (~pres).to(dtype)
-    x = prep.images.index_select(0, rows)
-    base = prep.baseline.index_select(0, rows) if prep.baseline.shape[0] > 1 else prep.baseline
-    if isinstance(gfn.model, ChannelsLastModel):  # masked inputs are made channels_last, not converted each step
-        x, base = (t.contiguous(memory_format=torch.channels_last) for t in (x, base))
-    tg = targets.index_select(0, rows)
-    order = torch.zeros((A, nb_max, w), dtype=torch.int64, device=dev)
-    values = torch.zeros((A, nb_max), dtype=torch.float64, device=dev)
-    finite = torch.ones((), dtype=torch.bool, device=dev)
-    sub, xs, bs, ts = None, x, base, tg  # the step's rows (None: all A) and their inputs
-    for t in range(nb_max):
-        now = [a for a in range(A) if steps[a] > t]
-        if len(now) < (A if sub is None else sub.numel()):  # images out of steps: gather the rest once
-            (sub,) = upload(dev, now)
-            xs, ts = x.index_select(0, sub), tg.index_select(0, sub)
-            bs = base.index_select(0, sub) if base.shape[0] > 1 else base
-        ms = mask if sub is None else mask.index_select(0, sub)
-        f, g = grad_runner.run(
-            len(now),
-            lambda sl: score_and_gradient(gfn, xs[sl], bs[sl] if bs.shape[0] > 1 else bs, ts[sl], ms[sl], expand,
-                                          autocast),
-        )
-        finite &= torch.isfinite(g).all() & torch.isfinite(f).all()
-        ps = pres if sub is None else pres.index_select(0, sub)
-        # [L, w]; past a row's present count come absent features, which are masked already: no-op to mask again
-        idx = top_k_present(g, ps, w)
-        if sub is None:
-            mask.scatter_(1, idx, 1.0)
-            pres.scatter_(1, idx, False)
-            values[:, t] = f
-            order[:, t] = idx
-        else:
-            mask.index_copy_(0, sub, ms.scatter(1, idx, 1.0))
-            pres.index_copy_(0, sub, ps.scatter(1, idx, False))
-            values.select(1, t).index_copy_(0, sub, f)
-            order.select(1, t).index_copy_(0, sub, idx)
-        bar.update(1)
-    with torch.no_grad():  # f with every feature masked: the value after each image's last block
-        masked = grad_runner.run(A, lambda sl: _score_masked(fn, prep, tg[sl], rows[sl]))
-    return Selection(order, values, masked, finite)
+    def selection(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order int64 [A, p]: each row's features in the order masked this round, then the others; f before
+        each step [A, ceil(p / w)]: ``f[a, t]`` before step t of row a, NaN where it or that step's gradient was not
+        finite), on the device."""
+        w = self.w
+        rec = self.rec.detach()
+        order = torch.argsort(rec[:, w:, RANK], dim=1, stable=True)
+        f = (rec[:, w:, F] if self.wide is None else self.wide[:, w:]).gather(1, order[:, ::w])
+        return order, f
 
 
 def _score_masked(fn: ModelFn, prep: Prepared, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -331,6 +437,69 @@ def _score_masked(fn: ModelFn, prep: Prepared, targets: torch.Tensor, rows: torc
     else:
         base = prep.baseline.expand(rows.numel(), *prep.baseline.shape[1:]).contiguous()
     return fn.score(base, targets)
+
+
+def _backselect(fn: ModelFn, smodel, prep: Prepared, targets: torch.Tensor, present: torch.Tensor,
+                images: list[int], counts: list[int], k: int, grad_runner: ChunkRunner, autocast: torch.dtype | None,
+                expand: MaskExpander, bar: tqdm, family: StepGraphs, grow_bar: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor, list[int]]:
+    """Mask the round's features block by block, all images of the round in one backward pass per step.
+
+    Args:
+        fn: the user's model (f of the fully masked inputs); smodel: what the gradient steps call (:func:`step_model`).
+        present: bool [N, p], each image's features present at the start of its round.
+        images: the round's images; counts: their numbers of present features (> 0), known on the host.
+        family: the job's step graphs.
+
+    Returns:
+        (order int64 [A, p], f before each step [A, nb_max] and f with every feature masked float64 [A], on the
+        device; the round's rows in the order of these tensors: positions in ``images``).
+
+    No host read and no wait for the device: image a takes ceil(counts[a] / k) steps, known in advance. The rows
+    go in descending order of their steps, so the images still stepping are always the first L rows: a run of
+    steps with the same L is one step function of fixed shapes (:class:`RoundSteps`), captured once on a GPU.
+    """
+    dev = prep.images.device
+    w = min(k, prep.num_features)
+    steps = [-(-c // k) for c in counts]
+    perm = sorted(range(len(images)), key=lambda a: -steps[a])  # stable: ties keep their order
+    (rows,) = upload(dev, [images[a] for a in perm])
+    x = prep.images.index_select(0, rows)
+    base = prep.baseline.index_select(0, rows) if prep.baseline.shape[0] > 1 else prep.baseline
+    if isinstance(smodel, ChannelsLastModel):  # masked inputs are made channels_last, not converted each step
+        x, base = (t.contiguous(memory_format=torch.channels_last) for t in (x, base))
+    tg = targets.index_select(0, rows)
+    state = RoundSteps(smodel, fn.outputs, x, base, tg, present.index_select(0, rows), k, autocast, expand)
+    ordered = [steps[a] for a in perm]
+    if grow_bar:  # a later round: its steps join the bar (the first round's are its total from the start)
+        bar.total += ordered[0]
+        bar.refresh()
+    t = 0
+    installed = smodel.installed() if isinstance(smodel, LaidOutModel) else contextlib.nullcontext()
+    with installed:
+        while t < ordered[0]:
+            live = sum(s > t for s in ordered)  # rows [0, live) step now
+            until = min(s for s in ordered if s > t)
+            made: dict[tuple[int, int], GraphedStep] = {}
+
+            def run(sl: slice, calls: int) -> None:
+                g = made.get((sl.start, sl.stop))
+                if g is None:  # a new slice (the first step, or a chunk halved by an out-of-memory error)
+                    for a, b in [ab for ab in made if ab[0] < sl.stop and sl.start < ab[1]]:
+                        made.pop((a, b)).graph = None  # never replayed again: its memory can go
+                    g = made[sl.start, sl.stop] = family.step(*state.step(sl), calls=calls)
+                g()
+
+            for u in range(t, until):
+                grad_runner.run(live, lambda sl: run(sl, until - u))
+                bar.update(1)
+            t = until
+    family.release()
+    order, f = state.selection()
+    with torch.no_grad():  # f with every feature masked: the value after each image's last block
+        masked = grad_runner.run(len(images), lambda sl: _score_masked(fn, prep, tg[sl], rows[sl]))
+    return order, f, masked, perm
 
 
 @dataclass
@@ -344,17 +513,21 @@ class _Round:
     score: float
 
 
-def _rounds(sel: Selection, images: list[int], counts: list[int], k: int, scores: list[float]) -> list[_Round]:
-    """The round's selection read to the host (one :func:`to_host`), per image; raises on a non-finite value."""
-    order, values, masked, finite = to_host(sel.order, sel.values, sel.masked, sel.finite, label="round")
-    if not bool(finite):
-        raise FloatingPointError(NON_FINITE)
-    out = []
-    for a, (i, c) in enumerate(zip(images, counts)):
+def _rounds(order: torch.Tensor, f: torch.Tensor, masked: torch.Tensor, perm: list[int], images: list[int],
+            counts: list[int], k: int, scores: list[float]) -> list[_Round]:
+    """The round's selection read to the host (one :func:`to_host`), per image in ``images``' order; raises on a
+    non-finite f or gradient."""
+    order, f, masked = to_host(order, f, masked, label="round")
+    order, f, masked = order.numpy(), f.numpy(), masked.tolist()  # host bookkeeping in numpy: no op per image
+    out: list[_Round | None] = [None] * len(images)
+    for r, a in enumerate(perm):
+        i, c = images[a], counts[a]
         nb = -(-c // k)
+        if not np.isfinite(f[r, :nb]).all():
+            raise FloatingPointError(NON_FINITE)
         blocks = [min(b * k, c) for b in range(nb + 1)]
-        vals = values[a, 1:nb].tolist() + [float(masked[a])]
-        out.append(_Round(i, order[a].reshape(-1)[:c].clone(), blocks, vals, scores[i]))
+        out[a] = _Round(i, torch.from_numpy(order[r, :c].copy()), blocks, f[r, 1:nb].tolist() + [masked[r]],
+                        scores[i])
     return out
 
 
@@ -380,17 +553,19 @@ def gradient_sis(
         channels_last: the gradient steps' memory format (:func:`gradient_model`).
 
     Host reads, each one :func:`to_host` call: one at the start, one per round of BackSelect, FindSIS's (one per
-    chunk of prefixes) and, with a collection, one per round for f of the rest.
+    chunk of prefixes) and, with a collection, one per round for f of the rest; on a GPU, one more per captured
+    step (its check, :class:`~overinterp_fast.runtime.graphs.GraphedStep`).
     """
     images = prep.images
     dev = images.device
     n, p = images.shape[0], prep.num_features
-    gfn = gradient_model(fn, images, channels_last)
+    smodel = step_model(gradient_model(fn, images, channels_last).model, autocast)
     lead, broadcast = MaskExpander.probe(prep.feature_map, p)
     scores_t, targets_t, broadcast = to_host(scores0, targets, broadcast, label="start")
     scores, targets_host = scores_t.tolist(), targets_t.tolist()
     expand = MaskExpander(prep.feature_map, lead if bool(broadcast) else None)
     grad_runner = ChunkRunner(n, dev)  # images per backward pass; halves on out-of-memory
+    family = StepGraphs(dev)
     evaluator = CandidateEvaluator(fn, prep, targets, runner, measure=fn.score_and_top1)
     present = torch.ones((n, p), dtype=torch.bool, device=dev)  # each image's R for its current round
     counts = [p] * n  # features present per image, kept on the host
@@ -398,15 +573,17 @@ def gradient_sis(
     active = list(range(n))
     bar = progress_bar(tqdm, total=-(-p // k), unit="step", desc="gradient SIS",
                        disable=None if progress is None else not progress)
+    info = RunInfo(step="eager")  # the call's, on every result: "cuda-graph" once a round's steps replayed a graph
     first = True
     while active:
         cs = [counts[i] for i in active]
-        if not first:  # the bar starts with the first round's steps; each later round adds its own
-            bar.total += -(-max(cs) // k)
-            bar.refresh()
+        replays = family.replays
+        order, f, masked, perm = _backselect(fn, smodel, prep, targets, present, active, cs, k, grad_runner,
+                                             autocast, expand, bar, family, grow_bar=not first)
         first = False
-        sel = _backselect(fn, gfn, prep, targets, present, active, cs, k, grad_runner, autocast, expand, bar)
-        state = _rounds(sel, active, cs, k, scores)
+        if family.replays > replays:
+            info.step = "cuda-graph"
+        state = _rounds(order, f, masked, perm, active, cs, k, scores)
         verified = _find_sis(evaluator, state, thresholds, p)
         candidates, drop_rows, drop_features = [], [], []
         for st in state:
@@ -415,12 +592,13 @@ def gradient_sis(
             tau = thresholds[i]
             if i in verified:
                 start, sis_score = verified[i]
-                sis = st.order[start:].flip(0).clone()
+                sis = torch.from_numpy(st.order.numpy()[start:][::-1].copy())
             rounds[i].append(
                 SISResult(
                     order=st.order, values=torch.tensor(st.values, dtype=torch.float64), sis=sis,
                     mask=None if sis is None else prep.feature_mask(sis), target=targets_host[i], score=st.score,
                     threshold=tau, blocks=torch.tensor(st.blocks, dtype=torch.int64), sis_score=sis_score,
+                    info=info,
                 )
             )
             if collection and sis is not None and 0 < sis.numel() < st.blocks[-1]:
@@ -456,14 +634,14 @@ def _find_sis(evaluator: CandidateEvaluator, state: list[_Round], thresholds: li
     if not rows:
         return {}
     dev = evaluator.prep.images.device
-    pos = torch.full((len(rows), p), p, dtype=torch.int64)
+    pos = np.full((len(rows), p), p, dtype=np.int64)  # host bookkeeping in numpy: no op per image
     sizes = []
     for r, st in enumerate(rows):
         m, nb = st.blocks[-1], len(st.blocks) - 1
-        pos[r, st.order] = torch.arange(m - 1, -1, -1)  # last masked first
+        pos[r, st.order.numpy()] = np.arange(m - 1, -1, -1)  # last masked first
         sizes.append([m - st.blocks[nb - j] for j in range(nb + 1)])
     images = [st.image for st in rows]
-    (flat,) = upload(dev, pos.numpy())
+    (flat,) = upload(dev, pos)
     with torch.no_grad():
         hits = first_passing_prefix(evaluator, flat.view(len(rows), p), images, sizes,
                                     lambda r, f, top1: f >= thresholds[images[r]])

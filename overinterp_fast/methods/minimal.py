@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from ..runtime.batching import CandidateEvaluator, check_candidates
-from ..runtime.model import check_finite_scores
+from ..runtime.model import check_finite_host
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 
@@ -83,6 +83,7 @@ def prune_to_minimal(
     kept = kept.clone()  # the host's copy of ``cur``, changed with it
     wmax = MAX_WIDTH.get(dev.type, 32)
     rows = _start_rows(orders, scores, known_failing, budget)
+    zero = cur.new_zeros(())  # the value of cleared features, on the device (no host scalar to copy: no wait)
     while True:
         plan = _plan_round(rows, kept)
         if not plan:
@@ -92,15 +93,15 @@ def prune_to_minimal(
         base_t, clear_at_t, clear_feat_t, img_t, prow_t, feat_t = upload(dev, base, clear_at, clear_feat, img, prow,
                                                                           feat)  # one host-to-device copy
         present = cur[base_t]
-        present.index_put_((clear_at_t, clear_feat_t), present.new_zeros(()))  # no host scalar: no wait
+        present.index_put_((clear_at_t, clear_feat_t), zero)
         f, top1 = evaluator(present, img_t, prow_t, feat_t, check_indices=False)
-        f, top1, finite = to_host(f, top1, torch.isfinite(f).all(), label="pruning")  # the round's one read
-        check_finite_scores(finite)
+        f, top1 = to_host(f, top1, label="pruning")  # the round's one read
+        check_finite_host(f)
         at, gone = _apply_round(plan, rows, f.tolist(), top1.tolist(), passes, wmax)
         if at:  # what passed leaves the sets, on the host and on the device
             kept[at, gone] = False
             at_t, gone_t = upload(dev, at, gone)
-            cur.index_put_((at_t, gone_t), cur.new_zeros(()))
+            cur.index_put_((at_t, gone_t), zero)
     return cur, [row.f for row in rows], [row.queries for row in rows], [row.certified for row in rows]
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from ..runtime.batching import CandidateEvaluator, check_candidates
-from ..runtime.model import check_finite_scores
+from ..runtime.model import check_finite_host
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 
@@ -31,13 +31,12 @@ def evaluate_prefixes(evaluator, pos: torch.Tensor, images: list[int], rows: lis
     dev = pos.device
     img = [images[r] for r in rows]
     check_candidates(evaluator.prep, img)  # on the host: no device wait (rows 0..C-1, no feature dropped)
-    rows_t, sizes_t, img_t = upload(dev, rows, sizes, img)  # one host-to-device copy
+    c = len(rows)
+    rows_t, sizes_t, img_t, at_t, none_t = upload(dev, rows, sizes, img, range(c), [-1] * c)  # one copy
     present = pos[rows_t] < sizes_t.view(-1, 1)  # [C, p]
-    out = evaluator(present, img_t, torch.arange(len(rows), device=dev), torch.full_like(img_t, -1),
-                    check_indices=False)
-    *out, finite = to_host(*out, torch.isfinite(out[0]).all(), label="prefixes")
-    check_finite_scores(finite)
-    return tuple(out)
+    out = to_host(*evaluator(present, img_t, at_t, none_t, check_indices=False), label="prefixes")
+    check_finite_host(out[0])  # on the host, after the read: nothing more on the device
+    return out
 
 
 def first_passing_prefix(

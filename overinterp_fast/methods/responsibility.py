@@ -124,21 +124,23 @@ def _area(box) -> int:
 
 
 def _rect_cover(runner, rects, owner, weight, m: int, h: int, w: int, dev: torch.device,
-                use: Callable[[slice, torch.Tensor], object]) -> list:
+                use: Callable[[slice, torch.Tensor], object], maps: Callable[[int], int] | None = None) -> list:
     """Paint rectangles into m coverage maps in chunks of owners (the runner's chunk, with its
-    out-of-memory back-off): ``use(owners, cover int64 [chunk, H, W])`` per chunk, results listed.
+    out-of-memory back-off): ``use(owners, cover int64 [maps(chunk), H, W])`` per chunk, results listed.
 
     ``rects``: R rectangles (y0, x0, y1, x1), host 4-tuples or an int64 [R, 4] tensor; ``owner[i]`` in [0, m) is
     the map of rectangle i (any order: host ints, or an int64 [R] tensor, read to the host once); ``weight[i]``
-    its int weight (host ints; None: 1). The host groups the rectangles by owner and uploads them in one copy,
-    so painting waits for no device value.
+    its int weight (host ints; None: 1). A ``use`` that returns None (its work done in place) lists nothing.
+    The host groups the rectangles by owner and uploads them in one copy,
+    so painting waits for no device value. ``maps(n)`` >= n: the maps painted for a chunk of n owners (the maps
+    past n are empty: a chunk painted at its batch shape); None: n.
     """
     if isinstance(owner, torch.Tensor):
         (owner,) = to_host(owner, label="rectangle owners")
     owner_np = np.asarray(owner, dtype=np.int64).reshape(-1)
     # the op's own check, here on the host where the chunks' owners are made: rect_fill then skips it (a device
     # synchronisation per chunk on CUDA)
-    check_ranges("rect_fill", [(torch.from_numpy(owner_np), 0, m, "owner")])
+    check_ranges("rect_fill", [(owner_np, 0, m, "owner")])
     by_owner = np.argsort(owner_np, kind="stable")
     starts = np.searchsorted(owner_np[by_owner], np.arange(m + 1)).tolist()
     weight_np = np.ones(len(owner_np), np.int64) if weight is None else np.asarray(weight, np.int64)[by_owner]
@@ -152,12 +154,14 @@ def _rect_cover(runner, rects, owner, weight, m: int, h: int, w: int, dev: torch
 
     def work(sl: slice):
         a, b = starts[sl.start], starts[sl.stop]
-        cover = _ops.rect_fill(rect_t[a:b], owner_t[a:b] - sl.start, weight_t[a:b], sl.stop - sl.start, h, w,
-                               False)
-        return (use(sl, cover),)
+        n = sl.stop - sl.start
+        owners = owner_t[a:b] if sl.start == 0 else owner_t[a:b] - sl.start
+        cover = _ops.rect_fill(rect_t[a:b], owners, weight_t[a:b], n if maps is None else maps(n), h, w, False)
+        got = use(sl, cover)
+        return None if got is None else (got,)
 
-    out = runner.run(m, lambda sl: work(sl)) if m else ()
-    return list(out)
+    out = runner.run(m, lambda sl: work(sl)) if m else None
+    return [] if out is None else list(out)
 
 
 class MutantCache:
@@ -184,24 +188,38 @@ def score_painted(evaluator: CandidateEvaluator, rects, owner, images: torch.Ten
     4-tuples) of mutant ``owner`` (int64 [R] in [0, m), or a list of R ints) of images ``images`` (int64 [m]),
     each keeping the pixels its rectangles cover that are ``present`` (bool [N, H*W]). Returns float64 [m, 3] on
     the images' device: f, top-1 is the target (0 or 1), pixels kept. Masks are painted and scored on the
-    device, chunk by chunk (:func:`_rect_cover`); with host lists and ``checked`` images (their range checked on
-    the host, :func:`~overinterp_fast.runtime.batching.check_candidates`) nothing is read back, else the images
-    are checked once here."""
+    device, chunk by chunk (:func:`_rect_cover`), each chunk at its batch shape (the evaluator's padded rows:
+    the maps past the chunk's mutants are empty, their scores dropped), the scores written into the result in
+    place; with host lists and ``checked`` images (their range checked on the host,
+    :func:`~overinterp_fast.runtime.batching.check_candidates`) nothing is read back, else the images are checked
+    once here."""
     dev = images.device
-    if not checked:
-        check_candidates(evaluator.prep, images)  # once, not per chunk
-
-    def score(sl: slice, cover: torch.Tensor):
-        img = images[sl]
-        keep = (cover.view(-1, h * w) > 0) & present[img]
-        f, top1 = evaluator(keep, img, torch.arange(img.shape[0], device=dev), torch.full_like(img, -1),
-                            check_indices=False)
-        return torch.stack([f.double(), top1.double(), keep.sum(1).double()], 1)
-
     m = images.shape[0]
     if m == 0:
         return torch.zeros(0, 3, dtype=torch.float64, device=dev)
-    return torch.cat(_rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score))
+    if not checked:
+        check_candidates(evaluator.prep, images)  # once, not per chunk
+    shape = evaluator.padded_rows
+    most = max(shape(min(m, evaluator.runner.chunk)), min(m, evaluator.runner.chunk))
+    # the chunks' candidate lists at their batch shapes, made once: images (the last repeated past m), painted
+    # maps 0, 1, ... and no feature dropped
+    padded, at, none = upload(dev, np.arange(m + most), np.arange(most), np.full(most, -1))
+    padded = images[padded.clamp_(max=m - 1)]
+    out = torch.empty((m, 3), dtype=torch.float64, device=dev)
+
+    def score(sl: slice, cover: torch.Tensor) -> None:
+        k, n = cover.shape[0], sl.stop - sl.start
+        img = padded[sl.start:sl.start + k]
+        keep = (cover.view(k, h * w) > 0) & present[img]
+        f, top1 = evaluator(keep, img, at[:k], none[:k], check_indices=False)
+        mine = out[sl]
+        mine[:, 0].copy_(f[:n])
+        mine[:, 1].copy_(top1[:n])
+        torch.sum(keep[:n], 1, dtype=torch.float64, out=mine[:, 2])
+
+    _rect_cover(evaluator.runner, rects, owner, None, m, h, w, dev, score,
+                maps=lambda n: max(n, shape(n)))
+    return out
 
 
 def select_mutants(rects: torch.Tensor, owner: torch.Tensor, m: int, rows: torch.Tensor) -> tuple[torch.Tensor,
@@ -430,7 +448,7 @@ class _DescentRun:
             seen[r] = step[-1] + 1
         out = torch.zeros(n if per_image else len(self.state), h, w, dtype=torch.float64, device=dev)
 
-        def add_logs(sl: slice, acc: torch.Tensor) -> torch.Tensor:
+        def add_logs(sl: slice, acc: torch.Tensor) -> None:
             logs = torch.log1p(acc.double() / _UNIT)
             by_step: dict[int, list[int]] = {}
             for j in range(sl.start, sl.stop):
@@ -439,7 +457,6 @@ class _DescentRun:
             parts = upload(dev, *([j - sl.start for j in g] for g in groups), *([rows[j] for j in g] for g in groups))
             for at, row in zip(parts[: len(groups)], parts[len(groups):]):
                 out.index_add_(0, row, logs[at])
-            return acc.new_zeros(0)  # the runner concatenates the (empty) results; the maps are in ``out``
 
         _rect_cover(self.evaluator.runner, self.resp_rects, self.resp_owner, self.resp_weight, len(self.state), h, w,
                     dev, add_logs)

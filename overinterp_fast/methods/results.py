@@ -28,7 +28,8 @@ def score_text(value: float, *against: float, digits: int = 4, fixed: bool = Fal
 class RunInfo:
     """How one call ran: shared by the results of the call (``SISResult.info``, ``ResponsibilityMap.info``).
 
-    ``info["channels_last"]`` (``in``, ``get``) reads :attr:`decisions`; the other attributes are exact SIS's.
+    ``info["channels_last"]`` (``in``, ``get``) reads :attr:`decisions`; ``step`` is exact and gradient SIS's, the
+    other attributes exact SIS's.
 
     Attributes:
         decisions: what the run decided and why, one line per decision, e.g. ``{"channels_last": "off: a TorchScript
@@ -48,10 +49,11 @@ class RunInfo:
         low: with ``score_dtype``: the low dtype, K (candidates re-scored per step), the margin m, the share the
             first measurement predicted, whether the low dtype was declined, its format
             (:meth:`~overinterp_fast.methods.low_precision.LowPrecision.summary`); None without it.
-        step: what ran the backward-selection steps: "cuda-graph" (each batch one captured CUDA graph), "fused"
-            (each batch three fused ops around the forward pass), "incremental" (incremental inference),
+        step: what ran the backward-selection steps. Exact SIS: "cuda-graph" (each batch one captured CUDA graph),
+            "fused" (each batch three fused ops around the forward pass), "incremental" (incremental inference),
             "low-precision" (``score_dtype``) or "evaluator" (chunked forward passes, after an out-of-memory
-            error).
+            error). Batched-gradient SIS: "cuda-graph" (a round's steps replayed a captured graph, on a GPU) or
+            "eager" (on a CPU, with graphs off, or where the capture failed: a logged line says why).
     """
 
     engine: str = ""

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 
@@ -55,12 +56,17 @@ def _check(cond: bool, message: str) -> None:
         raise RuntimeError(message)
 
 
-def check_ranges(op: str, checks: Sequence[tuple[torch.Tensor, int, int, str]]) -> None:
-    """Each (values, lo, hi, what): every value in [lo, hi), else csrc/check.h's RuntimeError (one transfer)."""
-    checks = [c for c in checks if c[0].numel() > 0]
+def check_ranges(op: str, checks: Sequence[tuple[torch.Tensor | np.ndarray, int, int, str]]) -> None:
+    """Each (values, lo, hi, what): every value in [lo, hi), else csrc/check.h's RuntimeError (one transfer).
+    ``values``: a tensor, or a numpy array of host values (checked by numpy: no op dispatched)."""
+    checks = [c for c in checks if (c[0].size if isinstance(c[0], np.ndarray) else c[0].numel()) > 0]
     if not checks:
         return
-    bounds = torch.stack([torch.stack(torch.aminmax(c[0])) for c in checks]).tolist()
+    if all(isinstance(c[0], np.ndarray) for c in checks):
+        bounds = [(int(c[0].min()), int(c[0].max())) for c in checks]
+    else:
+        checks = [(torch.from_numpy(c[0]), *c[1:]) if isinstance(c[0], np.ndarray) else c for c in checks]
+        bounds = torch.stack([torch.stack(torch.aminmax(c[0])) for c in checks]).tolist()
     for (_, lo, hi, what), (vmin, vmax) in zip(checks, bounds):
         _check(vmin >= lo, f"{op}: {what} {vmin} out of range [{lo}, {hi})")
         _check(vmax < hi, f"{op}: {what} {vmax} out of range [{lo}, {hi})")

@@ -77,6 +77,38 @@ def bucket(rows: int, chunk: int) -> int:
     return sizes[bisect.bisect_left(sizes, rows)]
 
 
+# The "ladder" policy (responsibility maps and minimal pixel sets): batch shapes are powers of two, at most this
+# many, the largest ``top`` (see ladder_sizes). Exact SIS and the gradient method keep the buckets above.
+LADDER_RUNGS = 8
+
+
+def power_of_two_floor(n: int) -> int:
+    """The largest power of two <= n (n >= 1)."""
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def power_of_two_ceil(n: int) -> int:
+    """The smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def ladder_sizes(top: int) -> tuple[int, ...]:
+    """The batch shapes of the ladder policy under a largest shape ``top`` (a power of two), ascending:
+    top / 2^j for j < LADDER_RUNGS, at least 1 (for 2048: 16, 32, ..., 2048; for 16: 1, 2, 4, 8, 16)."""
+    return tuple(sorted({max(1, top >> j) for j in range(LADDER_RUNGS)}))
+
+
+def ladder(rows: int, top: int) -> int:
+    """The batch shape a call of ``rows`` rows is padded to under the ladder policy: the smallest of
+    :func:`ladder_sizes` that holds it (``rows`` itself beyond ``top``). The shapes do not depend on the job: every
+    job of a model with the same ``top`` uses the same few, so their cuDNN plans and CUDA graphs are made once per
+    model; a call is padded by less than its own size (by less than top / 2^(LADDER_RUNGS - 1) rows below the
+    smallest)."""
+    if rows >= top:
+        return rows
+    return max(ladder_sizes(top)[0], power_of_two_ceil(rows))
+
+
 class ChunkRunner:
     """Runs work over [0, total) in chunks of at most ``chunk`` items, concatenating the results.
 
@@ -137,8 +169,8 @@ def check_candidates(prep: Prepared, image, row=None, feature=None, rows: int = 
     for values, hi, lo, what in ((image, prep.images.shape[0], 0, "cand_image"), (row, rows, 0, "cand_row"),
                                  (feature, prep.num_features, -1, "cand_feature")):
         if values is not None:
-            t = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, np.int64))
-            checks.append((t.reshape(-1), lo, hi, what))
+            t = values.reshape(-1) if isinstance(values, torch.Tensor) else np.asarray(values, np.int64).reshape(-1)
+            checks.append((t, lo, hi, what))
     check_ranges("mask_apply", checks)
 
 

@@ -162,9 +162,12 @@ def _build(name: str, user: ModelFn, images: torch.Tensor) -> ModelFn:
 
 
 def _calibrate(name: str, fn: ModelFn, user: ModelFn, prep: Prepared, targets: torch.Tensor, measure_fn: str,
-               max_rows: int, expected_rows: int, exact_shape: tuple[int, int] | None) -> Calibration:
+               max_rows: int, expected_rows: int, exact_shape: tuple[int, int] | None,
+               bound: int | None = None) -> Calibration:
     images = prep.images
     upper = auto_batch_size(images, 1 << 30) if images.device.type == "cuda" else None
+    if bound is not None:
+        upper = bound if upper is None else min(upper, bound)
     fallback = auto_batch_size(images, max_rows)
     key, disk = _calibration_keys(user, prep, name, measure_fn, max_rows, exact_shape)
     probe = candidate_probe(getattr(fn, measure_fn), prep, targets)
@@ -213,6 +216,7 @@ def select_engine(
     measure_fn: str = "score",
     exact_shape: tuple[int, int] | None = None,
     rival_s: float | None = None,
+    max_batch: int | None = None,
 ) -> Engine:
     """Resolve ``engine`` for a job and choose its batch size.
 
@@ -226,6 +230,8 @@ def select_engine(
         exact_shape: (N, p) for exact SIS (batch size chosen by simulated schedule).
         rival_s: the predicted job time of another path (exact SIS's incremental scoring), or None:
             auto exports to ONNX only when both torch and the rival are predicted at AUTO_MIN_JOB_S or more.
+        max_batch: the largest batch a torch or compiled engine may be given (the ladder's top, runtime.job), or
+            None; ONNX Runtime's is not bounded by it.
     """
     check_engine(engine)
     images = prep.images
@@ -245,7 +251,9 @@ def select_engine(
 
     def calibrated(name, fn) -> Calibration:
         if batch_size is None:
-            return _calibrate(name, fn, user, prep, targets, measure_fn, max_rows, expected_rows, exact_shape)
+            args = (name, fn, user, prep, targets, measure_fn, max_rows, expected_rows, exact_shape)
+            bound = None if name == "onnxruntime" else max_batch
+            return _calibrate(*args) if bound is None else _calibrate(*args, bound=bound)
         times = {}
         if weigh_ort and expected_rows >= MIN_ROWS:  # time the user's size, to compare the engines
             probe = candidate_probe(getattr(fn, measure_fn), prep, targets)

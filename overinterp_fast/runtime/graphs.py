@@ -13,6 +13,11 @@ gradient method's backward passes) or for inputs that are not on a CUDA device.
 The graphs of a model are kept between jobs (:func:`for_model`) while its parameters and buffers stay where they
 are: a graph reads them by address, so moving or replacing a tensor of the model makes new graphs.
 
+Loops whose every step has the same shapes (the batched-gradient steps of a round) capture the whole step instead:
+:class:`GraphedStep` takes a step function of fixed tensors, runs its first calls eagerly, captures it, checks one
+replay against an eager step from the same state, and replays it for the remaining calls; a capture that fails or
+a replay that differs turns that step's graph off with one logged line, and its calls run eagerly.
+
 ``OVERINTERP_FAST_CUDA_GRAPHS=0`` turns graphs off everywhere.
 """
 from __future__ import annotations
@@ -20,10 +25,11 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from typing import Callable, Sequence
 
 import torch
 
-from .sync import to_host
+from .sync import sanctioned_wait, to_host
 
 log = logging.getLogger(__name__)
 ENV_VAR = "OVERINTERP_FAST_CUDA_GRAPHS"
@@ -139,3 +145,211 @@ def for_model(model) -> GraphedForward:
     graphed = GraphedForward(model)
     _cache[model] = (where, graphed)
     return graphed
+
+
+STEP_WARMUP_CALLS = 2  # eager calls of a step before its capture (cuDNN, cuBLAS and the allocator settle)
+STEP_MIN_REPLAYS = 2  # a step is captured only when at least this many calls are left to replay after its check
+
+
+def _first_line(exc: BaseException | str) -> str:
+    if isinstance(exc, str):
+        return exc
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+class _CapturedStep:
+    """A captured step: ``replay()`` runs it again (the graph's own launch)."""
+
+    __slots__ = ("graph",)
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def same_state(replayed: Sequence[torch.Tensor], eager: Sequence[torch.Tensor]) -> torch.Tensor:
+    """0-d bool tensor on the tensors' device: every pair equal, floating ones up to float noise (NaN equal to NaN,
+    relative and absolute tolerance 1e-5; 1e-3 for 16-bit floats), others exactly. The default check of
+    :class:`GraphedStep`."""
+    flags = []
+    for a, b in zip(replayed, eager):
+        if a.is_floating_point():
+            tol = 1e-3 if a.dtype in (torch.float16, torch.bfloat16) else 1e-5
+            flags.append(torch.isclose(a.float(), b.float(), rtol=tol, atol=tol, equal_nan=True).all())
+        else:
+            flags.append(torch.eq(a, b).all())
+    return torch.stack(flags).all()
+
+
+class StepGraphs:
+    """The :class:`GraphedStep` objects of one loop (one job): they share a memory pool (they replay one after
+    another, never at once), and the first capture that fails turns graphs off for every later step of the loop,
+    with one logged line.
+
+    Args:
+        device: where the loop's buffers live (graphs only on a CUDA device, and only while :func:`enabled`).
+
+    Attributes:
+        failed: None, or why graphs were turned off (one line).
+        replays: replays of every step made here, so far.
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.on = self.device.type == "cuda" and enabled()
+        self.failed: str | None = None
+        self.pool = None
+        self.steps: list[GraphedStep] = []
+
+    @property
+    def replays(self) -> int:
+        return sum(s.replays for s in self.steps)
+
+    @property
+    def mode(self) -> str:
+        """"cuda graph" when any step replayed from a graph, else "eager"."""
+        return "cuda graph" if self.replays else "eager"
+
+    def step(self, step: Callable[[], object], state: Sequence[torch.Tensor], calls: int | None = None,
+             check: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], torch.Tensor] | None = None
+             ) -> "GraphedStep":
+        """A :class:`GraphedStep` of ``step`` in this loop (``calls``: how many calls the caller will make)."""
+        g = GraphedStep(step, state, self.device, calls=calls, check=check or same_state, family=self)
+        self.steps.append(g)
+        return g
+
+    def turned_off(self, why: str) -> None:
+        """A step's capture failed: graphs off for the rest of the loop (logged once)."""
+        if self.failed is None:
+            self.failed = why
+            log.warning("CUDA graphs of these steps off (%s); running them eagerly", why)
+
+    def release(self) -> None:
+        """Drop every step's graph (their memory goes back to the pool's owner once nothing references it)."""
+        with sanctioned_wait():  # destroying a graph is not a wait of the loop it served
+            for s in self.steps:
+                s.graph = None
+            self.steps.clear()
+
+
+class GraphedStep:
+    """``step()``, a function of fixed tensors, run as one CUDA graph: captured once, replayed on later calls.
+
+    ``step`` must only read and write tensors that outlive it (its static buffers: inputs the caller writes into
+    before a call, the state it updates in place, the outputs it writes), never wait for a device value (no
+    ``.item()``, ``bool(t)``, ``nonzero`` or shapes that depend on data), and do the same work whatever the buffers
+    hold: what changes from call to call lives in the buffers (a step counter is a device tensor). Then one replay
+    does what one eager call does, with one launch instead of one per op.
+
+    The first ``warmup`` calls run ``step`` eagerly on a side stream (each is a real step: the state advances).
+    The next call captures ``step`` (the capture runs nothing), replays it, and checks the result against an eager
+    call of ``step`` from the same state (the ``state`` tensors saved before the replay and restored after it;
+    ``check(replayed, eager)`` -> 0-d bool tensor, one read, default :func:`same_state`); the eager result is kept.
+    Later calls replay. An error in the capture or the replay, or a replay that the check rejects, turns the graph
+    off with one logged line (``failed`` says why; in a :class:`StepGraphs`, for every later step of the loop too);
+    every call then runs ``step`` eagerly, with the same results. An error of the eager step itself (an
+    out-of-memory error, say) is raised as it is. A step is not captured when fewer than ``STEP_MIN_REPLAYS`` calls
+    would be left to replay (``calls``: how many the caller will make; None: unknown), when graphs are disabled
+    (:func:`enabled`), or off a CUDA device: every call is then eager, on the current stream.
+
+    Args:
+        step: the step function (no arguments; its return value is ignored).
+        state: every tensor ``step`` changes (saved and compared around the check).
+        device: where the buffers live.
+        calls: the calls the caller will make, or None.
+        warmup: eager calls before the capture.
+        check: compares the replayed state with the eager one.
+        family: the :class:`StepGraphs` of the loop (shared pool, graphs off after one failure), or None.
+
+    Attributes:
+        replays: calls that replayed the graph. eager: calls that ran ``step`` eagerly (warm-ups and the check's
+            eager step included). failed: None, or why the graph was turned off (one line).
+    """
+
+    def __init__(self, step: Callable[[], object], state: Sequence[torch.Tensor], device: torch.device | str, *,
+                 calls: int | None = None, warmup: int = STEP_WARMUP_CALLS,
+                 check: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], torch.Tensor] = same_state,
+                 family: StepGraphs | None = None):
+        self.step, self.state, self.device = step, list(state), torch.device(device)
+        self.warmup, self.check, self.family = warmup, check, family
+        self.graph: _CapturedStep | None = None
+        self.failed: str | None = family.failed if family is not None else None
+        self.replays = self.eager = self.calls = 0
+        on = family.on if family is not None else (self.device.type == "cuda" and enabled())
+        self.wanted = on and (calls is None or calls >= warmup + 1 + STEP_MIN_REPLAYS)
+
+    @property
+    def graphed(self) -> bool:
+        """True once the step replays from a graph."""
+        return self.graph is not None
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+        elif not self.wanted or self.failed is not None:
+            self._eager()
+        elif self.calls <= self.warmup:
+            self._eager(side_stream=self.device.type == "cuda")
+        else:
+            self._capture_and_check()
+
+    def _eager(self, side_stream: bool = False) -> None:
+        self.eager += 1
+        if not side_stream:
+            self.step()
+            return
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self.step()
+        current.wait_stream(side)
+
+    def _capture(self) -> _CapturedStep:
+        """The CUDA graph of one call of ``step`` (nothing runs while it is recorded)."""
+        graph = torch.cuda.CUDAGraph()
+        pool = None if self.family is None else self.family.pool
+        with torch.cuda.graph(graph, pool=pool):
+            self.step()
+        if self.family is not None and self.family.pool is None:
+            self.family.pool = graph.pool()
+        return _CapturedStep(graph)
+
+    def _off(self, why: BaseException | str) -> None:
+        self.failed = _first_line(why)
+        self.graph = None
+        if self.family is not None:
+            self.family.turned_off(self.failed)
+        else:
+            log.warning("CUDA graph of this step off (%s); running it eagerly", self.failed)
+
+    def _capture_and_check(self) -> None:
+        """This call's step: captured, replayed, checked against an eager step from the same state (whose result
+        is kept); where the capture or the replay fails, the graph is off and the step runs eagerly."""
+        saved = None
+        with sanctioned_wait():  # capturing and checking wait for the device once: not waits of the loop served
+            try:
+                graph = self._capture()
+                saved = [t.clone() for t in self.state]
+                graph.replay()
+                replayed = [t.clone() for t in self.state]
+            except Exception as exc:  # whatever breaks a capture, the eager step gives the same results
+                self._off(exc)
+                if saved is not None:
+                    for t, s in zip(self.state, saved):
+                        t.copy_(s)
+                self._eager()
+                return
+            for t, s in zip(self.state, saved):
+                t.copy_(s)
+            self._eager()
+            (same,) = to_host(self.check(replayed, self.state), label="graph check")
+        if not bool(same):
+            self._off("a replay differs from the eager step")
+            return
+        self.graph = graph

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 from numbers import Real
 
+import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -30,6 +31,10 @@ class Prepared:
 
     def feature_mask(self, features: torch.Tensor) -> torch.Tensor:
         """bool mask over the feature grid, True on ``features`` (int64 [k]), on the device of ``features``."""
+        if features.device.type == "cpu":  # made in numpy: no op dispatched for the host's results
+            host = np.zeros(self.num_features, dtype=bool)
+            host[features.numpy()] = True
+            return torch.from_numpy(host).view(self.grid_shape)
         mask = features.new_zeros(self.num_features, dtype=torch.bool)
         mask[features] = True
         return mask.view(self.grid_shape)

@@ -3,13 +3,16 @@ forms in :mod:`overinterp_fast.api`): the model wrapper and prepared inputs, the
 evaluators, the pass criteria, and the checks of the options they share."""
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from . import graphs
-from .batching import CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size
+from .batching import (CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size, ladder,
+                       power_of_two_ceil, power_of_two_floor)
 from .engines import Engine, select_engine
 from .inputs import Prepared, check_threshold, prepare
 from .model import ModelFn, model_memory_format
@@ -19,6 +22,10 @@ BLACK_BOX_METHODS = ("exact", "responsibility")  # forward passes only: these ru
 CRITERIA = ("top1", "threshold")
 PREFIX_SEARCHES = ("guided", "scan")
 REFINE = (True, False, "boundary")
+# The batch shapes of each method's forward calls: the ladder (batching.ladder: a few powers of two, the same for
+# every job of a model) for responsibility maps and minimal pixel sets, whose jobs make many small calls of every
+# size; the others pad to their runner's buckets (batching.bucket).
+LADDER_METHODS = ("responsibility",)
 
 
 @dataclass
@@ -29,6 +36,7 @@ class Setup:
         fn: the user's model, wrapped. prep: the prepared images [N, *D], baseline and features.
         thresholds: one per image. runner: runs chunks of rows with out-of-memory back-off.
         batch_size: the user's, or None (chosen by calibration, see :func:`choose_engine`).
+        top: the largest batch shape of the ladder policy (:data:`LADDER_METHODS`), or None (buckets).
     """
 
     fn: ModelFn
@@ -36,6 +44,7 @@ class Setup:
     thresholds: list[float]
     runner: ChunkRunner
     batch_size: int | None
+    top: int | None = None
 
 
 def setup(model, images, threshold, features, mask_value, outputs, batch_size, method) -> Setup:
@@ -63,19 +72,44 @@ def setup(model, images, threshold, features, mask_value, outputs, batch_size, m
         )
     fn.check_compatible(prep.images)
     first = batch_size or auto_batch_size(prep.images, total_candidates=prep.images.shape[0] * prep.num_features)
+    top = ladder_top(fn, prep, batch_size) if method in LADDER_METHODS else None
+    if top is not None:
+        first = min(power_of_two_floor(first), top)
     runner = ChunkRunner(first, prep.images.device)
-    fixed_shapes(fn, runner)
-    return Setup(fn, prep, thresholds, runner, batch_size)
+    fixed_shapes(fn, runner, top)
+    return Setup(fn, prep, thresholds, runner, batch_size, top)
 
 
-def fixed_shapes(fn: ModelFn, runner: ChunkRunner) -> None:
-    """Pad ``fn``'s forward calls to the runner's few batch shapes (batching.bucket), except on ONNX Runtime,
-    whose sessions do not plan per shape; on a CUDA device, replay each shape's forward pass as a CUDA graph
-    (runtime.graphs)."""
+# model -> {(element shape, dtype, device): the ladder's largest shape}, decided by its first job
+_TOPS: "weakref.WeakKeyDictionary[object, dict[tuple, int]]" = weakref.WeakKeyDictionary()
+
+
+def ladder_top(fn: ModelFn, prep: Prepared, batch_size: int | None) -> int:
+    """The largest batch shape of a ladder job (batching.ladder_sizes): the user's batch size rounded down to a
+    power of two; else the size auto_batch_size gives a job of any length (the element budget on a CPU, the free
+    memory on a GPU), rounded down, decided by the model's first job on images of this shape, dtype and device
+    and kept for its later jobs, so that every job of the model takes the same few shapes."""
+    if batch_size is not None:
+        return power_of_two_floor(batch_size)
+    images = prep.images
+    key = (tuple(images.shape[1:]), images.dtype, str(images.device))
+    try:
+        tops = _TOPS.setdefault(fn.model, {})
+    except TypeError:  # not weakly referenceable: decided per job
+        tops = {}
+    if key not in tops:
+        tops[key] = power_of_two_floor(auto_batch_size(images, 1 << 30))
+    return tops[key]
+
+
+def fixed_shapes(fn: ModelFn, runner: ChunkRunner, top: int | None = None) -> None:
+    """Pad ``fn``'s forward calls to a few batch shapes, except on ONNX Runtime, whose sessions do not plan per
+    shape: the runner's buckets (batching.bucket), or with ``top`` the ladder under it (batching.ladder); on a CUDA
+    device, replay each shape's forward pass as a CUDA graph (runtime.graphs)."""
     if isinstance(fn.model, OnnxModel):
         fn.pad_to = None
         return
-    fn.pad_to = runner.bucket
+    fn.pad_to = runner.bucket if top is None else functools.partial(ladder, top=top)
     if runner.device.type == "cuda" and graphs.enabled() and not isinstance(fn.run, graphs.GraphedForward):
         fn.run = graphs.for_model(fn.model)
 
@@ -86,9 +120,13 @@ def choose_engine(s: Setup, engine: str, targets: torch.Tensor, *, max_rows: int
     """The engine and batch size for a job (engines.select_engine); the runner takes that batch size."""
     eng = select_engine(engine, s.fn, s.prep, targets, batch_size=s.batch_size, max_rows=max(1, max_rows),
                         expected_rows=expected_rows, measure_fn=measure_fn, exact_shape=exact_shape,
-                        rival_s=rival_s)
+                        rival_s=rival_s, max_batch=s.top)
     s.runner.chunk = eng.batch_size
-    fixed_shapes(eng.fn, s.runner)
+    if s.top is not None and eng.name != "onnxruntime":  # the ladder's shapes, full calls on its top
+        s.runner.chunk = min(power_of_two_floor(eng.batch_size), s.top)
+    elif s.top is not None:  # ONNX Runtime's batches: the user's model (the verifier) pads under them
+        fixed_shapes(s.fn, s.runner, max(s.top, power_of_two_ceil(eng.batch_size)))
+    fixed_shapes(eng.fn, s.runner, s.top)
     return eng
 
 

@@ -1,6 +1,7 @@
 """The score under test, f: a model's probability for a target class, with checks."""
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, Sequence
 
@@ -265,6 +266,12 @@ def check_finite_scores(all_finite: torch.Tensor | bool) -> None:
         raise FloatingPointError(
             "the model produced NaN or inf scores on masked inputs; check the model and the mask value"
         )
+
+
+def check_finite_host(scores: torch.Tensor) -> None:
+    """:func:`check_finite_scores` of scores already read to the host (a CPU tensor), checked in numpy: no op on
+    the device, no wait."""
+    check_finite_scores(all(math.isfinite(v) for v in scores.reshape(-1).tolist()))
 
 
 def _is_one_unbatched_sample(fn: ModelFn, images: torch.Tensor) -> bool:

@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _FREE = frozenset({"detach", "alias", "view", "_unsafe_view", "t", "expand", "unsqueeze", "squeeze", "permute",
                    "transpose", "slice", "select", "as_strided", "split", "split_with_sizes", "unbind", "narrow",
                    "_reshape_alias", "reshape", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "is_same_size",
-                   "sym_storage_offset", "dim", "size", "stride", "numel", "is_contiguous"})
+                   "sym_storage_offset", "dim", "size", "stride", "numel", "is_contiguous",
+                   "resolve_conj", "resolve_neg"})  # (these two return their input unless a lazy bit is set)
 
 
 @dataclass

@@ -5,7 +5,7 @@ swapped for channels_last copies; a model torch.fx cannot trace gets no incremen
 
     with collecting() as info:            # the public entry points open one per run
         results = run(...)                # deep down: note("channels_last", "off: a TorchScript module ...")
-    info  # {"channels_last": "off: a TorchScript module (torch.func.functional_call cannot swap its weights)"}
+    info  # {"channels_last": "off: a TorchScript module, whose weights cannot be swapped for laid-out copies"}
 
 :attr:`~overinterp_fast.SISResult.info` (and ``ResponsibilityMap.info``) hold the run's info. Outside a
 ``collecting`` block, :func:`note` only logs (at DEBUG).

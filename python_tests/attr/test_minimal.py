@@ -72,3 +72,49 @@ def test_show_progress_draws_a_bar(monkeypatch, show):
         assert "responsibility:" in "".join(tty.text).replace("\r", "\n")
     else:
         assert "".join(tty.text) == ""
+
+
+def test_a_job_takes_a_few_fixed_shapes_and_a_second_job_adds_none():
+    """Every forward call of a minimal pixel set job is padded to one of the ladder's shapes (at most 8, the same
+    for every job of the model), so cuDNN plans and CUDA graphs are made once per model, not per job or seed."""
+    from helpers import tiny_cnn
+    from overinterp_fast.runtime.batching import ladder_sizes
+    from overinterp_fast.runtime.opcount import counting_ops
+    from overinterp_fast.zoo.imagenet import load_photos
+
+    model = tiny_cnn(0)
+    x, _, _ = load_photos(32, ["chelsea", "coffee", "astronaut"])
+    with counting_ops(model) as first:
+        of.fast_sis(model, x[:1], method="responsibility", engine="torch")
+    with counting_ops(model) as second:
+        res = of.fast_sis(model, x[1:], method="responsibility", engine="torch", options=of.MinimalPixelSetOptions(
+            seed=7))
+    rows = lambda ops: {s[0] for s in ops.shapes}  # noqa: E731
+    # 3 x 32 x 32 images: 2^17 elements make 42 rows, so the ladder's top is 32
+    assert rows(first) == set(ladder_sizes(32)) == {1, 2, 4, 8, 16, 32}
+    assert rows(second) <= rows(first) and len(first.shapes) <= 8
+    assert all(r.mask is not None for r in res)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_each_shape_is_captured_once_per_model_not_per_seed(monkeypatch):
+    from helpers import tiny_cnn
+    from overinterp_fast.runtime import graphs
+    from overinterp_fast.runtime.batching import LADDER_RUNGS
+    from overinterp_fast.zoo.imagenet import load_photos
+
+    model = tiny_cnn(0).cuda()
+    x, _, _ = load_photos(32, ["chelsea", "coffee", "astronaut"])
+    x = x.cuda()
+    first = of.fast_sis(model, x[:1], method="responsibility", engine="torch")
+    captured = dict(graphs.for_model(model).graphs)
+    assert 1 <= len(captured) <= LADDER_RUNGS
+    later = of.fast_sis(model, x[1:], method="responsibility", engine="torch",
+                        options=of.MinimalPixelSetOptions(seed=7))
+    again = graphs.for_model(model).graphs
+    assert set(again) == set(captured) and all(again[k] is captured[k] for k in captured)  # nothing new
+    monkeypatch.setenv(graphs.ENV_VAR, "0")  # the same sets without graphs
+    for got, want in ((first, of.fast_sis(model, x[:1], method="responsibility", engine="torch")),
+                      (later, of.fast_sis(model, x[1:], method="responsibility", engine="torch",
+                                          options=of.MinimalPixelSetOptions(seed=7)))):
+        assert [r.mask.tolist() for r in got] == [r.mask.tolist() for r in want]

@@ -457,3 +457,169 @@ def test_mask_expander_views_pixel_maps_and_gathers_others():
         for j, f in enumerate(fmap.flatten().tolist()):  # each element's weight goes to its feature
             want[:, f] += weights.flatten(1)[:, j]
         assert torch.allclose(g, want, rtol=1e-15, atol=0)
+
+
+def _one_conv(size, classes=10):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * size * size, classes)).eval()
+
+
+def test_a_gradient_step_dispatches_at_most_nine_ops_outside_the_model():
+    from overinterp_fast.methods.gradient import MaskExpander, RoundSteps
+    from overinterp_fast.runtime.opcount import counting_ops
+
+    model = _one_conv(8)
+    x = make_images(3, h=8, w=8, seed=2, dtype=torch.float32)
+    present = torch.ones(3, 64, dtype=torch.bool)
+    present[1, :5] = False
+    expand = MaskExpander(torch.arange(64).view(1, 8, 8).expand(3, 8, 8), 1)
+    state = RoundSteps(model, "logits", x, torch.zeros(1, 3, 8, 8), torch.tensor([0, 3, 7]), present, 4, None, expand)
+    step, changed = state.step(slice(0, 3))
+    step()  # the first call also makes its autograd seed
+    with counting_ops(model) as ops:
+        step()
+    assert ops.forward_calls == 1
+    # lerp, softmax, gather, the gradient's sum, f's record, key, sort, scatter, the step counter
+    assert ops.outside <= 9, dict(ops.by_op)
+    assert changed[0].data_ptr() == state.rec.data_ptr()
+
+
+def test_glue_ops_per_forward_call_and_no_read_inside_a_round():
+    # one conv layer, 8 images of 3 x 32 x 32, k = 16: 64 gradient steps (bench_gradient.py's proxies run the same
+    # at 64 x 64, k = 64)
+    from overinterp_fast.runtime import sync
+    from overinterp_fast.runtime.opcount import counting_ops
+
+    model = _one_conv(32)
+    x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        tau = (0.9 * torch.softmax(model(x), 1).max(1).values).tolist()
+    with counting_ops(model) as ops, sync.counting() as reads:
+        res = of.fast_sis(model, x, tau, method="gradient", options=of.GradientOptions(k=16, autocast=None))
+    assert all(r.sis is not None and r.sis.numel() > 0 for r in res)
+    assert ops.outside_per_call <= 10, (ops.outside, ops.forward_calls, ops.by_op.most_common(12))
+    assert set(reads.by_label) == {"start", "round", "prefixes"} and reads.by_label["round"] == 1
+    assert all(r.info.step == "eager" for r in res)
+
+
+class _Tied(torch.nn.Module):
+    """A conv, a linear head and an embedding-like table tied to the head's weight (read by an elementwise op)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.head = torch.nn.Linear(4 * 5 * 5, 3)
+        self.other = torch.nn.Linear(4 * 5 * 5, 3)
+        self.other.weight = self.head.weight  # held by two layers: not cast
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x)).flatten(1)
+        return self.head(h) + 0.0 * self.other.weight.sum()
+
+
+def test_weights_are_laid_out_and_cast_once_and_put_back():
+    from overinterp_fast.methods.gradient import LaidOutWeights
+
+    model = _Tied().eval()
+    own = {name: (t, t.data_ptr(), t.stride(), t.dtype) for name, t in model.named_parameters(remove_duplicate=False)}
+    weights = LaidOutWeights(model, channels_last=True, cast=torch.bfloat16)
+    with weights.installed():
+        inside = dict(model.named_parameters(remove_duplicate=False))
+        conv_w = inside["conv.weight"]
+        assert conv_w.dtype == torch.bfloat16 and conv_w.is_contiguous(memory_format=torch.channels_last)
+        assert inside["conv.bias"].dtype == torch.bfloat16 and not conv_w.requires_grad
+        assert inside["head.bias"].dtype == torch.bfloat16
+        assert inside["head.weight"] is own["head.weight"][0]  # tied: left alone
+        with weights.installed():  # blocks nest
+            pass
+        assert model.conv.weight is conv_w
+    assert {name: (t, t.data_ptr(), t.stride(), t.dtype) for name, t in model.named_parameters(
+        remove_duplicate=False)} == own
+    with weights.installed():  # the copies are made once
+        assert model.conv.weight is conv_w
+
+
+def test_a_model_returning_wider_scores_keeps_its_values_exact():
+    # float32 images, float64 probabilities: f is recorded in float64 beside the float32 records
+    weights = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125], dtype=torch.float64)
+
+    def model(x):
+        s = (x.double() * weights).sum(1) / 3.0
+        return torch.stack([s, 1 - s], 1)
+
+    x = torch.ones(2, 5)
+    x[1, 0] = 0.5
+    fast = of.fast_sis(model, x, 0.3, method="gradient", outputs="probabilities", collection=True,
+                       options=of.GradientOptions(k=2, autocast=None))
+    ref = reference.gradient_sis(model, x, 0.3, k=2, outputs="probabilities", collection=True)
+    assert_same(fast, ref, collection=True)
+    assert fast[0].values.tolist() == ref[0].values.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_images_rank_in_their_own_dtype(dtype):
+    model = make_cnn(2, dtype, h=6, w=6)
+    images = make_images(3, h=6, w=6, seed=4, dtype=dtype)
+    res = of.fast_sis(model, images, 0.3, method="gradient", collection=True, options=of.GradientOptions(k=4))
+    assert any(r.sis is not None for r in res)
+    assert assert_sets_sufficient(model.double(), images.double(), res, rel=1e-2) >= 1
+    for r in res:
+        assert sorted(r.order.tolist()) == list(range(36))
+
+
+def _equal_rounds(a, b):
+    for x, y in zip(a, b):
+        for u, v in zip(x.collection or [x], y.collection or [y]):
+            assert u.order.tolist() == v.order.tolist() and u.blocks.tolist() == v.blocks.tolist()
+            assert torch.allclose(u.values, v.values, rtol=1e-5, atol=1e-7)
+            assert (u.sis is None) == (v.sis is None) and (u.sis is None or u.sis.tolist() == v.sis.tolist())
+
+
+@cuda
+@pytest.mark.parametrize("autocast", [None, "bf16"])
+def test_captured_gradient_steps_equal_eager_ones_and_read_once_per_capture(monkeypatch, autocast):
+    from overinterp_fast.runtime import graphs, sync
+
+    model = make_cnn(1, torch.float32, h=6, w=6).cuda()
+    images = make_images(4, h=6, w=6, seed=5, dtype=torch.float32).cuda()
+    opts = of.GradientOptions(k=2, autocast=autocast)  # 18 steps in the first round
+    of.fast_sis(model, images, 0.3, method="gradient", options=opts)  # cuDNN plans, kernels
+    with sync.counting() as reads:
+        graphed = of.fast_sis(model, images, 0.3, method="gradient", collection=True, options=opts)
+    monkeypatch.setenv(graphs.ENV_VAR, "0")
+    with sync.counting() as eager_reads:
+        eager = of.fast_sis(model, images, 0.3, method="gradient", collection=True, options=opts)
+    _equal_rounds(graphed, eager)
+    assert graphed[0].info.step == "cuda-graph" and all(r.info.step == "eager" for r in eager)
+    # besides the eager run's reads, one check per captured step function, nothing else
+    extra = dict(reads.by_label)
+    checks = extra.pop("graph check")
+    assert 1 <= checks <= sum(len(r.collection) for r in graphed) and extra == eager_reads.by_label
+
+
+class _ReadsTheHost(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = make_cnn(1, torch.float32, h=6, w=6)
+
+    def forward(self, x):
+        out = self.net(x)
+        return out + 0.0 * float(out.detach().abs().max())  # a host read: no capture can hold it
+
+
+@cuda
+def test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_results(monkeypatch, caplog):
+    import logging
+    from overinterp_fast.runtime import graphs
+
+    model = _ReadsTheHost().cuda().eval()
+    images = make_images(3, h=6, w=6, seed=5, dtype=torch.float32).cuda()
+    opts = of.GradientOptions(k=2, autocast=None)
+    with caplog.at_level(logging.WARNING, logger="overinterp_fast"):
+        got = of.fast_sis(model, images, 0.3, method="gradient", options=opts)
+    assert [r.info.step for r in got] == ["eager"] * 3
+    assert len([r for r in caplog.records if "CUDA graphs of these steps off" in r.getMessage()]) == 1
+    monkeypatch.setenv(graphs.ENV_VAR, "0")
+    _equal_rounds(got, of.fast_sis(model, images, 0.3, method="gradient", options=opts))

@@ -311,3 +311,33 @@ def test_fast_sis_calls_the_model_in_a_few_fixed_shapes_and_equals_the_reference
                        options=of.ExactOptions(incremental=False))
     assert set(rows) <= set(bucket_sizes(20)) and len(rows) > 20
     assert_same_lists(fast, reference.sis(model.eval(), images, 0.2), assert_same_result, False)
+
+
+def test_ladder_sizes_by_hand():
+    from overinterp_fast.runtime.batching import ladder, ladder_sizes, power_of_two_floor
+
+    assert ladder_sizes(16) == (1, 2, 4, 8, 16) and ladder_sizes(1) == (1,)
+    assert ladder_sizes(2048) == (16, 32, 64, 128, 256, 512, 1024, 2048)  # 8 shapes at most
+    assert [ladder(r, 16) for r in (1, 2, 3, 5, 8, 9, 16, 17)] == [1, 2, 4, 8, 8, 16, 16, 17]
+    assert [ladder(r, 2048) for r in (1, 16, 17, 100, 1024, 1025, 2048, 3000)] == [16, 16, 32, 128, 1024, 2048,
+                                                                                     2048, 3000]
+    assert [power_of_two_floor(n) for n in (1, 2, 3, 16, 17, 300, 4096)] == [1, 2, 2, 16, 16, 256, 4096]
+
+
+def test_each_method_gets_its_shape_policy():
+    from overinterp_fast.runtime import job
+    from overinterp_fast.runtime.batching import ladder_sizes
+    from helpers import make_images, tiny_cnn
+
+    model = tiny_cnn(3)
+    images = make_images(3, h=16, w=16, dtype=torch.float32)
+    exact = job.setup(model, images, 0.5, None, 0.0, "logits", None, "exact")
+    assert exact.top is None and exact.fn.pad_to == exact.runner.bucket
+    first = job.setup(model, images, 0.5, None, 0.0, "logits", None, "responsibility")
+    top = first.top  # the element budget (2^17 elements) of 3 x 16 x 16 images, rounded down to a power of two
+    assert top == 128 and first.runner.chunk <= top
+    assert {first.fn.pad_to(r) for r in range(1, top + 1)} == set(ladder_sizes(top))
+    more = job.setup(model, make_images(7, h=16, w=16, dtype=torch.float32), 0.5, None, 0.0, "logits", None,
+                     "responsibility")
+    assert more.top == top  # kept for the model's later jobs
+    assert job.setup(model, images, 0.5, None, 0.0, "logits", 300, "responsibility").top == 256  # the user's size
