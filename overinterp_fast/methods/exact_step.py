@@ -11,7 +11,6 @@ graph's input and replays it.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +21,6 @@ from ..runtime import graphs
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn
 from ..runtime.schedule import CandidateQueue, upload
-from ..runtime.sync import to_host
-
-log = logging.getLogger(__name__)
 
 STEP, SCORE, LOW = 0, 1, 2  # segment tags: a full-dtype step, the score of a round's input, a low-precision step
 BLOCK_ROWS = 6  # rows of a batch's schedule block: image, slot, done row, done count, done step, tag
@@ -126,7 +122,10 @@ class StepTables:
 
 class DenseStep:
     """One batch of the step loop on the dense path: ``exact_candidates``, the model, its probabilities and
-    ``exact_scores``; on CUDA, one captured graph per batch shape.
+    ``exact_scores``; on CUDA, each batch shape's step one captured graph
+    (:class:`~overinterp_fast.runtime.graphs.GraphedStep`: its first calls run eagerly, the next is captured and
+    checked against an eager step from the same state, the later ones replay; a capture that fails runs every step
+    eagerly from then on, with one logged line).
 
     Args:
         fn: the model (its forward pass runs on the batch's fixed shape: the schedule pads to ``fn.pad_to``'s
@@ -137,23 +136,26 @@ class DenseStep:
         use_graphs: capture each batch shape's step as a CUDA graph (CUDA only; default: runtime.graphs.enabled()).
 
     Attributes:
-        path: "cuda-graph" once a captured step ran, else "fused"; ``failed`` says why graphs were turned off.
+        path: "cuda-graph" once a captured step replayed, else "fused".
     """
 
     def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, tables: StepTables,
                  use_graphs: bool | None = None):
         self.fn, self.prep, self.targets, self.t = fn, prep, targets, tables
         dev = prep.images.device
-        self.graphs_on = dev.type == "cuda" and (graphs.enabled() if use_graphs is None else use_graphs)
+        self.family = graphs.StepGraphs(dev)
+        if use_graphs is not None:
+            self.family.on = dev.type == "cuda" and use_graphs
         self.buffers: dict[int, torch.Tensor] = {}
-        self.captured: dict[int, tuple] = {}
-        self.failed: str | None = None
-        self.path = "fused"
-        self._pool = None
+        self.steps: dict[int, tuple[graphs.GraphedStep, torch.Tensor]] = {}  # per batch shape: its step, its input
         # the ops' implementations, chosen once for the job (not looked up per call)
         self._candidates = _ops.implementation("exact_candidates", dev)
         self._scores = _ops.implementation("exact_scores", dev)
         self._checked: set[int] = set()  # batch shapes whose model output was checked
+
+    @property
+    def path(self) -> str:
+        return "cuda-graph" if self.family.replays else "fused"
 
     def buffer(self, rows: int) -> torch.Tensor:
         """The candidates' buffer of a batch shape, [rows, *D] in the images' memory format (kept: written anew by
@@ -185,58 +187,17 @@ class DenseStep:
 
     def __call__(self, block: torch.Tensor, done: torch.Tensor) -> None:
         bp = block.shape[1]
-        if self.graphs_on and self.failed is None:
-            g = self.captured.get(bp) or self._capture(bp)
-            if g is not None:
-                g[1].copy_(block)  # the block, its completed steps padded with row -1 up to Bp
-                g[0].replay()
-                self.path = "cuda-graph"
-                return
-        self.eager(block, done, self.buffer(bp))
-
-    def _capture(self, bp: int) -> tuple | None:
-        """Capture the step of batch shape ``bp``: two warm-up runs and the capture on a no-op block (only padding:
-        nothing is written), then one replay checked against an eager forward pass. None (and graphs off for this
-        run, with one logged line) where any of it fails."""
-        dev = self.prep.images.device
-        debug = torch.cuda.get_sync_debug_mode()
-        if debug:  # capturing waits for the device once per shape: not a wait of the loop it serves
-            torch.cuda.set_sync_debug_mode(0)
-        try:
-            block = torch.zeros((BLOCK_ROWS, bp), dtype=torch.int64, device=dev)
-            block[1:3] = -1
-            block[3] = 1
-            out = self.buffer(bp)
-            done = block[2:5]
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.eager(block, done, out)
-            torch.cuda.current_stream(dev).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            noop = block.clone()
-            with torch.cuda.graph(graph, pool=self._pool):
-                y = self.eager(block, done, out)
-            self._pool = graph.pool()
-            block.copy_(noop)
-            graph.replay()
-            eager = self.fn.model(out)
-            tol = 1e-3 if y.dtype in (torch.float16, torch.bfloat16) else 1e-5
-            (same,) = to_host(torch.isclose(y.float(), eager.float(), rtol=tol, atol=tol).all(), label="graph check")
-            if not bool(same):
-                raise RuntimeError("a replay differs from the eager forward pass")
-        except Exception as exc:  # whatever breaks a capture, the eager step gives the same results
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self.failed = f"{type(exc).__name__}: {first}"
-            self.captured.clear()
-            log.warning("the exact step runs eagerly: its CUDA graph could not be captured (%s)", self.failed)
-            return None
-        finally:
-            if debug:
-                torch.cuda.set_sync_debug_mode(debug)
-        self.captured[bp] = (graph, block)
-        return self.captured[bp]
+        if not self.family.on:
+            self.eager(block, done, self.buffer(bp))
+            return
+        g = self.steps.get(bp)
+        if g is None:  # the shape's step reads its block from a buffer of its own: the graph's input
+            static, out, t = torch.empty_like(block), self.buffer(bp), self.t
+            step = self.family.step(lambda: self.eager(static, static[2:5], out),
+                                    [out, t.scores, t.total, t.remaining, t.present, t.order, t.values])
+            g = self.steps[bp] = (step, static)
+        g[1].copy_(block)  # the block, its completed steps padded with row -1 up to Bp
+        g[0]()
 
 
 def _ops_format(images: torch.Tensor) -> torch.memory_format:

@@ -719,3 +719,42 @@ def test_captured_steps_equal_the_eager_ones_cuda(monkeypatch):
         for ra, rb in zip([a, *(a.collection or [])[1:]], [b, *(b.collection or [])[1:]]):
             assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)
             assert (ra.sis is None) == (rb.sis is None) and (ra.sis is None or torch.equal(ra.sis, rb.sis))
+
+
+def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
+    """The graph path's wiring, on the CPU: a capture whose 'replay' runs the captured function again (what a CUDA
+    graph does: the same ops on the same buffers) stands in for torch.cuda.graph. Each batch's index block must
+    reach the shape's input buffer before its replay, and the check and the replays must leave the state as eager
+    steps do: the same orders, values and SIS as the fused steps, with collections (windows that stop and start)."""
+    from overinterp_fast.runtime import graphs
+
+    class Played:
+        def __init__(self, step):
+            self.replay = step
+
+    class OnTheCpu(graphs.GraphedStep):
+        def __init__(self, step, state, device, **kw):
+            super().__init__(step, state, device, **kw)
+            self.wanted = True
+
+        def _capture(self):
+            return Played(self.step)
+
+    class On(graphs.StepGraphs):
+        def __init__(self, device):
+            super().__init__(device)
+            self.on = True
+
+    model, x = make_cnn(0), make_images(3, seed=5)
+    kw = dict(collection=True, show_progress=False, engine="torch", batch_size=16,
+              options=of.ExactOptions(incremental=False))
+    fused = of.fast_sis(model, x, 0.3, **kw)
+    monkeypatch.setattr(graphs, "GraphedStep", OnTheCpu)
+    monkeypatch.setattr(graphs, "StepGraphs", On)
+    replayed = of.fast_sis(model, x, 0.3, **kw)
+    assert {r.info.step for r in fused} == {"fused"} and {r.info.step for r in replayed} == {"cuda-graph"}
+    for a, b in zip(replayed, fused):
+        assert len(a.collection) == len(b.collection) > 1
+        for ra, rb in zip(a.collection, b.collection):
+            assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)
+            assert (ra.sis is None) == (rb.sis is None) and (ra.sis is None or torch.equal(ra.sis, rb.sis))
