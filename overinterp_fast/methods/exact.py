@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes
 from ..runtime.estimate import progress_bar
-from .findsis import find_sis, sis_score
+from .findsis import sis_score, sis_start
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores
@@ -270,13 +270,17 @@ class _ExactRun:
                 self.redo(i, ords[row[i], t: self.state.step[i]], t)
             ids = [i for i in ids if i not in redo]
         st = self.state
-        found = {}
+        found, sis_host = {}, {}
         ords, vals = ords.numpy(), vals.numpy()  # host copies: each round's own arrays, with no op per image
         for i in ids:
             m, score = int(st.step[i]), float(st.score[i])
-            o, v = torch.from_numpy(ords[row[i], :m].copy()), torch.from_numpy(vals[row[i], :m].copy())
-            sis = find_sis(o, v, thresholds[i]) if score >= thresholds[i] else None
-            found[i] = (o, v, sis, None if sis is None else sis_score(v, score, sis.numel()))
+            o_host, v_host = ords[row[i], :m].copy(), vals[row[i], :m].copy()
+            o, v = torch.from_numpy(o_host), torch.from_numpy(v_host)
+            sis = None
+            if score >= thresholds[i]:
+                sis_host[i] = o_host[sis_start(v_host, thresholds[i]):][::-1].copy()  # FindSIS, in numpy
+                sis = torch.from_numpy(sis_host[i])
+            found[i] = (o, v, sis, None if sis is None else sis_score(v_host, score, sis.numel()))
         if self.verifier is not None:
             self.verify(found)
         for i in ids:
@@ -287,7 +291,10 @@ class _ExactRun:
                     order=o,
                     values=v,
                     sis=sis,
-                    mask=None if sis is None else self.prep.feature_mask(sis),
+                    # the host's array where the check kept FindSIS's set (its sets are prefixes of one reversed
+                    # order: the same length is the same set)
+                    mask=None if sis is None else self.prep.feature_mask(
+                        sis_host[i] if sis.numel() == len(sis_host.get(i, ())) else sis),
                     target=self.targets_host[i],
                     score=float(st.score[i]),
                     threshold=thresholds[i],

@@ -29,12 +29,13 @@ class Prepared:
     num_features: int
     grid_shape: tuple[int, ...]
 
-    def feature_mask(self, features: torch.Tensor) -> torch.Tensor:
-        """bool mask over the feature grid, True on ``features`` (int64 [k]), on the device of ``features``."""
-        if features.device.type == "cpu":  # made in numpy: no op dispatched for the host's results
+    def feature_mask(self, features: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """bool mask over the feature grid, True on ``features`` (int64 [k]: a tensor, or a numpy array of the
+        host's), on the device of ``features`` (the CPU for an array)."""
+        if isinstance(features, np.ndarray) or features.device.type == "cpu":  # numpy: no op for the host's results
             host = np.zeros(self.num_features, dtype=bool)
-            host[features.numpy()] = True
-            return torch.from_numpy(host).view(self.grid_shape)
+            host[features if isinstance(features, np.ndarray) else features.numpy()] = True
+            return torch.from_numpy(host).reshape(self.grid_shape)
         mask = features.new_zeros(self.num_features, dtype=torch.bool)
         mask[features] = True
         return mask.view(self.grid_shape)
