@@ -64,23 +64,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> schedule_window_cpu(
     queue.push_back(s);
   }
 
-  std::vector<int64_t> records, batches, done;
-  std::vector<int64_t> cand_image, cand_slot, cand_tag, step_row, step_count, step_step, going_step, going_low;
+  // The window's batches, as pieces of segments (image, first slot, slots taken, tag) and completed steps: the
+  // blocks are written at the end, straight into the output, in tight loops over each piece's slots.
+  struct Piece {
+    int64_t image, start, take, tag;
+  };
+  std::vector<Piece> pieces;
+  std::vector<int64_t> steps, batches, done;  // steps: (row, count, step) triples
+  std::vector<int64_t> piece_first{0}, step_first{0}, going_step, going_low;
   size_t head = 0;
   for (int64_t w = 0; w < max_batches && head < queue.size(); ++w) {
-    cand_image.clear(), cand_slot.clear(), cand_tag.clear();
-    step_row.clear(), step_count.clear(), step_step.clear(), going_step.clear(), going_low.clear();
+    going_step.clear(), going_low.clear();
     const int64_t done_offset = static_cast<int64_t>(done.size()) / 5;
     bool stop = false;
+    int64_t n = 0;
     // take the next batch_size slots
-    while (static_cast<int64_t>(cand_image.size()) < batch_size && head < queue.size()) {
+    while (n < batch_size && head < queue.size()) {
       Segment& s = queue[head];
-      const int64_t take = std::min(batch_size - static_cast<int64_t>(cand_image.size()), s.stop - s.start);
-      for (int64_t j = 0; j < take; ++j) {
-        cand_image.push_back(s.image);
-        cand_slot.push_back(s.image * stride + s.start + j);
-        cand_tag.push_back(s.tag);
-      }
+      const int64_t take = std::min(batch_size - n, s.stop - s.start);
+      pieces.push_back(Piece{s.image, s.start, take, s.tag});
+      n += take;
       s.start += take;
       if (s.start < s.stop) break;  // it goes on in the next batch
       ++head;
@@ -92,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> schedule_window_cpu(
       }
       TORCH_CHECK(cnt[i] >= 1, op, ": image ", i, " completes a step with no candidate left");
       done.insert(done.end(), {w, i, s.tag, cnt[i], stp[i]});
-      step_row.push_back(i), step_count.push_back(cnt[i]), step_step.push_back(stp[i]);
+      steps.insert(steps.end(), {i, cnt[i], stp[i]});
       cnt[i] -= 1;
       stp[i] += 1;
       if (cnt[i] > 0) {
@@ -107,33 +110,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> schedule_window_cpu(
         queue.push_back(Segment{i, 0, cnt[i], tag});
       }
     }
-    // the batch's record: [6, Bp], Bp the smallest of `sizes` that holds it (its own size beyond them)
-    const int64_t n = static_cast<int64_t>(cand_image.size());
+    // the batch's shape: the smallest of `sizes` that holds it (its own size beyond them)
     const int64_t* fit = std::lower_bound(sz, sz + Z, n);
     const int64_t bp = fit == sz + Z ? n : *fit;
-    const int64_t offset = static_cast<int64_t>(records.size());
-    records.resize(offset + kRecordRows * bp);
-    int64_t* r = records.data() + offset;
-    const int64_t d = static_cast<int64_t>(step_row.size());
-    for (int64_t b = 0; b < bp; ++b) {
-      const bool real = b < n;
-      r[b] = real ? cand_image[b] : cand_image[n - 1];
-      r[bp + b] = real ? cand_slot[b] : -1;
-      r[2 * bp + b] = b < d ? step_row[b] : -1;
-      r[3 * bp + b] = b < d ? step_count[b] : 1;
-      r[4 * bp + b] = b < d ? step_step[b] : 0;
-      r[5 * bp + b] = real ? cand_tag[b] : -1;
-    }
-    batches.insert(batches.end(), {offset, bp, n, done_offset, static_cast<int64_t>(done.size()) / 5 - done_offset});
+    batches.insert(batches.end(), {0, bp, n, done_offset, static_cast<int64_t>(done.size()) / 5 - done_offset});
+    piece_first.push_back(static_cast<int64_t>(pieces.size()));
+    step_first.push_back(static_cast<int64_t>(steps.size()) / 3);
     if (stop) break;
   }
+  const int64_t W = static_cast<int64_t>(batches.size()) / 5, D = static_cast<int64_t>(done.size()) / 5;
+  int64_t total = 0;
+  for (int64_t w = 0; w < W; ++w) {
+    batches[5 * w] = total;
+    total += kRecordRows * batches[5 * w + 1];
+  }
   auto i64 = at::TensorOptions().dtype(at::kLong);
+  at::Tensor records = at::empty({total}, i64);
+  int64_t* rec = records.data_ptr<int64_t>();
+  for (int64_t w = 0; w < W; ++w) {
+    const int64_t bp = batches[5 * w + 1], n = batches[5 * w + 2];
+    int64_t* r = rec + batches[5 * w];
+    int64_t b = 0, last = 0;
+    for (int64_t k = piece_first[w]; k < piece_first[w + 1]; ++k) {
+      const Piece& pc = pieces[k];
+      const int64_t flat = pc.image * stride + pc.start;
+      std::fill(r + b, r + b + pc.take, pc.image);
+      for (int64_t j = 0; j < pc.take; ++j) r[bp + b + j] = flat + j;
+      std::fill(r + 5 * bp + b, r + 5 * bp + b + pc.take, pc.tag);
+      b += pc.take;
+      last = pc.image;
+    }
+    std::fill(r + n, r + bp, last);  // padding rows: the last candidate's image, no slot, no tag
+    std::fill(r + bp + n, r + 2 * bp, -1);
+    std::fill(r + 5 * bp + n, r + 6 * bp, -1);
+    const int64_t s0 = step_first[w], d = step_first[w + 1] - s0;
+    for (int64_t k = 0; k < d; ++k) {
+      r[2 * bp + k] = steps[3 * (s0 + k)];
+      r[3 * bp + k] = steps[3 * (s0 + k) + 1];
+      r[4 * bp + k] = steps[3 * (s0 + k) + 2];
+    }
+    std::fill(r + 2 * bp + d, r + 3 * bp, -1);  // no step past the batch's own
+    std::fill(r + 3 * bp + d, r + 4 * bp, 1);
+    std::fill(r + 4 * bp + d, r + 5 * bp, 0);
+  }
   auto to_tensor = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
     at::Tensor t = at::empty(shape, i64);
     std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
     return t;
   };
-  const int64_t W = static_cast<int64_t>(batches.size()) / 5, D = static_cast<int64_t>(done.size()) / 5;
   const int64_t left = static_cast<int64_t>(queue.size() - head);
   at::Tensor rest = at::empty({4, left}, i64);
   int64_t* rp = rest.data_ptr<int64_t>();
@@ -141,8 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> schedule_window_cpu(
     const Segment& s = queue[head + k];
     rp[k] = s.image, rp[left + k] = s.start, rp[2 * left + k] = s.stop, rp[3 * left + k] = s.tag;
   }
-  return {to_tensor(records, {static_cast<int64_t>(records.size())}), to_tensor(batches, {W, 5}),
-          to_tensor(done, {D, 5}), rest};
+  return {records, to_tensor(batches, {W, 5}), to_tensor(done, {D, 5}), rest};
 }
 
 }  // namespace
