@@ -97,21 +97,16 @@ class _ExactRun:
     @classmethod
     def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
               collection: bool, verifier: CandidateEvaluator | None, engine: str, low: LowPrecision | None = None,
-              evaluator: Callable | None = None, sizes=()) -> "_ExactRun":
+              evaluator: Callable | None = None, sizes=(), tables: StepTables | None = None) -> "_ExactRun":
         """Every feature present and every image's first step queued (no bar yet). With ``low``, its margin is
-        measured first (``evaluator`` scores in the full dtype)."""
+        measured first (``evaluator`` scores in the full dtype). ``tables``: the state to use (reset), else new."""
         images = prep.images
-        dev = images.device
         n, p = images.shape[0], prep.num_features
         cols = p + 1
         # Every tensor is made on the images' device (new_* / device=dev), never on torch's default device.
-        remaining = images.new_full((n, cols), -1, dtype=torch.int64)
-        remaining[:, :p] = torch.arange(p, device=dev)
-        present = images.new_ones((n, p), dtype=torch.bool)
-        order = images.new_full((n, p), -1, dtype=torch.int64)
-        values = images.new_zeros((n, p), dtype=torch.float64)
-        scores = images.new_zeros((n, cols), dtype=torch.float64)
-        total = images.new_zeros((), dtype=torch.float64)
+        t = tables if tables is not None else StepTables.new(images, n, p)
+        remaining, present, order, values, scores, total = (t.remaining, t.present, t.order, t.values, t.scores,
+                                                            t.total)
 
         measured = () if low is None else (low.measure(evaluator, present),)
         host_scores, targets_host, *measured = (t.tolist() for t in to_host(scores0, targets, *measured,
@@ -406,14 +401,25 @@ def exact_sis(
     ran.
     """
     dense = None
+    sizes = bucket_sizes(runner.chunk) if fn.pad_to is not None else ()
     if evaluator is None:  # the schedule and backselect_update make valid indices: no per-call checks
         evaluator = CandidateEvaluator(fn, prep, targets, runner, check_indices=False)
-        if low is None:
-            dense = True
-    sizes = bucket_sizes(runner.chunk) if fn.pad_to is not None else ()
-    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator, sizes)
-    if dense:
-        dense = DenseStep(fn, prep, targets, run.tables)
+        if low is None:  # the dense step of the job (kept from an earlier job of the same shapes, with its graphs)
+            dense = DenseStep.for_job(fn, prep, targets, sizes)
+    kept = dense
+    try:
+        return _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress, verifier,
+                         engine, evaluator, low, sizes, dense)
+    finally:
+        if kept is not None:
+            kept.release()
+
+
+def _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress, verifier, engine,
+              evaluator, low, sizes, dense) -> list[SISResult]:
+    """:func:`exact_sis` once its dense step (or None) is chosen."""
+    run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator, sizes,
+                          tables=None if dense is None else dense.t)
     run.path = "fused" if dense else ("low-precision" if low is not None else "incremental")
     n, p = prep.images.shape[0], prep.num_features
     # progress=None: a bar only on a terminal (tqdm's own rule).

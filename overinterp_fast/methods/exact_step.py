@@ -11,6 +11,7 @@ graph's input and replays it.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,7 +111,10 @@ class StepSchedule:
 
 @dataclass
 class StepTables:
-    """The exact loop's device state a step reads and writes (see methods/exact.py's ``_ExactRun``)."""
+    """The exact loop's device state a step reads and writes (see methods/exact.py's ``_ExactRun``): per image the
+    compact list of present features ``remaining`` int64 [N, p + 1], ``present`` bool [N, p], ``order`` int64 [N, p],
+    ``values`` float64 [N, p], the step's ``scores`` float64 [N, p + 1], and ``total`` float64 [] (NaN once a score
+    was not finite)."""
 
     remaining: torch.Tensor
     present: torch.Tensor
@@ -118,6 +122,27 @@ class StepTables:
     values: torch.Tensor
     scores: torch.Tensor
     total: torch.Tensor
+
+    @classmethod
+    def new(cls, like: torch.Tensor, n: int, p: int) -> "StepTables":
+        """Tables for n images of p features on ``like``'s device, every feature present (:meth:`reset`)."""
+        t = cls(like.new_empty((n, p + 1), dtype=torch.int64), like.new_empty((n, p), dtype=torch.bool),
+                like.new_empty((n, p), dtype=torch.int64), like.new_empty((n, p), dtype=torch.float64),
+                like.new_empty((n, p + 1), dtype=torch.float64), like.new_empty((), dtype=torch.float64))
+        t.reset()
+        return t
+
+    def reset(self) -> None:
+        """Every feature present (in id order in ``remaining``, -1 past them and in column p), nothing masked yet,
+        in place: a job reusing the tables of an earlier one (and the CUDA graphs that read them)."""
+        p = self.present.shape[1]
+        self.remaining.fill_(-1)
+        self.remaining[:, :p] = torch.arange(p, device=self.remaining.device)
+        self.present.fill_(True)
+        self.order.fill_(-1)
+        self.values.zero_()
+        self.scores.zero_()
+        self.total.zero_()
 
 
 class DenseStep:
@@ -127,31 +152,82 @@ class DenseStep:
     checked against an eager step from the same state, the later ones replay; a capture that fails runs every step
     eagerly from then on, with one logged line).
 
+    The step reads the job's images, baseline, feature map and targets from buffers of its own, and the job's state
+    from its :class:`StepTables`: a later job of the same model and shapes takes the same object (:meth:`for_job`),
+    copies its inputs into the buffers, and replays the graphs captured before (the first job of a shape pays the
+    warm-up and capture, the later ones none).
+
     Args:
         fn: the model (its forward pass runs on the batch's fixed shape: the schedule pads to ``fn.pad_to``'s
             sizes).
         prep: the images, baseline and feature map.
-        targets: int64 [N] on the images' device.
-        tables: the loop's state.
         use_graphs: capture each batch shape's step as a CUDA graph (CUDA only; default: runtime.graphs.enabled()).
 
     Attributes:
-        path: "cuda-graph" once a captured step replayed, else "fused".
+        t: the job's state. path: "cuda-graph" once a captured step replayed, else "fused".
     """
 
-    def __init__(self, fn: ModelFn, prep: Prepared, targets: torch.Tensor, tables: StepTables,
-                 use_graphs: bool | None = None):
-        self.fn, self.prep, self.targets, self.t = fn, prep, targets, tables
-        dev = prep.images.device
+    def __init__(self, fn: ModelFn, prep: Prepared, use_graphs: bool | None = None):
+        self.fn = fn
+        images = prep.images
+        dev = images.device
+        n, p = images.shape[0], prep.num_features
+        # the job's inputs, copied in by load(): the captured steps read them here
+        self.images = torch.empty_like(images, memory_format=_ops_format(images))
+        self.baseline = torch.empty_like(prep.baseline, memory_format=_ops_format(prep.baseline))
+        self.feature_map = torch.empty_like(prep.feature_map)
+        self.targets = images.new_empty((n,), dtype=torch.int64)
+        self.t = StepTables.new(images, n, p)
         self.family = graphs.StepGraphs(dev)
         if use_graphs is not None:
             self.family.on = dev.type == "cuda" and use_graphs
         self.buffers: dict[int, torch.Tensor] = {}
         self.steps: dict[int, tuple[graphs.GraphedStep, torch.Tensor]] = {}  # per batch shape: its step, its input
-        # the ops' implementations, chosen once for the job (not looked up per call)
+        # the ops' implementations, chosen once (not looked up per call)
         self._candidates = _ops.implementation("exact_candidates", dev)
         self._scores = _ops.implementation("exact_scores", dev)
         self._checked: set[int] = set()  # batch shapes whose model output was checked
+        self._key: tuple | None = None
+
+    @classmethod
+    def for_job(cls, fn: ModelFn, prep: Prepared, targets: torch.Tensor, sizes=()) -> "DenseStep":
+        """The dense step of a job, its inputs loaded and its tables reset: one kept from an earlier job of the same
+        model (its tensors where they were), the same images' shape, dtype, device and layout, baseline shape,
+        features and batch shapes, or a new one. Give it back with :meth:`release` when the job ends (a job
+        running meanwhile on another thread makes its own)."""
+        key = _job_key(fn, prep, sizes)
+        step = None
+        try:
+            kept = _kept.get(fn.model)
+        except TypeError:  # a model that cannot be weakly referenced: a step for this job only
+            kept, key = None, None
+        if kept is not None and key is not None:
+            step = kept.pop(key, None)
+        if step is None:
+            step = cls(fn, prep)
+        step.fn, step._key = fn, key
+        step.load(prep, targets)
+        return step
+
+    def load(self, prep: Prepared, targets: torch.Tensor) -> None:
+        """Copy the job's inputs into the step's buffers and reset its tables."""
+        self.images.copy_(prep.images)
+        self.baseline.copy_(prep.baseline)
+        self.feature_map.copy_(prep.feature_map)
+        self.targets.copy_(targets)
+        self.t.reset()
+
+    def release(self) -> None:
+        """Keep this step (its buffers, tables and graphs) for the model's next job of the same shapes."""
+        if self._key is None:
+            return
+        try:
+            kept = _kept.setdefault(self.fn.model, {})
+        except TypeError:
+            return
+        kept[self._key] = self
+        while len(kept) > KEPT_PER_MODEL:  # the oldest shapes go first
+            kept.pop(next(iter(kept)))
 
     @property
     def path(self) -> str:
@@ -162,7 +238,7 @@ class DenseStep:
         every batch of that shape)."""
         out = self.buffers.get(rows)
         if out is None:
-            images = self.prep.images
+            images = self.images
             out = self.buffers[rows] = torch.empty((rows, *images.shape[1:]), dtype=images.dtype,
                                                    device=images.device).contiguous(
                 memory_format=_ops_format(images))
@@ -173,8 +249,8 @@ class DenseStep:
 
         The batch is already padded to its shape, so the model is called as it is (``fn.run``), after a first call
         of each shape through ``fn.forward`` (its output checked for shape, dtype and device)."""
-        p, t, fn = self.prep, self.t, self.fn
-        self._candidates(p.images, p.baseline, p.feature_map, t.present, t.remaining, block, out, False)
+        t, fn = self.t, self.fn
+        self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False)
         rows = out.shape[0]
         if rows in self._checked:
             y = fn.run(out)
@@ -198,6 +274,19 @@ class DenseStep:
             g = self.steps[bp] = (step, static)
         g[1].copy_(block)  # the block, its completed steps padded with row -1 up to Bp
         g[0]()
+
+
+KEPT_PER_MODEL = 2  # a model's dense steps kept between jobs (the most recent shapes)
+_kept: "weakref.WeakKeyDictionary[object, dict[tuple, DenseStep]]" = weakref.WeakKeyDictionary()
+
+
+def _job_key(fn: ModelFn, prep: Prepared, sizes) -> tuple:
+    """What a kept dense step depends on: the images' shape, dtype, device and layout, the baseline's shape, the
+    features, the batch shapes, the model's outputs kind, where its tensors are (its graphs read them there), and
+    whether graphs are on."""
+    images = prep.images
+    return (tuple(images.shape), images.dtype, images.device, _ops_format(images), tuple(prep.baseline.shape),
+            prep.num_features, tuple(sizes), fn.outputs, graphs._where(fn.model), graphs.enabled())
 
 
 def _ops_format(images: torch.Tensor) -> torch.memory_format:

@@ -8,6 +8,7 @@ Tests marked ``mutation`` were written for survivors of a mutation run (mutmut):
 behavioural tests above let through, with every expectation worked out by hand.
 """
 import contextlib
+import weakref
 
 import pytest
 import torch
@@ -738,6 +739,7 @@ def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
             self.wanted = True
 
         def _capture(self):
+            captured.append(1)
             return Played(self.step)
 
     class On(graphs.StepGraphs):
@@ -745,13 +747,19 @@ def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
             super().__init__(device)
             self.on = True
 
+    captured = []
     model, x = make_cnn(0), make_images(3, seed=5)
     kw = dict(collection=True, show_progress=False, engine="torch", batch_size=16,
               options=of.ExactOptions(incremental=False))
     fused = of.fast_sis(model, x, 0.3, **kw)
     monkeypatch.setattr(graphs, "GraphedStep", OnTheCpu)
     monkeypatch.setattr(graphs, "StepGraphs", On)
+    monkeypatch.setattr(exact_step, "_kept", weakref.WeakKeyDictionary())  # not the first call's (graphs off) step
     replayed = of.fast_sis(model, x, 0.3, **kw)
+    first = len(captured)
+    again = of.fast_sis(model, x, 0.3, **kw)  # the kept step: its graphs replay, nothing is captured again
+    assert first > 0 and len(captured) == first
+    assert all(torch.equal(a.order, b.order) for a, b in zip(again, replayed))
     assert {r.info.step for r in fused} == {"fused"} and {r.info.step for r in replayed} == {"cuda-graph"}
     for a, b in zip(replayed, fused):
         assert len(a.collection) == len(b.collection) > 1
