@@ -739,7 +739,7 @@ def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
             self.wanted = True
 
         def _capture(self):
-            captured.append(1)
+            captured.append(id(self))
             return Played(self.step)
 
     class On(graphs.StepGraphs):
@@ -757,8 +757,8 @@ def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
     monkeypatch.setattr(exact_step, "_kept", weakref.WeakKeyDictionary())  # not the first call's (graphs off) step
     replayed = of.fast_sis(model, x, 0.3, **kw)
     first = len(captured)
-    again = of.fast_sis(model, x, 0.3, **kw)  # the kept step: its graphs replay, nothing is captured again
-    assert first > 0 and len(captured) == first
+    again = of.fast_sis(model, x, 0.3, **kw)  # the kept step: its graphs replay, no shape is captured again
+    assert first > 0 and len(set(captured)) == len(captured)
     assert all(torch.equal(a.order, b.order) for a, b in zip(again, replayed))
     assert {r.info.step for r in fused} == {"fused"} and {r.info.step for r in replayed} == {"cuda-graph"}
     for a, b in zip(replayed, fused):
