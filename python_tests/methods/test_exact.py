@@ -758,7 +758,8 @@ def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
     replayed = of.fast_sis(model, x, 0.3, **kw)
     first = len(captured)
     again = of.fast_sis(model, x, 0.3, **kw)  # the kept step: its graphs replay, no shape is captured again
-    assert first > 0 and len(set(captured)) == len(captured)
+    # shapes the first job captured replay in the second (only shapes it ran too few times to capture are new)
+    assert first > 0 and len(set(captured)) == len(captured) and len(captured) - first < first
     assert all(torch.equal(a.order, b.order) for a, b in zip(again, replayed))
     assert {r.info.step for r in fused} == {"fused"} and {r.info.step for r in replayed} == {"cuda-graph"}
     for a, b in zip(replayed, fused):
