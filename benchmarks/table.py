@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
 BEGIN, END = "<!-- tables: begin (written by benchmarks/table.py) -->", "<!-- tables: end -->"
-ORDER = ["cifar", "exact", "exact-loop", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient",
+ORDER = ["cifar", "exact", "exact-loop", "exact-stride12", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient",
          "scale"]
 
 
