@@ -170,7 +170,8 @@ def scale_rows(doc: dict) -> list[str]:
     return out
 
 
-RENDER = {"cifar": cifar_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows, "gradient": gradient_rows,
+RENDER = {"cifar": cifar_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows,
+          "exact-stride12": exact_rows, "gradient": gradient_rows,
           "responsibility": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
           "scale": scale_rows}
 
