@@ -15,7 +15,7 @@ images still get a SIS); --threshold-mode absolute gives the paper's 0.99 for ev
 
 Runs, each once (a user's first call: calibration, the format's measurement and CUDA graph captures included), the
 float32 one first:
-  float32   fast_sis with default options (engine "auto", calibrated batch size, channels_last measured on a GPU)
+  float32   fast_sis with default options (engine "auto", calibrated batch size, channels_last where measured faster)
   bf16      the same with score_dtype=torch.bfloat16 (candidates scored in bfloat16 first, the undecided ones again
             in float32; the result is float32's)
   ceiling   the model's best bare rate: plain forward passes and softmax on candidate-like rows over a sweep of

@@ -11,7 +11,7 @@ from ..methods.choice import has_gradients
 from ..methods.results import RunInfo, SISResult
 from ..runtime import estimate, job
 from ..runtime.calibration import Calibration, candidate_probe, exact_job_time
-from ..runtime.engines import (Engine, incremental_calibration, incremental_pays, low_precision_calibration,
+from ..runtime.engines import (Engine, dense_is_short, incremental_calibration, incremental_pays, low_precision_calibration,
                                time_small_job)
 from ..runtime.memory_format import channels_last_copy, choose_channels_last
 from ..runtime.incremental import IncrementalEvaluator
@@ -81,14 +81,16 @@ class ExactSIS(SetAttribution):
         s = self._setup(d, "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
-            # the format of the full-dtype model (with score_dtype: of its low copy, chosen below)
-            layout = (False, {}) if score_dtype is not None else self._layout(s)
+            # the format of the full-dtype model: the plain run's, so that with score_dtype its scores (the first
+            # pass and the re-scored candidates) are the plain run's to the last bit; the low copy's is chosen below
+            given = (s.fn, s.prep)
+            layout = self._layout(s)
             t0 = time.perf_counter()
             targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
             first_pass_s = time.perf_counter() - t0
             common = dict(thresholds=s.thresholds, collection=run.collection)
             if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
-                low, cal, layout = self._low_precision(s, targets, score_dtype)
+                low, cal, layout = self._low_precision(s, targets, score_dtype, given)
                 with estimate.announced(self._estimate(s, targets, None, first_pass_s)):  # from the first pass
                     results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=cal.batch_size,
                                         runner=s.runner, progress=progress, low=low)
@@ -130,10 +132,11 @@ class ExactSIS(SetAttribution):
         s = self._setup(self._data(inputs, baselines, None, None, feature_mask, False), "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
-            layout = (False, {}) if score_dtype is not None else self._layout(s)
+            given = (s.fn, s.prep)
+            layout = self._layout(s)
             targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
             if score_dtype is not None:
-                low, cal, layout = self._low_precision(s, targets, score_dtype)
+                low, cal, layout = self._low_precision(s, targets, score_dtype, given)
                 return RunInfo("torch", cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]),
                                low=low.summary())
             eng = self._dense(s, targets, engine="torch" if self.run.engine == "auto" else None)
@@ -152,21 +155,23 @@ class ExactSIS(SetAttribution):
             job.fixed_shapes(s.fn, s.runner)
         return cl, times
 
-    def _low_precision(self, s: job.Setup, targets: torch.Tensor,
-                       dtype: torch.dtype) -> tuple[LowPrecision, Calibration, tuple[bool, dict]]:
+    def _low_precision(self, s: job.Setup, targets: torch.Tensor, dtype: torch.dtype,
+                       given: tuple) -> tuple[LowPrecision, Calibration, tuple[bool, dict]]:
         """The low-precision scoring of the job: the low copy's format (measured on that copy, see
         :meth:`_layout`), its batch size (calibrated on the low copy, whose rows are nearly all of the job's:
         engines.low_precision_calibration), and both the full model's and the copy's calls padded to the runner's
-        fixed shapes (CUDA graphs on a GPU)."""
-        low = LowPrecision(s.fn, s.prep, targets, s.runner, dtype)
+        fixed shapes (CUDA graphs on a GPU). ``given``: (f, prepared images) of the model as given, which the low
+        copy is made from (``s`` may hold the full-dtype model's channels_last copy by now)."""
+        fn, prep = given
+        low = LowPrecision(fn, prep, targets, s.runner, dtype)
         layout = (False, {})
         if self.run.engine in ("auto", "torch"):
             layout = choose_channels_last(self.options.channels_last, low.evaluator.fn, low.evaluator.prep,
                                           s.runner.chunk)
             if layout[0]:
-                low = LowPrecision(s.fn, s.prep, targets, s.runner, dtype, channels_last=True)
+                low = LowPrecision(fn, prep, targets, s.runner, dtype, channels_last=True)
         n, p = s.prep.images.shape[0], s.prep.num_features
-        cal = low_precision_calibration(low.evaluator.fn, s.fn, low.evaluator.prep, targets,
+        cal = low_precision_calibration(low.evaluator.fn, fn, low.evaluator.prep, targets,
                                         batch_size=s.batch_size, exact_shape=(n, p))
         s.runner.chunk = cal.batch_size
         job.fixed_shapes(s.fn, s.runner)
@@ -187,10 +192,15 @@ class ExactSIS(SetAttribution):
         its predicted seconds where it runs and was timed, else None). The runner takes the incremental batch
         size."""
         engine, incremental = self.run.engine, self.options.incremental
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        if (incremental is None and engine in ("auto", "torch") and s.batch_size is None
+                and isinstance(s.fn.model, torch.nn.Module)):
+            # a short job stays dense, untraced: the torch engine's calibration (kept for the dense run) says
+            if dense_is_short(self._dense(s, targets, engine="torch"), (n, p)):
+                return None, None, None, None
         pl = choose_incremental(s.fn, s.prep, incremental if engine in ("auto", "torch") else False)
         if pl is None:
             return None, None, None, None
-        n, p = s.prep.images.shape[0], s.prep.num_features
         icl = incremental_calibration(pl, s.fn, s.prep, targets, batch_size=s.batch_size, exact_shape=(n, p))
         eng = None
         if incremental is None:  # auto: time it against the dense engine (no ONNX export when it is short)

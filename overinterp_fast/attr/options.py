@@ -48,7 +48,8 @@ class ExactOptions:
     Attributes:
         incremental: score each candidate by recomputing only the part of each layer its masked feature reaches
             (docs: algorithms.md, Incremental inference; runs the torch model, so it takes the place of the
-            engine). None: where the model traces and timing predicts it is faster; True: always; False: never.
+            engine). None: where the model traces and timing predicts it is faster (not tried where the dense job
+            is predicted under a second); True: always; False: never.
         score_dtype: None, or torch.bfloat16 / torch.float16: score every candidate first in a copy of the torch
             model in that dtype, and again in the images' dtype only those whose low score lies near the step's best
             (docs: algorithms.md, Low precision that stays exact). The result is the one of the images' dtype:
@@ -56,9 +57,10 @@ class ExactOptions:
             The images' own dtype (or None) is the plain path. It runs the torch model (engine "auto" or "torch";
             not on ONNX models) without incremental inference (incremental=True is refused with it).
         channels_last: run the candidates through a copy of the torch model with its convolution weights stored
-            channels_last (the model given is not converted). None (auto, default): on a CUDA device where one call
-            at the job's batch size measures at least 5% faster so, for 4-D images that are not float64; never on a
-            CPU. True: always (4-D images, a torch model with convolutions); False: never. With ``score_dtype``
+            channels_last (the model given is not converted). None (auto, default): where one call at the job's
+            batch size measures at least 5% faster so, on a GPU or a CPU, for 4-D images that are not float64 (a
+            model whose copy fails to run keeps its format). True: always (4-D images, a torch model with
+            convolutions); False: never. With ``score_dtype``
             it applies to the low-precision copy, measured on that copy. ``SISResult.info`` records the choice.
     """
 

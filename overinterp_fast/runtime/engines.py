@@ -37,7 +37,7 @@ from . import estimate, incremental, runinfo
 from .calibration import (MIN_ROWS, Calibration, calibrate, candidate_probe, disk_key, exact_job_time,
                           measure)
 from .inputs import Prepared
-from .model import ModelFn
+from .model import ModelFn, weights_fingerprint as _fingerprint
 from .onnx import OnnxModel, export_onnx
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,11 @@ AUTO_MIN_JOB_S = 10.0
 # one less, and on near-ties incremental ran slower (ResNet-20, 4x4 patches: predicted 5.5 s against 6.0 s
 # dense, measured 6.8 s against 5.1 s).
 INCREMENTAL_MARGIN = 1.2
+# incremental=None leaves incremental scoring out, untraced and untimed, when the dense torch engine's calibration
+# predicts the whole job under this many seconds: tracing and timing the incremental path cost about 0.1 s of a
+# small CNN's job (the digits CNN's 12 images of 64 features: 0.10 s of a 0.56 s first call) and its gain, at most
+# the dense job's time, is smaller still where its prediction errs (up to 2.8x short on that job).
+INCREMENTAL_MIN_JOB_S = 1.0
 
 
 def check_engine(engine) -> str:
@@ -99,11 +104,6 @@ def clear_cache() -> None:
     """Forget exported and compiled engines, and the small jobs' timings."""
     _BUILT.clear()
     _small_jobs.clear()
-
-
-def _fingerprint(model: nn.Module) -> tuple:
-    """Changes when a parameter or buffer is replaced or modified in place."""
-    return tuple((t.data_ptr(), t._version) for t in list(model.parameters()) + list(model.buffers()))
 
 
 def _export(model: nn.Module, example: torch.Tensor, device: torch.device) -> OnnxModel:
@@ -298,6 +298,21 @@ def low_precision_calibration(low_fn: ModelFn, user: ModelFn, low_prep: Prepared
         return Calibration(batch_size, {}, "user", 0.0)
     n, p = exact_shape
     return _calibrate("low", low_fn, user, low_prep, targets, "score", n * p, n * p * (p + 1) // 2, exact_shape)
+
+
+def dense_is_short(dense: Engine, exact_shape: tuple[int, int]) -> bool:
+    """incremental=None: whether the dense engine's calibration predicts the job under INCREMENTAL_MIN_JOB_S, so
+    that incremental scoring is not tried (False where the engine was not timed)."""
+    cal = dense.calibration
+    if cal is None or not cal.times:
+        return False
+    n, p = exact_shape
+    seconds = exact_job_time(cal.times, cal.batch_size, n, p)
+    if seconds >= INCREMENTAL_MIN_JOB_S:
+        return False
+    runinfo.note("incremental", f"off: the dense job is predicted at {seconds:.3g} s, under "
+                                f"{INCREMENTAL_MIN_JOB_S:g} s ({dense.name})")
+    return True
 
 
 def incremental_pays(pl: incremental.IncrementalPlan, incr: Calibration, dense: Engine,

@@ -2,13 +2,23 @@
 
 A convolution runs on a GPU's tensor cores in NHWC (channels_last): cuDNN converts NCHW inputs and weights around
 each convolution otherwise, which costs more the smaller the network (ResNet-20's 16 to 64 channels). On a CPU
-oneDNN may gain or lose. So the choice is measured: a job's forward call at its batch size, on candidate-like rows
-(:func:`overinterp_fast.runtime.calibration.candidate_probe`), in the images' format and in channels_last, in
-interleaved rounds; channels_last is kept when its best call is at least ``GAIN`` faster.
+oneDNN's NHWC convolutions gain as much for small networks (on 2 AMD EPYC cores a call of 256 candidate rows took
+0.54-0.75 of its NCHW time for the digits CNN, the small CNNs and ResNet-20, 0.91-0.94 for the stride-2 CNN and
+EfficientNet-Lite0) and may lose elsewhere. So the choice is measured: a job's forward call at its batch size, on
+candidate-like rows (:func:`overinterp_fast.runtime.calibration.candidate_probe`), in the images' format and in
+channels_last, in interleaved rounds; channels_last is kept when its best call is at least ``GAIN`` faster. Like
+a calibrated batch size, a choice made by timing can differ between runs where the two formats are close, and
+with it the last bits of the scores (a near-tie of float32 scores may then break the other way); a run that must
+not depend on timing passes ``channels_last`` (and ``batch_size``). A model whose channels_last copy fails to run
+(e.g. one that calls ``.view`` on a convolution's output) keeps its format, and the run's info says why.
 
 The user's model is never converted: a job that runs channels_last scores candidates with a copy of the model whose
 4-D weights are stored channels_last (:func:`channels_last_copy`), fed channels_last candidates. The copy computes
 the same function as the model, up to the floating-point noise a change of batch size also makes.
+
+Both are kept per model for the process: the copy until a weight of the model is replaced or changed in place (so
+that a later job runs the same copy, and with it the dense step kept for it, methods.exact_step), and the measured
+choice per input shape, dtype, device, batch size and thread count (:func:`clear_cache` forgets both).
 """
 from __future__ import annotations
 
@@ -16,18 +26,39 @@ import copy
 import dataclasses
 import logging
 import time
+import weakref
 
 import torch
 from torch import nn
 
+from . import runinfo
 from .calibration import candidate_probe
 from .inputs import Prepared
-from .model import Ensemble, ModelFn, model_memory_format
+from .model import Ensemble, ModelFn, model_memory_format, weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
 GAIN = 0.05  # channels_last is kept when its call is at least this much faster
 ROUNDS = 3  # timed calls per format (after one warm-up call each), interleaved; the minimum counts
+
+# model -> (its weights' fingerprint, its channels_last copy); model -> {job key: measured times}
+_copies: "weakref.WeakKeyDictionary[object, tuple[tuple, object]]" = weakref.WeakKeyDictionary()
+_measured: "weakref.WeakKeyDictionary[object, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
+
+
+def clear_cache() -> None:
+    """Forget the channels_last copies and the measured choices."""
+    _copies.clear()
+    _measured.clear()
+
+
+def _kept(table: weakref.WeakKeyDictionary, model) -> dict | None:
+    """``table``'s entry of ``model`` (made empty where missing), or None for a model that cannot be weakly
+    referenced (nothing is kept for it)."""
+    try:
+        return table.setdefault(model, {})
+    except TypeError:
+        return None
 
 
 def convertible(fn: ModelFn, images: torch.Tensor) -> bool:
@@ -43,8 +74,21 @@ def convertible(fn: ModelFn, images: torch.Tensor) -> bool:
 
 def channels_last_copy(fn: ModelFn, prep: Prepared) -> tuple[ModelFn, Prepared]:
     """(f of a copy of ``fn``'s model with its 4-D weights channels_last, ``prep`` with channels_last images and
-    baseline): what a job runs channels_last (the model given is not converted)."""
-    model = copy.deepcopy(fn.model).to(memory_format=torch.channels_last)
+    baseline): what a job runs channels_last (the model given is not converted). The copy is made once per model and
+    kept while the model's weights and modes (train or eval) stay the same."""
+    fingerprint = (weights_fingerprint(fn.model), tuple(m.training for m in fn.model.modules()))
+    try:
+        kept = _copies.get(fn.model)
+    except TypeError:
+        kept = None
+    if kept is not None and kept[0] == fingerprint:
+        model = kept[1]
+    else:
+        model = copy.deepcopy(fn.model).to(memory_format=torch.channels_last)
+        try:
+            _copies[fn.model] = (fingerprint, model)
+        except TypeError:
+            pass
     cl = torch.channels_last
     prep = dataclasses.replace(prep, images=prep.images.contiguous(memory_format=cl),
                                baseline=prep.baseline.contiguous(memory_format=cl))
@@ -79,18 +123,35 @@ def channels_last_pays(times: dict[str, float]) -> bool:
 def choose_channels_last(option: bool | None, fn: ModelFn, prep: Prepared, batch_size: int) -> tuple[bool, dict]:
     """Whether a job runs channels_last, and the measured call times ({} where nothing was timed).
 
-    ``option``: True or False (the caller's), or None: measured (:func:`measure_formats`) on a CUDA device where
-    :func:`convertible`, kept when at least ``GAIN`` faster; never on a CPU (where the format would change results by
-    timing, from run to run) nor where not convertible. True where not convertible is refused with one line.
+    ``option``: True or False (the caller's), or None: measured (:func:`measure_formats`, once per model, input
+    shape, dtype, device, batch size and thread count in a process) where :func:`convertible`, kept when at least
+    ``GAIN`` faster, on a GPU or a CPU; never where not convertible, nor where the copy fails to run (the run's info
+    says why). True where not convertible is refused with one line.
     """
     if option is True and not convertible(fn, prep.images):
         raise ValueError("channels_last=True needs 4-D images that are not float64 and a torch model with "
                          "convolutions not stored channels_last already")
     if option is not None:
         return option, {}
-    if prep.images.device.type != "cuda" or not convertible(fn, prep.images):
+    if not convertible(fn, prep.images):
         return False, {}
-    times = measure_formats(fn, prep, batch_size)
+    images = prep.images
+    key = (tuple(images.shape[1:]), images.dtype, str(images.device), batch_size, torch.get_num_threads(),
+           weights_fingerprint(fn.model))
+    kept = _kept(_measured, fn.model)
+    times = None if kept is None else kept.get(key)
+    if times is None:
+        try:
+            times = measure_formats(fn, prep, batch_size)
+        except Exception as exc:  # a model that cannot run channels_last (its own errors: any type)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            times = {"failed": f"{type(exc).__name__}: {first}"}
+        if kept is not None:
+            kept[key] = times
+    if "failed" in times:
+        logger.info("channels_last off: the channels_last copy failed (%s)", times["failed"])
+        runinfo.note("channels_last", f"off: the channels_last copy failed ({times['failed']})")
+        return False, {}
     pays = channels_last_pays(times)
     logger.info("channels_last %s: %.3g ms against %.3g ms per call of %d rows", "on" if pays else "off",
                 1e3 * times["channels_last"], 1e3 * times["given"], batch_size)

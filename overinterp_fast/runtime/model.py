@@ -26,6 +26,13 @@ def is_onnx(model) -> bool:
     return _is_onnx(model) or isinstance(model, OnnxModel)
 
 
+def weights_fingerprint(model: nn.Module) -> tuple:
+    """Changes when a parameter or buffer of ``model`` is replaced or modified in place (an inference tensor, made
+    under ``torch.inference_mode``, has no version counter: only its replacement shows)."""
+    return tuple((t.data_ptr(), 0 if t.is_inference() else t._version)
+                 for t in list(model.parameters()) + list(model.buffers()))
+
+
 class Ensemble(nn.Module):
     """Mean of the members' logits (the ensembles of Carter et al. 2021). Members share input and classes."""
 

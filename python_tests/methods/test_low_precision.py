@@ -401,8 +401,9 @@ def test_resnet20_in_bfloat16_gives_float32_s_orders_values_and_sets(monkeypatch
     monkeypatch.setattr(low_precision, "RESCORE_MIN", rescore_min)
     model, x = resnet20_case(head=10.0)
     with torch.no_grad():
-        tau = float(torch.softmax(model(x), 1).max(1).values.min())  # every image has a SIS
-    plain = of.ExactOptions(incremental=False)
+        # every image has a SIS (in either format: channels_last moves f in its last bits)
+        tau = float(torch.softmax(model(x), 1).max(1).values.min()) * (1 - 1e-6)
+    plain = of.ExactOptions(incremental=False, channels_last=channels_last)  # the same format for the full dtype
     want = of.fast_sis(model, x, tau, engine="torch", batch_size=96, options=plain)
     got = of.fast_sis(model, x, tau, engine="torch", batch_size=96,
                       options=of.ExactOptions(score_dtype=torch.bfloat16, channels_last=channels_last))

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import os
 import types
-from overinterp_fast.runtime import calibration
+from overinterp_fast.runtime import calibration, runinfo
 from overinterp_fast.runtime import incremental
 from overinterp_fast.runtime.calibration import Calibration
 from overinterp_fast.runtime.inputs import prepare
@@ -324,6 +324,24 @@ def test_incremental_pays_by_timing_includes_the_base_runs(caplog):
     assert len(messages) == 2 and all(m.endswith(" s dense, torch)") for m in messages)
     assert messages[0].startswith("incremental inference on (timed: predicted ")
     assert messages[1].startswith("incremental inference off (timed: predicted ")
+
+
+# ---------- dense_is_short
+
+
+def test_a_short_dense_job_leaves_incremental_out_and_says_so():
+    """The dense calibration's prediction of the job (calibration.exact_job_time) against INCREMENTAL_MIN_JOB_S;
+    an untimed engine is never short."""
+    n, p = 2, 30
+    unit = {16: 0.016, 64: 0.064}  # 1 ms a row
+    seconds = calibration.exact_job_time(unit, 64, n, p)
+    at = engines.INCREMENTAL_MIN_JOB_S / seconds  # scale of the row cost whose job takes exactly the bar
+    with runinfo.collecting() as info:
+        assert engines.dense_is_short(_engine(times={b: t * at * 0.99 for b, t in unit.items()}), (n, p))
+    assert info["incremental"].startswith("off: the dense job is predicted at 0.99 s, under 1 s (torch)")
+    assert not engines.dense_is_short(_engine(times={b: t * at * 1.01 for b, t in unit.items()}), (n, p))
+    assert not engines.dense_is_short(_engine(times={}), (n, p))
+    assert not engines.dense_is_short(_engine(source=None), (n, p))
 
 
 # ---------- time_small_job

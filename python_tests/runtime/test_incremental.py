@@ -270,8 +270,10 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
     paths and says so in one line; whichever it takes, and each forced, the SIS equal the reference."""
     from overinterp_fast.runtime import calibration
     from overinterp_fast.attr import exact as attr_exact
+    from overinterp_fast.runtime import engines
     calibration.clear_cache()
     monkeypatch.setattr(calibration, "MIN_ROWS", 0)
+    monkeypatch.setattr(engines, "INCREMENTAL_MIN_JOB_S", 0.0)  # a short job: timed all the same
     model = seeded(SmallCNN(8), seed=3)
     images = make_images(1, h=8, w=8, seed=5)
     want = reference.sis(model, images, 0.3)
@@ -288,6 +290,28 @@ def test_auto_times_incremental_against_dense_and_both_paths_are_exact(monkeypat
         used.clear()
         assert_same_lists(of.fast_sis(model, images, 0.3), want, assert_same_result)
         assert used == ([1] if pays else [])
+
+
+def test_a_job_the_dense_calibration_predicts_short_is_neither_traced_nor_timed(monkeypatch):
+    """The same calibrated job as above, under engines.INCREMENTAL_MIN_JOB_S: the plan is never made (no trace, no
+    timing of the incremental path), the info says why, and the SIS equal the reference."""
+    from overinterp_fast.runtime import calibration, engines
+    from overinterp_fast.attr import exact as attr_exact
+    calibration.clear_cache()
+    monkeypatch.setattr(calibration, "MIN_ROWS", 0)
+    model = seeded(SmallCNN(8), seed=3)
+    images = make_images(1, h=8, w=8, seed=5)
+    want = reference.sis(model, images, 0.3)
+    traced = []
+    real = attr_exact.choose_incremental
+    monkeypatch.setattr(attr_exact, "choose_incremental", lambda *a: traced.append(1) or real(*a))
+    for bar, short in ((1e9, True), (0.0, False)):
+        monkeypatch.setattr(engines, "INCREMENTAL_MIN_JOB_S", bar)
+        traced.clear()
+        got = of.fast_sis(model, images, 0.3)
+        assert_same_lists(got, want, assert_same_result)
+        assert (traced == []) is short
+        assert got[0].info["incremental"].startswith("off: the dense job is predicted at ") is short
 
 
 def test_a_small_but_long_job_is_timed_and_a_short_one_goes_by_the_estimate(monkeypatch, caplog):
