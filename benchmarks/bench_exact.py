@@ -16,7 +16,9 @@ Contenders, per config, in interleaved rounds (the order rotated each round; min
   ort        engine="onnxruntime" (the ONNX export is cached per process, so it is paid in the warm-up)
   floor      the bare forward passes (and softmax) of the same number of candidates, in calls of the largest
              batch the dense engine ran (read with a forward pre-hook), on candidate-like inputs built once
-             (masked copies of the images: no masking work, no bookkeeping, no scheduling)
+             (masked copies of the images: no masking work, no bookkeeping, no scheduling), the model as given
+  floor_cl   where the default run scored its candidates with a channels_last copy of the model: the same passes
+             through such a copy (``fast_over_floor_cl``: the loop's own overhead over what that run computed)
   reference  overinterp_fast.reference.sis, the plain transcription
 Every contender's SIS is compared with the reference's.
 
@@ -95,10 +97,11 @@ def dense_batch_size(model, images, features) -> int:
     """The rows per call of fast_sis's dense torch engine on this job: the largest call of one recorded run.
 
     After the warm-up the calibration is cached and every call is the job's; with --no-warmup this run also
-    holds the calibration's timing calls, at most the job's rows per step each.
+    holds the calibration's timing calls, at most the job's rows per step each. A run that scored its candidates
+    with a channels_last copy of the model calls no hook of the model: its info's batch size then.
     """
-    rows, _ = eager_rows(model, lambda: explain(model, images, 0.5, feature_mask=features, **DENSE))
-    return max(rows) if rows else None
+    rows, res = eager_rows(model, lambda: explain(model, images, 0.5, feature_mask=features, **DENSE))
+    return max(rows) if rows else res[0].info.batch_size
 
 
 def contenders_for(model, images, features, engines: bool, skip) -> dict:
@@ -127,19 +130,28 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
     batch = dense_batch_size(model, images, features)
     floor_batch = candidate_like_batch(images, features, batch)
     contenders["floor"] = lambda: floor_run(model, floor_batch, batches(candidates, batch))
+    channels_last = bool(warm["fast"][0].info.channels_last) if warmup else False
+    if channels_last:  # the same passes through a channels_last copy, as the default run made them
+        cl = torch.channels_last
+        cl_model, cl_batch = copy.deepcopy(model).to(memory_format=cl), floor_batch.contiguous(memory_format=cl)
+        contenders["floor_cl"] = lambda: floor_run(cl_model, cl_batch, batches(candidates, batch))
     if not skip_reference:
         contenders["reference"] = lambda: of.reference.sis(model, images, 0.5, feature_mask=features)
     times, outputs = interleaved(contenders, rounds, device, name)
     log.removeHandler(decisions)
     best = {k: min(v) for k, v in times.items()}
-    engine_used = engine_used or {k: outputs[k][0].engine for k in outputs if k not in ("floor", "reference")}
+    engine_used = engine_used or {k: outputs[k][0].engine for k in outputs
+                                  if k not in ("floor", "floor_cl", "reference")}
     row = {
         "config": name, "device": str(device), "images": n, "features": p, "candidates": candidates,
         "batch_size": batch, "rounds": rounds, "times_s": times, "engine_used": engine_used,
         "auto_decisions": sorted(set(decisions.lines)), "warmup": warmup,
         "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
         "fast_candidates_per_s": candidates / best["fast"], "floor_candidates_per_s": candidates / best["floor"],
+        "channels_last": channels_last,
     }
+    if "floor_cl" in best:
+        row.update(floor_cl_s=best["floor_cl"], fast_over_floor_cl=best["fast"] / best["floor_cl"])
     for k in ("torch", "ort", "incr"):
         if k in best:
             row[f"{k}_s"] = best[k]
@@ -346,6 +358,9 @@ def print_config(row: dict) -> None:
           f"{g('speedup_vs_reference', math.nan):>9.2f}{g('incr_speedup_vs_reference', math.nan):>9.2f}"
           f"{g('ort_speedup_vs_reference', math.nan):>8.2f}"
           f"{str(g('fast_same_sis_as_reference', '-')):>9}{row['engine_used'].get('fast', '-'):>13}", flush=True)
+    if "floor_cl" in row.get("times_s", {}):
+        print(f"  channels_last: floor through a channels_last copy {row['floor_cl_s']:.2f} s, "
+              f"fast / that floor {row['fast_over_floor_cl']:.3f}", flush=True)
     for line in row["auto_decisions"]:
         print(f"  auto: {line}", flush=True)
 

@@ -119,7 +119,7 @@ class ExactSIS(SetAttribution):
         if incremental_s is None and eng is not None:
             probe = candidate_probe(eng.fn.score, s.prep, targets)
             cal = estimate.timed(cal, probe, eng.batch_size, estimate.exact_rows(n, p), first_pass_s, n)
-        seconds = (incremental_s * estimate.INCREMENTAL_SHORTFALL if incremental_s is not None
+        seconds = (incremental_s if incremental_s is not None
                    else estimate.exact_seconds(cal, first_pass_s, n, p))
         return estimate.exact_estimate(n, p, seconds, s.prep.images.device,
                                        estimate.row_seconds(cal, first_pass_s, n), has_gradients(self.forward_func))

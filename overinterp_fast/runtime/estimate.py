@@ -37,10 +37,6 @@ logger = logging.getLogger(__name__)
 LONG_RUN_S = 60.0  # runs estimated longer than this say so before they start
 # A gradient step's cost per row in forward rows: the forward pass, and the backward pass (about twice a forward).
 GRADIENT_ROW_COST = 3.0
-# Incremental scoring's predicted time came out up to 1.4x short of the measured one across the exact benchmark's
-# configs on 2 CPU cores (its many small ops per call, which the short probe times at their best; see
-# engines.INCREMENTAL_MARGIN): its estimate is the prediction times this.
-INCREMENTAL_SHORTFALL = 1.4
 # The bar's time left comes from the estimate until the run has spent this share of the estimated time (at least
 # BAR_WARMUP_S seconds), then from the rate measured so far.
 BAR_WARMUP_SHARE = 0.1
@@ -137,7 +133,7 @@ def exact_seconds(cal: Calibration | None, first_pass_s: float, images: int, fea
 def incremental_seconds(incr: Calibration, dense: Calibration, images: int, features: int) -> float:
     """Predicted seconds of exact SIS with incremental scoring: its calls at its batch size, plus its base runs
     (one dense forward pass of every image per step, N at a time). The prediction engines.incremental_pays weighs
-    against the dense engine's (the estimate scales it by :data:`INCREMENTAL_SHORTFALL`)."""
+    against the dense engine's, and the run's estimate where it runs."""
     return (exact_job_time(incr.times, incr.batch_size, images, features)
             + float(call_time(dense.times)(images)) * features)
 
