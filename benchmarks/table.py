@@ -20,8 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
 BEGIN, END = "<!-- tables: begin (written by benchmarks/table.py) -->", "<!-- tables: end -->"
-ORDER = ["cifar", "exact", "exact-loop", "exact-stride12", "exact-cold", "gradient", "responsibility", "onnx", "text", "text-gradient",
-         "scale"]
+ORDER = ["cifar", "exact", "exact-loop", "exact-stride12", "exact-cold", "estimate", "gradient", "responsibility", "onnx",
+         "text", "text-gradient", "scale"]
 
 
 def fmt(v, digits: int = 2) -> str:
@@ -52,11 +52,12 @@ def exact_rows(doc: dict) -> list[str]:
                        r.get("ops_outside_per_call"), r.get("batch_shapes")]
                       for r in loops]) + [""]
     if configs:
-        out += table(["config", "N", "p", "candidates", "B", "fast s", "floor s", "fast/floor", "reference s",
-                      "reference/fast", "same SIS", "engine (fast)"],
+        out += table(["config", "N", "p", "candidates", "B", "fast s", "floor s", "fast/floor",
+                      "fast/floor (channels_last copy)", "reference s", "reference/fast", "same SIS", "engine (fast)"],
                      [[r["config"], r["images"], r["features"], r["candidates"], r["batch_size"], r["fast_s"],
-                       r["floor_s"], r["fast_over_floor"], r.get("reference_s"), r.get("speedup_vs_reference"),
-                       r.get("fast_same_sis_as_reference", r.get("same_order")), r.get("engine_used", {}).get("fast", "-")]
+                       r["floor_s"], r["fast_over_floor"], r.get("fast_over_floor_cl"), r.get("reference_s"),
+                       r.get("speedup_vs_reference"), r.get("fast_same_sis_as_reference", r.get("same_order")),
+                       r.get("engine_used", {}).get("fast", "-")]
                       for r in configs])
     for r in doc["rows"]:
         if isinstance(r.get("call_s"), dict):  # the cold case
@@ -170,7 +171,16 @@ def scale_rows(doc: dict) -> list[str]:
     return out
 
 
-RENDER = {"cifar": cifar_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows,
+def estimate_rows(doc: dict) -> list[str]:
+    return table(["config", "N", "p", "run", "path", "channels_last", "estimate s", "measured s", "measured/estimate"],
+                 [[r["config"], r["images"], r["features"], i,
+                   x["step"] if x["step"] == x["engine"] else f"{x['engine']}, {x['step']}",
+                   "on" if x["channels_last"] else "off",
+                   x["estimate_s"], x["measured_s"], x["ratio"]]
+                  for r in doc["rows"] for i, x in enumerate(r["runs"])])
+
+
+RENDER = {"cifar": cifar_rows, "estimate": estimate_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows,
           "exact-stride12": exact_rows, "gradient": gradient_rows,
           "responsibility": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
           "scale": scale_rows}
