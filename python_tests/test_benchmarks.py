@@ -174,3 +174,20 @@ def test_responsibility_proxies_count_two_jobs():
         set(second["batch_shapes"]) - set(first["batch_shapes"]))
     assert first["rounds"] == sum(first["reads_by_label"].values())
     assert first["ops_per_round"] == first["ops_outside"] / first["rounds"]
+
+
+def test_bench_estimate_reads_the_announced_estimate_and_times_the_run_after_it():
+    """bench_estimate records the estimate each run announces (not one it makes itself), the time from the
+    announcement to the run's end (within the whole call's), and their ratio; the library's announced is restored."""
+    import bench_estimate
+    from overinterp_fast.runtime import estimate
+
+    real = estimate.announced
+    row = bench_estimate.run_config("cnn8-px", 1)
+    assert estimate.announced is real
+    (run,) = row["runs"]
+    assert row["images"] == 2 and row["features"] == 64
+    assert run["line"].startswith("exact SIS of 2 images x 64 features: 4,160 forward rows")  # 2 x 64 x 65 / 2
+    assert 0 < run["measured_s"] <= run["call_s"] and run["estimate_s"] > 0
+    assert run["ratio"] == run["measured_s"] / run["estimate_s"]
+    assert row["worst_ratio"] == run["ratio"]
