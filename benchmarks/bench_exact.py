@@ -93,15 +93,17 @@ class _Decisions(logging.Handler):
             self.lines.append(msg)
 
 
-def dense_batch_size(model, images, features) -> int:
-    """The rows per call of fast_sis's dense torch engine on this job: the largest call of one recorded run.
+def dense_batch_size(model, images, features) -> tuple[int, bool]:
+    """(the rows per call of fast_sis's dense torch engine on this job: the largest call of one recorded run,
+    whether that run scored its candidates with a channels_last copy of the model).
 
     After the warm-up the calibration is cached and every call is the job's; with --no-warmup this run also
     holds the calibration's timing calls, at most the job's rows per step each. A run that scored its candidates
     with a channels_last copy of the model calls no hook of the model: its info's batch size then.
     """
     rows, res = eager_rows(model, lambda: explain(model, images, 0.5, feature_mask=features, **DENSE))
-    return max(rows) if rows else res[0].info.batch_size
+    info = res[0].info
+    return (max(rows) if rows else info.batch_size), bool(info.channels_last)
 
 
 def contenders_for(model, images, features, engines: bool, skip) -> dict:
@@ -127,11 +129,10 @@ def run_config(name, n_images, device, rounds, skip_reference=False, engines=Tru
     if warmup:  # kernels, allocator, calibration, the ONNX export (skip on configs that take minutes per run)
         warm = {k: f() for k, f in contenders.items()}
         engine_used = {k: r[0].engine for k, r in warm.items()}
-    batch = dense_batch_size(model, images, features)
+    batch, channels_last = dense_batch_size(model, images, features)
     floor_batch = candidate_like_batch(images, features, batch)
     contenders["floor"] = lambda: floor_run(model, floor_batch, batches(candidates, batch))
-    channels_last = bool(warm["fast"][0].info.channels_last) if warmup else False
-    if channels_last:  # the same passes through a channels_last copy, as the default run made them
+    if channels_last:  # the same passes through a channels_last copy, as the default runs make them
         cl = torch.channels_last
         cl_model, cl_batch = copy.deepcopy(model).to(memory_format=cl), floor_batch.contiguous(memory_format=cl)
         contenders["floor_cl"] = lambda: floor_run(cl_model, cl_batch, batches(candidates, batch))
@@ -249,7 +250,7 @@ def run_score_dtype(name, n_images, device, rounds, score_dtype: str, warmup=Tru
     if warmup:
         for f in contenders.values():
             f()
-    batch = dense_batch_size(model, images, features)
+    batch, _ = dense_batch_size(model, images, features)
     x = candidate_like_batch(images, features, batch)
     low_model, x_low = copy.deepcopy(model).to(dtype), x.to(dtype)
     calls = batches(min(candidates, 16 * batch), batch)  # a sample of the job's calls

@@ -66,10 +66,10 @@ class _Images:
 class _ExactRun:
     """State of one :func:`exact_sis` run, shared by its steps and rounds.
 
-    Device tensors (see the module docstring): ``remaining`` int64 [N, p + 1], ``present`` bool [N, p],
-    ``order`` int64 [N, p], ``values`` float64 [N, p], ``scores`` float64 [N, p + 1] and ``total`` (float64 [],
-    the sum of every score so far: NaN or inf once a score was; scores are probabilities, whose sum cannot
-    overflow). Host: the images' ``state`` (arrays), the ``schedule`` of candidate ranges (windows of batches) and
+    Device tensors ``t`` (:class:`~overinterp_fast.methods.exact_step.StepTables`, see the module docstring):
+    ``remaining`` int64 [N, p + 1], ``present`` bool [N, p], ``order`` int64 [N, p], ``values`` float64 [N, p],
+    ``scores`` float64 [N, p + 1] and ``total`` (float64 [], the sum of every score so far: NaN or inf once a score
+    was; scores are probabilities, whose sum cannot overflow). Host: the images' ``state`` (arrays), the ``schedule`` of candidate ranges (windows of batches) and
     the ``bar``.
     With ``low``: ``unsafe_step`` int64 [N], each image's first step of the round that failed the low-precision check
     (p: none).
@@ -81,12 +81,7 @@ class _ExactRun:
     verifier: CandidateEvaluator | None
     engine: str
     targets_host: list[int]
-    remaining: torch.Tensor
-    present: torch.Tensor
-    order: torch.Tensor
-    values: torch.Tensor
-    scores: torch.Tensor
-    total: torch.Tensor
+    t: StepTables
     state: _Images
     schedule: StepSchedule
     low: LowPrecision | None = None
@@ -105,25 +100,17 @@ class _ExactRun:
         cols = p + 1
         # Every tensor is made on the images' device (new_* / device=dev), never on torch's default device.
         t = tables if tables is not None else StepTables.new(images, n, p)
-        remaining, present, order, values, scores, total = (t.remaining, t.present, t.order, t.values, t.scores,
-                                                            t.total)
-
-        measured = () if low is None else (low.measure(evaluator, present),)
-        host_scores, targets_host, *measured = (t.tolist() for t in to_host(scores0, targets, *measured,
+        measured = () if low is None else (low.measure(evaluator, t.present),)
+        host_scores, targets_host, *measured = (x.tolist() for x in to_host(scores0, targets, *measured,
                                                                           label="start"))
         state = _Images.start(n, p, host_scores)
         schedule = StepSchedule(state.count, state.step, state.full, cols, sizes)
-        run = cls(prep, thresholds, collection, verifier, engine, targets_host, remaining, present, order,
-                  values, scores, total, state, schedule, low)
+        run = cls(prep, thresholds, collection, verifier, engine, targets_host, t, state, schedule, low)
         if low is not None:
             low.start(measured[0], p)
             run.unsafe_step = images.new_full((n,), p, dtype=torch.int64)
         run.push_steps(np.arange(n, dtype=np.int64))
         return run
-
-    @property
-    def tables(self) -> StepTables:
-        return StepTables(self.remaining, self.present, self.order, self.values, self.scores, self.total)
 
     def rescore(self) -> int:
         """K of low precision (a step with more candidates is scored in the low dtype first), 0 without it."""
@@ -206,14 +193,14 @@ class _ExactRun:
                 dev, image[~is_low], flat[~is_low], image[is_low], flat[is_low], stepped[:, 1], stepped[:, 3],
                 stepped[:, 4], pos, rank)
             n0 = flat.shape[0]
-        scores, remaining = self.scores.view(-1), self.remaining.view(-1)
+        scores, remaining = self.t.scores.view(-1), self.t.remaining.view(-1)
         if img_low is not None and img_low.numel():
-            scores.index_copy_(0, flat_low, low.evaluator(self.present, img_low, img_low,
+            scores.index_copy_(0, flat_low, low.evaluator(self.t.present, img_low, img_low,
                                                           remaining.index_select(0, flat_low)))
         feature = remaining.index_select(0, flat)
         if low_steps.size:  # the low-precision steps' best candidates join the full-dtype call
             kf = len(full_steps)
-            picked = low.pick(self.scores, rows[kf:], pos, rank, self.present, self.remaining)
+            picked = low.pick(self.t.scores, rows[kf:], pos, rank, self.t.present, self.t.remaining)
             again = rows[kf:][pos]
             img, feature = torch.cat([img, again]), torch.cat([feature, picked.rescored])
         if img.numel():  # none where the batch is all low-precision candidates and completes no step
@@ -222,27 +209,27 @@ class _ExactRun:
                 im, sl = (image, slot) if low is None else (image[~is_low], slot[~is_low])
                 begins = (sl == 0) | (sl == p)  # a step's first slot, a round's input
                 kw["starts"] = np.unique(im[begins]).tolist()
-            f = evaluator(self.present, img, img, feature, **kw)
-            self.total += f.sum()  # two ops per call; isfinite(f).all() and &= took three
+            f = evaluator(self.t.present, img, img, feature, **kw)
+            self.t.total += f.sum()  # two ops per call; isfinite(f).all() and &= took three
             if f.shape[0] == n0:
                 scores.index_copy_(0, flat, f)
             else:  # padding rows, or re-scores of low-precision steps, follow the batch's own slots
                 scores.index_copy_(0, flat[:n0], f[:n0])
         if low_steps.size:
             kf = len(full_steps)
-            low.settle(picked, f[n0:], self.scores, rows[kf:], counts[kf:], steps_t[kf:], pos, rank,
+            low.settle(picked, f[n0:], self.t.scores, rows[kf:], counts[kf:], steps_t[kf:], pos, rank,
                        self.unsafe_step)
             state.rescored[low_steps] += low.per_step(lows[:, 3])  # the counts before the step
         if stepped.size:
             _ops.backselect_update(
-                self.scores,
+                self.t.scores,
                 rows,
                 counts,
                 steps_t,
-                self.remaining,
-                self.present,
-                self.order,
-                self.values,
+                self.t.remaining,
+                self.t.present,
+                self.t.order,
+                self.t.values,
                 False,  # rows/counts/steps come from the host's bookkeeping; remaining is kept valid
             )
         self.bar.update(len(image))
@@ -253,7 +240,7 @@ class _ExactRun:
         thresholds = self.thresholds
         (rows,) = upload(self.prep.images.device, ids)
         unsafe = () if self.low is None else (self.unsafe_step[rows],)
-        total, ords, vals, *unsafe = to_host(self.total, self.order[rows], self.values[rows], *unsafe,
+        total, ords, vals, *unsafe = to_host(self.t.total, self.t.order[rows], self.t.values[rows], *unsafe,
                                               label="round end")
         check_finite_scores(math.isfinite(total))
         row = {i: k for k, i in enumerate(ids)}
@@ -311,10 +298,10 @@ class _ExactRun:
         keep[o] = True
         keep[sis] = False
         (rest,) = upload(self.prep.images.device, keep.nonzero().flatten())
-        self.present[i] = False
-        self.present[i].index_fill_(0, rest, True)  # x[i, idx] = True would copy a host scalar: a wait
+        self.t.present[i] = False
+        self.t.present[i].index_fill_(0, rest, True)  # x[i, idx] = True would copy a host scalar: a wait
         # remaining[i, :p] is all -1 here: each backselect_update step writes -1 into the slot it frees
-        self.remaining[i, : rest.numel()] = rest
+        self.t.remaining[i, : rest.numel()] = rest
         m = rest.numel()
         self.state.count[i], self.state.step[i] = m, 0
         self.bar.total += 1 + m * (m + 1) // 2
@@ -325,10 +312,10 @@ class _ExactRun:
         features that step started with. The candidates of the steps run again count as re-scored."""
         st = self.state
         (feats,) = upload(self.prep.images.device, rest)
-        self.present[i] = False
-        self.present[i].index_fill_(0, feats, True)
+        self.t.present[i] = False
+        self.t.present[i].index_fill_(0, feats, True)
         # remaining[i, :p] is all -1 here (see next_round); the slots' order does not matter (ties go by feature id)
-        self.remaining[i, : feats.numel()] = feats
+        self.t.remaining[i, : feats.numel()] = feats
         self.unsafe_step[i] = self.prep.num_features
         m = feats.numel()
         st.count[i], st.step[i], st.full[i] = m, t, True
@@ -355,7 +342,7 @@ class _ExactRun:
         """The inputs of images ``ids``' new rounds are scored: start those that pass their threshold."""
         p = self.prep.num_features
         (rows,) = upload(self.prep.images.device, ids)
-        total, new_scores = to_host(self.total, self.scores[rows, p], label="round start")
+        total, new_scores = to_host(self.t.total, self.t.scores[rows, p], label="round start")
         check_finite_scores(math.isfinite(total))
         st, going = self.state, []
         for i, s in zip(ids, new_scores.tolist()):
@@ -430,6 +417,6 @@ def _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, ru
         window = run.schedule.window(min(batch_size, runner.chunk), rescore=run.rescore(), stop_at_round_end=stop)
         dense = run.run_window(window, dense, evaluator)
     run.bar.close()
-    check_finite_scores(math.isfinite(to_host(run.total, label="end")[0]))
+    check_finite_scores(math.isfinite(to_host(run.t.total, label="end")[0]))
 
     return [first_with_collection(rounds, collection) for rounds in run.state.rounds]

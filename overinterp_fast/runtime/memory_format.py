@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 GAIN = 0.05  # channels_last is kept when its call is at least this much faster
 ROUNDS = 3  # timed calls per format (after one warm-up call each), interleaved; the minimum counts
 
-# model -> (its weights' fingerprint, its channels_last copy); model -> {job key: measured times}
-_copies: "weakref.WeakKeyDictionary[object, tuple[tuple, object]]" = weakref.WeakKeyDictionary()
+# model -> {its weights' fingerprint and modes: its channels_last copy} (the latest only); model -> {job key: times}
+_copies: "weakref.WeakKeyDictionary[object, dict[tuple, object]]" = weakref.WeakKeyDictionary()
 _measured: "weakref.WeakKeyDictionary[object, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
 
 
@@ -77,18 +77,13 @@ def channels_last_copy(fn: ModelFn, prep: Prepared) -> tuple[ModelFn, Prepared]:
     baseline): what a job runs channels_last (the model given is not converted). The copy is made once per model and
     kept while the model's weights and modes (train or eval) stay the same."""
     fingerprint = (weights_fingerprint(fn.model), tuple(m.training for m in fn.model.modules()))
-    try:
-        kept = _copies.get(fn.model)
-    except TypeError:
-        kept = None
-    if kept is not None and kept[0] == fingerprint:
-        model = kept[1]
-    else:
+    kept = _kept(_copies, fn.model)
+    model = None if kept is None else kept.get(fingerprint)
+    if model is None:
         model = copy.deepcopy(fn.model).to(memory_format=torch.channels_last)
-        try:
-            _copies[fn.model] = (fingerprint, model)
-        except TypeError:
-            pass
+        if kept is not None:
+            kept.clear()  # a copy of older weights is not used again
+            kept[fingerprint] = model
     cl = torch.channels_last
     prep = dataclasses.replace(prep, images=prep.images.contiguous(memory_format=cl),
                                baseline=prep.baseline.contiguous(memory_format=cl))
