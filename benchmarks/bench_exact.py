@@ -39,7 +39,9 @@ time, minima over rounds, ratios of minima.
 
 The loop's own cost (linear8-px, linear24-px): fast_sis with default options on a near-free model (one linear layer)
 against the bare forward passes of exactly its calls (rows recorded with a forward pre-hook, replayed at the same
-batch sizes); reported per forward call and per image-step (one backward-selection step of one image):
+batch sizes); reported per forward call and per image-step (one backward-selection step of one image), and per
+forward call split into the step kernels' own time (exact_candidates and exact_scores: their self time in one more
+run under torch.profiler, dispatch included; on a GPU that work runs on the device) and the host's rest:
     python benchmarks/bench_exact.py --configs linear8-px linear24-px --rounds 5 --no-cold
 
 Configs (sized for 2 CPU cores; on a GPU use --images and --full):
@@ -197,11 +199,14 @@ def run_loop_cost(name, n_images, device, rounds, warmup=True) -> dict:
     steps = sum(r.order.numel() for r in outputs["fast"])  # one backward-selection step of one image each
     loop = best["fast"] - best["floor"]
     proxies = host_proxies(model, fast)
+    kernels = kernel_seconds(fast)
     return {"config": name, "case": "loop_cost", "device": str(device), "images": images.shape[0], "features": p,
             "candidates": images.shape[0] * p * (p + 1) // 2, "rounds": rounds, "times_s": times,
             "fast_s": best["fast"], "floor_s": best["floor"], "fast_over_floor": best["fast"] / best["floor"],
             "calls": len(calls), "rows": sum(calls), "image_steps": steps,
             "loop_us_per_call": 1e6 * loop / len(calls), "loop_us_per_image_step": 1e6 * loop / steps,
+            "kernels_us_per_call": {k: 1e6 * v / len(calls) for k, v in kernels.items()},
+            "host_us_per_call": 1e6 * (loop - sum(kernels.values())) / len(calls),
             "engine_used": {"fast": res[0].engine}, "step": res[0].info.step, **proxies}
 
 
@@ -219,15 +224,30 @@ def host_proxies(model, fast) -> dict:
             "ops_outside_by_op": dict(ops.by_op.most_common(12)), "reads_by_label": dict(reads.by_label)}
 
 
+STEP_KERNELS = ("exact_candidates", "exact_scores")  # the fused step's ops around the model
+
+
+def kernel_seconds(fast) -> dict[str, float]:
+    """{op: seconds} of the step kernels' own work in one run of ``fast`` under torch.profiler (their self CPU
+    time: the work, argument checks and dispatch; the profiler's own cost per event is not in it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fast()
+    by_name = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    return {k: by_name.get(f"overinterp_fast::{k}", 0.0) / 1e6 for k in STEP_KERNELS}
+
+
 def print_loop_cost(row: dict) -> None:
     print(f"{row['config']:<14}{row['images']:>3}{row['features']:>6}{row['calls']:>7}{row['rows']:>9}"
           f"{row['image_steps']:>8}{row['fast_s']:>9.3f}{row['floor_s']:>9.3f}{row['fast_over_floor']:>8.2f}"
-          f"{row['loop_us_per_call']:>11.0f}{row['loop_us_per_image_step']:>11.1f}"
+          f"{row['loop_us_per_call']:>11.0f}{sum(row['kernels_us_per_call'].values()):>9.0f}"
+          f"{row['host_us_per_call']:>8.0f}{row['loop_us_per_image_step']:>11.1f}"
           f"{row['ops_outside_per_call']:>9.1f}{row['batch_shapes']:>8}", flush=True)
 
 
 LOOP_HEAD = (f"{'config':<14}{'N':>3}{'p':>6}{'calls':>7}{'rows':>9}{'steps':>8}{'fast s':>9}{'floor s':>9}"
-             f"{'f/floor':>8}{'us/call':>11}{'us/step':>11}{'ops/call':>9}{'shapes':>8}")
+             f"{'f/floor':>8}{'us/call':>11}{'kernels':>9}{'host':>8}{'us/step':>11}{'ops/call':>9}{'shapes':>8}")
 
 
 # ---- score_dtype against the images' dtype ----

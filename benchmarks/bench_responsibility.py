@@ -479,6 +479,10 @@ def main():
     ap.add_argument("--rex-cache", default=None, metavar="DIR",
                     help="keep ReX's outputs in DIR and reuse them when the photos and settings match")
     ap.add_argument("--no-rex", action="store_true", help="ours alone, against its bare forward passes")
+    ap.add_argument("--against", default=None, metavar="JSON",
+                    help="with --no-rex: an earlier results JSON of a run beside ReX (same photos and seeds); ReX's "
+                         "recorded times and queries set against ours now (not side by side), and whether ours "
+                         "finds the same sets as that run")
     ap.add_argument("--device", default="cpu", help="cpu (ours on the ONNX model, beside ReX) or cuda (ours on "
                     "the torch module; ReX is not run)")
     ap.add_argument("--no-proxies", action="store_true", help="skip the CPU proxies (ops per round, batch shapes)")
@@ -857,6 +861,8 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
          "ours_all_pass_on_model": all(ok), "ours_model": "onnx" if device.type == "cpu" else "torch",
          "ours_session_start_s": start["session_s"], "ours_warmup_s": start["warmup_s"], "cold_case": cold,
          "proxies": px}
+    if args.against:
+        s["against"] = against_recorded(args.against, rows, s)
     print(f"\nours alone ({ours_label}), {n} photos, seeds {s['seeds']}, {device}: "
           f"{ours_t:.2f} s per image, {s['ours_over_floor']:.2f}x its bare forward passes; "
           f"median {s['ours_median_queries']:.0f} queries, MPS {100 * s['ours_median_mps_fraction']:.2f}%; "
@@ -864,7 +870,35 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
     if cold is not None:
         print(f"cold case (fresh process, {cold['photo']}): {cold['process_s']:.1f} s in all, "
               f"{cold['call_s']:.2f} s in fast_sis, {cold['queries']} queries")
+    if args.against:
+        a = s["against"]
+        print(f"against {a['path']} ({a['commit'][:7]}, ReX's times from that run, not side by side): ReX "
+              f"{a['rex_time_per_image_s']:.1f} s per image -> {a['speed_ratio']:.1f}x; queries "
+              f"{a['rex_median_queries']:.0f} against {s['ours_median_queries']:.0f} -> {a['query_ratio']:.2f}x; "
+              f"same sets and queries as that run's ours: {a['same_mps_as_recorded']}, {a['same_queries_as_recorded']}")
     print(f"wrote {write_results('responsibility', device, rows, args.out, summary=s, model=MODEL)}")
+
+
+def against_recorded(path: str, rows: list[dict], s: dict) -> dict:
+    """Ours now against an earlier run beside ReX (its JSON at ``path``): ReX's recorded time per image and median
+    queries over ours now, and whether ours gives that run's set sizes and queries, photo by photo and seed by seed.
+    The photos and seeds must be the same."""
+    import json
+
+    with open(path) as fh:
+        old = json.load(fh)
+    if [r["photo"] for r in old["rows"]] != [r["photo"] for r in rows] or old["summary"]["rex_seeds"] != s["seeds"]:
+        raise SystemExit(f"--against {path}: another set of photos or seeds than this run's")
+    by_photo = {r["photo"]: r for r in old["rows"]}
+    same = lambda key: all(by_photo[r["photo"]][key] == r[key] for r in rows)  # noqa: E731
+    rex_t = old["summary"]["rex_time_per_image_s"]
+    return {"path": os.path.relpath(path), "commit": old.get("commit", "unknown"), "date": old.get("date"),
+            "rex_time_per_image_s": rex_t, "rex_cached": old["summary"].get("rex_cached"),
+            "speed_ratio": rex_t / s["ours_time_per_image_s"],
+            "rex_median_queries": old["summary"]["rex_median_queries"],
+            "query_ratio": old["summary"]["rex_median_queries"] / s["ours_median_queries"],
+            "same_mps_as_recorded": same("ours_mps_pixels_by_seed"),
+            "same_queries_as_recorded": same("ours_queries_by_seed")}
 
 
 if __name__ == "__main__":

@@ -45,10 +45,13 @@ def exact_rows(doc: dict) -> list[str]:
     out = []
     if loops:
         out += table(["config (the loop's own cost)", "N", "p", "forward calls", "image-steps", "fast s", "floor s",
-                      "fast/floor", "loop us per call", "loop us per image-step", "ops per call outside the model",
+                      "fast/floor", "loop us per call", "of which step kernels", "of which host",
+                      "loop us per image-step", "ops per call outside the model",
                       "batch shapes"],
                      [[r["config"], r["images"], r["features"], r["calls"], r["image_steps"], r["fast_s"],
-                       r["floor_s"], r["fast_over_floor"], r["loop_us_per_call"], r["loop_us_per_image_step"],
+                       r["floor_s"], r["fast_over_floor"], r["loop_us_per_call"],
+                       sum(r["kernels_us_per_call"].values()) if "kernels_us_per_call" in r else None,
+                       r.get("host_us_per_call"), r["loop_us_per_image_step"],
                        r.get("ops_outside_per_call"), r.get("batch_shapes")]
                       for r in loops]) + [""]
     if configs:

@@ -191,3 +191,16 @@ def test_bench_estimate_reads_the_announced_estimate_and_times_the_run_after_it(
     assert 0 < run["measured_s"] <= run["call_s"] and run["estimate_s"] > 0
     assert run["ratio"] == run["measured_s"] / run["estimate_s"]
     assert row["worst_ratio"] == run["ratio"]
+
+
+def test_exact_loop_cost_splits_the_step_kernels_from_the_host():
+    """The loop's cost per call is split into the step kernels' own time (their profiler self time) and the host's
+    rest; both kernels ran once per batch, so each has a positive time, and the parts add up to the loop's cost."""
+    from bench_exact import STEP_KERNELS, run_loop_cost
+
+    row = run_loop_cost("linear8-px", 4, "cpu", rounds=1, warmup=False)
+    kernels = row["kernels_us_per_call"]
+    assert set(kernels) == set(STEP_KERNELS) and all(v > 0 for v in kernels.values())
+    loop = 1e6 * (row["times_s"]["fast"][0] - row["times_s"]["floor"][0]) / row["calls"]
+    assert row["loop_us_per_call"] == pytest.approx(loop)
+    assert row["host_us_per_call"] == pytest.approx(loop - sum(kernels.values()))
