@@ -480,9 +480,9 @@ def main():
                     help="keep ReX's outputs in DIR and reuse them when the photos and settings match")
     ap.add_argument("--no-rex", action="store_true", help="ours alone, against its bare forward passes")
     ap.add_argument("--against", default=None, metavar="JSON",
-                    help="with --no-rex: an earlier results JSON of a run beside ReX (same photos and seeds); ReX's "
-                         "recorded times and queries set against ours now (not side by side), and whether ours "
-                         "finds the same sets as that run")
+                    help="with --no-rex: the results JSON of an earlier run beside ReX (same photos and seeds): ReX's "
+                         "times from its side-by-side timing rounds against ours now on the same photos and seeds, "
+                         "its queries against ours now, and whether ours still finds that run's sets")
     ap.add_argument("--device", default="cpu", help="cpu (ours on the ONNX model, beside ReX) or cuda (ours on "
                     "the torch module; ReX is not run)")
     ap.add_argument("--no-proxies", action="store_true", help="skip the CPU proxies (ops per round, batch shapes)")
@@ -536,6 +536,16 @@ def main():
             floor_s.append(timed(lambda: floor_run(ours_model, masked, calls), device)[0])
             print(f"round seed {s}: ours {t / n:.2f} s per image, its bare forward passes {floor_s[-1] / n:.2f} s",
                   flush=True)
+
+        # --- --against: ours now on the photos and seeds of that run's side-by-side timing rounds
+        again = []
+        if args.against and not rex:
+            for t in recorded_timing(args.against):
+                idx = [names.index(ph) for ph in t["photos"]]
+                tt, _, _ = run_ours(counted, ours_images[idx], t["seed"], refine=refine, **ours_opts)
+                again.append({**t, "ours_now_s": tt})
+                print(f"timing photos {t['photos']} (seed {t['seed']}): ours {tt / len(idx):.2f} s per image now, "
+                      f"{t['ours_s'] / len(idx):.2f} s then; ReX {t['rex_s'] / len(idx):.2f} s then", flush=True)
 
         # --- noisy copies (seed args.seed): ReX, then ours
         noisy = None
@@ -598,7 +608,7 @@ def main():
         ours_runs = [{**run, "results": [to_cpu(r) for r in run["results"]]} for run in ours_runs]
         if not rex:
             ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label,
-                       {"session_s": t_session, "warmup_s": t_warm}, px)
+                       {"session_s": t_session, "warmup_s": t_warm}, px, again)
             return
 
     p = images.shape[-2] * images.shape[-1]
@@ -838,7 +848,7 @@ def to_cpu(r):
 
 
 def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label, start,
-               px: dict | None = None) -> None:
+               px: dict | None = None, again: list[dict] = ()) -> None:
     """--no-rex: ours against its bare forward passes, per photo and summarized; writes the JSON."""
     p = images.shape[-2] * images.shape[-1]
     n = len(names)
@@ -862,7 +872,7 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
          "ours_session_start_s": start["session_s"], "ours_warmup_s": start["warmup_s"], "cold_case": cold,
          "proxies": px}
     if args.against:
-        s["against"] = against_recorded(args.against, rows, s)
+        s["against"] = against_recorded(args.against, rows, s, again)
     print(f"\nours alone ({ours_label}), {n} photos, seeds {s['seeds']}, {device}: "
           f"{ours_t:.2f} s per image, {s['ours_over_floor']:.2f}x its bare forward passes; "
           f"median {s['ours_median_queries']:.0f} queries, MPS {100 * s['ours_median_mps_fraction']:.2f}%; "
@@ -872,17 +882,32 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
               f"{cold['call_s']:.2f} s in fast_sis, {cold['queries']} queries")
     if args.against:
         a = s["against"]
-        print(f"against {a['path']} ({a['commit'][:7]}, ReX's times from that run, not side by side): ReX "
-              f"{a['rex_time_per_image_s']:.1f} s per image -> {a['speed_ratio']:.1f}x; queries "
-              f"{a['rex_median_queries']:.0f} against {s['ours_median_queries']:.0f} -> {a['query_ratio']:.2f}x; "
-              f"same sets and queries as that run's ours: {a['same_mps_as_recorded']}, {a['same_queries_as_recorded']}")
+        side = a["side_by_side"]
+        print(f"against {a['path']} ({a['commit'][:7]}): ReX's side-by-side time then, ours now on the same photos "
+              f"and seed: {side['rex_s_per_image']:.2f} s against {side['ours_now_s_per_image']:.2f} s per image -> "
+              f"{side['ratio']:.2f}x (then {side['ratio_then']:.2f}x); queries {a['rex_median_queries']:.0f} against "
+              f"{s['ours_median_queries']:.0f} -> {a['query_ratio']:.2f}x; the same sets and queries as that run's "
+              f"ours: {a['same_mps_as_recorded']}, {a['same_queries_as_recorded']}")
     print(f"wrote {write_results('responsibility', device, rows, args.out, summary=s, model=MODEL)}")
 
 
-def against_recorded(path: str, rows: list[dict], s: dict) -> dict:
-    """Ours now against an earlier run beside ReX (its JSON at ``path``): ReX's recorded time per image and median
-    queries over ours now, and whether ours gives that run's set sizes and queries, photo by photo and seed by seed.
-    The photos and seeds must be the same."""
+def recorded_timing(path: str) -> list[dict]:
+    """The side-by-side timing rounds of an earlier run beside ReX (its JSON at ``path``): [{seed, photos, rex_s,
+    ours_s, ratio}]; an error where it has none (its ReX times would come from a cache, not side by side)."""
+    import json
+
+    with open(path) as fh:
+        rounds = json.load(fh)["summary"].get("steadiness", {}).get("timing_rounds") or []
+    if not rounds:
+        raise SystemExit(f"--against {path}: that run has no side-by-side timing rounds (--timing-rounds)")
+    return rounds
+
+
+def against_recorded(path: str, rows: list[dict], s: dict, again: list[dict]) -> dict:
+    """Ours now against an earlier run beside ReX (its JSON at ``path``): ReX's side-by-side time per image of that
+    run's timing rounds over ours now on the same photos and seeds (``again``), ReX's median queries over ours now,
+    and whether ours gives that run's set sizes and queries, photo by photo and seed by seed. The photos and seeds
+    must be the same."""
     import json
 
     with open(path) as fh:
@@ -891,10 +916,11 @@ def against_recorded(path: str, rows: list[dict], s: dict) -> dict:
         raise SystemExit(f"--against {path}: another set of photos or seeds than this run's")
     by_photo = {r["photo"]: r for r in old["rows"]}
     same = lambda key: all(by_photo[r["photo"]][key] == r[key] for r in rows)  # noqa: E731
-    rex_t = old["summary"]["rex_time_per_image_s"]
+    n = sum(len(t["photos"]) for t in again)
+    rex_s, then_s, now_s = (sum(t[k] for t in again) for k in ("rex_s", "ours_s", "ours_now_s"))
     return {"path": os.path.relpath(path), "commit": old.get("commit", "unknown"), "date": old.get("date"),
-            "rex_time_per_image_s": rex_t, "rex_cached": old["summary"].get("rex_cached"),
-            "speed_ratio": rex_t / s["ours_time_per_image_s"],
+            "side_by_side": {"rounds": again, "rex_s_per_image": rex_s / n, "ours_then_s_per_image": then_s / n,
+                             "ours_now_s_per_image": now_s / n, "ratio": rex_s / now_s, "ratio_then": rex_s / then_s},
             "rex_median_queries": old["summary"]["rex_median_queries"],
             "query_ratio": old["summary"]["rex_median_queries"] / s["ours_median_queries"],
             "same_mps_as_recorded": same("ours_mps_pixels_by_seed"),

@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
 BEGIN, END = "<!-- tables: begin (written by benchmarks/table.py) -->", "<!-- tables: end -->"
-ORDER = ["cifar", "exact", "exact-loop", "exact-stride12", "exact-cold", "estimate", "gradient", "responsibility", "onnx",
+ORDER = ["cifar", "exact", "exact-loop", "exact-stride12", "exact-cold", "estimate", "gradient", "responsibility",
+         "responsibility-ours", "onnx",
          "text", "text-gradient", "scale"]
 
 
@@ -119,10 +120,20 @@ def responsibility_rows(doc: dict) -> list[str]:
     s = doc["summary"]
     pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     if "rex_time_per_image_s" not in s:  # ours alone
-        return table(["photos", "s per image", "floor s per image", "ours/floor", "queries (median)", "MPS (median)",
-                      "every MPS passes"],
-                     [[s["photos"], s["ours_time_per_image_s"], s["ours_floor_per_image_s"], s["ours_over_floor"],
-                       s["ours_median_queries"], pct(s["ours_median_mps_fraction"]), s["ours_all_pass_on_model"]]])
+        out = table(["photos", "s per image", "floor s per image", "ours/floor", "queries (median)", "MPS (median)",
+                     "every MPS passes"],
+                    [[s["photos"], s["ours_time_per_image_s"], s["ours_floor_per_image_s"], s["ours_over_floor"],
+                      s["ours_median_queries"], pct(s["ours_median_mps_fraction"]), s["ours_all_pass_on_model"]]])
+        a = s.get("against")
+        if a:  # an earlier run beside ReX: its recorded figures, not side by side
+            side = a["side_by_side"]
+            out += ["", f"Against {a['path']} (commit {a['commit'][:7]}, {a['date']}): ReX's time from that run's "
+                        f"side-by-side rounds, ours now on the same photos and seeds: {side['rex_s_per_image']:.2f} "
+                        f"against {side['ours_now_s_per_image']:.2f} s per image, {side['ratio']:.2f}x (then "
+                        f"{side['ratio_then']:.2f}x); {a['rex_median_queries']:.0f} queries, {a['query_ratio']:.2f}x "
+                        f"fewer; the same sets: {fmt(a['same_mps_as_recorded'])}, the same queries: "
+                        f"{fmt(a['same_queries_as_recorded'])}"]
+        return out
     seeds = len(s["rex_seeds"])
     rows = [[f"ReX, {seeds} seeds", s["rex_median_queries"], s["rex_time_per_image_s"], pct(s["rex_median_mps_fraction"]),
              f"{s['rex_seed_to_seed_dice']:.3f} (seed to seed)"],
@@ -185,7 +196,7 @@ def estimate_rows(doc: dict) -> list[str]:
 
 RENDER = {"cifar": cifar_rows, "estimate": estimate_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows,
           "exact-stride12": exact_rows, "gradient": gradient_rows,
-          "responsibility": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
+          "responsibility": responsibility_rows, "responsibility-ours": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
           "scale": scale_rows}
 
 
