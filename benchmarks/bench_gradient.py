@@ -26,6 +26,10 @@ Proxies a CPU can check (what a GPU would wait for, counted without one; --no-pr
   format), beside ``host_ms_model_meta``, the model's own forward and backward pass there (meta kernels are slower
   to dispatch than CUDA launches, so the two are compared, not read as a GPU's times), all of the row's model,
   images and k;
+- per row, ``step_ceiling_float32`` (--no-ceiling skips it): the float32 model work of one step (masked forward,
+  softmax, backward to the mask) per image, for one image with the model as given (the transcription's step) and
+  for all the row's images in one pass through the model the defaults' steps call; their ratio is the most that
+  batching can make the float32 steps faster than the transcription's;
 - ``proxies`` (once per run): a whole job of one conv layer on 8 random 3x64x64 images, k = 64, autocast off, on
   the CPU: the ops outside the model per forward call, the forward calls, the device reads by label (one per
   round: none inside it) and the distinct batch shapes.
@@ -33,6 +37,7 @@ Proxies a CPU can check (what a GPU would wait for, counted without one; --no-pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import os
@@ -44,7 +49,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import overinterp_fast as of  # noqa: E402
-from common import explain, interleaved, same_sis, write_results  # noqa: E402
+from common import explain, interleaved, same_sis, sync, write_results  # noqa: E402
 
 
 def inception_v3(device):
@@ -142,6 +147,39 @@ def step_proxies(model, images: torch.Tensor, k: int, steps: int = 5) -> dict:
     return {"ops_per_step": ops.outside, "host_ms_per_step_meta": ms, "host_ms_model_meta": model_ms}
 
 
+def step_ceiling(model, images: torch.Tensor, rounds: int = 3) -> dict:
+    """What batching the images can gain at most in float32: the seconds per image of one gradient step's model
+    work (the masked input's forward pass, softmax and the backward pass to the mask, no weight gradients), for
+    one image with the model as given (the transcription's step) and for all ``images`` in one pass through the
+    model the defaults' steps call (channels_last where they choose it); minima over ``rounds`` after a warm-up.
+    ``ceiling``: their ratio, the most that fast_sis's float32 steps can be faster than the transcription's."""
+    from overinterp_fast.methods.gradient import LaidOutModel, gradient_model, step_model
+    from overinterp_fast.runtime.model import ModelFn
+
+    smodel = step_model(gradient_model(ModelFn(model), images, None).model, None)
+
+    def one_step(call, x):
+        leaf = torch.zeros((x.shape[0], 1, *x.shape[2:]), dtype=x.dtype, device=x.device, requires_grad=True)
+        with torch.enable_grad():
+            f = torch.softmax(call(torch.lerp(x, torch.zeros((), dtype=x.dtype, device=x.device), leaf)), 1)[:, 0]
+            torch.autograd.grad(f.sum(), leaf)
+
+    cases = {"transcription_step_s": (model, images[:1]), "batched_step_s_per_image": (smodel, images)}
+    best = {}
+    installed = smodel.installed() if isinstance(smodel, LaidOutModel) else contextlib.nullcontext()
+    with installed:
+        for r in range(rounds + 1):
+            for key, (call, x) in cases.items():
+                sync(images.device)
+                t = time.perf_counter()
+                one_step(call, x)
+                sync(images.device)
+                if r:  # round 0 warms up
+                    best[key] = min(best.get(key, math.inf), (time.perf_counter() - t) / x.shape[0])
+    return {**best, "ceiling": best["transcription_step_s"] / best["batched_step_s_per_image"],
+            "channels_last_steps": getattr(smodel, "channels_last", False)}
+
+
 def job_proxies(size: int = 64, n: int = 8, k: int = 64) -> dict:
     """CPU proxies of a whole job: one conv layer on ``n`` random 3 x ``size`` x ``size`` images, k, autocast off,
     tau = 0.9 f(x): the aten ops outside the model per forward call, the forward calls, the device reads by label
@@ -214,6 +252,8 @@ def main():
                     help="convert the model (for every contender) to channels_last memory format")
     ap.add_argument("--no-proxies", action="store_true", help="skip the CPU proxies (ops per step and per call, "
                     "host time per step on the meta device)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the float32 step's model work at batch 1 and "
+                    "batched (what batching can gain at most)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -245,6 +285,12 @@ def main():
                 print(f"{name:<20}k={k:<6}a step: {row['ops_per_step']} ops outside the model, "
                       f"{row['host_ms_per_step_meta']:.2f} ms of host time on the meta device (the model's forward "
                       f"and backward alone: {row['host_ms_model_meta']:.2f} ms)", flush=True)
+            if not args.no_ceiling:
+                row["step_ceiling_float32"] = step_ceiling(model, images)
+                c = row["step_ceiling_float32"]
+                print(f"{name:<20}k={k:<6}a float32 step's model work: {c['transcription_step_s']:.3f} s for one image "
+                      f"as given, {c['batched_step_s_per_image']:.3f} s per image batched -> batching gains at most "
+                      f"{c['ceiling']:.2f}x", flush=True)
             rows.append(row)
             outputs = {}
 

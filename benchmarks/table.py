@@ -112,8 +112,16 @@ def gradient_rows(doc: dict) -> list[str]:
             if name != "transcription":
                 rows.append([r["model"], r["size"], r["k"], name, c["images"], c["s_per_image"], ref.get("images"),
                              ref.get("s_per_image"), c.get("speedup"), c.get("same_sis"), c["verified"]])
-    return table(["model", "size", "k", "contender", "N", "s per image", "N (transcription)",
-                  "transcription s per image", "speedup", "same SIS", "verified"], rows)
+    out = table(["model", "size", "k", "contender", "N", "s per image", "N (transcription)",
+                 "transcription s per image", "speedup", "same SIS", "verified"], rows)
+    ceilings = [r for r in doc["rows"] if r.get("step_ceiling_float32")]
+    if ceilings:  # the float32 step's model work: one image as given against the batch
+        out += ["", "A float32 step's model work (masked forward, softmax, backward to the mask), s per image:", ""]
+        out += table(["model", "k", "one image, model as given", "batched, the steps' model", "batching gains at most"],
+                     [[r["model"], r["k"], r["step_ceiling_float32"]["transcription_step_s"],
+                       r["step_ceiling_float32"]["batched_step_s_per_image"], r["step_ceiling_float32"]["ceiling"]]
+                      for r in ceilings])
+    return out
 
 
 def responsibility_rows(doc: dict) -> list[str]:
@@ -196,7 +204,8 @@ def estimate_rows(doc: dict) -> list[str]:
 
 RENDER = {"cifar": cifar_rows, "estimate": estimate_rows, "exact": exact_rows, "exact-cold": exact_rows, "exact-loop": exact_rows,
           "exact-stride12": exact_rows, "gradient": gradient_rows,
-          "responsibility": responsibility_rows, "responsibility-ours": responsibility_rows, "onnx": onnx_rows, "text": text_rows, "text-gradient": text_rows,
+          "responsibility": responsibility_rows, "responsibility-ours": responsibility_rows, "onnx": onnx_rows,
+          "text": text_rows, "text-gradient": text_rows,
           "scale": scale_rows}
 
 

@@ -236,3 +236,18 @@ def test_responsibility_against_an_earlier_run_uses_its_side_by_side_rounds(tmp_
     path.write_text(json.dumps(old))
     with pytest.raises(SystemExit, match="no side-by-side timing rounds"):
         recorded_timing(str(path))
+
+
+def test_gradient_step_ceiling_times_one_image_as_given_and_the_batch_through_the_steps_model():
+    """The float32 step ceiling times the transcription's step shape (one image, the model as given) and the
+    batch through the model the defaults' steps call (channels_last for a conv model), per image."""
+    from bench_gradient import small_cnn_case, step_ceiling
+
+    model, images, _ = small_cnn_case(3, "cpu")
+    calls = []
+    model.register_forward_pre_hook(lambda m, args: calls.append((args[0].shape[0], args[0].is_contiguous(
+        memory_format=torch.channels_last) and not args[0].is_contiguous())))
+    c = step_ceiling(model, images, rounds=2)
+    assert c["channels_last_steps"] is True
+    assert sorted(set(calls)) == [(1, False), (3, True)] and len(calls) == 2 * 3  # a warm-up and two rounds each
+    assert c["ceiling"] == c["transcription_step_s"] / c["batched_step_s_per_image"] > 0
