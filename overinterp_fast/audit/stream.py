@@ -128,8 +128,8 @@ def device_settings(models: Mapping[str, object], source: ImageSource, config: A
     it starts so that results do not depend on timing: the caller's; else what ``stored`` (the folder's stored
     configuration: a resume) holds; else, for exact SIS on a GPU, what exact SIS chooses on the first chunk of the
     first model (its calibration and the format's measurement, :meth:`~overinterp_fast.attr.ExactSIS.choices`),
-    measured by rank 0 and given to every rank; else the CPU default for the input shape (:func:`fixed_batch_size`)
-    in the images' format."""
+    measured by rank 0 and given to every rank; else the CPU default for the input shape (:func:`fixed_batch_size`),
+    with exact SIS's format measured the same way at that batch size (the caller's format where given)."""
     stored = stored or {}
     batch, cl = config.batch_size, config.channels_last
     if batch is None and stored.get("batch_size") is not None:
@@ -141,18 +141,23 @@ def device_settings(models: Mapping[str, object], source: ImageSource, config: A
                               if ranks.is_main else None)
     if batch is None:
         batch = fixed_batch_size(source, chunk_size)
+        if exact and cl is None:  # the format only: the batch size stays the CPU default
+            _, cl = from_main(ranks, measure_settings(models, source, config, chunk_size, ranks.device, None, batch)
+                              if ranks.is_main else None)
     return replace(config, batch_size=batch, channels_last=bool(cl) if exact else False)
 
 
 def measure_settings(models: Mapping[str, object], source: ImageSource, config: AuditConfig, chunk_size: int,
-                     device: torch.device, channels_last: bool | None) -> tuple[int, bool]:
+                     device: torch.device, channels_last: bool | None,
+                     batch_size: int | None = None) -> tuple[int, bool]:
     """(batch size, channels_last) that exact SIS chooses for the first model on the first chunk's images on
-    ``device`` (:meth:`~overinterp_fast.attr.ExactSIS.choices`; ``channels_last`` None: measured too)."""
+    ``device`` (:meth:`~overinterp_fast.attr.ExactSIS.choices`; ``channels_last`` None: measured too; ``batch_size``
+    given: kept, and the format measured at it)."""
     from ..attr import ExactSIS
 
     name = next(iter(models))
     x = torch.stack([source[i]["x"] for i in range(min(chunk_size, len(source)))]).to(device)
-    choice = ExactSIS(_to(models[name], device), engine=fixed_engine(models[name]),
+    choice = ExactSIS(_to(models[name], device), engine=fixed_engine(models[name]), batch_size=batch_size,
                       score_dtype=config.exact_options().score_dtype, channels_last=channels_last).choices(x)
     return choice.batch_size, choice.channels_last
 

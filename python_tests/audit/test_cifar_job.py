@@ -180,8 +180,8 @@ def test_a_stored_audit_fixes_its_batch_size_and_format_when_it_starts(monkeypat
 
     src = open_images(dataset="cifar10", data_dir=str(cifar), split="test", size=SIDE)
     measured = []
-    monkeypatch.setattr(stream, "measure_settings", lambda models, source, config, chunk, device, cl: measured.append(
-        (chunk, device.type, cl)) or (4096, True))
+    monkeypatch.setattr(stream, "measure_settings", lambda models, source, config, chunk, device, cl, batch=None:
+                        measured.append((chunk, device.type, cl, batch)) or (batch or 4096, True))
     models, cpu, gpu = {"net": tiny_cnn(0)}, Ranks(), Ranks(device=torch.device("cuda"))
     exact = AuditConfig(method="exact")
     settle = lambda config, ranks, stored=None: stream.device_settings(models, src, config, 3, ranks, stored)  # noqa
@@ -197,12 +197,15 @@ def test_a_stored_audit_fixes_its_batch_size_and_format_when_it_starts(monkeypat
     assert measured == []
     # a GPU: measured once by exact SIS's own choice on the first chunk
     got = settle(exact, gpu)
-    assert (got.batch_size, got.channels_last) == (4096, True) and measured == [(3, "cuda", None)]
-    # a CPU: the CPU default for the input shape, the images' format; other methods: no format
+    assert (got.batch_size, got.channels_last) == (4096, True) and measured == [(3, "cuda", None, None)]
+    # a CPU: the CPU default for the input shape, the format measured once at it (the caller's where given);
+    # other methods: no format
     got = settle(exact, cpu)
-    assert (got.batch_size, got.channels_last) == (fixed, False)
+    assert (got.batch_size, got.channels_last) == (fixed, True) and measured[1:] == [(3, "cpu", None, fixed)]
+    got = settle(AuditConfig(method="exact", channels_last=False), cpu)
+    assert (got.batch_size, got.channels_last) == (fixed, False) and len(measured) == 2
     got = settle(AuditConfig(method="gradient"), gpu)
-    assert (got.batch_size, got.channels_last) == (fixed, False) and len(measured) == 1
+    assert (got.batch_size, got.channels_last) == (fixed, False) and len(measured) == 2
 
 
 def test_exact_sis_choices_are_the_call_s(monkeypatch):
