@@ -10,7 +10,8 @@ read by ``--dataset cifar10`` exactly as a user's files. Model: a seeded small C
 Contenders, each a fresh process with one torch thread, run in interleaved rounds (minimum kept):
 - ``stored x1``: run_stored_audit (exact SIS, chunks committed as Parquet parts, finalize) in 1 process;
 - ``stored x2``: the same under torchrun with 2 processes (gloo), sharing the chunks;
-- ``memory x1``: the same chunks through the same audit_chunk, results held in memory and saved once
+- ``memory x1``: the same chunks through the same audit_chunk at the stored mode's settings (its batch size and the
+  format it measures once), results held in memory and saved once
   at the end (save_audit): the audit without durability.
 Throughput is images / seconds of the audit call (process start-up and imports excluded; for x2,
 rank 0's time from the first barrier to the end of finalize). Scaling efficiency = rate x2 / (2 rate x1);
@@ -30,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 
 import numpy as np
 
@@ -65,7 +65,8 @@ def child(args) -> None:
     from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
     from overinterp_fast.audit.persist import save_audit
     from overinterp_fast.audit.records import AuditRecord, ModelRecord
-    from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
+    from overinterp_fast.audit.distributed import Ranks
+    from overinterp_fast.audit.stream import device_settings, run_stored_audit
     from overinterp_fast.audit.sources import collate, open_images, select_range
     from overinterp_fast.zoo.cifar import SmallCNN
 
@@ -85,8 +86,8 @@ def child(args) -> None:
         extra = {"commit_s": run.commit_seconds, "finalize_s": run.finalize_seconds}
     else:  # the same chunks and batches, held in memory, written once at the end
         rank = 0
-        # the stored mode's configuration, at the batch size it fixes
-        chunk_config = replace(config, batch_size=fixed_batch_size(src, args.chunk))
+        # the stored mode's configuration: the batch size it fixes and, for exact SIS, the format it measures once
+        chunk_config = device_settings({"cnn": model}, src, config, args.chunk, Ranks(), None)
         results, names, labels, displays = [], [], [], []
         for a, b in store.chunk_ranges(len(src), args.chunk):
             c = collate([src[i] for i in range(a, b)])
