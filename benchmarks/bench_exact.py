@@ -229,7 +229,8 @@ STEP_KERNELS = ("exact_candidates", "exact_scores")  # the fused step's ops arou
 
 def kernel_seconds(fast) -> dict[str, float]:
     """{op: seconds} of the step kernels' own work in one run of ``fast`` under torch.profiler (their self CPU
-    time: the work, argument checks and dispatch; the profiler's own cost per event is not in it)."""
+    time: the work, argument checks and dispatch; the profiler's own cost per event is not in it). On a GPU that is
+    their launches only, and a replayed CUDA graph dispatches none: there the host's share is the whole loop."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
