@@ -538,9 +538,11 @@ def main():
                   flush=True)
 
         # --- --against: ours now on the photos and seeds of that run's side-by-side timing rounds
-        again = []
+        again, recorded = [], None
         if args.against and not rex:
-            for t in recorded_timing(args.against):
+            with open(args.against) as fh:
+                recorded = json.load(fh)
+            for t in recorded_timing(recorded, args.against):
                 idx = [names.index(ph) for ph in t["photos"]]
                 tt, _, _ = run_ours(counted, ours_images[idx], t["seed"], refine=refine, **ours_opts)
                 again.append({**t, "ours_now_s": tt})
@@ -608,7 +610,7 @@ def main():
         ours_runs = [{**run, "results": [to_cpu(r) for r in run["results"]]} for run in ours_runs]
         if not rex:
             ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label,
-                       {"session_s": t_session, "warmup_s": t_warm}, px, again)
+                       {"session_s": t_session, "warmup_s": t_warm}, px, again, recorded)
             return
 
     p = images.shape[-2] * images.shape[-1]
@@ -848,7 +850,7 @@ def to_cpu(r):
 
 
 def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, cold, ours_label, start,
-               px: dict | None = None, again: list[dict] = ()) -> None:
+               px: dict | None = None, again: list[dict] = (), recorded: dict | None = None) -> None:
     """--no-rex: ours against its bare forward passes, per photo and summarized; writes the JSON."""
     p = images.shape[-2] * images.shape[-1]
     n = len(names)
@@ -872,7 +874,7 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
          "ours_session_start_s": start["session_s"], "ours_warmup_s": start["warmup_s"], "cold_case": cold,
          "proxies": px}
     if args.against:
-        s["against"] = against_recorded(args.against, rows, s, again)
+        s["against"] = against_recorded(recorded, args.against, rows, s, again)
     print(f"\nours alone ({ours_label}), {n} photos, seeds {s['seeds']}, {device}: "
           f"{ours_t:.2f} s per image, {s['ours_over_floor']:.2f}x its bare forward passes; "
           f"median {s['ours_median_queries']:.0f} queries, MPS {100 * s['ours_median_mps_fraction']:.2f}%; "
@@ -891,27 +893,21 @@ def ours_alone(args, device, images, names, ours_runs, floor_s, check_model, col
     print(f"wrote {write_results('responsibility', device, rows, args.out, summary=s, model=MODEL)}")
 
 
-def recorded_timing(path: str) -> list[dict]:
-    """The side-by-side timing rounds of an earlier run beside ReX (its JSON at ``path``): [{seed, photos, rex_s,
-    ours_s, ratio}]; an error where it has none (its ReX times would come from a cache, not side by side)."""
-    import json
-
-    with open(path) as fh:
-        rounds = json.load(fh)["summary"].get("steadiness", {}).get("timing_rounds") or []
+def recorded_timing(old: dict, path: str) -> list[dict]:
+    """The side-by-side timing rounds of an earlier run beside ReX (``old``, its JSON read from ``path``): [{seed,
+    photos, rex_s, ours_s, ratio}]; an error where it has none (its ReX times would come from a cache, not side by
+    side)."""
+    rounds = old["summary"].get("steadiness", {}).get("timing_rounds") or []
     if not rounds:
         raise SystemExit(f"--against {path}: that run has no side-by-side timing rounds (--timing-rounds)")
     return rounds
 
 
-def against_recorded(path: str, rows: list[dict], s: dict, again: list[dict]) -> dict:
-    """Ours now against an earlier run beside ReX (its JSON at ``path``): ReX's side-by-side time per image of that
-    run's timing rounds over ours now on the same photos and seeds (``again``), ReX's median queries over ours now,
-    and whether ours gives that run's set sizes and queries, photo by photo and seed by seed. The photos and seeds
-    must be the same."""
-    import json
-
-    with open(path) as fh:
-        old = json.load(fh)
+def against_recorded(old: dict, path: str, rows: list[dict], s: dict, again: list[dict]) -> dict:
+    """Ours now against an earlier run beside ReX (``old``, its JSON read from ``path``): ReX's side-by-side time per
+    image of that run's timing rounds over ours now on the same photos and seeds (``again``), ReX's median queries
+    over ours now, and whether ours gives that run's set sizes and queries, photo by photo and seed by seed. The
+    photos and seeds must be the same."""
     if [r["photo"] for r in old["rows"]] != [r["photo"] for r in rows] or old["summary"]["rex_seeds"] != s["seeds"]:
         raise SystemExit(f"--against {path}: another set of photos or seeds than this run's")
     by_photo = {r["photo"]: r for r in old["rows"]}

@@ -209,8 +209,6 @@ def test_exact_loop_cost_splits_the_step_kernels_from_the_host():
 def test_responsibility_against_an_earlier_run_uses_its_side_by_side_rounds(tmp_path):
     """--against sets ReX's side-by-side time (never its cached one) against ours now on the same photos and seeds,
     and says whether ours still finds that run's sets and queries."""
-    import json
-
     from bench_responsibility import against_recorded, recorded_timing
 
     rows = [{"photo": "a", "ours_mps_pixels_by_seed": [10, 12], "ours_queries_by_seed": [100, 90]},
@@ -219,23 +217,21 @@ def test_responsibility_against_an_earlier_run_uses_its_side_by_side_rounds(tmp_
     old = {"commit": "f" * 40, "date": "2026-11-28", "rows": [dict(r) for r in rows],
            "summary": {"rex_seeds": [0, 20], "rex_time_per_image_s": 99.0, "rex_median_queries": 400.0,
                        "steadiness": {"timing_rounds": timing}}}
-    path = tmp_path / "old.json"
-    path.write_text(json.dumps(old))
-    again = [{**t, "ours_now_s": 5.0} for t in recorded_timing(str(path))]
-    a = against_recorded(str(path), rows, {"seeds": [0, 20], "ours_median_queries": 100.0}, again)
+    path = str(tmp_path / "old.json")
+    again = [{**t, "ours_now_s": 5.0} for t in recorded_timing(old, path)]
+    a = against_recorded(old, path, rows, {"seeds": [0, 20], "ours_median_queries": 100.0}, again)
     side = a["side_by_side"]
     assert side["rex_s_per_image"] == 15.0 and side["ours_now_s_per_image"] == 2.5
     assert side["ratio"] == 6.0 and side["ratio_then"] == 5.0 and a["query_ratio"] == 4.0
     assert a["same_mps_as_recorded"] and a["same_queries_as_recorded"]
     changed = [dict(rows[0]), {**rows[1], "ours_mps_pixels_by_seed": [5, 7]}]
-    assert not against_recorded(str(path), changed, {"seeds": [0, 20], "ours_median_queries": 100.0},
+    assert not against_recorded(old, path, changed, {"seeds": [0, 20], "ours_median_queries": 100.0},
                                 again)["same_mps_as_recorded"]
     with pytest.raises(SystemExit, match="another set of photos or seeds"):
-        against_recorded(str(path), rows, {"seeds": [0, 40], "ours_median_queries": 100.0}, again)
+        against_recorded(old, path, rows, {"seeds": [0, 40], "ours_median_queries": 100.0}, again)
     old["summary"]["steadiness"]["timing_rounds"] = []
-    path.write_text(json.dumps(old))
     with pytest.raises(SystemExit, match="no side-by-side timing rounds"):
-        recorded_timing(str(path))
+        recorded_timing(old, path)
 
 
 def test_gradient_step_ceiling_times_one_image_as_given_and_the_batch_through_the_steps_model():

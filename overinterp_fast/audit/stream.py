@@ -136,14 +136,14 @@ def device_settings(models: Mapping[str, object], source: ImageSource, config: A
         batch = stored["batch_size"]
         cl = stored.get("channels_last", False) if cl is None else cl
     exact = config.method == "exact"
-    if batch is None and exact and ranks.device.type == "cuda":
-        batch, cl = from_main(ranks, measure_settings(models, source, config, chunk_size, ranks.device, cl)
-                              if ranks.is_main else None)
     if batch is None:
-        batch = fixed_batch_size(source, chunk_size)
-        if exact and cl is None:  # the format only: the batch size stays the CPU default
-            _, cl = from_main(ranks, measure_settings(models, source, config, chunk_size, ranks.device, None, batch)
-                              if ranks.is_main else None)
+        on_gpu = exact and ranks.device.type == "cuda"
+        fixed = None if on_gpu else fixed_batch_size(source, chunk_size)  # None: exact SIS calibrates it
+        if exact and (on_gpu or cl is None):  # on a CPU, the format alone (measured at the fixed size)
+            batch, cl = from_main(ranks, measure_settings(models, source, config, chunk_size, ranks.device, cl, fixed)
+                                  if ranks.is_main else None)
+        else:
+            batch = fixed
     return replace(config, batch_size=batch, channels_last=bool(cl) if exact else False)
 
 
