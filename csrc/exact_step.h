@@ -31,6 +31,52 @@ inline at::Tensor slot_features(const at::Tensor& remaining, const at::Tensor& s
   return at::where(slots >= 0, flat.index_select(0, slots.clamp_min(0)), at::full_like(slots, -1));
 }
 
+// exact_candidates' optional row memo: what each row of `out` holds, so that a kernel may rewrite only what changed
+// since. held int64 [3, B] (per row: image, removed feature, the image's snapshot version it was written from;
+// image -1: unknown), snap bool [N, p] (per image: the present row of its latest snapshot), version int64 [N].
+// Every implementation updates them the same way: each image of the call whose present row differs from snap gets
+// version + 1 and snap = its present row, and held[:, b] = (image, removed feature or -1, version of the image).
+// All three or none; `out` must not be changed by anything else between calls (or held reset to -1).
+inline bool check_row_memo(const char* op, const c10::optional<at::Tensor>& held, const c10::optional<at::Tensor>& snap,
+                           const c10::optional<at::Tensor>& version, const at::Tensor& present, int64_t rows) {
+  const bool any = held.has_value() || snap.has_value() || version.has_value();
+  if (!any) return false;
+  TORCH_CHECK(held.has_value() && snap.has_value() && version.has_value(), op,
+              ": held, snap and version go together (all three or none)");
+  const int64_t n = present.size(0), p = present.size(1);
+  TORCH_CHECK(held->scalar_type() == at::kLong && held->dim() == 2 && held->size(0) == 3 && held->size(1) == rows &&
+                  held->is_contiguous(),
+              op, ": held must be a contiguous int64 [3, ", rows, "] tensor, got ", held->sizes(), " ",
+              held->scalar_type());
+  TORCH_CHECK(snap->scalar_type() == at::kBool && snap->dim() == 2 && snap->size(0) == n && snap->size(1) == p &&
+                  snap->is_contiguous(),
+              op, ": snap must be a contiguous bool [", n, ", ", p, "] tensor, got ", snap->sizes(), " ",
+              snap->scalar_type());
+  TORCH_CHECK(version->scalar_type() == at::kLong && version->dim() == 1 && version->size(0) == n &&
+                  version->is_contiguous(),
+              op, ": version must be a contiguous int64 [", n, "] tensor, got ", version->sizes(), " ",
+              version->scalar_type());
+  for (const auto* t : {&*held, &*snap, &*version}) {
+    TORCH_CHECK(t->device() == present.device(), op, ": all tensors must be on ", present.device(),
+                ", found one on ", t->device());
+  }
+  return true;
+}
+
+// The row memo's update in tensor ops, for kernels that rewrite every row (CUDA): no host read.
+inline void update_row_memo(const at::Tensor& image, const at::Tensor& feature, const at::Tensor& present,
+                            const at::Tensor& held, const at::Tensor& snap, const at::Tensor& version) {
+  if (image.numel() == 0) return;
+  const at::Tensor now = present.index_select(0, image);
+  const at::Tensor changed = now.ne(snap.index_select(0, image)).any(1);
+  // an image on several rows writes the same values there
+  version.index_put_({image}, version.index_select(0, image) + changed.to(at::kLong));
+  snap.index_put_({image}, now);
+  held[0].copy_(image);
+  held[1].copy_(feature);
+  held[2].copy_(version.index_select(0, image));
+}
+
 inline void check_exact_candidates(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
                                    const at::Tensor& present, const at::Tensor& remaining, const at::Tensor& sched,
                                    const at::Tensor& out, bool check_indices) {

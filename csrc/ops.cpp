@@ -48,10 +48,13 @@ TORCH_LIBRARY(overinterp_fast, m) {
   // The exact SIS step loop (csrc/exact_step.h describes a batch's schedule block `sched`, int64 [R, B]).
   // exact_candidates writes batch b's candidates into out [B, *D]: out[b] is mask_apply's candidate of image
   // sched[0, b] with present row sched[0, b] and feature remaining.view(-1)[sched[1, b]] masked (none for a
-  // padding row, sched[1, b] < 0).
+  // padding row, sched[1, b] < 0). held, snap and version (optional, all three or none) are the row memo of
+  // csrc/exact_step.h: what each row of out holds, updated by every implementation in the same way; the CPU
+  // kernel rewrites only the elements that changed in rows that already hold their image's candidate.
   m.def(
       "exact_candidates(Tensor base, Tensor baseline, Tensor feature_map, Tensor present, Tensor remaining, "
-      "Tensor sched, Tensor(a!) out, bool check_indices=True) -> ()");
+      "Tensor sched, Tensor(a!) out, bool check_indices=True, Tensor(b!)? held=None, Tensor(c!)? snap=None, "
+      "Tensor(d!)? version=None) -> ()");
   // exact_scores: f[b] = probs[b, targets[sched[0, b]]] (as float64) goes to scores.view(-1)[sched[1, b]] where
   // sched[1, b] >= 0, and total (a float64 scalar) becomes NaN once such an f is not finite (it stays 0 otherwise);
   // then backselect_update's step for every entry k of done (int64 [3, D]: row, count, step) with done[0, k] >= 0.

@@ -13,11 +13,13 @@ namespace {
 
 void exact_candidates_cpu(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
                           const at::Tensor& present, const at::Tensor& remaining, const at::Tensor& sched,
-                          const at::Tensor& out, bool check_indices) {
+                          const at::Tensor& out, bool check_indices, const c10::optional<at::Tensor>& held,
+                          const c10::optional<at::Tensor>& snap, const c10::optional<at::Tensor>& version) {
   check_exact_candidates(base, baseline, feature_map, present, remaining, sched, out, check_indices);
+  const bool with_memo = check_row_memo("exact_candidates", held, snap, version, present, sched.size(1));
   MaskApplyPlan plan;
   layout_mask_plan(plan, base, baseline, feature_map, present.size(1), sched.size(1), out);
-  if (plan.batch == 0 || plan.elems == 0) return;
+  if (plan.batch == 0) return;
   const int64_t B = plan.batch;
   const int64_t* image = sched.data_ptr<int64_t>();
   const int64_t* slot = image + sched.stride(0);
@@ -25,9 +27,17 @@ void exact_candidates_cpu(const at::Tensor& base, const at::Tensor& baseline, co
   std::vector<int64_t> feature(B);
   for (int64_t b = 0; b < B; ++b) feature[b] = slot[b] >= 0 ? rem[slot[b]] : -1;
   auto present_c = present.contiguous();
+  cpu::RowMemo memo;
+  if (with_memo) {
+    int64_t* h = held->data_ptr<int64_t>();
+    memo.image = h, memo.feature = h + B, memo.version_of_row = h + 2 * B;
+    memo.snap = snap->data_ptr<bool>(), memo.version = version->data_ptr<int64_t>();
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, base.scalar_type(), "exact_candidates_cpu", [&] {
-    // each image's present features are its own row of `present`
-    cpu::mask_apply_cpu_impl<scalar_t>(plan, present_c.data_ptr<bool>(), image, image, feature.data());
+    // each image's present features are its own row of `present`; with the memo, rows that already hold their
+    // image's candidate of an earlier present row are patched where it changed
+    cpu::mask_apply_cpu_impl<scalar_t>(plan, present_c.data_ptr<bool>(), image, image, feature.data(),
+                                       with_memo ? &memo : nullptr);
   });
 }
 

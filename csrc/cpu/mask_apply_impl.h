@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #include "../mask_apply.h"
@@ -49,9 +50,28 @@ inline void blend<double>(double* __restrict__ dst, const double* __restrict__ s
   blend_bits<uint64_t>(dst, src, fill, keep, n);
 }
 
+// What each row of a kept candidates buffer holds (exact_candidates' row memo, csrc/exact_step.h): per row the
+// image, removed feature and the image's snapshot version it was written from (held rows, each [B]); per image the
+// present row of its snapshot (snap, bool [N, p]) and the snapshot's version (int64 [N]). Null: no memo.
+struct RowMemo {
+  int64_t* image = nullptr;
+  int64_t* feature = nullptr;
+  int64_t* version_of_row = nullptr;
+  bool* snap = nullptr;
+  int64_t* version = nullptr;
+};
+
+// Per image of a call: its snapshot's version before and after the call, the features whose presence differs
+// from the snapshot, and whether rows written from the old snapshot are patched (few elements change) or rewritten.
+struct ImageUpdate {
+  int64_t old_version = 0, new_version = 0;
+  std::vector<int64_t> diff;
+  bool patch = false;
+};
+
 template <typename scalar_t>
 inline void mask_apply_cpu_impl(const MaskApplyPlan& plan, const bool* present, const int64_t* cand_image,
-                         const int64_t* cand_row, const int64_t* cand_feature) {
+                         const int64_t* cand_row, const int64_t* cand_feature, const RowMemo* memo = nullptr) {
   const int64_t E = plan.elems, P = plan.num_features;
   const scalar_t* base = plan.base.data_ptr<scalar_t>();
   const scalar_t* baseline = plan.baseline.data_ptr<scalar_t>();
@@ -67,24 +87,79 @@ inline void mask_apply_cpu_impl(const MaskApplyPlan& plan, const bool* present, 
     std::vector<int64_t> next(first.begin(), first.end() - 1);
     for (int64_t e = 0; e < E; ++e) elems[next[fm[e]]++] = e;
   }
+  // With a memo: each image's snapshot brought up to its present row (serially, once per image), and each row
+  // pointed at its image's update. The rows a call writes are described by (image, removed feature, new version).
+  std::vector<ImageUpdate> updates;
+  std::vector<int32_t> update_of;
+  if (memo != nullptr) {
+    std::unordered_map<int64_t, int32_t> index;
+    update_of.resize(plan.batch);
+    int64_t last = -1;
+    int32_t k = -1;
+    for (int64_t b = 0; b < plan.batch; ++b) {
+      const int64_t img = cand_image[b];
+      if (img != last) {
+        auto [it, fresh] = index.emplace(img, static_cast<int32_t>(updates.size()));
+        if (fresh) {
+          ImageUpdate u;
+          const bool* pres = present + cand_row[b] * P;
+          bool* snap = memo->snap + img * P;
+          int64_t changed = 0;
+          for (int64_t f = 0; f < P; ++f) {
+            if (snap[f] != pres[f]) {
+              u.diff.push_back(f);
+              changed += first[f + 1] - first[f];
+              snap[f] = pres[f];
+            }
+          }
+          u.old_version = memo->version[img];
+          u.new_version = u.old_version + (u.diff.empty() ? 0 : 1);
+          memo->version[img] = u.new_version;
+          u.patch = 2 * changed <= E;  // else a rewrite costs about as much
+          updates.push_back(std::move(u));
+        }
+        k = it->second, last = img;
+      }
+      update_of[b] = k;
+    }
+  }
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(E, 1));
   at::parallel_for(0, plan.batch, grain, [&](int64_t begin, int64_t end) {
     // Candidates of one step share their image and present row and come in runs: the run's masked input is made
     // once (a branch-free blend of the image and the baseline, vectorized), and each candidate is a copy of it
     // with its removed feature's elements set to the baseline.
-    std::vector<scalar_t> current(E);
-    std::vector<uint8_t> keep(E);
+    std::vector<scalar_t> current;
+    std::vector<uint8_t> keep;
     int64_t run_row = -1, run_img = -1;
     for (int64_t b = begin; b < end; ++b) {
       const int64_t img = cand_image[b], row = cand_row[b], removed = cand_feature[b];
+      const scalar_t* __restrict__ src = base + img * E;
       const scalar_t* __restrict__ fill = baseline + (per_image_baseline ? img * E : 0);
+      scalar_t* __restrict__ dst = out + b * E;
+      if (memo != nullptr) {
+        const ImageUpdate& u = updates[update_of[b]];
+        const int64_t was = memo->feature[b];
+        const bool held = memo->image[b] == img && memo->version_of_row[b] == u.old_version && was >= -1 && was < P;
+        memo->image[b] = img, memo->feature[b] = removed, memo->version_of_row[b] = u.new_version;
+        if (held && u.patch) {  // the row holds this image's candidate of the old snapshot: patch what changed
+          const bool* pres = present + row * P;
+          auto put = [&](int64_t f) {
+            const bool on = pres[f] && f != removed;
+            for (int64_t j = first[f]; j < first[f + 1]; ++j) dst[elems[j]] = on ? src[elems[j]] : fill[elems[j]];
+          };
+          if (was >= 0 && was != removed) put(was);
+          for (int64_t f : u.diff) put(f);
+          if (removed >= 0) put(removed);
+          continue;
+        }
+      }
       if (row != run_row || img != run_img) {
+        current.resize(E), keep.resize(E);
         const bool* pres = present + row * P;
         for (int64_t e = 0; e < E; ++e) keep[e] = pres[fm[e]];
-        blend(current.data(), base + img * E, fill, keep.data(), E);
+        blend(current.data(), src, fill, keep.data(), E);
         run_row = row, run_img = img;
       }
-      scalar_t* __restrict__ dst = out + b * E;
       std::memcpy(dst, current.data(), E * sizeof(scalar_t));
       if (removed >= 0) {
         for (int64_t j = first[removed]; j < first[removed + 1]; ++j) dst[elems[j]] = fill[elems[j]];

@@ -16,11 +16,16 @@ namespace {
 
 void exact_candidates_cuda(const at::Tensor& base, const at::Tensor& baseline, const at::Tensor& feature_map,
                            const at::Tensor& present, const at::Tensor& remaining, const at::Tensor& sched,
-                           const at::Tensor& out, bool check_indices) {
+                           const at::Tensor& out, bool check_indices, const c10::optional<at::Tensor>& held,
+                           const c10::optional<at::Tensor>& snap, const c10::optional<at::Tensor>& version) {
   const c10::cuda::CUDAGuard guard(base.device());
   check_exact_candidates(base, baseline, feature_map, present, remaining, sched, out, check_indices);
+  const bool with_memo = check_row_memo("exact_candidates", held, snap, version, present, sched.size(1));
   MaskApplyPlan plan;
   layout_mask_plan(plan, base, baseline, feature_map, present.size(1), sched.size(1), out);
+  if (with_memo) {  // every row is rewritten below: the memo only follows
+    update_row_memo(sched[0], slot_features(remaining, sched[1]), present, *held, *snap, *version);
+  }
   const int64_t total = plan.batch * plan.elems;
   if (total == 0) return;
   auto present_c = present.contiguous();

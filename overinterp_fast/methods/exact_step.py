@@ -182,6 +182,13 @@ class DenseStep:
         if use_graphs is not None:
             self.family.on = dev.type == "cuda" and use_graphs
         self.buffers: dict[int, torch.Tensor] = {}
+        # On the CPU, the row memo of exact_candidates (ops.exact_candidates): per buffer what each row holds, per
+        # image its snapshot. A batch whose rows line up with the buffer's previous batch (one image's consecutive
+        # steps) is patched where the present features changed, not rewritten.
+        self.memo = dev.type == "cpu" and images[0].numel() >= MEMO_MIN_ELEMS
+        self.held: dict[int, torch.Tensor] = {}
+        self.snap = torch.zeros((n, p), dtype=torch.bool) if self.memo else None
+        self.version = torch.zeros((n,), dtype=torch.int64) if self.memo else None
         self.steps: dict[int, tuple[graphs.GraphedStep, torch.Tensor]] = {}  # per batch shape: its step, its input
         # the ops' implementations, chosen once (not looked up per call)
         self._candidates = _ops.implementation("exact_candidates", dev)
@@ -216,6 +223,8 @@ class DenseStep:
         self.feature_map.copy_(prep.feature_map)
         self.targets.copy_(targets)
         self.t.reset()
+        for held in self.held.values():  # new images: no row holds a candidate of them
+            held[0].fill_(-1)
 
     def release(self) -> None:
         """Keep this step (its buffers, tables and graphs) for the model's next job of the same shapes."""
@@ -239,9 +248,12 @@ class DenseStep:
         out = self.buffers.get(rows)
         if out is None:
             images = self.images
-            out = self.buffers[rows] = torch.empty((rows, *images.shape[1:]), dtype=images.dtype,
-                                                   device=images.device).contiguous(
-                memory_format=_ops_format(images))
+            with torch.inference_mode(False):  # a normal tensor: its version counter shows a model's writes
+                out = self.buffers[rows] = torch.empty((rows, *images.shape[1:]), dtype=images.dtype,
+                                                       device=images.device).contiguous(
+                    memory_format=_ops_format(images))
+            if self.memo:
+                self.held[rows] = torch.full((3, rows), -1, dtype=torch.int64)
         return out
 
     def eager(self, block: torch.Tensor, done: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -250,13 +262,21 @@ class DenseStep:
         The batch is already padded to its shape, so the model is called as it is (``fn.run``), after a first call
         of each shape through ``fn.forward`` (its output checked for shape, dtype and device)."""
         t, fn = self.t, self.fn
-        self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False)
         rows = out.shape[0]
+        held = self.held.get(rows) if self.memo else None
+        if held is None:
+            self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False)
+        else:
+            self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False,
+                             held, self.snap, self.version)
+            written = out._version
         if rows in self._checked:
             y = fn.run(out)
         else:  # the first call of a shape: ModelFn.forward's checks and its errors (e.g. a fixed-batch export)
             y = fn.forward(out)
             self._checked.add(rows)
+        if held is not None and out._version != written:  # the model wrote into its input: rewrite every row
+            held[0].fill_(-1)
         self._scores(fn.probabilities(y), self.targets, block, done, t.scores, t.total, t.remaining, t.present,
                      t.order, t.values, False)
         return y
@@ -276,6 +296,8 @@ class DenseStep:
         g[0]()
 
 
+# Inputs of fewer elements are rewritten whole: patching a row costs about as much as copying this many elements
+MEMO_MIN_ELEMS = 256
 KEPT_PER_MODEL = 2  # a model's dense steps kept between jobs (the most recent shapes)
 _kept: "weakref.WeakKeyDictionary[object, dict[tuple, DenseStep]]" = weakref.WeakKeyDictionary()
 

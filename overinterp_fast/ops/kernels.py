@@ -273,7 +273,8 @@ def _register_fakes() -> None:
 
 
     @register_fake("overinterp_fast::exact_candidates")
-    def _exact_candidates_fake(base, baseline, feature_map, present, remaining, sched, out, check_indices=True):
+    def _exact_candidates_fake(base, baseline, feature_map, present, remaining, sched, out, check_indices=True,
+                               held=None, snap=None, version=None):
         torch._check(sched.dim() == 2 and out.shape[0] == sched.shape[1])
         return None
 
@@ -420,6 +421,9 @@ def exact_candidates(
     sched: torch.Tensor,
     out: torch.Tensor,
     check_indices: bool = True,
+    held: torch.Tensor | None = None,
+    snap: torch.Tensor | None = None,
+    version: torch.Tensor | None = None,
 ) -> None:
     """Write the candidates of one batch of the exact SIS step loop into ``out``.
 
@@ -432,8 +436,19 @@ def exact_candidates(
             nothing); a slot < 0 is a padding row (the image's current input).
         out: [B, *D] in base's dtype, device and memory format, overwritten.
         check_indices: as in :func:`mask_apply`.
+        held, snap, version: the row memo, all three or none: what each row of ``out`` holds, so that a kernel
+            may rewrite only the elements that changed since the row was written (the CPU kernel does; on a step
+            loop whose batches line up with the previous ones, a row changes in a few features). ``held`` int64
+            [3, B]: per row the image, the removed feature (-1: none) and the image's snapshot version it was
+            written from (image -1: unknown content); ``snap`` bool [N, p]: per image the present row of its
+            latest snapshot; ``version`` int64 [N]. Every implementation updates them alike: an image of the
+            batch whose present row differs from ``snap`` gets ``version + 1`` and ``snap`` = its present row;
+            ``held[:, b]`` = (image, removed feature, the image's version). Start with ``held[0] = -1``, keep the
+            images and baseline unchanged while it is in use, and reset ``held[0]`` to -1 when anything else
+            writes into ``out``.
     """
-    call("exact_candidates", base, baseline, feature_map, present, remaining, sched, out, check_indices)
+    call("exact_candidates", base, baseline, feature_map, present, remaining, sched, out, check_indices, held, snap,
+         version)
 
 
 def exact_scores(

@@ -336,7 +336,9 @@ def _step_state(g: torch.Generator, n: int, p: int) -> tuple[torch.Tensor, ...]:
 
 def _sample_exact_candidates(device: torch.device, g: torch.Generator) -> list[list]:
     cases = []
-    for dtype, per_image, channels_last in ((torch.float32, True, False), (torch.float16, False, True)):
+    for dtype, per_image, channels_last, memo in ((torch.float32, True, False, False),
+                                                  (torch.float16, False, True, False),
+                                                  (torch.float32, False, False, True)):
         n, c, h, w, p, b = 3, 2, 4, 5, 7, 11
         base = torch.randn(n, c, h, w, generator=g).to(dtype)
         baseline = torch.randn(n if per_image else 1, c, h, w, generator=g).to(dtype)
@@ -349,7 +351,12 @@ def _sample_exact_candidates(device: torch.device, g: torch.Generator) -> list[l
         slot = image * (p + 1) + (torch.rand(b, generator=g) * (counts[image] + 1)).long()  # slot p: nothing masked
         slot[-3:] = -1  # padding rows
         sched = torch.stack([image, slot, torch.zeros_like(image)])
-        cases.append([t.to(device) for t in (base, baseline, fm, present, remaining, sched, out)])
+        case = [base, baseline, fm, present, remaining, sched, out]
+        if memo:  # a memo describing nothing yet (held rows unknown), one image's snapshot already current
+            snap = torch.zeros(n, p, dtype=torch.bool)
+            snap[0] = present[0]
+            case += [False, torch.full((3, b), -1, dtype=torch.int64), snap, torch.arange(n) * 3]
+        cases.append([t.to(device) if isinstance(t, torch.Tensor) else t for t in case])
     return cases
 
 
@@ -359,9 +366,42 @@ def _slot_features(remaining: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
     return torch.where(slot >= 0, flat.index_select(0, slot.clamp(min=0)), torch.full_like(slot, -1))
 
 
+def _check_row_memo(op: str, held, snap, version, present: torch.Tensor, rows: int) -> bool:
+    """Whether the row memo was given (csrc/exact_step.h's check_row_memo: the same one-line errors)."""
+    given = [t is not None for t in (held, snap, version)]
+    if not any(given):
+        return False
+    _check(all(given), f"{op}: held, snap and version go together (all three or none)")
+    n, p = present.shape
+    _check(held.dtype == torch.int64 and held.dim() == 2 and tuple(held.shape) == (3, rows) and held.is_contiguous(),
+           f"{op}: held must be a contiguous int64 [3, {rows}] tensor, got {list(held.shape)} {held.dtype}")
+    _check(snap.dtype == torch.bool and snap.dim() == 2 and tuple(snap.shape) == (n, p) and snap.is_contiguous(),
+           f"{op}: snap must be a contiguous bool [{n}, {p}] tensor, got {list(snap.shape)} {snap.dtype}")
+    _check(version.dtype == torch.int64 and version.dim() == 1 and version.shape[0] == n and version.is_contiguous(),
+           f"{op}: version must be a contiguous int64 [{n}] tensor, got {list(version.shape)} {version.dtype}")
+    for t in (held, snap, version):
+        _check(t.device == present.device, f"{op}: all tensors must be on {present.device}, found one on {t.device}")
+    return True
+
+
+def _update_row_memo(image, feature, present, held, snap, version) -> None:
+    """The row memo's update (csrc/exact_step.h's update_row_memo), with no host read."""
+    if image.numel() == 0:
+        return
+    now = present.index_select(0, image)
+    changed = now.ne(snap.index_select(0, image)).any(1)
+    version.index_put_((image,), version.index_select(0, image) + changed.long())  # an image's rows agree
+    snap.index_put_((image,), now)
+    held[0].copy_(image)
+    held[1].copy_(feature)
+    held[2].copy_(version.index_select(0, image))
+
+
 @pure_op("exact_candidates", _sample_exact_candidates)
-def exact_candidates(base, baseline, feature_map, present, remaining, sched, out, check_indices: bool = True) -> None:
-    """The candidates of one batch of the exact step loop into ``out`` [B, *D] (see ``ops.exact_candidates``)."""
+def exact_candidates(base, baseline, feature_map, present, remaining, sched, out, check_indices: bool = True,
+                     held=None, snap=None, version=None) -> None:
+    """The candidates of one batch of the exact step loop into ``out`` [B, *D] (see ``ops.exact_candidates``).
+    Every row is written; the row memo (held, snap, version), when given, is updated as the kernels update it."""
     op = "exact_candidates"
     _check(sched.dtype == torch.int64 and sched.dim() == 2 and sched.shape[0] >= 2
            and (sched.shape[1] <= 1 or sched.stride(1) == 1),
@@ -376,6 +416,7 @@ def exact_candidates(base, baseline, feature_map, present, remaining, sched, out
         check_ranges(op, [(image, 0, base.shape[0], "image"), (slot, -1, remaining.numel(), "slot"),
                           (feature_map, 0, present.shape[1], "feature_map id")])
         check_ranges(op, [(_slot_features(remaining, slot), -1, present.shape[1], "slot feature")])
+    with_memo = _check_row_memo(op, held, snap, version, present, sched.shape[1])
     feature = _slot_features(remaining, slot)
     cand = mask_apply(base, baseline, feature_map, present, image, image, feature, False)
     fmt = torch.channels_last if is_channels_last(base) else torch.contiguous_format
@@ -383,6 +424,8 @@ def exact_candidates(base, baseline, feature_map, present, remaining, sched, out
            and out.is_contiguous(memory_format=fmt),
            f"out must be {list(cand.shape)} {base.dtype} on {base.device} in base's memory format; got "
            f"{list(out.shape)} {out.dtype} on {out.device}")
+    if with_memo:
+        _update_row_memo(image, feature, present, held, snap, version)
     out.copy_(cand)
 
 

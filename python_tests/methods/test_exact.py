@@ -693,6 +693,126 @@ def test_at_most_five_ops_outside_the_model_per_forward_call(n, size):
     assert all(torch.equal(a.order, b.order) for a, b in zip(res, want))
 
 
+# ------------------------------------------------------------------ the row memo (CPU): rows patched, not rewritten
+
+
+def _memo_from(monkeypatch, least: int) -> None:
+    """The row memo on for inputs of at least ``least`` elements, in dense steps made from here on (none kept)."""
+    monkeypatch.setattr(exact_step, "MEMO_MIN_ELEMS", least)
+    monkeypatch.setattr(exact_step, "_kept", weakref.WeakKeyDictionary())
+
+
+def _memo_steps(monkeypatch) -> list:
+    """Record the dense steps of the next runs (to see whether their row memo was on)."""
+    made = []
+    original = exact_step.DenseStep.__init__
+
+    def init(self, *a, **kw):
+        original(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(exact_step.DenseStep, "__init__", init)
+    return made
+
+
+@pytest.mark.parametrize("case", ["collection", "per-image baseline", "channels_last float32", "patches"])
+def test_patched_candidates_give_the_references_answers(monkeypatch, case):
+    """With the row memo on for every input size, the dense step patches the rows that line up with the previous
+    batch: the same orders, values and SIS as the reference, through several rounds, per-image baselines,
+    channels_last float32 images and multi-pixel features; one image alone (every batch lines up) and several."""
+    _memo_from(monkeypatch, 0)
+    made = _memo_steps(monkeypatch)
+    dense = of.ExactOptions(incremental=False)
+    model, images = make_cnn(3), make_images(3, seed=7)
+    kw, ref_kw, tau = {}, {}, 0.25
+    baselines = torch.randn(images.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    if case == "patches":
+        model, images = make_cnn(4, h=6, w=6), make_images(2, h=6, w=6, seed=3)
+        kw["feature_mask"] = ref_kw["feature_mask"] = (torch.arange(6).view(6, 1) // 2) * 3 + torch.arange(6) // 2
+        tau = 0.3
+    for x in (images[:1], images):
+        if case == "per-image baseline":
+            kw["baselines"] = ref_kw["baselines"] = baselines[: x.shape[0]]
+        fast_x = x.float().contiguous(memory_format=torch.channels_last) if "channels_last" in case else x
+        fast_model = make_cnn(3, dtype=torch.float32) if "channels_last" in case else model
+        got = of.fast_sis(fast_model, fast_x, tau, collection=True, options=dense, engine="torch", batch_size=40,
+                          show_progress=False, **kw)
+        if "channels_last" in case:  # float32: against the same run with every row written whole
+            _memo_from(monkeypatch, 10 ** 9)
+            want = of.fast_sis(fast_model, fast_x, tau, collection=True, options=dense, engine="torch",
+                               batch_size=40, show_progress=False, **kw)
+            _memo_from(monkeypatch, 0)
+        else:
+            want = reference.sis(model, x, tau, collection=True, **ref_kw)
+        assert_same(got, want, collection=True)
+        assert {r.info.step for r in got} == {"fused"}
+    assert made and made[0].memo and int(made[0].version.max()) > 2
+    if case in ("collection", "patches"):  # rounds after the first: present features come back
+        assert max(len(r.collection) for r in got) >= 2
+
+
+def test_the_row_memo_is_on_for_inputs_of_many_elements(monkeypatch):
+    """Inputs of at least MEMO_MIN_ELEMS elements take the memo by default (3 x 10 x 10 pixels here, 25 features of
+    2 x 2), smaller ones do not; both give the reference's answers."""
+    _memo_from(monkeypatch, exact_step.MEMO_MIN_ELEMS)
+    made = _memo_steps(monkeypatch)
+    model, images = make_cnn(5, h=10, w=10), make_images(2, h=10, w=10, seed=5)
+    patches = (torch.arange(10).view(10, 1) // 2) * 5 + torch.arange(10) // 2
+    dense = of.ExactOptions(incremental=False)
+    got = of.fast_sis(model, images, 0.2, feature_mask=patches, collection=True, options=dense, engine="torch",
+                      show_progress=False)
+    assert_same(got, reference.sis(model, images, 0.2, feature_mask=patches, collection=True), collection=True)
+    other = make_images(2, h=10, w=10, seed=6)  # a later job of the same shapes takes the kept step and its buffers
+    again = of.fast_sis(model, other, 0.2, feature_mask=patches, options=dense, engine="torch", show_progress=False)
+    assert_same(again, reference.sis(model, other, 0.2, feature_mask=patches))
+    small = of.fast_sis(make_cnn(3), make_images(1), 0.2, options=dense, engine="torch", show_progress=False)
+    assert_same(small, reference.sis(make_cnn(3), make_images(1), 0.2))
+    assert [d.memo for d in made] == [True, False] and 3 * 10 * 10 >= exact_step.MEMO_MIN_ELEMS > 3 * 5 * 5
+
+
+def test_a_kept_step_forgets_what_its_rows_held(monkeypatch):
+    """A later job takes the kept dense step with other images: loading them marks every row unknown (a row whose
+    image's present features came back to the same set would otherwise be patched over the old image)."""
+    from types import SimpleNamespace
+
+    _memo_from(monkeypatch, 0)
+    made = _memo_steps(monkeypatch)
+    of.fast_sis(make_cnn(3), make_images(1, seed=7), 0.25, collection=True, engine="torch",
+                options=of.ExactOptions(incremental=False), show_progress=False)
+    step = made[0]
+    assert step.memo and any(bool((h[0] >= 0).any()) for h in step.held.values())
+    prep = SimpleNamespace(images=step.images + 1, baseline=step.baseline, feature_map=step.feature_map)
+    with torch.inference_mode():  # as fast_sis loads a job
+        step.load(prep, step.targets.clone())
+    assert all(bool((h[0] == -1).all()) for h in step.held.values())
+
+
+class DoublesItsInput(nn.Module):
+    """A model that writes into its input (x *= 2) before scoring it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x.mul_(2))
+
+
+def test_a_model_that_writes_into_its_input_gets_every_row_rewritten(monkeypatch):
+    """The candidates buffer is the model's input: a model that changes it in place leaves rows that no longer
+    hold their candidates, and the dense step writes every row again (the buffer's version counter shows the
+    write). The answers are those of the same run with every row written whole."""
+    made = _memo_steps(monkeypatch)
+    model, x = DoublesItsInput(make_cnn(6)).eval(), make_images(1, seed=8)
+    runs = []
+    for least in (0, 10 ** 9):  # the memo on, then off
+        _memo_from(monkeypatch, least)
+        runs.append(of.fast_sis(model, x.clone(), 0.2, collection=True, options=of.ExactOptions(incremental=False),
+                                engine="torch", batch_size=30, show_progress=False))
+    assert [d.memo for d in made] == [True, False]
+    assert_same(*runs, collection=True)
+
+
 @cuda
 def test_captured_steps_equal_the_eager_ones_cuda(monkeypatch):
     """On a GPU each batch shape's whole step (candidates, forward pass, softmax, scores and steps) is one CUDA

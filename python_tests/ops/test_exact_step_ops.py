@@ -31,12 +31,12 @@ def clone(case):
 
 def test_exact_candidates_are_mask_apply_of_the_slots_features(impl):
     f = impl("exact_candidates")
-    for base, baseline, fm, present, remaining, sched, out in cases("exact_candidates"):
+    for base, baseline, fm, present, remaining, sched, out, *memo in cases("exact_candidates"):
         image, slot = sched[0], sched[1]
         feature = torch.tensor([remaining.view(-1)[s].item() if s >= 0 else -1 for s in slot.tolist()])
         want = mask_apply_ref(base, baseline, fm, present, image, image, feature)
         got = out.clone()
-        f(base, baseline, fm, present, remaining, sched, got)
+        f(base, baseline, fm, present, remaining, sched, got, *memo)
         assert torch.equal(got, want.contiguous(memory_format=torch.preserve_format)) and got.stride() == out.stride()
         assert bool((slot < 0).any()) and bool((feature >= 0).any())  # padding rows and masked features
 
@@ -56,7 +56,7 @@ def test_exact_candidates_by_hand(impl):
 
 def test_exact_candidates_rejects_bad_arguments(impl):
     f = impl("exact_candidates")
-    base, baseline, fm, present, remaining, sched, out = cases("exact_candidates", [0])[0]
+    base, baseline, fm, present, remaining, sched, out = cases("exact_candidates", [0])[0][:7]
     bad = sched.clone()
     bad[0, 2] = base.shape[0]
     with pytest.raises(RuntimeError, match=rf"exact_candidates: image {base.shape[0]} out of range"):
@@ -69,6 +69,147 @@ def test_exact_candidates_rejects_bad_arguments(impl):
         f(base, baseline, fm, present, remaining, sched, out[:-1])
     with pytest.raises(RuntimeError, match="sched must be an int64"):
         f(base, baseline, fm, present, remaining, sched[:1], out)
+
+
+# ------------------------------------------------------------------ exact_candidates: the row memo
+
+
+def row_memo_ref(image, feature, present, held, snap, version):
+    """The memo's update, image by image and row by row: independent of both implementations."""
+    for i in dict.fromkeys(image.tolist()):
+        if not torch.equal(snap[i], present[i]):
+            version[i] += 1
+            snap[i] = present[i]
+    for b, (i, f) in enumerate(zip(image.tolist(), feature.tolist())):
+        held[:, b] = torch.tensor([i, f, int(version[i])])
+
+
+class StepWorld:
+    """Images and their present features, changed as a step loop changes them: a step removes one feature (the
+    last slot moves into its place), a new round brings features back, and batches hold one image's step (rows
+    that line up with the previous batch), several images, or shuffled rows."""
+
+    def __init__(self, g, dtype, channels_last, per_image, n=3, c=2, h=5, w=6, p=11):
+        self.g, self.n, self.p = g, n, p
+        self.base = torch.randn(n, c, h, w, generator=g).to(dtype)
+        self.baseline = torch.randn(n if per_image else 1, c, h, w, generator=g).to(dtype)
+        if channels_last:
+            self.base = self.base.contiguous(memory_format=torch.channels_last)
+        self.fm = torch.randint(0, p, (c, h, w), generator=g)
+        self.remaining = torch.full((n, p + 1), -1, dtype=torch.int64)
+        self.present = torch.zeros(n, p, dtype=torch.bool)
+        for i in range(n):
+            self.new_round(i)
+
+    def rand(self, k):
+        return int(torch.randint(0, k, (1,), generator=self.g))
+
+    def new_round(self, i):
+        ids = torch.randperm(self.p, generator=self.g)[: 2 + self.rand(self.p - 1)]
+        self.present[i] = False
+        self.present[i, ids] = True
+        self.remaining[i] = -1
+        self.remaining[i, : ids.numel()] = ids
+
+    def count(self, i):
+        return int((self.remaining[i] >= 0).sum())
+
+    def step(self, i):
+        r = self.count(i)
+        if r <= 1:
+            return self.new_round(i)
+        j = self.rand(r)
+        self.present[i, self.remaining[i, j]] = False
+        self.remaining[i, j] = self.remaining[i, r - 1]
+        self.remaining[i, r - 1] = -1
+
+    def batch(self, rows):
+        """sched [2, rows]: the candidates of one image's step, of several images, or shuffled, padded."""
+        kind = self.rand(4)
+        pick = [self.rand(self.n)] if kind < 2 else list(range(self.n))
+        image = [i for i in pick for _ in range(self.count(i))]
+        slot = [i * (self.p + 1) + j for i in pick for j in range(self.count(i))]
+        image, slot = image[:rows], slot[:rows]
+        pad = rows - len(image)
+        image += [pick[0]] * pad
+        slot += [-1] * pad
+        sched = torch.tensor([image, slot])
+        if kind == 3:
+            sched = sched[:, torch.randperm(rows, generator=self.g)]
+        return sched.contiguous()
+
+
+@pytest.mark.parametrize("dtype, channels_last, per_image", [(torch.float32, False, False),
+                                                             (torch.float64, True, True),
+                                                             (torch.bfloat16, False, True)])
+def test_the_row_memo_gives_every_batch_as_written_whole(impl, dtype, channels_last, per_image):
+    """A kept buffer and its memo through 120 batches of a changing step loop (steps, new rounds, lined-up and
+    mixed batches, two batch shapes): every batch equals the element-by-element reference, and the memo follows
+    its definition."""
+    g = torch.Generator().manual_seed(5)
+    world = StepWorld(g, dtype, channels_last, per_image)
+    f = impl("exact_candidates")
+    snap = torch.zeros(world.n, world.p, dtype=torch.bool)
+    version = torch.zeros(world.n, dtype=torch.int64)
+    want_snap, want_version = snap.clone(), version.clone()
+    kept = {}
+    for call in range(120):
+        rows = 12 if call % 17 else 30
+        if rows not in kept:
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            out = torch.empty(rows, *world.base.shape[1:], dtype=dtype).contiguous(memory_format=fmt)
+            kept[rows] = (out, torch.full((3, rows), -1, dtype=torch.int64), torch.full((3, rows), -1))
+        out, held, want_held = kept[rows]
+        sched = world.batch(rows)
+        f(world.base, world.baseline, world.fm, world.present, world.remaining, sched, out, False, held, snap, version)
+        flat = world.remaining.view(-1)
+        feature = torch.tensor([int(flat[s]) if s >= 0 else -1 for s in sched[1].tolist()])
+        want = mask_apply_ref(world.base, world.baseline, world.fm, world.present, sched[0], sched[0], feature)
+        assert torch.equal(out, want), f"batch {call}"
+        row_memo_ref(sched[0], feature, world.present, want_held, want_snap, want_version)
+        assert torch.equal(held, want_held) and torch.equal(snap, want_snap) and torch.equal(version, want_version)
+        for _ in range(world.rand(3)):  # zero to two steps before the next batch
+            world.step(world.rand(world.n))
+
+
+def test_rows_that_hold_their_candidate_are_patched_not_rewritten():
+    """The CPU kernel writes only what changed: an element it has no reason to touch keeps whatever is there (so
+    nothing else may write into the buffer while the memo is in use); a memo reset to -1, or a row whose memo
+    names no feature of the image, is written whole."""
+    g = torch.Generator().manual_seed(2)
+    world = StepWorld(g, torch.float32, False, False, n=1, p=6)
+    f = _ops.kernel("exact_candidates")
+    rows = world.count(0)
+    sched = torch.stack([torch.zeros(rows, dtype=torch.int64), torch.arange(rows)])
+    out = torch.empty(rows, *world.base.shape[1:])
+    held, snap, version = torch.full((3, rows), -1), torch.zeros(1, 6, dtype=torch.bool), torch.zeros(1).long()
+    args = (world.base, world.baseline, world.fm, world.present, world.remaining, sched, out, False)
+    f(*args, held, snap, version)
+    want = out.clone()
+    removed = (world.fm.unsqueeze(0) == world.remaining[0, :rows].view(rows, 1, 1, 1))  # each row's own feature
+    out.fill_(float("nan"))  # the same batch again: nothing changed, only each row's removed feature is written
+    f(*args, held, snap, version)
+    assert torch.equal(out.isnan(), ~removed) and torch.equal(out[removed], want[removed])
+    held[1, 0] = 99  # no such feature: row 0 is written whole
+    f(*args, held, snap, version)
+    assert torch.equal(out[0], want[0]) and out[1:].isnan().any()
+    held[0] = -1
+    f(*args, held, snap, version)
+    assert torch.equal(out, want)
+
+
+def test_the_row_memo_rejects_bad_arguments(impl):
+    f = impl("exact_candidates")
+    base, baseline, fm, present, remaining, sched, out, _, held, snap, version = cases("exact_candidates", [0])[2]
+    args = (base, baseline, fm, present, remaining, sched, out, False)
+    with pytest.raises(RuntimeError, match="exact_candidates: held, snap and version go together"):
+        f(*args, held, None, version)
+    with pytest.raises(RuntimeError, match=r"exact_candidates: held must be a contiguous int64 \[3, 11\]"):
+        f(*args, held[:, :-1], snap, version)
+    with pytest.raises(RuntimeError, match=r"exact_candidates: snap must be a contiguous bool \[3, 7\]"):
+        f(*args, held, snap[:, :-1], version)
+    with pytest.raises(RuntimeError, match=r"exact_candidates: version must be a contiguous int64 \[3\]"):
+        f(*args, held, snap, version.int())
 
 
 # ------------------------------------------------------------------ exact_scores
