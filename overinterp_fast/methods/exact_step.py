@@ -165,6 +165,9 @@ class DenseStep:
 
     Attributes:
         t: the job's state. path: "cuda-graph" once a captured step replayed, else "fused".
+        memo: whether ``exact_candidates`` keeps its row memo (the CPU, inputs of at least MEMO_MIN_ELEMS
+            elements): ``held`` int64 [3, rows] per batch shape, ``snap`` bool [N, p] and ``version`` int64 [N]
+            (see ``ops.exact_candidates``); rows that hold their image's candidate are patched, not rewritten.
     """
 
     def __init__(self, fn: ModelFn, prep: Prepared, use_graphs: bool | None = None):
