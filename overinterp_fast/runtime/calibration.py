@@ -27,6 +27,7 @@ other's entries.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -95,7 +96,9 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_name() -> str:
+    """The CPU's model name (read once per process)."""
     try:
         with open("/proc/cpuinfo") as fh:
             return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
@@ -178,6 +181,14 @@ def exact_schedule_time(times: dict[int, float], batch: int, images: int, featur
     (N r rows: floor(N r / B) full batches and one tail of N r mod B rows, which the
     model runs padded to its batch shape, batching.bucket).
     """
+    return _schedule_time(tuple(sorted(times.items())), batch, images, features)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schedule_time(items: tuple, batch: int, images: int, features: int) -> float:
+    """:func:`exact_schedule_time` of the measured (size, seconds) pairs ``items`` (kept per process: every job
+    of a calibrated shape asks the same question)."""
+    times = dict(items)
     t = call_time(times)
     r = np.arange(1, features + 1, dtype=np.int64) * images
     full, tail = r // batch, r % batch
@@ -188,10 +199,14 @@ def exact_schedule_time(times: dict[int, float], batch: int, images: int, featur
 def per_call_overhead(times: dict[int, float]) -> float:
     """The fixed cost of a call: the intercept (>= 0) of the least-squares line through the
     measured (size, seconds) points; 0 with fewer than two points."""
-    if len(times) < 2:
-        return 0.0
-    b = np.array(sorted(times), dtype=np.float64)
-    t = np.array([times[int(x)] for x in b])
+    return _intercept(tuple(sorted(times.items()))) if len(times) >= 2 else 0.0
+
+
+@functools.lru_cache(maxsize=1024)
+def _intercept(items: tuple) -> float:
+    """:func:`per_call_overhead` of the measured (size, seconds) pairs ``items``, sorted (kept per process)."""
+    b = np.array([x for x, _ in items], dtype=np.float64)
+    t = np.array([y for _, y in items])
     slope, intercept = np.polyfit(b, t, 1)
     return max(0.0, float(intercept))
 
@@ -378,11 +393,14 @@ def candidate_probe(
     """
     dev = prep.images.device
     n, p = prep.images.shape[0], prep.num_features
-    g = torch.Generator().manual_seed(seed)
-    u = torch.rand(patterns, 1, generator=g, dtype=torch.float64)
-    present = (torch.rand(patterns, p, generator=g, dtype=torch.float64) < u).to(dev)
+    made: list[torch.Tensor] = []  # the present-sets, drawn at the first call (a cached calibration makes none)
 
     def probe(b: int) -> None:
+        if not made:
+            g = torch.Generator().manual_seed(seed)
+            u = torch.rand(patterns, 1, generator=g, dtype=torch.float64)
+            made.append((torch.rand(patterns, p, generator=g, dtype=torch.float64) < u).to(dev))
+        present = made[0]
         j = torch.arange(b, device=dev)
         image = j % n
         x = _ops.mask_apply(prep.images, prep.baseline, prep.feature_map, present, image, j % patterns,
