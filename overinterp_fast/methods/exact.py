@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..ops import kernels as _ops
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes
 from ..runtime.estimate import progress_bar
-from .findsis import sis_score, sis_start
+from .findsis import sis_score, sis_starts
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores
@@ -254,19 +254,24 @@ class _ExactRun:
         st = self.state
         found, sis_host = {}, {}
         ords, vals = ords.numpy(), vals.numpy()  # host copies: each round's own arrays, with no op per image
-        for i in ids:
-            m, score = int(st.step[i]), float(st.score[i])
-            o_host, v_host = ords[row[i], :m].copy(), vals[row[i], :m].copy()
+        # FindSIS of every round at once, in numpy, and the SIS' feature masks
+        k = np.fromiter((row[i] for i in ids), dtype=np.int64, count=len(ids))
+        ms = st.step[ids].astype(np.int64)
+        starts = sis_starts(vals[k], ms, np.fromiter((thresholds[i] for i in ids), np.float64, len(ids)))
+        masks = self.prep.feature_masks(ords[k], starts, ms)
+        for j, i in enumerate(ids):
+            m, score = int(ms[j]), float(st.score[i])
+            o_host, v_host = ords[k[j], :m].copy(), vals[k[j], :m].copy()
             o, v = torch.from_numpy(o_host), torch.from_numpy(v_host)
             sis = None
             if score >= thresholds[i]:
-                sis_host[i] = o_host[sis_start(v_host, thresholds[i]):][::-1].copy()  # FindSIS, in numpy
+                sis_host[i] = o_host[starts[j]:][::-1].copy()
                 sis = torch.from_numpy(sis_host[i])
             found[i] = (o, v, sis, None if sis is None else sis_score(v_host, score, sis.numel()))
         if self.verifier is not None:
             self.verify(found)
-        for i in ids:
-            m = int(st.step[i])
+        for j, i in enumerate(ids):
+            m = int(ms[j])
             o, v, sis, f_sis = found[i]
             st.rounds[i].append(
                 SISResult(
@@ -275,8 +280,9 @@ class _ExactRun:
                     sis=sis,
                     # the host's array where the check kept FindSIS's set (its sets are prefixes of one reversed
                     # order: the same length is the same set)
-                    mask=None if sis is None else self.prep.feature_mask(
-                        sis_host[i] if sis.numel() == len(sis_host.get(i, ())) else sis),
+                    mask=None if sis is None else (
+                        torch.from_numpy(masks[j]) if sis.numel() == len(sis_host.get(i, ()))
+                        else self.prep.feature_mask(sis)),
                     target=self.targets_host[i],
                     score=float(st.score[i]),
                     threshold=thresholds[i],

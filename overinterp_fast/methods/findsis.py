@@ -15,6 +15,21 @@ def sis_start(values, threshold: float) -> int:
     return 0 if passing.size == 0 else int(passing[-1]) + 1
 
 
+def sis_starts(values: np.ndarray, lengths: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """:func:`sis_start` of many rounds at once: row k's values are ``values[k, :lengths[k]]``.
+
+    Args:
+        values: float [K, M]; lengths: int [K] (at most M); thresholds: float [K].
+
+    Returns:
+        int64 [K]: 1 + the last t < lengths[k] with ``values[k, t] >= thresholds[k]``, 0 when none.
+    """
+    m = values.shape[1]
+    passing = (values >= np.asarray(thresholds, dtype=np.float64)[:, None]) & (np.arange(m) < lengths[:, None])
+    last = m - np.argmax(passing[:, ::-1], axis=1)  # 1 + the last passing t (m - 0 when only t = m - 1 passes)
+    return np.where(passing.any(1), last, 0).astype(np.int64)
+
+
 def find_sis(order, values, threshold: float) -> torch.Tensor:
     """The SIS of a backward selection, last-masked first.
 

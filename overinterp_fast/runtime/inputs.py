@@ -40,6 +40,16 @@ class Prepared:
         mask[features] = True
         return mask.view(self.grid_shape)
 
+    def feature_masks(self, order: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """:meth:`feature_mask` of many feature lists at once, on the host: row k is True on
+        ``order[k, begin[k]:end[k]]`` (int64 [K, M]; begin, end int [K]). Returns bool [K, *grid_shape]."""
+        k, m = order.shape
+        pos = np.arange(m)
+        rows, cols = np.nonzero((pos >= begin[:, None]) & (pos < end[:, None]))
+        masks = np.zeros((k, self.num_features), dtype=bool)
+        masks[rows, order[rows, cols]] = True
+        return masks.reshape(k, *self.grid_shape)
+
 
 def check_images(images) -> torch.Tensor:
     if not isinstance(images, torch.Tensor):

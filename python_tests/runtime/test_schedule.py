@@ -2,7 +2,7 @@
 """
 import numpy as np
 import pytest
-from overinterp_fast.methods.findsis import find_sis
+from overinterp_fast.methods.findsis import find_sis, sis_starts
 from overinterp_fast.runtime.schedule import CandidateQueue, upload
 from overinterp_fast.methods import reference
 import torch
@@ -111,6 +111,27 @@ def test_find_sis_edge_cases():
     assert find_sis(order, torch.tensor([0.5, 0.4, 0.3, 0.2, 0.1]), 0.9).tolist() == [3, 1, 0, 2, 4]
     # stop at the first value (from the end) reaching tau; that feature is not taken
     assert find_sis(order, torch.tensor([0.99, 0.95, 0.91, 0.5, 0.1]), 0.9).tolist() == [3, 1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_find_sis_of_many_rounds_at_once_matches_the_reference_loop(seed):
+    """sis_starts over rows of different lengths (padding past each length that would pass), values at tau,
+    NaN, none passing and the last one passing: each row's SIS is the reference's."""
+    g = np.random.default_rng(seed)
+    k, width = 12, 9
+    lengths = g.integers(1, width + 1, k)
+    values = np.round(g.random((k, width)), 1)  # coarse: values equal to tau
+    values[0, :] = np.nan
+    values[1, : lengths[1]] = 0.0
+    values[2, lengths[2] - 1] = 1.0
+    values[np.arange(width)[None, :] >= lengths[:, None]] = 1.0  # padding that would pass
+    order = np.stack([g.permutation(width) for _ in range(k)])
+    tau = np.round(g.random(k), 1)
+    starts = sis_starts(values, lengths, tau)
+    for r in range(k):
+        m = lengths[r]
+        want = reference.find_sis_from_backselect(list(zip(order[r, :m].tolist(), values[r, :m].tolist())), tau[r])
+        assert order[r, starts[r]:m][::-1].tolist() == want
 
 
 def test_upload_gives_each_part_as_an_int64_tensor():
