@@ -256,12 +256,12 @@ class _ExactRun:
         ords, vals = ords.numpy(), vals.numpy()  # host copies: each round's own arrays, with no op per image
         # FindSIS of every round at once, in numpy, and the SIS' feature masks
         k = np.fromiter((row[i] for i in ids), dtype=np.int64, count=len(ids))
-        ms = st.step[ids].astype(np.int64)
-        starts = sis_starts(vals[k], ms, np.fromiter((thresholds[i] for i in ids), np.float64, len(ids)))
-        masks = self.prep.feature_masks(ords[k], starts, ms)
+        ords, vals, ms = ords[k], vals[k], st.step[ids].astype(np.int64)  # row j: image ids[j]
+        starts = sis_starts(vals, ms, np.fromiter((thresholds[i] for i in ids), np.float64, len(ids)))
+        masks = self.prep.feature_masks(ords, starts, ms)
         for j, i in enumerate(ids):
             m, score = int(ms[j]), float(st.score[i])
-            o_host, v_host = ords[k[j], :m].copy(), vals[k[j], :m].copy()
+            o_host, v_host = ords[j, :m].copy(), vals[j, :m].copy()
             o, v = torch.from_numpy(o_host), torch.from_numpy(v_host)
             sis = None
             if score >= thresholds[i]:

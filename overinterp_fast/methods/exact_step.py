@@ -267,12 +267,10 @@ class DenseStep:
         t, fn = self.t, self.fn
         rows = out.shape[0]
         held = self.held.get(rows) if self.memo else None
-        if held is None:
-            self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False)
-        else:
-            self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False,
-                             held, self.snap, self.version)
-            written = out._version
+        memo = () if held is None else (held, self.snap, self.version)
+        self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False,
+                         *memo)
+        written = out._version
         if rows in self._checked:
             y = fn.run(out)
         else:  # the first call of a shape: ModelFn.forward's checks and its errors (e.g. a fixed-batch export)
