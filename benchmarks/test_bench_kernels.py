@@ -48,6 +48,12 @@ def test_backselect_update(benchmark):
         return (scores, rows, counts, steps, *state, False), {}
 
     benchmark.pedantic(kernels.backselect_update, setup=fresh, rounds=200, iterations=1)
+    (_, _, _, _, remaining, present, order, values, _), _ = fresh()
+    kernels.backselect_update(scores, rows, counts, steps, remaining, present, order, values, False)
+    # the step's choice, from the scores alone: each row's best candidate (torch.argmax: the first, the lowest id)
+    want = scores[:, :p].argmax(1)
+    assert torch.equal(order[:, 0], want) and torch.equal(values[:, 0], scores[:, :p].amax(1))
+    assert not present[torch.arange(n), want].any() and present.sum() == n * (p - 1)
 
 
 def test_rect_fill(benchmark):

@@ -170,10 +170,9 @@ def test_responsibility_proxies_count_two_jobs():
     px = proxies(images, 0, iterations=2)
     first, second = px["jobs"]
     assert first["photos"] == second["photos"] == 1
-    assert len(first["batch_shapes"]) <= 8 and second["new_batch_shapes"] == len(
-        set(second["batch_shapes"]) - set(first["batch_shapes"]))
-    assert first["rounds"] == sum(first["reads_by_label"].values())
-    assert first["ops_per_round"] == first["ops_outside"] / first["rounds"]
+    # the ladder's shapes (runtime.batching.ladder): powers of two, at most 8, the same for the model's second job
+    assert len(first["batch_shapes"]) <= 8 and second["new_batch_shapes"] == 0
+    assert all(b & (b - 1) == 0 for b in first["batch_shapes"] + second["batch_shapes"])
 
 
 def test_bench_estimate_reads_the_announced_estimate_and_times_the_run_after_it():
@@ -182,28 +181,41 @@ def test_bench_estimate_reads_the_announced_estimate_and_times_the_run_after_it(
     import bench_estimate
     from overinterp_fast.runtime import estimate
 
+    import time
+
     real = estimate.announced
+    t0 = time.perf_counter()
     row = bench_estimate.run_config("cnn8-px", 1)
+    elapsed = time.perf_counter() - t0
     assert estimate.announced is real
     (run,) = row["runs"]
     assert row["images"] == 2 and row["features"] == 64
     assert run["line"].startswith("exact SIS of 2 images x 64 features: 4,160 forward rows")  # 2 x 64 x 65 / 2
-    assert 0 < run["measured_s"] <= run["call_s"] and run["estimate_s"] > 0
-    assert run["ratio"] == run["measured_s"] / run["estimate_s"]
-    assert row["worst_ratio"] == run["ratio"]
+    assert 0 < run["measured_s"] <= run["call_s"] <= elapsed and run["estimate_s"] > 0
 
 
-def test_exact_loop_cost_splits_the_step_kernels_from_the_host():
+def test_exact_loop_cost_splits_the_step_kernels_from_the_host(monkeypatch):
     """The loop's cost per call is split into the step kernels' own time (their profiler self time) and the host's
-    rest; both kernels ran once per batch, so each has a positive time, and the parts add up to the loop's cost."""
-    from bench_exact import STEP_KERNELS, run_loop_cost
+    rest: 2 ms of host work planted in every step shows in the host's share, not the kernels'."""
+    import time
 
-    row = run_loop_cost("linear8-px", 4, "cpu", rounds=1, warmup=False)
-    kernels = row["kernels_us_per_call"]
-    assert set(kernels) == set(STEP_KERNELS) and all(v > 0 for v in kernels.values())
-    loop = 1e6 * (row["times_s"]["fast"][0] - row["times_s"]["floor"][0]) / row["calls"]
-    assert row["loop_us_per_call"] == pytest.approx(loop)
-    assert row["host_us_per_call"] == pytest.approx(loop - sum(kernels.values()))
+    from bench_exact import STEP_KERNELS, run_loop_cost
+    from overinterp_fast.methods.exact_step import DenseStep
+
+    plain = run_loop_cost("linear8-px", 4, "cpu", rounds=1, warmup=False)
+    assert set(plain["kernels_us_per_call"]) == set(STEP_KERNELS)
+    assert all(v > 0 for v in plain["kernels_us_per_call"].values())  # both kernels ran once per batch
+    real = DenseStep.__call__
+
+    def slow(self, block, done):
+        time.sleep(0.002)
+        real(self, block, done)
+
+    monkeypatch.setattr(DenseStep, "__call__", slow)
+    planted = run_loop_cost("linear8-px", 4, "cpu", rounds=1, warmup=False)
+    assert planted["calls"] == plain["calls"]
+    assert planted["host_us_per_call"] - plain["host_us_per_call"] > 1500
+    assert sum(planted["kernels_us_per_call"].values()) < 1000
 
 
 def test_responsibility_against_an_earlier_run_uses_its_side_by_side_rounds(tmp_path):

@@ -117,7 +117,7 @@ class ExactSIS(SetAttribution):
         n, p = s.prep.images.shape[0], s.prep.num_features
         cal = None if eng is None else eng.calibration
         if incremental_s is None and eng is not None:
-            probe = candidate_probe(eng.fn.score, s.prep, targets)
+            probe = candidate_probe(eng.fn.unfixed().score, s.prep, targets)
             cal = estimate.timed(cal, probe, eng.batch_size, estimate.exact_rows(n, p), first_pass_s, n)
         seconds = (incremental_s if incremental_s is not None
                    else estimate.exact_seconds(cal, first_pass_s, n, p))
@@ -224,11 +224,11 @@ def with_info(results: list[SISResult], engine: str, cal: Calibration, layout: t
     batch size ``cal`` chose and how, the ``layout`` (channels_last, its measured times), the candidates and
     re-scored candidates of every round the results hold (a collection's rounds included), and ``low``'s summary."""
     rounds = [c for r in results for c in ([r] + [c for c in (r.collection or []) if c is not r])]
-    step = next((c.info.step for c in rounds if c.info is not None), "")  # exact_sis's: what ran the steps
+    first = next((c.info for c in rounds if c.info is not None), None)  # exact_sis's: what ran the steps
     info = RunInfo(engine, cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]),
                    candidates=sum(c.order.numel() * (c.order.numel() + 1) // 2 for c in rounds),
                    rescored=sum(c.rescored or 0 for c in rounds), low=None if low is None else low.summary(),
-                   step=step)
+                   step="" if first is None else first.step, steps=None if first is None else first.steps)
     for r in results:
         r.info = info
         for c in r.collection or []:

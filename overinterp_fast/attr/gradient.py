@@ -77,7 +77,7 @@ class GradientSIS(SetAttribution):
         many steps."""
         n, p, k = s.prep.images.shape[0], s.prep.num_features, self.options.k
         rows, _ = estimate.gradient(n, p, k, 0.0)
-        probe = candidate_probe(eng.fn.score, s.prep, targets)
+        probe = candidate_probe(eng.fn.unfixed().score, s.prep, targets)
         cal = estimate.timed(eng.calibration, probe, n, int(rows * estimate.GRADIENT_ROW_COST), first_pass_s, n)
         row_s = estimate.row_seconds(cal, first_pass_s, n)
         rows, seconds = estimate.gradient(n, p, k, row_s)

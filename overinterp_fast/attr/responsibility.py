@@ -58,7 +58,7 @@ def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: s
     eng = job.choose_engine(s, run.engine, targets, max_rows=max_rows, expected_rows=expected,
                             measure_fn="score_and_top1")
     evaluator, verifier = job.evaluators(s, eng, targets)
-    cal = estimate.timed(eng.calibration, candidate_probe(eng.fn.score_and_top1, s.prep, targets), eng.batch_size,
+    cal = estimate.timed(eng.calibration, candidate_probe(eng.fn.unfixed().score_and_top1, s.prep, targets), eng.batch_size,
                          expected, first_pass_s, n)
     est = estimate.Estimate(f"responsibility maps of {n:,} image{'s' if n > 1 else ''} x {s.prep.num_features:,} "
                             f"pixels, {iterations} iterations", expected, "forward rows",

@@ -24,7 +24,7 @@ ends, and the round is then run again from that step in the full dtype.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -32,14 +32,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..ops import kernels as _ops
-from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes
+from ..runtime import graphs
+from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes, largest_bucket
 from ..runtime.estimate import progress_bar
 from .findsis import sis_score, sis_starts
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
 from ..runtime.model import ModelFn, check_finite_scores
 from .prefix import verify_prefix_sets
-from .results import RunInfo, SISResult, first_with_collection
+from .results import RunInfo, SISResult, StepCounts, first_with_collection
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 from .exact_step import LOW as _LOW, SCORE as _SCORE, STEP as _STEP, DenseStep, StepSchedule, StepTables, Window
@@ -88,6 +89,8 @@ class _ExactRun:
     unsafe_step: torch.Tensor | None = None
     bar: tqdm | None = None
     path: str = "fused"  # what ran the steps (SISResult.step)
+    counts: StepCounts = field(default_factory=StepCounts)  # the job's batch shapes, rows and graphs
+    shapes: set = field(default_factory=set)  # the batch shapes of the dense steps so far
 
     @classmethod
     def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
@@ -134,6 +137,8 @@ class _ExactRun:
         k = 0
         if dense is not None:
             bar = None if getattr(self.bar, "disable", False) else self.bar
+            self.shapes.update(window.batches[:, 1].tolist())
+            self.counts.rows += int(window.batches[:, 1].sum())
             for block, done in window.blocks(self.prep.images.device):
                 try:
                     dense(block, done)
@@ -289,7 +294,8 @@ class _ExactRun:
                     sis_score=f_sis,
                     engine=self.engine,
                     rescored=int(st.rescored[i]),
-                    info=RunInfo(self.engine, 0, "", step=self.path),  # the caller's RunInfo takes its step
+                    # the caller's RunInfo takes its step and the job's step counts (filled when the loop ends)
+                    info=RunInfo(self.engine, 0, "", step=self.path, steps=self.counts),
                 )
             )
             st.rescored[i], st.full[i] = 0, False
@@ -399,6 +405,7 @@ def exact_sis(
         evaluator = CandidateEvaluator(fn, prep, targets, runner, check_indices=False)
         if low is None:  # the dense step of the job (kept from an earlier job of the same shapes, with its graphs)
             dense = DenseStep.for_job(fn, prep, targets, sizes)
+            dense.prime(sizes)  # every shape's graph captured once, in the model's first job of these shapes
     kept = dense
     try:
         return _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress, verifier,
@@ -411,6 +418,9 @@ def exact_sis(
 def _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, runner, progress, verifier, engine,
               evaluator, low, sizes, dense) -> list[SISResult]:
     """:func:`exact_sis` once its dense step (or None) is chosen."""
+    kept = dense
+    forward = fn.run if isinstance(fn.run, graphs.GraphedForward) else None  # the forward passes' graphs
+    graphed = (0, 0) if forward is None else (forward.captures, forward.replays)
     run = _ExactRun.start(prep, targets, scores0, thresholds, collection, verifier, engine, low, evaluator, sizes,
                           tables=None if dense is None else dense.t)
     run.path = "fused" if dense else ("low-precision" if low is not None else "incremental")
@@ -420,9 +430,20 @@ def _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, ru
                            disable=None if progress is None else not progress)
     stop = collection or low is not None  # round ends change the schedule: FindSIS (and the check) decide what next
     while run.schedule:  # a batch is one forward call: at most the runner's chunk (halved after out-of-memory errors)
-        window = run.schedule.window(min(batch_size, runner.chunk), rescore=run.rescore(), stop_at_round_end=stop)
+        batch = min(batch_size, runner.chunk)
+        if sizes:  # full calls take one of the job's shapes too
+            batch = largest_bucket(batch, sizes[-1])
+        window = run.schedule.window(batch, rescore=run.rescore(), stop_at_round_end=stop)
         dense = run.run_window(window, dense, evaluator)
     run.bar.close()
+    if kept is not None:  # the job's steps: their shapes, rows and graphs (the steps' and the forward passes')
+        c = run.counts
+        c.shapes = tuple(sorted(run.shapes))
+        c.captures, c.replays = kept.job_counts()
+        if forward is not None:
+            c.captures += forward.captures - graphed[0]
+            c.replays += forward.replays - graphed[1]
+        c.graphs = "cuda" if kept.family.on else ("stand-in" if kept.family.counting else "off")
     check_finite_scores(math.isfinite(to_host(run.t.total, label="end")[0]))
 
     return [first_with_collection(rounds, collection) for rounds in run.state.rounds]

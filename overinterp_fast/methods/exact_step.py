@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from ..ops import kernels as _ops
-from ..runtime import graphs
+from ..runtime import graphs, model_state
+from ..runtime.batching import power_of_two_ceil
 from ..runtime.inputs import Prepared
-from ..runtime.model import ModelFn
+from ..runtime.model import ModelFn, is_onnx
 from ..runtime.schedule import CandidateQueue, upload
 
 STEP, SCORE, LOW = 0, 1, 2  # segment tags: a full-dtype step, the score of a round's input, a low-precision step
@@ -132,6 +133,11 @@ class StepTables:
         t.reset()
         return t
 
+    def head(self, n: int) -> "StepTables":
+        """The tables of the first n images (views of the same memory; ``total`` shared)."""
+        return StepTables(self.remaining[:n], self.present[:n], self.order[:n], self.values[:n], self.scores[:n],
+                          self.total)
+
     def reset(self) -> None:
         """Every feature present (in id order in ``remaining``, -1 past them and in column p), nothing masked yet,
         in place: a job reusing the tables of an earlier one (and the CUDA graphs that read them)."""
@@ -150,100 +156,127 @@ class DenseStep:
     ``exact_scores``; on CUDA, each batch shape's step one captured graph
     (:class:`~overinterp_fast.runtime.graphs.GraphedStep`: its first calls run eagerly, the next is captured and
     checked against an eager step from the same state, the later ones replay; a capture that fails runs every step
-    eagerly from then on, with one logged line).
+    eagerly from then on, with one logged line). The captured step calls the model itself, never a graph of its
+    forward pass: one graph per shape. An ONNX Runtime model is never captured (its session waits for the host).
 
-    The step reads the job's images, baseline, feature map and targets from buffers of its own, and the job's state
-    from its :class:`StepTables`: a later job of the same model and shapes takes the same object (:meth:`for_job`),
-    copies its inputs into the buffers, and replays the graphs captured before (the first job of a shape pays the
-    warm-up and capture, the later ones none).
+    The step reads the job's images, baseline, feature map and targets from buffers of its own, sized for
+    ``capacity`` images, and the job's state from its :class:`StepTables` (the first N rows of each are the job's,
+    :attr:`t`): a later job of the same model, image shape and batch shapes with at most ``capacity`` images takes
+    the same object (:meth:`for_job`), copies its inputs into the buffers, and replays the graphs captured before
+    (the first job of a shape pays the warm-up and capture, the later ones none). The kept step holds no reference
+    to the model: :meth:`release` drops it, :meth:`for_job` gives it the next job's.
 
     Args:
         fn: the model (its forward pass runs on the batch's fixed shape: the schedule pads to ``fn.pad_to``'s
             sizes).
         prep: the images, baseline and feature map.
+        capacity: images the buffers hold (at least the job's N).
         use_graphs: capture each batch shape's step as a CUDA graph (CUDA only; default: runtime.graphs.enabled()).
 
     Attributes:
-        t: the job's state. path: "cuda-graph" once a captured step replayed, else "fused".
+        t: the job's state (views of the first N rows of ``tables``). path: "cuda-graph" once a captured step
+            replayed, else "fused". family: the steps' :class:`~overinterp_fast.runtime.graphs.StepGraphs` (its
+            ``captures`` and ``replays`` count over every job the step served; on a CPU, those a GPU would make).
         memo: whether ``exact_candidates`` keeps its row memo (the CPU, inputs of at least MEMO_MIN_ELEMS
-            elements): ``held`` int64 [3, rows] per batch shape, ``snap`` bool [N, p] and ``version`` int64 [N]
-            (see ``ops.exact_candidates``); rows that hold their image's candidate are patched, not rewritten.
+            elements): ``held`` int64 [3, rows] per batch shape, ``snap`` bool [capacity, p] and ``version`` int64
+            [capacity] (see ``ops.exact_candidates``); rows that hold their image's candidate are patched, not
+            rewritten.
     """
 
-    def __init__(self, fn: ModelFn, prep: Prepared, use_graphs: bool | None = None):
-        self.fn = fn
+    def __init__(self, fn: ModelFn, prep: Prepared, capacity: int | None = None, use_graphs: bool | None = None):
+        self.fn: ModelFn | None = fn
         images = prep.images
         dev = images.device
         n, p = images.shape[0], prep.num_features
+        cap = self.capacity = max(n, capacity or n)
         # the job's inputs, copied in by load(): the captured steps read them here
-        self.images = torch.empty_like(images, memory_format=_ops_format(images))
-        self.baseline = torch.empty_like(prep.baseline, memory_format=_ops_format(prep.baseline))
+        fmt = _ops_format(images)
+        self.images = torch.empty((cap, *images.shape[1:]), dtype=images.dtype, device=dev)
+        self.images = self.images.contiguous(memory_format=fmt)
+        base = prep.baseline
+        self.baseline = torch.empty((cap if base.shape[0] > 1 else 1, *base.shape[1:]), dtype=base.dtype, device=dev)
+        self.baseline = self.baseline.contiguous(memory_format=_ops_format(base))
         self.feature_map = torch.empty_like(prep.feature_map)
-        self.targets = images.new_empty((n,), dtype=torch.int64)
-        self.t = StepTables.new(images, n, p)
+        self.targets = images.new_empty((cap,), dtype=torch.int64)
+        self.tables = StepTables.new(images, cap, p)
+        self.t = self.tables
         self.family = graphs.StepGraphs(dev)
         if use_graphs is not None:
             self.family.on = dev.type == "cuda" and use_graphs
+        if is_onnx(fn.model):  # ONNX Runtime waits for the host inside a run: never captured
+            self.family.on = self.family.counting = False
         self.buffers: dict[int, torch.Tensor] = {}
         # On the CPU, the row memo of exact_candidates (ops.exact_candidates): per buffer what each row holds, per
         # image its snapshot. A batch whose rows line up with the buffer's previous batch (one image's consecutive
         # steps) is patched where the present features changed, not rewritten.
         self.memo = dev.type == "cpu" and images[0].numel() >= MEMO_MIN_ELEMS
         self.held: dict[int, torch.Tensor] = {}
-        self.snap = torch.zeros((n, p), dtype=torch.bool) if self.memo else None
-        self.version = torch.zeros((n,), dtype=torch.int64) if self.memo else None
+        self.snap = torch.zeros((cap, p), dtype=torch.bool) if self.memo else None
+        self.version = torch.zeros((cap,), dtype=torch.int64) if self.memo else None
         self.steps: dict[int, tuple[graphs.GraphedStep, torch.Tensor]] = {}  # per batch shape: its step, its input
         # the ops' implementations, chosen once (not looked up per call)
         self._candidates = _ops.implementation("exact_candidates", dev)
         self._scores = _ops.implementation("exact_scores", dev)
         self._checked: set[int] = set()  # batch shapes whose model output was checked
         self._key: tuple | None = None
+        self._state = None  # the model's state (runtime.model_state) the step goes back to, weakly
 
     @classmethod
     def for_job(cls, fn: ModelFn, prep: Prepared, targets: torch.Tensor, sizes=()) -> "DenseStep":
-        """The dense step of a job, its inputs loaded and its tables reset: one kept from an earlier job of the same
-        model (its tensors where they were), the same images' shape, dtype, device and layout, baseline shape,
-        features and batch shapes, or a new one. Give it back with :meth:`release` when the job ends (a job
-        running meanwhile on another thread makes its own)."""
+        """The dense step of a job, its inputs loaded and its tables reset: one kept in the model's state
+        (runtime.model_state) from an earlier job of the same model, image shape, dtype, device and layout,
+        baseline kind, features and batch shapes, with room for this job's images; else a new one, with room for
+        at least MIN_CAPACITY images (so that later jobs of a few more images reuse it). Give it back with
+        :meth:`release` when the job ends (a job running meanwhile on another thread makes its own)."""
         key = _job_key(fn, prep, sizes)
+        n = prep.images.shape[0]
+        state = model_state.state_of(fn.model)
         step = None
-        try:
-            kept = _kept.get(fn.model)
-        except TypeError:  # a model that cannot be weakly referenced: a step for this job only
-            kept, key = None, None
-        if kept is not None and key is not None:
-            step = kept.pop(key, None)
+        if state is not None:
+            step = state.pop("step", key)
+            if step is not None and step.capacity < n:  # too small for this job: a larger one replaces it
+                step = None
         if step is None:
-            step = cls(fn, prep)
+            step = cls(fn, prep, capacity=power_of_two_ceil(max(n, MIN_CAPACITY)))
         step.fn, step._key = fn, key
+        step._state = None if state is None else weakref.ref(state)
         step.load(prep, targets)
         return step
 
     def load(self, prep: Prepared, targets: torch.Tensor) -> None:
-        """Copy the job's inputs into the step's buffers and reset its tables."""
-        self.images.copy_(prep.images)
-        self.baseline.copy_(prep.baseline)
+        """Copy the job's inputs into the first N rows of the step's buffers and reset its tables; :attr:`t` views
+        those N rows."""
+        n = prep.images.shape[0]
+        self.images[:n].copy_(prep.images)
+        self.baseline[:prep.baseline.shape[0]].copy_(prep.baseline)
         self.feature_map.copy_(prep.feature_map)
-        self.targets.copy_(targets)
-        self.t.reset()
+        self.targets[:n].copy_(targets)
+        self.tables.reset()
+        self.t = self.tables.head(n)
         for held in self.held.values():  # new images: no row holds a candidate of them
             held[0].fill_(-1)
+        self._job = (self.family.captures, self.family.replays)
+
+    def job_counts(self) -> tuple[int, int]:
+        """(graphs captured, replays) since the job's :meth:`load` (on a CPU: those a GPU would make)."""
+        return self.family.captures - self._job[0], self.family.replays - self._job[1]
 
     def release(self) -> None:
-        """Keep this step (its buffers, tables and graphs) for the model's next job of the same shapes."""
-        if self._key is None:
+        """Keep this step (its buffers, tables and graphs) in the model's state for the model's next job of the same
+        shapes, without the model."""
+        self.fn = None  # the state must not keep the model alive
+        state = None if self._state is None else self._state()
+        self._state = None
+        if self._key is None or state is None:
             return
-        try:
-            kept = _kept.setdefault(self.fn.model, {})
-        except TypeError:
-            return
+        kept = state.table("step")
         kept[self._key] = self
         while len(kept) > KEPT_PER_MODEL:  # the oldest shapes go first
             kept.pop(next(iter(kept)))
 
     @property
     def path(self) -> str:
-        return "cuda-graph" if self.family.replays else "fused"
+        return "cuda-graph" if self.family.replays and self.family.on else "fused"
 
     def buffer(self, rows: int) -> torch.Tensor:
         """The candidates' buffer of a batch shape, [rows, *D] in the images' memory format (kept: written anew by
@@ -262,19 +295,22 @@ class DenseStep:
     def eager(self, block: torch.Tensor, done: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The step of one batch (its block [6, Bp] and completed steps [3, d]); returns the model's output.
 
-        The batch is already padded to its shape, so the model is called as it is (``fn.run``), after a first call
-        of each shape through ``fn.forward`` (its output checked for shape, dtype and device)."""
-        t, fn = self.t, self.fn
+        The batch is already padded to its shape, so the model is called as it is: the model itself where the step
+        is captured (or counted, on a CPU), else ``fn.run``; the first call of each shape's output is checked for shape, dtype and device
+        (``ModelFn.forward``'s checks and its errors, e.g. a fixed-batch export)."""
+        t, fn = self.tables, self.fn
         rows = out.shape[0]
         held = self.held.get(rows) if self.memo else None
         memo = () if held is None else (held, self.snap, self.version)
         self._candidates(self.images, self.baseline, self.feature_map, t.present, t.remaining, block, out, False,
                          *memo)
         written = out._version
+        # the step's own graph, or its stand-in on a CPU, calls the model itself: never a graph of its forward pass
+        run = fn.model if self.family.on or self.family.counting else fn.run
         if rows in self._checked:
-            y = fn.run(out)
-        else:  # the first call of a shape: ModelFn.forward's checks and its errors (e.g. a fixed-batch export)
-            y = fn.forward(out)
+            y = run(out)
+        else:
+            y = fn.checked(run, out)
             self._checked.add(rows)
         if held is not None and out._version != written:  # the model wrote into its input: rewrite every row
             held[0].fill_(-1)
@@ -282,34 +318,63 @@ class DenseStep:
                      t.order, t.values, False)
         return y
 
-    def __call__(self, block: torch.Tensor, done: torch.Tensor) -> None:
-        bp = block.shape[1]
-        if not self.family.on:
-            self.eager(block, done, self.buffer(bp))
-            return
+    def _step(self, bp: int) -> tuple[graphs.GraphedStep, torch.Tensor]:
+        """The step of batch shape ``bp`` and its input block (the graph's input), made at its first use."""
         g = self.steps.get(bp)
         if g is None:  # the shape's step reads its block from a buffer of its own: the graph's input
-            static, out, t = torch.empty_like(block), self.buffer(bp), self.t
+            static, out, t = self.images.new_empty((BLOCK_ROWS, bp), dtype=torch.int64), self.buffer(bp), self.tables
             step = self.family.step(lambda: self.eager(static, static[2:5], out),
                                     [out, t.scores, t.total, t.remaining, t.present, t.order, t.values])
             g = self.steps[bp] = (step, static)
-        g[1].copy_(block)  # the block, its completed steps padded with row -1 up to Bp
-        g[0]()
+        return g
+
+    def prime(self, sizes) -> None:
+        """Capture the step of every batch shape in ``sizes`` now (on a CPU, count the captures a GPU would make),
+        so that a later job of the model and image shape captures none, whichever shapes it meets. Each is warmed
+        up with a batch of padding rows (the first image's current input, no candidate, no step completed: its
+        state stays as it is) and checked at its first real batch (:meth:`GraphedStep.prime`)."""
+        if not (self.family.on or self.family.counting):
+            return
+        for bp in sizes:
+            step, static = self._step(bp)
+            if step.calls or step.graph is not None:
+                continue
+            static.copy_(_padding_block(bp, static.device))
+            step.prime(lambda: self.eager(static, static[2:5], self.buffer(bp)))
+
+    def __call__(self, block: torch.Tensor, done: torch.Tensor) -> None:
+        bp = block.shape[1]
+        if not (self.family.on or self.family.counting):
+            self.eager(block, done, self.buffer(bp))
+            return
+        step, static = self._step(bp)
+        static.copy_(block)  # the block, its completed steps padded with row -1 up to Bp
+        step()
+
+
+def _padding_block(bp: int, device: torch.device) -> torch.Tensor:
+    """A schedule block [6, Bp] of padding rows only (as ops.schedule_window pads a batch): image 0, no slot, no
+    step completed (row -1, count 1, step 0), no tag. Its step writes the image's current input into every row,
+    runs the model and changes no state."""
+    block = torch.tensor([[0], [-1], [-1], [1], [0], [-1]], dtype=torch.int64).expand(BLOCK_ROWS, bp)
+    return block.contiguous().to(device)
 
 
 # Inputs of fewer elements are rewritten whole: patching a row costs about as much as copying this many elements
 MEMO_MIN_ELEMS = 256
 KEPT_PER_MODEL = 2  # a model's dense steps kept between jobs (the most recent shapes)
-_kept: "weakref.WeakKeyDictionary[object, dict[tuple, DenseStep]]" = weakref.WeakKeyDictionary()
+MIN_CAPACITY = 16  # images a new dense step has room for, at least (then powers of two)
 
 
 def _job_key(fn: ModelFn, prep: Prepared, sizes) -> tuple:
-    """What a kept dense step depends on: the images' shape, dtype, device and layout, the baseline's shape, the
-    features, the batch shapes, the model's outputs kind, where its tensors are (its graphs read them there), and
-    whether graphs are on."""
-    images = prep.images
-    return (tuple(images.shape), images.dtype, images.device, _ops_format(images), tuple(prep.baseline.shape),
-            prep.num_features, tuple(sizes), fn.outputs, graphs._where(fn.model), graphs.enabled())
+    """What a kept dense step depends on besides the model (whose tensors' addresses, weights, modes and the
+    autocast state its state's stamp covers, runtime.model_state): the shape of one image, the images' dtype,
+    device and layout, whether the baseline is per image and its shape, the features, the batch shapes, the
+    model's outputs kind, and whether graphs are on. Not the number of images: a step has room for several."""
+    images, base = prep.images, prep.baseline
+    return (tuple(images.shape[1:]), images.dtype, images.device, _ops_format(images), base.shape[0] > 1,
+            tuple(base.shape[1:]), _ops_format(base), prep.num_features, tuple(sizes), fn.outputs,
+            graphs.enabled())
 
 
 def _ops_format(images: torch.Tensor) -> torch.memory_format:

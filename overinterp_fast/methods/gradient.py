@@ -48,7 +48,7 @@ from ..runtime.model import ModelFn, check_finite_scores, model_memory_format
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
 from .prefix import first_passing_prefix
-from .results import RunInfo, SISResult, first_with_collection
+from .results import RunInfo, SISResult, StepCounts, first_with_collection
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 NON_FINITE = "the model's score or its gradient with respect to the mask is NaN or inf"
@@ -331,7 +331,8 @@ def records_dtype(dtype: torch.dtype, features: int) -> torch.dtype:
 
 
 class RoundSteps:
-    """One round of BackSelect for images ``rows`` (A of them), as one step function of fixed tensors.
+    """The rounds of BackSelect of one job, each as one step function of fixed tensors, for up to ``capacity`` images
+    (A of them in a round, :meth:`load`).
 
     A step, for the rows of a slice: the masked inputs ``lerp(x, baseline, M)`` (M: the feature mask, 1 = masked,
     broadcast to the elements), the model's forward and backward pass (the gradient of each row's f with respect
@@ -340,40 +341,59 @@ class RoundSteps:
     features ranked first: M = 1, PEN = -inf, RANK = their places in the round's masking order (t w + j), F = f
     before the step (NaN where the step's f or gradient is not finite). Every step of a slice has the same shapes,
     reads and writes only the buffers below, and waits for nothing: on a GPU it is captured once and replayed
-    (:class:`~overinterp_fast.runtime.graphs.GraphedStep`); elsewhere it runs eagerly, as the same function.
+    (:class:`~overinterp_fast.runtime.graphs.GraphedStep`); elsewhere it runs eagerly, as the same function. The
+    buffers are the job's, not a round's: a later round loads its rows into them (:meth:`load`), so a slice's step
+    captured in one round is replayed in the next.
 
     Each row has w dummy features first (ids 0 .. w-1, always masked): at a row's last step, with fewer than w
     features left, the sort fills the w places with them (masked features tie at -inf and go by id), so every
     step writes w places and no real feature's records are written twice.
 
-    Buffers: ``rec`` [A, w + p, 4] (M, PEN, RANK, F per feature; the leaf of the gradient), ``src`` [A, w, 4] (what a
-    step writes: 1, -inf, t w + j: the step counter, advanced by w per step; f), the inputs ``x`` [A, *D] and
-    ``base`` ([1, *D] or [A, *D]) and ``targets`` [A, 1]. The step's other tensors are made and freed within it
-    (inside a captured graph, in its memory pool).
+    Buffers: ``rec`` [capacity, w + p, 4] (M, PEN, RANK, F per feature; the leaf of the gradient), ``src``
+    [capacity, w, 4] (what a step writes: 1, -inf, t w + j: the step counter, advanced by w per step; f), the inputs
+    ``x`` [capacity, *D] and ``base`` ([1, *D] or [capacity, *D]) and ``targets`` [capacity, 1]. The step's other
+    tensors are made and freed within it (inside a captured graph, in its memory pool).
     """
 
-    def __init__(self, model, outputs: str, x: torch.Tensor, base: torch.Tensor, targets: torch.Tensor,
-                 present: torch.Tensor, k: int, autocast: torch.dtype | None, expand: MaskExpander):
-        A, p = present.shape
+    def __init__(self, model, outputs: str, x: torch.Tensor, base: torch.Tensor, capacity: int, p: int, k: int,
+                 autocast: torch.dtype | None, expand: MaskExpander):
         dev, dtype = x.device, x.dtype
         w = min(k, p)
         self.model, self.outputs, self.autocast, self.expand = model, outputs, autocast, expand
-        self.x, self.base, self.targets, self.w = x, base, targets.view(-1, 1), w
+        self.w, self.p, self.rows = w, p, 0
+        fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+            and not x.is_contiguous() else torch.contiguous_format
+        self.x = torch.empty((capacity, *x.shape[1:]), dtype=dtype, device=dev).contiguous(memory_format=fmt)
+        self.base = torch.empty((capacity if base.shape[0] > 1 else 1, *base.shape[1:]), dtype=base.dtype,
+                                device=dev).contiguous(memory_format=fmt)
+        self.targets = torch.empty((capacity, 1), dtype=torch.int64, device=dev)
         rdt = records_dtype(dtype, w + p)
         self.cast_mask = rdt != dtype  # the mask reaches the model in the images' dtype
         # per feature (M, PEN, RANK, F): masked features and the dummies (1, -inf, +inf, 0), present ones
         # (+0.0, +0.0, +inf, 0); what a step writes (1, -inf, t w + j, f)
-        rows = torch.tensor([[1.0, -torch.inf, torch.inf, 0.0], [0.0, 0.0, torch.inf, 0.0], [1.0, -torch.inf, 0.0, 0.0]],
-                            dtype=rdt, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)  # no wait
-        rec = torch.empty((A, w + p, 4), dtype=rdt, device=dev)
-        rec[:, :w].copy_(rows[0])
-        torch.where(present.unsqueeze(-1), rows[1], rows[0], out=rec[:, w:])
-        self.rec = rec
-        src = rows[2].repeat(A, w, 1)
-        src[..., RANK].add_(torch.arange(w, device=dev, dtype=rdt))
-        self.src = src
-        self.zeros = torch.zeros((A, w), dtype=torch.float64, device=dev)
+        self.init = torch.tensor([[1.0, -torch.inf, torch.inf, 0.0], [0.0, 0.0, torch.inf, 0.0],
+                                  [1.0, -torch.inf, 0.0, 0.0]],
+                                 dtype=rdt, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)  # no wait
+        self.rec = torch.empty((capacity, w + p, 4), dtype=rdt, device=dev)
+        self.src = torch.empty((capacity, w, 4), dtype=rdt, device=dev)
+        self.ranks = torch.arange(w, device=dev, dtype=rdt)
+        self.zeros = torch.zeros((capacity, w), dtype=torch.float64, device=dev)
         self.wide: torch.Tensor | None = None  # float64 records of f, where f is wider than ``rec`` (made once)
+
+    def load(self, x: torch.Tensor, base: torch.Tensor, targets: torch.Tensor, present: torch.Tensor) -> None:
+        """A round's A rows: their inputs x [A, *D], baselines ([1, *D] or [A, *D]), targets [A] and present
+        features bool [A, p], written into the first A rows of the buffers (nothing waits for the device)."""
+        a, w = present.shape[0], self.w
+        self.rows = a
+        self.x[:a].copy_(x)
+        self.base[:base.shape[0]].copy_(base)
+        self.targets[:a].copy_(targets.view(-1, 1))
+        rec = self.rec[:a]
+        rec[:, :w].copy_(self.init[0])
+        torch.where(present.unsqueeze(-1), self.init[1], self.init[0], out=rec[:, w:])
+        src = self.src[:a]
+        src.copy_(self.init[2])
+        src[..., RANK].add_(self.ranks)
 
     def step(self, sl: slice) -> tuple[Callable[[], None], list[torch.Tensor]]:
         """(the step function of rows ``sl``, the tensors it changes)."""
@@ -423,10 +443,10 @@ class RoundSteps:
         """(order int64 [A, p]: each row's features in the order masked this round, then the others; f before
         each step [A, ceil(p / w)]: ``f[a, t]`` before step t of row a, NaN where it or that step's gradient was not
         finite), on the device."""
-        w = self.w
-        rec = self.rec.detach()
+        w, a = self.w, self.rows
+        rec = self.rec[:a].detach()
         order = torch.argsort(rec[:, w:, RANK], dim=1, stable=True)
-        f = (rec[:, w:, F] if self.wide is None else self.wide[:, w:]).gather(1, order[:, ::w])
+        f = (rec[:, w:, F] if self.wide is None else self.wide[:a, w:]).gather(1, order[:, ::w])
         return order, f
 
 
@@ -439,18 +459,67 @@ def _score_masked(fn: ModelFn, prep: Prepared, targets: torch.Tensor, rows: torc
     return fn.score(base, targets)
 
 
+class JobSteps:
+    """The gradient steps of one job: its :class:`RoundSteps` buffers (made by the first round, for every image of
+    the job), the steps made so far per slice of rows, and their :class:`~overinterp_fast.runtime.graphs.StepGraphs`.
+    A slice's step is made, and on a GPU captured, once per job: a later round with the same slice replays it.
+
+    Attributes:
+        family: the job's step graphs (``captures``, ``replays``; on a CPU, those a GPU would make).
+        shapes: the distinct slice sizes (images per backward pass) the steps ran.
+    """
+
+    def __init__(self, device: torch.device):
+        self.family = StepGraphs(device)
+        self.state: RoundSteps | None = None
+        self.made: dict[tuple[int, int], GraphedStep] = {}
+        self.shapes: set[int] = set()
+
+    def round(self, smodel, outputs: str, x: torch.Tensor, base: torch.Tensor, targets: torch.Tensor,
+              present: torch.Tensor, capacity: int, k: int, autocast: torch.dtype | None,
+              expand: MaskExpander) -> RoundSteps:
+        """The job's :class:`RoundSteps` (made by the first round) with this round's rows loaded."""
+        if self.state is None:
+            self.state = RoundSteps(smodel, outputs, x, base, capacity, present.shape[1], k, autocast, expand)
+        self.state.load(x, base, targets, present)
+        return self.state
+
+    def run(self, sl: slice, calls: int, chunk: int) -> None:
+        """One step of rows ``sl`` (``calls``: the calls of it this round will make, counting this one; ``chunk``:
+        the most rows a step takes now)."""
+        key = (sl.start, sl.stop)
+        g = self.made.get(key)
+        if g is None:  # a new slice: a new number of images stepping, or a chunk halved by an out-of-memory error
+            for ab in [ab for ab in self.made if ab[1] - ab[0] > chunk]:
+                self.made.pop(ab).graph = None  # wider than a chunk now: never replayed again, its memory can go
+            g = self.made[key] = self.family.step(*self.state.step(sl), calls=calls)
+            self.shapes.add(sl.stop - sl.start)
+        g()
+
+    def counts(self) -> StepCounts:
+        """The job's step shapes, captures and replays (StepCounts)."""
+        f = self.family
+        return StepCounts(shapes=tuple(sorted(self.shapes)), captures=f.captures, replays=f.replays,
+                          graphs="cuda" if f.on else ("stand-in" if f.counting else "off"))
+
+    def release(self) -> None:
+        """Drop the steps, their graphs and pool, and the buffers."""
+        self.made.clear()
+        self.family.release()
+        self.state = None
+
+
 def _backselect(fn: ModelFn, smodel, prep: Prepared, targets: torch.Tensor, present: torch.Tensor,
                 images: list[int], counts: list[int], k: int, grad_runner: ChunkRunner, autocast: torch.dtype | None,
-                expand: MaskExpander, bar: tqdm, family: StepGraphs, grow_bar: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor,
-                                                                              torch.Tensor, list[int]]:
+                expand: MaskExpander, bar: tqdm, job: JobSteps, grow_bar: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Mask the round's features block by block, all images of the round in one backward pass per step.
 
     Args:
         fn: the user's model (f of the fully masked inputs); smodel: what the gradient steps call (:func:`step_model`).
         present: bool [N, p], each image's features present at the start of its round.
         images: the round's images; counts: their numbers of present features (> 0), known on the host.
-        family: the job's step graphs.
+        job: the job's steps (:class:`JobSteps`: buffers and graphs made once per job).
 
     Returns:
         (order int64 [A, p], f before each step [A, nb_max] and f with every feature masked float64 [A], on the
@@ -458,10 +527,10 @@ def _backselect(fn: ModelFn, smodel, prep: Prepared, targets: torch.Tensor, pres
 
     No host read and no wait for the device: image a takes ceil(counts[a] / k) steps, known in advance. The rows
     go in descending order of their steps, so the images still stepping are always the first L rows: a run of
-    steps with the same L is one step function of fixed shapes (:class:`RoundSteps`), captured once on a GPU.
+    steps with the same L is one step function of fixed shapes (:class:`RoundSteps`), captured once per job on a
+    GPU.
     """
     dev = prep.images.device
-    w = min(k, prep.num_features)
     steps = [-(-c // k) for c in counts]
     perm = sorted(range(len(images)), key=lambda a: -steps[a])  # stable: ties keep their order
     (rows,) = upload(dev, [images[a] for a in perm])
@@ -470,7 +539,8 @@ def _backselect(fn: ModelFn, smodel, prep: Prepared, targets: torch.Tensor, pres
     if isinstance(smodel, ChannelsLastModel):  # masked inputs are made channels_last, not converted each step
         x, base = (t.contiguous(memory_format=torch.channels_last) for t in (x, base))
     tg = targets.index_select(0, rows)
-    state = RoundSteps(smodel, fn.outputs, x, base, tg, present.index_select(0, rows), k, autocast, expand)
+    state = job.round(smodel, fn.outputs, x, base, tg, present.index_select(0, rows), present.shape[0], k, autocast,
+                      expand)
     ordered = [steps[a] for a in perm]
     if grow_bar:  # a later round: its steps join the bar (the first round's are its total from the start)
         bar.total += ordered[0]
@@ -481,21 +551,10 @@ def _backselect(fn: ModelFn, smodel, prep: Prepared, targets: torch.Tensor, pres
         while t < ordered[0]:
             live = sum(s > t for s in ordered)  # rows [0, live) step now
             until = min(s for s in ordered if s > t)
-            made: dict[tuple[int, int], GraphedStep] = {}
-
-            def run(sl: slice, calls: int) -> None:
-                g = made.get((sl.start, sl.stop))
-                if g is None:  # a new slice (the first step, or a chunk halved by an out-of-memory error)
-                    for a, b in [ab for ab in made if ab[0] < sl.stop and sl.start < ab[1]]:
-                        made.pop((a, b)).graph = None  # never replayed again: its memory can go
-                    g = made[sl.start, sl.stop] = family.step(*state.step(sl), calls=calls)
-                g()
-
             for u in range(t, until):
-                grad_runner.run(live, lambda sl: run(sl, until - u))
+                grad_runner.run(live, lambda sl: job.run(sl, until - u, grad_runner.chunk))
                 bar.update(1)
             t = until
-    family.release()
     order, f = state.selection()
     with torch.no_grad():  # f with every feature masked: the value after each image's last block
         masked = grad_runner.run(len(images), lambda sl: _score_masked(fn, prep, tg[sl], rows[sl]))
@@ -565,7 +624,7 @@ def gradient_sis(
     scores, targets_host = scores_t.tolist(), targets_t.tolist()
     expand = MaskExpander(prep.feature_map, lead if bool(broadcast) else None)
     grad_runner = ChunkRunner(n, dev)  # images per backward pass; halves on out-of-memory
-    family = StepGraphs(dev)
+    job = JobSteps(dev)
     evaluator = CandidateEvaluator(fn, prep, targets, runner, measure=fn.score_and_top1)
     present = torch.ones((n, p), dtype=torch.bool, device=dev)  # each image's R for its current round
     counts = [p] * n  # features present per image, kept on the host
@@ -577,11 +636,10 @@ def gradient_sis(
     first = True
     while active:
         cs = [counts[i] for i in active]
-        replays = family.replays
         order, f, masked, perm = _backselect(fn, smodel, prep, targets, present, active, cs, k, grad_runner,
-                                             autocast, expand, bar, family, grow_bar=not first)
+                                             autocast, expand, bar, job, grow_bar=not first)
         first = False
-        if family.replays > replays:
+        if job.family.on and job.family.replays:
             info.step = "cuda-graph"
         state = _rounds(order, f, masked, perm, active, cs, k, scores)
         verified = _find_sis(evaluator, state, thresholds, p)
@@ -620,6 +678,8 @@ def gradient_sis(
                     scores[i] = s
                     active.append(i)
     bar.close()
+    info.steps = job.counts()
+    job.release()
     return [first_with_collection(r, collection) for r in rounds]
 
 

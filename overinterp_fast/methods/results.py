@@ -25,6 +25,29 @@ def score_text(value: float, *against: float, digits: int = 4, fixed: bool = Fal
 
 
 @dataclass
+class StepCounts:
+    """The steps of one call: what a GPU captures and replays, and the shapes and rows that decide it.
+
+    Attributes:
+        shapes: the distinct batch shapes the steps ran, ascending (exact SIS: rows per forward call; the
+            gradient method: images per backward pass).
+        rows: exact SIS: the rows the steps ran, padding included (``RunInfo.candidates`` are the rows backward
+            selection needs); the gradient method: 0.
+        captures: CUDA graphs the call captured; replays: replays it ran. With ``graphs="stand-in"`` (a CPU),
+            those a GPU would capture and replay for the same call, counted by the same rule
+            (:class:`~overinterp_fast.runtime.graphs.StepGraphs`).
+        graphs: "cuda" (graphs captured on a GPU), "stand-in" (counted on a CPU) or "off" (graphs disabled, or an
+            ONNX Runtime model: never captured).
+    """
+
+    shapes: tuple[int, ...] = ()
+    rows: int = 0
+    captures: int = 0
+    replays: int = 0
+    graphs: str = "off"
+
+
+@dataclass
 class RunInfo:
     """How one call ran: shared by the results of the call (``SISResult.info``, ``ResponsibilityMap.info``).
 
@@ -54,6 +77,8 @@ class RunInfo:
             "low-precision" (``score_dtype``) or "evaluator" (chunked forward passes, after an out-of-memory
             error). Batched-gradient SIS: "cuda-graph" (a round's steps replayed a captured graph, on a GPU) or
             "eager" (on a CPU, with graphs off, or where the capture failed: a logged line says why).
+        steps: the batch shapes, rows and CUDA graphs of the call's steps (:class:`StepCounts`; exact SIS's dense
+            steps and batched-gradient SIS's), or None.
     """
 
     engine: str = ""
@@ -67,6 +92,7 @@ class RunInfo:
     low: dict | None = None
     step: str = ""
     decisions: dict[str, str] = field(default_factory=dict)
+    steps: "StepCounts | None" = None
 
     def __getitem__(self, key: str) -> str:
         return self.decisions[key]

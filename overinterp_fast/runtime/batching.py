@@ -47,34 +47,48 @@ def check_batch_size(batch_size) -> int | None:
     return batch_size
 
 
-# Batch shapes per chunk: a call is padded to the next multiple of chunk / BUCKETS rows (see bucket_sizes).
-BUCKETS = 16
+# Batch shapes per chunk: a call is padded to the next multiple of ceil(chunk / BUCKETS) rows (see bucket_sizes).
+BUCKETS = 8
 
 
 @functools.lru_cache(maxsize=64)
 def bucket_sizes(chunk: int) -> tuple[int, ...]:
     """The batch shapes a forward call may take under a chunk of ``chunk`` rows, ascending: the multiples of the
-    granule g = ceil(chunk / BUCKETS) below ``chunk``, ``chunk`` itself, and below g the sizes ceil(g / 2^k) down
-    to 1 (for 300, g = 19: 1, 2, 3, 5, 10, 19, 38, ..., 285, 300). At most BUCKETS + log2(g) + 1 shapes."""
+    granule g = ceil(chunk / BUCKETS) below ``chunk``, and ``chunk`` itself (for 300, g = 38: 38, 76, ..., 266,
+    300). At most BUCKETS shapes, whatever the job: on a GPU each is one captured graph, made once per model and
+    image shape (methods.exact_step), so their number is what a job's captures cost."""
     g = -(-chunk // BUCKETS)
-    sizes = set(range(g, chunk, g)) | {chunk}
-    while g > 1:
-        g = -(-g // 2)
-        sizes.add(g)
-    return tuple(sorted(sizes))
+    return tuple(sorted(set(range(g, chunk, g)) | {chunk}))
 
 
 def bucket(rows: int, chunk: int) -> int:
-    """The batch shape a call of ``rows`` rows is padded to: the smallest of :func:`bucket_sizes` that holds it
-    (``rows`` itself beyond ``chunk``). Fixed shapes let cuDNN, oneDNN and CUDA graphs plan once per shape
-    instead of once per call: on 2 CPU cores, backward selection's ragged calls (288, 286, 284, ... rows) ran
-    about 2x slower than the same rows padded to these shapes. A call of at least g rows is padded by less than
-    g rows (under 1/BUCKETS of a chunk); halving shapes (288 -> 144 -> 72 ...) instead padded a whole exact SIS job
-    by 32% and ran about 1.2x slower than these."""
+    """The batch shape a forward call of ``rows`` rows is padded to: the smallest of :func:`bucket_sizes` that
+    holds it, or below the smallest (the granule g) the next power of two (a small call, such as a check of a few
+    sets, is padded by less than its own size, not up to g); ``rows`` itself beyond ``chunk``.
+
+    Fixed shapes let cuDNN, oneDNN and CUDA graphs plan once per shape instead of once per call: on 2 CPU cores,
+    backward selection's ragged calls (288, 286, 284, ... rows) ran about 2x slower than the same rows padded to
+    fixed shapes. Exact SIS's steps take :func:`bucket_sizes` alone (methods.exact_step: at most BUCKETS shapes
+    per job, tails under g padded to g). A call of at least g rows is padded by less than g rows: backward
+    selection's calls that do not fill a chunk are its steps' tails (an image's last candidates of a step, or the
+    steps of images that all fit one call), spread over (0, chunk], which padding to multiples of g lengthens by
+    about g / 2 each; a job whose steps fill the chunk runs about 1 + 1 / (2 BUCKETS) times its own rows or less.
+    A job whose whole step fits a fraction of one chunk (one small image under a large chunk) pads its calls by up
+    to g rows each."""
     if rows >= chunk:
         return rows
     sizes = bucket_sizes(chunk)
+    if rows < sizes[0]:
+        return power_of_two_ceil(rows)
     return sizes[bisect.bisect_left(sizes, rows)]
+
+
+def largest_bucket(rows: int, chunk: int) -> int:
+    """The largest of :func:`bucket_sizes` (``chunk``) that is at most ``rows`` (the smallest where none is): the
+    size of full calls when a job is given fewer rows per call than the chunk its shapes were made for."""
+    sizes = bucket_sizes(chunk)
+    k = bisect.bisect_right(sizes, rows)
+    return sizes[max(k - 1, 0)]
 
 
 # The "ladder" policy (responsibility maps and minimal pixel sets): batch shapes are powers of two, at most this

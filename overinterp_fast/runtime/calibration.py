@@ -92,8 +92,12 @@ DISK_LOCK_S = 30.0  # seconds to wait for another process writing the on-disk ca
 
 
 def clear_cache() -> None:
-    """Forget every calibration cached in this process (the on-disk cache, if any, is kept)."""
+    """Forget every calibration cached in this process, the models' (runtime.model_state) and the others (the
+    on-disk cache, if any, is kept)."""
+    from . import model_state
+
     _CACHE.clear()
+    model_state.clear(("calibration",))
 
 
 @functools.lru_cache(maxsize=None)
@@ -330,8 +334,10 @@ def calibrate(
     features: int | None = None,
     timer: Callable[[], float] = time.perf_counter,
     disk: str | None = None,
+    cache: dict | None = None,
 ) -> Calibration:
-    """The batch size for a job, measured once per ``key`` (None: never cached).
+    """The batch size for a job, measured once per ``key`` (None: never cached) in ``cache`` (a model's table of
+    calibrations, runtime.model_state; None: the process's).
 
     Args:
         key: identifies model, engine, input shape, dtype, device and the job's largest
@@ -346,21 +352,23 @@ def calibrate(
         disk: the job's key in the on-disk cache (see :func:`disk_key`; used when
             OVERINTERP_FAST_CACHE_DIR is set).
     """
-    cal = _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer, disk)
+    cal = _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer, disk,
+                     _CACHE if cache is None else cache)
     LAST[:] = [cal]
     return cal
 
 
-def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer, disk) -> Calibration:
-    if key is not None and key in _CACHE:
-        cal = _CACHE[key]
+def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, features, timer, disk,
+               store) -> Calibration:
+    if key is not None and key in store:
+        cal = store[key]
         return Calibration(cal.batch_size, dict(cal.times), "cached", 0.0)
     if expected_rows < MIN_ROWS:
         return Calibration(max(1, min(fallback, max_rows, upper or fallback)), {}, "fallback", 0.0)
     stored = _disk_load(disk) if disk is not None else None
     if stored is not None and stored.batch_size <= min(max_rows, upper or max_rows):
         if key is not None:
-            _CACHE[key] = stored
+            store[key] = stored
         return stored
     t0 = timer()
     try:
@@ -371,7 +379,7 @@ def _calibrate(key, probe, max_rows, expected_rows, fallback, upper, images, fea
         return Calibration(max(1, min(fallback, max_rows, upper or fallback)), times, "fallback", timer() - t0)
     cal = Calibration(choose(times, images=images, features=features), times, "measured", timer() - t0)
     if key is not None:
-        _CACHE[key] = cal
+        store[key] = cal
     if disk is not None:
         _disk_store(disk, cal)
     return cal

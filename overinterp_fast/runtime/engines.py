@@ -19,6 +19,7 @@ for by name, silently under "auto" (logged at INFO, and the run's info says so).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import io
 import logging
@@ -26,18 +27,17 @@ import math
 import os
 import tempfile
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from .batching import auto_batch_size
-from . import estimate, incremental, runinfo
+from . import estimate, incremental, model_state, runinfo
 from .calibration import (MIN_ROWS, Calibration, calibrate, candidate_probe, disk_key, exact_job_time,
                           measure)
 from .inputs import Prepared
-from .model import ModelFn, weights_fingerprint as _fingerprint
+from .model import ModelFn
 from .onnx import OnnxModel, export_onnx
 
 logger = logging.getLogger(__name__)
@@ -92,18 +92,14 @@ class EngineUnavailable(Exception):
     """The engine cannot run this model (the message says why)."""
 
 
-# model -> {(shape, dtype, device, weights fingerprint): ModelFn or the EngineUnavailable raised}
-_BUILT: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 _TMP: tempfile.TemporaryDirectory | None = None
 
 
-_small_jobs: dict[tuple, tuple[dict, dict]] = {}  # time_small_job's measurements (incremental, dense) per job
-
-
 def clear_cache() -> None:
-    """Forget exported and compiled engines, and the small jobs' timings."""
-    _BUILT.clear()
-    _small_jobs.clear()
+    """Forget exported and compiled engines, and the small jobs' timings (kept in each model's state,
+    runtime.model_state: "engine" {(name, shape, dtype, device): ModelFn or the EngineUnavailable raised} and
+    "small_job")."""
+    model_state.clear(("engine", "small_job"))
 
 
 def _export(model: nn.Module, example: torch.Tensor, device: torch.device) -> OnnxModel:
@@ -117,8 +113,9 @@ def _export(model: nn.Module, example: torch.Tensor, device: torch.device) -> On
 
 
 def _compile(model: nn.Module, example: torch.Tensor) -> nn.Module:
-    """torch.compile(model), compiled now on ``example`` (compilation errors surface here, not mid-job)."""
-    compiled = torch.compile(model)
+    """torch.compile of a copy of ``model`` (kept in the model's state, the compiled module must not keep the model
+    alive), compiled now on ``example`` (compilation errors surface here, not mid-job)."""
+    compiled = torch.compile(copy.deepcopy(model))
     with torch.inference_mode():
         want, got = model(example), compiled(example)
     tol = 1e-4 if example.dtype == torch.float32 else 1e-9
@@ -140,8 +137,9 @@ def _build(name: str, user: ModelFn, images: torch.Tensor) -> ModelFn:
         raise ValueError("engine='compile' needs a torch model; this one is ONNX (use engine='auto' or 'onnxruntime')")
     if not isinstance(model, nn.Module):
         raise EngineUnavailable(f"{type(model).__name__} is not a torch.nn.Module")
-    key = (name, tuple(images.shape[1:]), images.dtype, str(images.device), _fingerprint(model))
-    per_model = _BUILT.setdefault(model, {})
+    key = (name, tuple(images.shape[1:]), images.dtype, str(images.device))
+    state = model_state.state_of(model)
+    per_model = {} if state is None else state.table("engine")
     if key not in per_model:
         try:
             with warnings.catch_warnings():
@@ -156,8 +154,8 @@ def _build(name: str, user: ModelFn, images: torch.Tensor) -> ModelFn:
             built = EngineUnavailable(f"{type(exc).__name__}: {first}")
         per_model[key] = built
     built = per_model[key]
-    if isinstance(built, EngineUnavailable):
-        raise built
+    if isinstance(built, EngineUnavailable):  # a new exception: a kept one's traceback would keep the model alive
+        raise EngineUnavailable(str(built))
     return built
 
 
@@ -170,23 +168,52 @@ def _calibrate(name: str, fn: ModelFn, user: ModelFn, prep: Prepared, targets: t
         upper = bound if upper is None else min(upper, bound)
     fallback = auto_batch_size(images, max_rows)
     key, disk = _calibration_keys(user, prep, name, measure_fn, max_rows, exact_shape)
-    probe = candidate_probe(getattr(fn, measure_fn), prep, targets)
+    tops = _exact_tops(user) if exact_shape is not None else None
+    top_key = key[1:8]  # the key less the model and the job's shape: engine, measure, image shape, dtype, ...
+    if tops is not None and top_key in tops:
+        kept = tops[top_key]
+        return Calibration(kept.batch_size, dict(kept.times), "cached", 0.0)
+    probe = candidate_probe(getattr(fn.unfixed(), measure_fn), prep, targets)
     n, p = exact_shape if exact_shape is not None else (None, None)
-    return calibrate(key, probe, max_rows=max_rows, expected_rows=expected_rows, fallback=fallback, upper=upper,
-                     images=n, features=p, disk=disk)
+    cal = calibrate(key, probe, max_rows=max_rows, expected_rows=expected_rows, fallback=fallback, upper=upper,
+                    images=n, features=p, disk=disk, cache=_calibration_cache(user))
+    if tops is not None and cal.source != "fallback":
+        tops[top_key] = cal
+    return cal
+
+
+def _exact_tops(user: ModelFn) -> dict | None:
+    """The batch sizes of exact SIS jobs kept in the model's state ("exact_top": per engine, measure, image shape,
+    dtype, device, layout and thread count), or None where nothing is kept. The first calibrated job of a model
+    and image shape decides the largest batch shape, and with it the few batch shapes of every later job of that
+    model and shape (runtime.batching.bucket_sizes), whatever its number of images: the dense steps and their
+    CUDA graphs made for the first job serve the later ones (methods.exact_step)."""
+    state = model_state.state_of(user.model)
+    return None if state is None else state.table("exact_top")
 
 
 def _calibration_keys(user: ModelFn, prep: Prepared, name: str, measure_fn: str, max_rows: int,
                       exact_shape: tuple[int, int] | None) -> tuple[tuple, str | None]:
-    """(the process cache's key, the disk cache's key or None) of a calibration: the model, what is timed
-    (engine and measure), input shape, dtype, device, layout, thread count and the job's shape."""
+    """(the process cache's key, the disk cache's key or None) of a calibration: the model (an ONNX file's path;
+    else "state": the key is kept in the model's own state, :func:`_calibration_cache`), what is timed (engine and
+    measure), input shape, dtype, device, layout, thread count and the job's shape."""
     images = prep.images
-    model_key = user.model.path if isinstance(user.model, OnnxModel) and user.model.path else id(user.model)
+    model_key = user.model.path if isinstance(user.model, OnnxModel) and user.model.path else "state"
     key = (model_key, name, measure_fn, tuple(images.shape[1:]), images.dtype, str(images.device),
            images.is_contiguous(), torch.get_num_threads(), max_rows,
            None if exact_shape is None else exact_shape)
     structure = _structure(user.model)
     return key, None if structure is None else disk_key(structure, *key[1:])
+
+
+def _calibration_cache(user: ModelFn) -> dict | None:
+    """Where a calibration of ``user``'s model is kept in the process: an ONNX file's in the process's table (keyed
+    by its path: every call opens the file anew), any other model's in its state (runtime.model_state: it goes
+    with the model); {} (kept for the job alone) where the model keeps no state."""
+    if isinstance(user.model, OnnxModel) and user.model.path:
+        return None
+    state = model_state.state_of(user.model)
+    return {} if state is None else state.table("calibration")
 
 
 def _structure(model) -> str | None:
@@ -256,7 +283,7 @@ def select_engine(
             return _calibrate(*args) if bound is None else _calibrate(*args, bound=bound)
         times = {}
         if weigh_ort and expected_rows >= MIN_ROWS:  # time the user's size, to compare the engines
-            probe = candidate_probe(getattr(fn, measure_fn), prep, targets)
+            probe = candidate_probe(getattr(fn.unfixed(), measure_fn), prep, targets)
             times = measure(probe, [batch_size], expected_rows=expected_rows)
         return Calibration(batch_size, times, "user", 0.0)
 
@@ -285,7 +312,8 @@ def incremental_calibration(pl: incremental.IncrementalPlan, user: ModelFn, prep
     n, p = exact_shape
     key, disk = _calibration_keys(user, prep, "incremental", "score", n * p, exact_shape)
     return calibrate(key, incremental.probe(pl, user, prep, targets), max_rows=n * p,
-                     expected_rows=n * p * (p + 1) // 2, fallback=pl.batch_size(), images=n, features=p, disk=disk)
+                     expected_rows=n * p * (p + 1) // 2, fallback=pl.batch_size(), images=n, features=p, disk=disk,
+                     cache=_calibration_cache(user))
 
 
 def low_precision_calibration(low_fn: ModelFn, user: ModelFn, low_prep: Prepared, targets: torch.Tensor, *,
@@ -363,9 +391,11 @@ def time_small_job(pl: incremental.IncrementalPlan, user: ModelFn, prep: Prepare
     # otherwise cost every call about as much as the job itself
     key = (_calibration_keys(user, prep, "small job", "score", n * p, exact_shape)[0], dense.name, dense.batch_size,
            incr.batch_size)
+    state = model_state.state_of(user.model)
+    _small_jobs = {} if state is None else state.table("small_job")
     timed = _small_jobs.get(key)
     if timed is None:
-        d = measure(candidate_probe(dense.fn.score, prep, targets), [dense.batch_size], expected_rows=rows,
+        d = measure(candidate_probe(dense.fn.unfixed().score, prep, targets), [dense.batch_size], expected_rows=rows,
                     repeats=1)
         i = measure(incremental.probe(pl, user, prep, targets), [incr.batch_size], expected_rows=rows, repeats=1)
         timed = _small_jobs[key] = (i, d)

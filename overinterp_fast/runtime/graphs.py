@@ -4,14 +4,21 @@ A small model's forward pass on a GPU is a few hundred short kernels, and launch
 than running them. A CUDA graph records the launches of one call once and replays them with one launch. Forward
 calls take a few fixed batch shapes (runtime.batching.bucket), so one graph per shape covers a whole job.
 
-A graph is captured on the first call of each shape: two warm-up calls on a side stream (cuDNN and the allocator
-settle), the capture, then one replay compared with an eager call on the same input. Any error in the capture, or a
-replay that differs from the eager output by more than float noise, turns graphs off for that model with one
-logged line; the calls then run eagerly, with the same results. Graphs are not used when autograd records (the
-gradient method's backward passes) or for inputs that are not on a CUDA device.
+A graph is captured on the second call of each shape (a shape called once runs eagerly): two warm-up calls on a
+side stream (cuDNN and the allocator settle), the capture, then one replay compared with an eager call on the same
+input. Any error in the capture, or a replay that differs from the eager output by more than float noise, turns
+graphs off for that model with one logged line; the calls then run eagerly, with the same results. Graphs are not
+used when autograd records (the gradient method's backward passes) or for inputs that are not on a CUDA device;
+there (graphs enabled) the same objects count the captures and replays a GPU would make, so that a CPU shows them.
 
-The graphs of a model are kept between jobs (:func:`for_model`) while its parameters and buffers stay where they
-are: a graph reads them by address, so moving or replacing a tensor of the model makes new graphs.
+Why not torch's own: ``torch.cuda.make_graphed_callables`` captures one sample shape per callable and a backward
+graph with it (it is made for training steps), and ``torch.compile(mode="reduce-overhead")`` compiles the model
+first (seconds to minutes per model, again per new shape) where a capture takes milliseconds. Both would keep the
+same per-shape pools; what they would save is the few lines of capture and check below.
+
+The graphs of a model are kept between jobs in the model's state (:func:`for_model`, runtime.model_state) while its
+parameters and buffers stay where they are: a graph reads them by address, so moving or replacing a tensor of the
+model makes new graphs. A :class:`GraphedForward` refers to its model weakly: the model's graphs go with it.
 
 Loops whose every step has the same shapes (the batched-gradient steps of a round) capture the whole step instead:
 :class:`GraphedStep` takes a step function of fixed tensors, runs its first calls eagerly, captures it, checks one
@@ -34,6 +41,7 @@ from .sync import sanctioned_wait, to_host
 log = logging.getLogger(__name__)
 ENV_VAR = "OVERINTERP_FAST_CUDA_GRAPHS"
 MAX_GRAPHS = 32  # shapes beyond this many run eagerly
+CAPTURE_AT_CALL = 2  # a forward shape is captured at its second call: a shape called once is never captured
 _WARMUP_CALLS = 2
 
 
@@ -52,34 +60,60 @@ class _Graph:
 class GraphedForward:
     """``model(x)`` through one CUDA graph per input shape (see the module docstring).
 
+    A shape is captured at its second call (:data:`CAPTURE_AT_CALL`): a shape called once in a job (the images'
+    own forward pass, a check of one set) runs eagerly and costs no capture. Off a CUDA device, and where autograd
+    records, every call runs the model eagerly; on a CPU (graphs enabled) the object is the captures' stand-in: it
+    counts the captures and replays a GPU would make for the same calls, by the same rule.
+
     Args:
-        model: an eval-mode ``torch.nn.Module`` (or callable) on a CUDA device, [B, *D] -> [B, K].
+        model: an eval-mode ``torch.nn.Module`` (or callable) on a CUDA device, [B, *D] -> [B, K]; held weakly
+            (the object is kept in the model's state, runtime.model_state, and must not keep the model alive).
 
     Attributes:
         failed: None while graphs are in use, else why they were turned off (one line).
+        captures, replays: graphs captured and replays run so far (on the stand-in: those a GPU would make).
     """
 
     def __init__(self, model):
-        self.model = model
+        try:  # kept in the model's state (runtime.model_state): it must not keep the model alive
+            self._model = weakref.ref(model)
+        except TypeError:
+            self._model = lambda: model  # noqa: E731  (not weakly referenceable: kept for one job only)
         self.graphs: dict[tuple, _Graph] = {}
+        self.calls: dict[tuple, int] = {}  # per shape: its calls so far
         self.failed: str | None = None
+        self.captures = self.replays = 0
         self._pool = None  # one memory pool shared by the graphs of this model
 
+    @property
+    def model(self):
+        """The model (None once it was freed)."""
+        return self._model()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.failed is not None or x.device.type != "cuda" or torch.is_grad_enabled()
-                or torch.cuda.is_current_stream_capturing()):
+        if self.failed is not None or torch.is_grad_enabled() or (
+                x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return self.model(x)
         # inference mode apart: its static input could not be written outside it (and the other way round)
         key = (tuple(x.shape), x.stride(), x.dtype, x.device, torch.is_inference_mode_enabled())
         g = self.graphs.get(key)
         if g is None:
-            if len(self.graphs) >= MAX_GRAPHS:
+            calls = self.calls[key] = self.calls.get(key, 0) + 1
+            if calls < CAPTURE_AT_CALL or len(self.calls) > MAX_GRAPHS:
+                return self.model(x)
+            if x.device.type != "cuda":  # the stand-in: a GPU captures at this call, and replays at every later one
+                if calls == CAPTURE_AT_CALL:
+                    self.captures += 1
+                else:
+                    self.replays += 1
                 return self.model(x)
             g = self._capture(x, key)
             if g is None:
                 return self.model(x)
+            self.captures += 1
         g.inp.copy_(x)
         g.graph.replay()
+        self.replays += 1
         return g.out.clone()  # the next replay overwrites g.out
 
     def _capture(self, x: torch.Tensor, key: tuple) -> _Graph | None:
@@ -123,28 +157,15 @@ class GraphedForward:
         return g
 
 
-_cache: "weakref.WeakKeyDictionary[object, tuple[tuple, GraphedForward]]" = weakref.WeakKeyDictionary()
-
-
-def _where(model) -> tuple:
-    """Addresses of the model's parameters and buffers (what its graphs read)."""
-    if not isinstance(model, torch.nn.Module):
-        return ()
-    return tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
-
-
 def for_model(model) -> GraphedForward:
-    """The :class:`GraphedForward` of ``model``, kept while its tensors stay at the same addresses."""
-    where = _where(model)
-    try:
-        hit = _cache.get(model)
-    except TypeError:  # not weakly referenceable: graphs for this job only
+    """The :class:`GraphedForward` of ``model``, kept in its state (runtime.model_state: while its tensors stay where
+    they are, which its graphs read, and its weights, modes and the autocast state stay the same)."""
+    from . import model_state
+
+    state = model_state.state_of(model)
+    if state is None:  # nothing kept for this model: graphs for this job only
         return GraphedForward(model)
-    if hit is not None and hit[0] == where:
-        return hit[1]
-    graphed = GraphedForward(model)
-    _cache[model] = (where, graphed)
-    return graphed
+    return state.get("graphs", "forward", lambda: GraphedForward(model))
 
 
 STEP_WARMUP_CALLS = 2  # eager calls of a step before its capture (cuDNN, cuBLAS and the allocator settle)
@@ -189,29 +210,36 @@ class StepGraphs:
     another, never at once), and the first capture that fails turns graphs off for every later step of the loop,
     with one logged line.
 
+    Off a CUDA device (while :func:`enabled`), the steps run eagerly and the family is the captures' stand-in: it
+    counts the captures and replays a GPU would make, by the same rule (a step's capture at its call
+    ``warmup + 1`` where it has calls enough left, a replay at each later call; none after a failure), so that a
+    CPU shows how many graphs a job would capture.
+
     Args:
         device: where the loop's buffers live (graphs only on a CUDA device, and only while :func:`enabled`).
 
     Attributes:
+        on: steps are captured (a CUDA device, graphs enabled). counting: the CPU's stand-in counts (not ``on``,
+            graphs enabled).
         failed: None, or why graphs were turned off (one line).
-        replays: replays of every step made here, so far.
+        captures, replays: graphs captured and replays run by every step made here, so far (on the stand-in:
+            those a GPU would make).
     """
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.on = self.device.type == "cuda" and enabled()
+        self.counting = self.device.type != "cuda" and enabled()
         self.failed: str | None = None
         self.pool = None
         self.steps: list[GraphedStep] = []
-
-    @property
-    def replays(self) -> int:
-        return sum(s.replays for s in self.steps)
+        self.captures = 0
+        self.replays = 0
 
     @property
     def mode(self) -> str:
         """"cuda graph" when any step replayed from a graph, else "eager"."""
-        return "cuda graph" if self.replays else "eager"
+        return "cuda graph" if self.on and self.replays else "eager"
 
     def step(self, step: Callable[[], object], state: Sequence[torch.Tensor], calls: int | None = None,
              check: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], torch.Tensor] | None = None
@@ -228,11 +256,13 @@ class StepGraphs:
             log.warning("CUDA graphs of these steps off (%s); running them eagerly", why)
 
     def release(self) -> None:
-        """Drop every step's graph (their memory goes back to the pool's owner once nothing references it)."""
+        """Drop every step's graph and the family's memory pool (their memory goes back to the allocator once
+        nothing references it; later steps capture into a new pool)."""
         with sanctioned_wait():  # destroying a graph is not a wait of the loop it served
             for s in self.steps:
                 s.graph = None
             self.steps.clear()
+            self.pool = None
 
 
 class GraphedStep:
@@ -277,9 +307,12 @@ class GraphedStep:
         self.warmup, self.check, self.family = warmup, check, family
         self.graph: _CapturedStep | None = None
         self.failed: str | None = family.failed if family is not None else None
-        self.replays = self.eager = self.calls = 0
+        self.replays = self.eager = self.calls = self.captures = 0
         on = family.on if family is not None else (self.device.type == "cuda" and enabled())
-        self.wanted = on and (calls is None or calls >= warmup + 1 + STEP_MIN_REPLAYS)
+        worth = calls is None or calls >= warmup + 1 + STEP_MIN_REPLAYS
+        self.wanted = on and worth
+        self.counted = not on and worth and family is not None and family.counting  # the CPU's stand-in
+        self.unchecked = False  # primed (captured before its first call), the check still to come
 
     @property
     def graphed(self) -> bool:
@@ -288,15 +321,31 @@ class GraphedStep:
 
     def __call__(self) -> None:
         self.calls += 1
-        if self.graph is not None:
+        if self.unchecked:  # primed: the first call checks the graph
+            self.unchecked = False
+            graph, self.graph = self.graph, None
+            self._capture_and_check(graph)
+        elif self.graph is not None:
             self.graph.replay()
-            self.replays += 1
+            self._count(replays=1)
         elif not self.wanted or self.failed is not None:
             self._eager()
+            if self.counted:  # the stand-in: what a GPU would have done at this call
+                if self.calls == self.warmup + 1:
+                    self._count(captures=1)
+                elif self.calls > self.warmup + 1:
+                    self._count(replays=1)
         elif self.calls <= self.warmup:
             self._eager(side_stream=self.device.type == "cuda")
         else:
             self._capture_and_check()
+
+    def _count(self, captures: int = 0, replays: int = 0) -> None:
+        self.captures += captures
+        self.replays += replays
+        if self.family is not None:
+            self.family.captures += captures
+            self.family.replays += replays
 
     def _eager(self, side_stream: bool = False) -> None:
         self.eager += 1
@@ -328,13 +377,47 @@ class GraphedStep:
         else:
             log.warning("CUDA graph of this step off (%s); running it eagerly", self.failed)
 
-    def _capture_and_check(self) -> None:
-        """This call's step: captured, replayed, checked against an eager step from the same state (whose result
-        is kept); where the capture or the replay fails, the graph is off and the step runs eagerly."""
+    def prime(self, warm: Callable[[], object]) -> None:
+        """Capture the step now, before its first call: ``warm()`` (a call of the step's own ops that leaves the
+        state as it is, e.g. a batch of padding rows) runs ``warmup`` times on a side stream, then the step is
+        captured (nothing runs). The first call replays it and checks it against an eager step from the same state,
+        as a capture at a later call does; every later call replays. Where the step would not be captured
+        (graphs off, too few calls) nothing happens; on the CPU's stand-in the capture is counted. A failure turns
+        the graph off with one logged line, and the calls run eagerly."""
+        if self.graph is not None or self.calls or self.failed is not None:
+            return
+        if self.counted:
+            self._count(captures=1)
+            self.calls = self.warmup + 1  # as captured: the next call is the check's, a replay on a GPU
+            return
+        if not self.wanted:
+            return
+        with sanctioned_wait():  # priming waits for the device once: not a wait of the loop served
+            try:
+                current = torch.cuda.current_stream(self.device)
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    for _ in range(self.warmup):
+                        warm()
+                current.wait_stream(side)
+                self.graph = self._capture()
+            except Exception as exc:  # whatever breaks a capture, the eager step gives the same results
+                self._off(exc)
+                return
+        self._count(captures=1)
+        self.unchecked = True
+        self.calls = self.warmup
+
+    def _capture_and_check(self, graph: _CapturedStep | None = None) -> None:
+        """This call's step: captured (unless ``graph`` was, by :meth:`prime`), replayed, checked against an eager
+        step from the same state (whose result is kept); where the capture or the replay fails, the graph is off
+        and the step runs eagerly."""
         saved = None
         with sanctioned_wait():  # capturing and checking wait for the device once: not waits of the loop served
             try:
-                graph = self._capture()
+                captured = graph is None
+                graph = graph or self._capture()
                 saved = [t.clone() for t in self.state]
                 graph.replay()
                 replayed = [t.clone() for t in self.state]
@@ -349,6 +432,7 @@ class GraphedStep:
                 t.copy_(s)
             self._eager()
             (same,) = to_host(self.check(replayed, self.state), label="graph check")
+        self._count(captures=int(captured), replays=int(not captured))
         if not bool(same):
             self._off("a replay differs from the eager step")
             return

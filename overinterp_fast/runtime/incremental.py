@@ -35,7 +35,6 @@ import hashlib
 import logging
 import math
 import operator
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -46,7 +45,7 @@ from torch import nn
 
 from ..ops import kernels as _ops
 from ..ops.pure import check_ranges
-from . import runinfo
+from . import model_state, runinfo
 from .inputs import Prepared
 from .model import ModelFn
 from .schedule import upload
@@ -999,42 +998,34 @@ class IncrementalEvaluator:
         return self.runner.run(image.shape[0], work)
 
 
-_plans: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, IncrementalPlan | NotIncremental]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def _plan_key(model: nn.Module, prep: Prepared) -> tuple:
-    """What a plan depends on: the model's tensors (where they are and their version counters, which every
-    in-place change bumps: a plan holds values computed from the weights), the images' shape, dtype, device and
-    layout, and the feature map."""
+def _plan_key(prep: Prepared) -> tuple:
+    """What a plan depends on besides the model (whose weights, modes and tensors' addresses its state's stamp
+    covers, runtime.model_state: a plan holds values computed from the weights): the images' shape, dtype, device
+    and layout, and the feature map."""
     images, fm = prep.images, prep.feature_map
-    tensors = [*model.parameters(), *model.buffers()]
-    return (tuple((t.data_ptr(), t._version) for t in tensors), tuple(images.shape[1:]), images.dtype, images.device,
-            images.is_contiguous(), prep.num_features,
+    return (tuple(images.shape[1:]), images.dtype, images.device, images.is_contiguous(), prep.num_features,
             hashlib.sha1(fm.detach().cpu().contiguous().numpy().tobytes()).hexdigest())
 
 
 def cached_plan(fn: ModelFn, prep: Prepared) -> IncrementalPlan:
-    """:func:`plan`, kept per model while its tensors, the images' shape and the feature map stay the same (a
-    trace and a trial run take tens of milliseconds: as long as a whole small job on a GPU). A model that cannot
-    be planned raises NotIncremental again, from the cache."""
+    """:func:`plan`, kept in the model's state (runtime.model_state) per images' shape and feature map (a trace and
+    a trial run take tens of milliseconds: as long as a whole small job on a GPU). A model that cannot be planned
+    raises NotIncremental again, from the state."""
     model = fn.model
-    try:
-        key = _plan_key(model, prep) if isinstance(model, nn.Module) else None
-    except RuntimeError:  # inference tensors (a model made under inference_mode) keep no version counter
-        key = None
-    if key is None:
+    state = model_state.state_of(model) if isinstance(model, nn.Module) else None
+    if state is None:
         return plan(fn, prep)
-    hit = _plans.get(model)
-    if hit is None or hit[0] != key:
+    key = _plan_key(prep)
+    made = state.get("plan", key)
+    if made is None:
         try:
             made = plan(fn, prep)
         except NotIncremental as exc:
-            made = exc
-        _plans[model] = hit = (key, made)
-    if isinstance(hit[1], NotIncremental):
-        raise hit[1]
-    return hit[1]
+            made = str(exc)  # the reason, not the exception: its traceback's frames would keep the model alive
+        state.put("plan", key, made)
+    if isinstance(made, str):
+        raise NotIncremental(made)
+    return made
 
 
 def choose(fn: ModelFn, prep: Prepared, incremental: bool | None) -> IncrementalPlan | None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
 
-from . import graphs
+from . import graphs, model_state
 from .batching import (CandidateEvaluator, ChunkRunner, auto_batch_size, check_batch_size, ladder,
                        power_of_two_ceil, power_of_two_floor)
 from .engines import Engine, select_engine
@@ -80,9 +79,6 @@ def setup(model, images, threshold, features, mask_value, outputs, batch_size, m
     return Setup(fn, prep, thresholds, runner, batch_size, top)
 
 
-# model -> {(element shape, dtype, device): the ladder's largest shape}, decided by its first job
-_TOPS: "weakref.WeakKeyDictionary[object, dict[tuple, int]]" = weakref.WeakKeyDictionary()
-
 
 def ladder_top(fn: ModelFn, prep: Prepared, batch_size: int | None) -> int:
     """The largest batch shape of a ladder job (batching.ladder_sizes): the user's batch size rounded down to a
@@ -93,10 +89,8 @@ def ladder_top(fn: ModelFn, prep: Prepared, batch_size: int | None) -> int:
         return power_of_two_floor(batch_size)
     images = prep.images
     key = (tuple(images.shape[1:]), images.dtype, str(images.device))
-    try:
-        tops = _TOPS.setdefault(fn.model, {})
-    except TypeError:  # not weakly referenceable: decided per job
-        tops = {}
+    state = model_state.state_of(fn.model)  # the model's state keeps it ({(element shape, dtype, device): top})
+    tops = {} if state is None else state.table("top")
     if key not in tops:
         tops[key] = power_of_two_floor(auto_batch_size(images, 1 << 30))
     return tops[key]
@@ -104,13 +98,14 @@ def ladder_top(fn: ModelFn, prep: Prepared, batch_size: int | None) -> int:
 
 def fixed_shapes(fn: ModelFn, runner: ChunkRunner, top: int | None = None) -> None:
     """Pad ``fn``'s forward calls to a few batch shapes, except on ONNX Runtime, whose sessions do not plan per
-    shape: the runner's buckets (batching.bucket), or with ``top`` the ladder under it (batching.ladder); on a CUDA
-    device, replay each shape's forward pass as a CUDA graph (runtime.graphs)."""
+    shape (and are never captured): the runner's buckets (batching.bucket), or with ``top`` the ladder under it
+    (batching.ladder); replay each shape's forward pass as a CUDA graph (runtime.graphs; on a CPU, the graphs'
+    stand-in counts the captures a GPU would make), kept in the model's state."""
     if isinstance(fn.model, OnnxModel):
         fn.pad_to = None
         return
     fn.pad_to = runner.bucket if top is None else functools.partial(ladder, top=top)
-    if runner.device.type == "cuda" and graphs.enabled() and not isinstance(fn.run, graphs.GraphedForward):
+    if graphs.enabled() and not isinstance(fn.run, graphs.GraphedForward):
         fn.run = graphs.for_model(fn.model)
 
 

@@ -16,9 +16,11 @@ The user's model is never converted: a job that runs channels_last scores candid
 4-D weights are stored channels_last (:func:`channels_last_copy`), fed channels_last candidates. The copy computes
 the same function as the model, up to the floating-point noise a change of batch size also makes.
 
-Both are kept per model for the process: the copy until a weight of the model is replaced or changed in place (so
-that a later job runs the same copy, and with it the dense step kept for it, methods.exact_step), and the measured
-choice per input shape, dtype, device, batch size and thread count (:func:`clear_cache` forgets both).
+Both are kept in the model's state (runtime.model_state: until a weight of the model is replaced or changed in place,
+its modes change, or the model is freed): the copy, so that a later job runs the same copy, and with it the dense
+step kept for it (methods.exact_step), and the measured choice per input shape, dtype, device, batch size and thread
+count (:func:`clear_cache` forgets both). The copy refers to the model's state weakly (model_state.adopt): what jobs
+keep for the copy is kept with the model.
 """
 from __future__ import annotations
 
@@ -26,39 +28,24 @@ import copy
 import dataclasses
 import logging
 import time
-import weakref
 
 import torch
 from torch import nn
 
-from . import runinfo
+from . import model_state, runinfo
 from .calibration import candidate_probe
 from .inputs import Prepared
-from .model import Ensemble, ModelFn, model_memory_format, weights_fingerprint
+from .model import Ensemble, ModelFn, model_memory_format
 
 logger = logging.getLogger(__name__)
 
 GAIN = 0.05  # channels_last is kept when its call is at least this much faster
 ROUNDS = 3  # timed calls per format (after one warm-up call each), interleaved; the minimum counts
 
-# model -> {its weights' fingerprint and modes: its channels_last copy} (the latest only); model -> {job key: times}
-_copies: "weakref.WeakKeyDictionary[object, dict[tuple, object]]" = weakref.WeakKeyDictionary()
-_measured: "weakref.WeakKeyDictionary[object, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
-
 
 def clear_cache() -> None:
     """Forget the channels_last copies and the measured choices."""
-    _copies.clear()
-    _measured.clear()
-
-
-def _kept(table: weakref.WeakKeyDictionary, model) -> dict | None:
-    """``table``'s entry of ``model`` (made empty where missing), or None for a model that cannot be weakly
-    referenced (nothing is kept for it)."""
-    try:
-        return table.setdefault(model, {})
-    except TypeError:
-        return None
+    model_state.clear(("copy", "format"))
 
 
 def convertible(fn: ModelFn, images: torch.Tensor) -> bool:
@@ -76,14 +63,12 @@ def channels_last_copy(fn: ModelFn, prep: Prepared) -> tuple[ModelFn, Prepared]:
     """(f of a copy of ``fn``'s model with its 4-D weights channels_last, ``prep`` with channels_last images and
     baseline): what a job runs channels_last (the model given is not converted). The copy is made once per model and
     kept while the model's weights and modes (train or eval) stay the same."""
-    fingerprint = (weights_fingerprint(fn.model), tuple(m.training for m in fn.model.modules()))
-    kept = _kept(_copies, fn.model)
-    model = None if kept is None else kept.get(fingerprint)
+    state = model_state.state_of(fn.model)
+    model = None if state is None else state.get("copy", "channels_last")
     if model is None:
-        model = copy.deepcopy(fn.model).to(memory_format=torch.channels_last)
-        if kept is not None:
-            kept.clear()  # a copy of older weights is not used again
-            kept[fingerprint] = model
+        model = model_state.adopt(copy.deepcopy(fn.model).to(memory_format=torch.channels_last), state)
+        if state is not None:
+            state.put("copy", "channels_last", model)
     cl = torch.channels_last
     prep = dataclasses.replace(prep, images=prep.images.contiguous(memory_format=cl),
                                baseline=prep.baseline.contiguous(memory_format=cl))
@@ -96,7 +81,7 @@ def measure_formats(fn: ModelFn, prep: Prepared, batch_size: int, rounds: int = 
     images' format ("given") and channels_last ("channels_last"), interleaved after one untimed call each."""
     targets = torch.zeros(prep.images.shape[0], dtype=torch.int64, device=prep.images.device)
     cl_fn, cl_prep = channels_last_copy(fn, prep)
-    probes = {"given": candidate_probe(fn.score, prep, targets), "channels_last": candidate_probe(cl_fn.score, cl_prep,
+    probes = {"given": candidate_probe(fn.unfixed().score, prep, targets), "channels_last": candidate_probe(cl_fn.unfixed().score, cl_prep,
                                                                                                   targets)}
     best = {}
     with torch.inference_mode():
@@ -131,18 +116,17 @@ def choose_channels_last(option: bool | None, fn: ModelFn, prep: Prepared, batch
     if not convertible(fn, prep.images):
         return False, {}
     images = prep.images
-    key = (tuple(images.shape[1:]), images.dtype, str(images.device), batch_size, torch.get_num_threads(),
-           weights_fingerprint(fn.model))
-    kept = _kept(_measured, fn.model)
-    times = None if kept is None else kept.get(key)
+    key = (tuple(images.shape[1:]), images.dtype, str(images.device), batch_size, torch.get_num_threads())
+    state = model_state.state_of(fn.model)
+    times = None if state is None else state.get("format", key)
     if times is None:
         try:
             times = measure_formats(fn, prep, batch_size)
         except Exception as exc:  # a model that cannot run channels_last (its own errors: any type)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             times = {"failed": f"{type(exc).__name__}: {first}"}
-        if kept is not None:
-            kept[key] = times
+        if state is not None:
+            state.put("format", key, times)
     if "failed" in times:
         logger.info("channels_last off: the channels_last copy failed (%s)", times["failed"])
         runinfo.note("channels_last", f"off: the channels_last copy failed ({times['failed']})")

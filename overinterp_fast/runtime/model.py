@@ -1,6 +1,7 @@
 """The score under test, f: a model's probability for a target class, with checks."""
 from __future__ import annotations
 
+import copy
 import math
 import os
 from typing import Callable, Sequence
@@ -182,24 +183,41 @@ class ModelFn:
                     f"in the images' dtype, so convert one of them (e.g. model.to({images.dtype}))"
                 )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fixed: bool = True) -> torch.Tensor:
         """Model output [B, K] for x [B, *D], checked for shape, dtype and device.
 
         With ``pad_to`` set, x is padded to ``pad_to(B)`` rows (copies of its last row) and the extra outputs are
         dropped, so the model sees a few fixed batch shapes (each row's output is its own: a model in eval mode
         computes rows independently, up to the floating-point noise of the batch size it runs at).
+        ``fixed=False``: a call made once (the images' own pass), run on the model as it is, unpadded and never
+        captured as a CUDA graph.
         """
+        if not fixed:
+            return self.checked(self.model, x)
         n = x.shape[0]
         m = self.pad_to(n) if self.pad_to is not None and n > 0 else n
+        if m == n:
+            return self.checked(self.run, x)
+        return self.checked(self.run, pad_rows(x, m))[:n]
+
+    def unfixed(self) -> "ModelFn":
+        """This f with the model as it is: no padding to fixed shapes and no CUDA graphs (timing probes: their
+        sizes are the ones timed, and a GPU captures no graph for sizes a job may never run)."""
+        plain = copy.copy(self)
+        plain.pad_to, plain.run = None, self.model
+        return plain
+
+    def checked(self, run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``run(x)`` (the model, or what stands for it) checked as :meth:`forward` checks its output, for a batch x
+        already at its shape."""
         try:
-            if m == n:
-                return self.check_output(self.run(x), n, x.device)
-            return self.check_output(self.run(pad_rows(x, m)), m, x.device)[:n]
+            return self.check_output(run(x), x.shape[0], x.device)
         except AssertionError as exc:  # an exported program's guard on its batch size (dimension 0)
             if is_exported(self.model) and "Guard failed" in str(exc) and "size()[0]" in str(exc):
-                raise ValueError(f"the torch.export program refuses a batch of {m} rows ({first_line(exc)}); "
-                                 f"export it with a dynamic batch dimension: torch.export.export(model, (x,), "
-                                 f"dynamic_shapes=({{0: torch.export.Dim('batch')}},))") from None
+                raise ValueError(f"the torch.export program refuses a batch of {x.shape[0]} rows "
+                                 f"({first_line(exc)}); export it with a dynamic batch dimension: "
+                                 f"torch.export.export(model, (x,), dynamic_shapes=({{0: torch.export.Dim('batch')}},))"
+                                 ) from None
             raise
 
     @staticmethod
@@ -306,7 +324,7 @@ def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tu
     """
     n = images.shape[0]
     try:
-        outs = runner.run(n, lambda sl: fn.forward(images[sl]))
+        outs = runner.run(n, lambda sl: fn.forward(images[sl], fixed=False))  # once per job: no fixed shape
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:

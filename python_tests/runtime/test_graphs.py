@@ -39,7 +39,32 @@ def test_graphs_are_kept_per_model_while_its_tensors_stay_put():
     assert graphs.for_model(model) is first
     model.double()  # new parameter tensors: the old graphs would read freed memory
     assert graphs.for_model(model) is not first
-    assert graphs.for_model(lambda x: x) is not None  # a plain callable is accepted too
+    plain = lambda x: x  # noqa: E731  (a plain callable: kept too, weakly)
+    assert graphs.for_model(plain) is graphs.for_model(plain)
+
+
+def test_graphs_do_not_keep_their_model_alive():
+    import gc
+    import weakref
+
+    model = Calls().eval()
+    kept = graphs.for_model(model)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None and kept.model is None
+
+
+def test_a_model_that_cannot_be_weakly_referenced_gets_graphs_for_one_job():
+    class Slotted:
+        __slots__ = ()
+
+        def __call__(self, x):
+            return x
+
+    model = Slotted()
+    first = graphs.for_model(model)
+    assert first.model is model and graphs.for_model(model) is not first
 
 
 def test_the_switch(monkeypatch):
