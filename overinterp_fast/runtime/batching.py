@@ -83,6 +83,16 @@ def bucket(rows: int, chunk: int) -> int:
     return sizes[bisect.bisect_left(sizes, rows)]
 
 
+def step_bucket(rows: int, chunk: int) -> int:
+    """The batch shape exact SIS's step loop pads a batch of ``rows`` rows to: the smallest of :func:`bucket_sizes`
+    that holds it (below the smallest, the smallest: the loop keeps to those shapes alone; ``rows`` itself beyond
+    ``chunk``). What ``ops.schedule_window`` does with the sizes it is given."""
+    if rows >= chunk:
+        return rows
+    sizes = bucket_sizes(chunk)
+    return sizes[bisect.bisect_left(sizes, rows)]
+
+
 def largest_bucket(rows: int, chunk: int) -> int:
     """The largest of :func:`bucket_sizes` (``chunk``) that is at most ``rows`` (the smallest where none is): the
     size of full calls when a job is given fewer rows per call than the chunk its shapes were made for."""

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..ops import kernels as _ops
-from .batching import bucket
+from .batching import step_bucket
 from .inputs import Prepared
 from ..util.files import update_json
 
@@ -97,7 +97,7 @@ def clear_cache() -> None:
     from . import model_state
 
     _CACHE.clear()
-    model_state.clear(("calibration",))
+    model_state.clear(("calibration", "exact_top"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,7 +183,7 @@ def exact_schedule_time(times: dict[int, float], batch: int, images: int, featur
     Backward selection on N images with p features has, for r = p .. 1, a step of
     r candidates per image; the queue packs the N steps of one "level" together
     (N r rows: floor(N r / B) full batches and one tail of N r mod B rows, which the
-    model runs padded to its batch shape, batching.bucket).
+    model runs padded to its batch shape, batching.step_bucket).
     """
     return _schedule_time(tuple(sorted(times.items())), batch, images, features)
 
@@ -196,7 +196,7 @@ def _schedule_time(items: tuple, batch: int, images: int, features: int) -> floa
     t = call_time(times)
     r = np.arange(1, features + 1, dtype=np.int64) * images
     full, tail = r // batch, r % batch
-    padded = np.array([bucket(int(x), batch) if x else 0 for x in tail], dtype=np.int64)
+    padded = np.array([step_bucket(int(x), batch) if x else 0 for x in tail], dtype=np.int64)
     return float((full * t(np.array([batch]))[0]).sum() + t(padded).sum())
 
 

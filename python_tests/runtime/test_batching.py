@@ -229,36 +229,46 @@ def test_candidate_evaluator_checks_indices_once_per_call_before_any_chunk(monke
 def test_bucket_sizes_by_hand():
     from overinterp_fast.runtime.batching import bucket_sizes
 
-    # 300: granule ceil(300 / 16) = 19; its multiples up to 285, then 300; below 19: 10, 5, 3, 2, 1
-    assert bucket_sizes(300) == (1, 2, 3, 5, 10, 19, 38, 57, 76, 95, 114, 133, 152, 171, 190, 209, 228, 247, 266,
-                                 285, 300)
-    assert bucket_sizes(64) == (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64)
-    assert bucket_sizes(16) == tuple(range(1, 17))
-    assert bucket_sizes(17) == (1, 2, 4, 6, 8, 10, 12, 14, 16, 17)
+    # 300: granule ceil(300 / 8) = 38; its multiples below 300, then 300 itself
+    assert bucket_sizes(300) == (38, 76, 114, 152, 190, 228, 266, 300)
+    assert bucket_sizes(64) == (8, 16, 24, 32, 40, 48, 56, 64)
+    assert bucket_sizes(17) == (3, 6, 9, 12, 15, 17)
+    assert bucket_sizes(8) == tuple(range(1, 9))
     assert bucket_sizes(1) == (1,)
     assert bucket_sizes(3) == (1, 2, 3)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 7, 16, 17, 64, 100, 288, 303, 1000, 4096])
-def test_buckets_waste_less_than_a_granule(chunk):
-    """Every row count up to the chunk is padded by less than ceil(chunk / 16) rows, with at most 16 + log2 shapes."""
+@pytest.mark.parametrize("chunk", [1, 2, 7, 16, 17, 64, 100, 288, 303, 1000, 4096, 32768])
+def test_buckets_are_at_most_eight_and_waste_less_than_a_granule(chunk):
+    """At most 8 shapes whatever the chunk; every row count of at least the granule g = ceil(chunk / 8) is padded by
+    less than g rows, and a smaller one by less than itself (to a power of two)."""
     from overinterp_fast.runtime.batching import bucket, bucket_sizes
 
-    g = -(-chunk // 16)
+    g = -(-chunk // 8)
+    assert len(bucket_sizes(chunk)) <= 8
     for rows in range(1, chunk + 1):
-        assert rows <= bucket(rows, chunk) < rows + g
-    assert len(bucket_sizes(chunk)) <= 16 + max(g - 1, 0).bit_length() + 1
+        padded = bucket(rows, chunk)
+        assert rows <= padded < (rows + g if rows >= g else 2 * rows)
 
 
-@pytest.mark.parametrize("rows,chunk,want", [(288, 303, 303), (286, 303, 303), (152, 303, 152), (153, 303, 171),
-                                             (76, 303, 76), (77, 303, 95), (20, 303, 38), (11, 303, 19),
-                                             (6, 303, 10), (1, 303, 1), (2, 303, 2), (4, 303, 5), (303, 303, 303),
-                                             (400, 303, 400), (33, 64, 36), (32, 64, 32)])
+@pytest.mark.parametrize("rows,chunk,want", [(288, 303, 303), (286, 303, 303), (152, 303, 152), (153, 303, 190),
+                                             (76, 303, 76), (77, 303, 114), (38, 303, 38), (39, 303, 76),
+                                             (20, 303, 32), (11, 303, 16), (6, 303, 8), (1, 303, 1), (2, 303, 2),
+                                             (4, 303, 4), (303, 303, 303), (400, 303, 400), (33, 64, 40),
+                                             (32, 64, 32), (5, 64, 8)])
 def test_bucket_pads_to_the_smallest_size_that_holds_the_rows(rows, chunk, want):
     from overinterp_fast.runtime.batching import bucket
 
     assert bucket(rows, chunk) == want
     assert ChunkRunner(chunk, torch.device("cpu")).bucket(rows) == want
+
+
+def test_largest_bucket_under_a_size():
+    from overinterp_fast.runtime.batching import largest_bucket
+
+    assert largest_bucket(303, 303) == 303 and largest_bucket(300, 303) == 266
+    assert largest_bucket(37, 303) == 38  # below the smallest: the smallest
+    assert largest_bucket(1000, 303) == 303
 
 
 class RowsSeen(torch.nn.Module):
@@ -282,7 +292,7 @@ def test_forward_pads_to_the_bucket_and_drops_the_padding(channels_last):
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     want = torch.stack([x.flatten(1).sum(1), 2 * x.flatten(1).sum(1), -x.flatten(1).sum(1)], 1)
-    runner = ChunkRunner(64, torch.device("cpu"))  # shapes 1, 2, 4, 8, 12, ...: 5 rows run as 8
+    runner = ChunkRunner(64, torch.device("cpu"))  # shapes 8, 16, ..., 64: 5 rows run as 8
     fn.pad_to = runner.bucket
     seen = []
     model.forward = lambda t, f=model.forward: seen.append(t.is_contiguous(memory_format=torch.channels_last)) or f(t)
@@ -309,7 +319,7 @@ def test_fast_sis_calls_the_model_in_a_few_fixed_shapes_and_equals_the_reference
     images = make_images(2, seed=3)
     fast = of.fast_sis(model, images, 0.2, batch_size=20, engine="torch",
                        options=of.ExactOptions(incremental=False))
-    assert set(rows) <= set(bucket_sizes(20)) and len(rows) > 20
+    assert rows[0] == 2 and set(rows[1:]) <= set(bucket_sizes(20)) and len(rows) > 20
     assert_same_lists(fast, reference.sis(model.eval(), images, 0.2), assert_same_result, False)
 
 

@@ -13,7 +13,7 @@ behavioural tests above let through, with every expectation worked out by hand.
 import pytest
 import torch
 import overinterp_fast as of
-from overinterp_fast.runtime import calibration
+from overinterp_fast.runtime import calibration, model_state
 from overinterp_fast.runtime.calibration import (Calibration, calibrate, call_time, choose, exact_calls, exact_schedule_time,
                                          ladder, measure, per_call_overhead)
 from helpers import make_cnn, make_images
@@ -95,24 +95,25 @@ def test_exact_schedule_time_by_hand():
 
 
 def test_exact_schedule_time_counts_the_padded_rows():
-    # one image, p = 40, B = 32 (granule 2): steps of 40..33 rows are a full call and a tail of 8..1 rows, padded
-    # to 8, 8, 6, 6, 4, 4, 2, 1; steps of 32..1 rows are one call each, odd ones padded by one row (1 stays 1).
+    # one image, p = 40, B = 32 (granule 4: shapes 4, 8, ..., 32): steps of 40..33 rows are a full call and a tail
+    # of 8..1 rows, padded to 8, 8, 8, 8, 4, 4, 4, 4; steps of 32..1 rows are one call each, padded to the next
+    # multiple of 4 (1, 2, 3 to 4: the step loop keeps to its shapes).
     per_row = {32: 32.0}  # one second per row, through zero
-    tails = [8, 8, 6, 6, 4, 4, 2, 1]
-    calls = [r + (r % 2) if r > 1 else 1 for r in range(1, 33)]
+    tails = [8, 8, 8, 8, 4, 4, 4, 4]
+    calls = [-(-r // 4) * 4 for r in range(1, 33)]
     assert exact_schedule_time(per_row, 32, images=1, features=40) == pytest.approx(8 * 32 + sum(tails) + sum(calls))
 
 
 def test_exact_choice_accounts_for_tails():
-    # Per row, 256 is cheapest; but with one image of 288 features every step leaves a
-    # tail of up to 255 rows at 256 while 288 takes each step in one call (both pad their calls to a multiple
-    # of their granule: 16 and 18 rows).
-    times = {1: 0.05, 256: 0.256, 288: 0.33}
-    assert choose(times) == 256
-    t256 = exact_schedule_time(times, 256, 1, 288)
-    t288 = exact_schedule_time(times, 288, 1, 288)
-    assert t288 < t256
-    assert choose(times, images=1, features=288) == 288
+    # Per row 64 and 384 cost the same (1 ms), so without a job the larger wins (the throughput's knee). But a job
+    # of one image with 65 features never fills 384 rows: every step is one call, padded to 384's granule of 48
+    # rows (48 or 96 rows for 1..65 candidates), where 64 runs full calls and tails padded to multiples of 8.
+    times = {1: 0.05, 64: 0.064, 384: 0.384}
+    assert choose(times) == 384
+    t64 = exact_schedule_time(times, 64, 1, 65)
+    t384 = exact_schedule_time(times, 384, 1, 65)
+    assert t64 < t384
+    assert choose(times, images=1, features=65) == 64
 
 
 def test_ladder():
@@ -236,7 +237,7 @@ def test_user_batch_size_wins(monkeypatch, job):
 def test_calibration_measures_real_candidates(job):
     model, images = job
     res = of.fast_sis(model, images, 0.3, engine="torch", options=of.ExactOptions(incremental=False))
-    cals = list(calibration._CACHE.values())
+    cals = list(model_state.state_of(model).table("calibration").values())  # kept with the model
     assert len(cals) == 1 and cals[0].source == "measured" and cals[0].batch_size in cals[0].times
     assert all(t > 0 for t in cals[0].times.values()) and cals[0].batch_size >= calibration.MIN_CHOICE
     assert max(model.sizes[1:]) <= 100 and len(res) == 4
@@ -419,8 +420,9 @@ def test_exact_calls_and_job_time_by_hand():
     # 3 images, 2 features: steps of 3 x 2 = 6 and 3 x 1 = 3 rows; at 4 per call: 2 + 1 calls
     assert exact_calls(4, 3, 2) == 3
     # one measured size (16 rows, 1 s): no intercept to fit, so JOB_CALL_OVERHEAD_S per call; 1 image, 2 features:
-    # calls of 2 and 1 rows, 2/16 + 1/16 s by the line through 0
-    assert exact_job_time({16: 1.0}, 16, 1, 2) == pytest.approx(3 / 16 + 2 * JOB_CALL_OVERHEAD_S, rel=1e-12)
+    # calls of 2 and 1 rows, both run as 2 (the smallest of 16's shapes 2, 4, ..., 16): 2/16 + 2/16 s by the line
+    # through 0
+    assert exact_job_time({16: 1.0}, 16, 1, 2) == pytest.approx(4 / 16 + 2 * JOB_CALL_OVERHEAD_S, rel=1e-12)
 
 
 @pytest.mark.mutation

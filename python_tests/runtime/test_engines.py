@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 import overinterp_fast as of
+from overinterp_fast.runtime import model_state
 from overinterp_fast.runtime import engines
 from overinterp_fast.runtime.model import ModelFn
 from helpers import make_cnn, make_images
@@ -360,7 +361,9 @@ def test_time_small_job_times_both_paths_only_when_both_are_untimed_and_the_job_
         return {sizes[0]: 0.5 if probe == "dense probe" else 0.25}
 
     monkeypatch.setattr(engines, "measure", fake_measure)
-    monkeypatch.setattr(engines, "candidate_probe", lambda fn, pr, tg: "dense probe" if fn == user.score else None)
+    # the dense probe: f of the user's model as it is (unpadded, no graphs: the sizes timed are the sizes run)
+    monkeypatch.setattr(engines, "candidate_probe", lambda fn, pr, tg: "dense probe" if (
+        fn.__func__ is ModelFn.score and fn.__self__.model is user.model and fn.__self__.pad_to is None) else None)
     monkeypatch.setattr(engines.incremental, "probe",
                         lambda *a: "incremental probe" if a == (pl, user, prep, targets) else None)
     dense = engines.Engine("torch", user, 48, Calibration(48, {}, "fallback", 0.0), verify=False)
@@ -411,7 +414,9 @@ def test_incremental_calibration_asks_for_the_exact_job(monkeypatch):
     assert cal == Calibration(77, {77: 0.1}, "measured", 0.0)
     key, disk = engines._calibration_keys(user, prep, "incremental", "score", 50, (2, 25))
     assert seen == {"key": key, "probe": ("probe", 0.25, user, targets), "max_rows": 50,
-                    "expected_rows": 2 * 25 * 26 // 2, "fallback": 123, "images": 2, "features": 25, "disk": disk}
+                    "expected_rows": 2 * 25 * 26 // 2, "fallback": 123, "images": 2, "features": 25, "disk": disk,
+                    "cache": model_state.state_of(model).table("calibration")}
+    assert seen["cache"] is model_state.state_of(model).table("calibration")  # kept with the model
     assert key[1:3] == ("incremental", "score")
 
 
@@ -425,24 +430,25 @@ def test_dense_calibration_asks_for_the_job(monkeypatch):
         return Calibration(8, {}, "fallback", 0.0)
 
     monkeypatch.setattr(engines, "calibrate", fake_calibrate)
-    monkeypatch.setattr(engines, "candidate_probe", lambda fn, pr, tg: ("probe", fn, tg))
+    monkeypatch.setattr(engines, "candidate_probe",
+                        lambda fn, pr, tg: ("probe", fn.__func__.__name__, fn.__self__.model, fn.__self__.pad_to, tg))
     monkeypatch.setattr(engines, "auto_batch_size", lambda images, total: ("auto", total))
     engines._calibrate("torch", user, user, prep, targets, "score_and_top1", 30, 900, (3, 25))
     key, disk = engines._calibration_keys(user, prep, "torch", "score_and_top1", 30, (3, 25))
-    assert seen == {"key": key, "probe": ("probe", user.score_and_top1, targets), "max_rows": 30,
+    assert seen == {"key": key, "probe": ("probe", "score_and_top1", model, None, targets), "max_rows": 30,
                     "expected_rows": 900, "fallback": ("auto", 30), "upper": None, "images": 3, "features": 25,
-                    "disk": disk}
+                    "disk": disk, "cache": model_state.state_of(model).table("calibration")}
     seen.clear()
     engines._calibrate("torch", user, user, prep, targets, "score", 30, 900, None)
-    assert seen["images"] is None and seen["features"] is None and seen["probe"][1] == user.score
+    assert seen["images"] is None and seen["features"] is None and seen["probe"][1] == "score"
 
 
 @pytest.mark.mutation
 def test_calibration_keys_name_what_the_speed_depends_on(tmp_path):
     model, user, prep, targets = _job()
     key, disk = engines._calibration_keys(user, prep, "torch", "score", 50, (2, 25))
-    assert key == (id(model), "torch", "score", (3, 5, 5), torch.float32, "cpu", True, torch.get_num_threads(), 50,
-                   (2, 25))
+    assert key == ("state", "torch", "score", (3, 5, 5), torch.float32, "cpu", True, torch.get_num_threads(), 50,
+                   (2, 25))  # "state": the model's own state keeps it (runtime.model_state), not the process
     assert disk == calibration.disk_key(engines._structure(model), *key[1:])
     key2, _ = engines._calibration_keys(user, prep, "torch", "score", 50, None)
     assert key2[-1] is None and key2[:-1] == key[:-1]
@@ -486,20 +492,23 @@ def test_job_seconds_takes_the_cheapest_measured_row():
 
 
 @pytest.mark.mutation
-def test_fingerprint_follows_in_place_changes_and_replacements():
-    model = make_cnn(0, torch.float32)
-    before = engines._fingerprint(model)
-    assert engines._fingerprint(model) == before
+def test_built_engines_go_when_the_weights_change_in_place_or_are_replaced(monkeypatch):
+    """A built engine is kept in the model's state, whose stamp follows in-place changes, replacements and
+    buffers: a changed model gets a new build."""
+    model, user, prep, targets = _job()
+    monkeypatch.setattr(engines, "_export", lambda m, example, device: nn.Identity())  # a stand-in export
+    first = engines._build("onnxruntime", user, prep.images)
+    assert engines._build("onnxruntime", user, prep.images) is first
     with torch.no_grad():
         model.conv1.weight.add_(0.0)  # in place: the version counter moves
-    moved = engines._fingerprint(model)
-    assert moved != before
+    moved = engines._build("onnxruntime", user, prep.images)
+    assert moved is not first
     model.head.weight = nn.Parameter(model.head.weight.detach().clone())
-    assert engines._fingerprint(model) != moved
+    assert engines._build("onnxruntime", user, prep.images) is not moved
     bn = nn.BatchNorm1d(3).eval()
-    fp = engines._fingerprint(bn)
+    stamp = model_state.stamp(bn)
     bn.running_mean.fill_(1.0)  # buffers count too
-    assert engines._fingerprint(bn) != fp
+    assert model_state.stamp(bn) != stamp
 
 
 @pytest.mark.mutation
@@ -574,7 +583,9 @@ def test_compiled_model_must_match_the_model(monkeypatch):
             monkeypatch.setattr(torch, "compile", lambda m, eps=eps: Off(m, eps))
             if passes:
                 compiled = engines._compile(model, x)
-                assert isinstance(compiled, Off) and compiled.inner is model
+                # a copy is compiled: the engine is kept in the model's state and must not keep the model alive
+                assert isinstance(compiled, Off) and compiled.inner is not model
+                assert all(torch.equal(a, b) for a, b in zip(compiled.inner.parameters(), model.parameters()))
             else:
                 with pytest.raises(ValueError, match=r"the compiled model differs from the model: max error "
                                    + f"{eps:.3g}".replace("+", r"\+")):
@@ -596,7 +607,7 @@ class _Recorder:
             if name == "onnxruntime" and not isinstance(user.model, engines.OnnxModel):
                 if fail_export:
                     raise engines.EngineUnavailable("RuntimeError: no exporter")
-                return ModelFn(user.model)  # a stand-in: any fn that is not the user's
+                return ModelFn(lambda x, m=user.model: m(x))  # a stand-in: any fn that is not the user's
             return real(name, user, images)
 
         def calibrate(name, fn, user, prep, targets, measure_fn, max_rows, expected_rows, exact_shape):
@@ -614,7 +625,7 @@ class _Recorder:
         # the probe of a bound method of the user's ModelFn times torch; any other, the stand-in
         def probe(fn, prep, targets):
             self.probed.append((prep, targets))
-            return "torch" if fn.__self__ is user else "onnxruntime"
+            return "torch" if fn.__self__.model is user.model else "onnxruntime"
 
         self.probed = []
         monkeypatch.setattr(engines, "candidate_probe", probe)
@@ -756,7 +767,8 @@ def test_built_engines_keep_the_outputs_kind_and_are_keyed_by_channels(monkeypat
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     built = engines._build("compile", user, x3)
-    assert compiled == [model] and isinstance(built.model, nn.Sequential) and built.model[0] is model
+    assert len(compiled) == 1 and type(compiled[0]) is Probs and compiled[0] is not model  # a copy
+    assert isinstance(built.model, nn.Sequential) and built.model[0] is compiled[0]
     assert built.outputs == "probabilities"
     ort3 = engines._build("onnxruntime", user, x3)
     assert ort3.outputs == "probabilities"
