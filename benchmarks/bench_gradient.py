@@ -127,8 +127,9 @@ def step_proxies(model, images: torch.Tensor, k: int, steps: int = 5) -> dict:
     base = torch.zeros((1, c, h, w), device="meta").contiguous(memory_format=torch.channels_last)
     expand = MaskExpander(torch.arange(h * w, device="meta").view(1, h, w).expand(c, h, w), 1)
     smodel = ChannelsLastModel(meta)
-    state = RoundSteps(smodel, "logits", x, base, torch.zeros(n, dtype=torch.int64, device="meta"),
-                       torch.ones((n, h * w), dtype=torch.bool, device="meta"), k, None, expand)
+    state = RoundSteps(smodel, "logits", x, base, n, h * w, k, None, expand)
+    state.load(x, base, torch.zeros(n, dtype=torch.int64, device="meta"),
+               torch.ones((n, h * w), dtype=torch.bool, device="meta"))
     step, _ = state.step(slice(0, n))
     with smodel.installed():
         step()  # the first call also makes its autograd seed

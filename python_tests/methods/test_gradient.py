@@ -474,7 +474,8 @@ def test_a_gradient_step_dispatches_at_most_nine_ops_outside_the_model():
     present = torch.ones(3, 64, dtype=torch.bool)
     present[1, :5] = False
     expand = MaskExpander(torch.arange(64).view(1, 8, 8).expand(3, 8, 8), 1)
-    state = RoundSteps(model, "logits", x, torch.zeros(1, 3, 8, 8), torch.tensor([0, 3, 7]), present, 4, None, expand)
+    state = RoundSteps(model, "logits", x, torch.zeros(1, 3, 8, 8), 3, 64, 4, None, expand)
+    state.load(x, torch.zeros(1, 3, 8, 8), torch.tensor([0, 3, 7]), present)
     step, changed = state.step(slice(0, 3))
     step()  # the first call also makes its autograd seed
     with counting_ops(model) as ops:

@@ -341,3 +341,19 @@ def test_initial_predictions_errors():
 
     with pytest.raises(torch.OutOfMemoryError, match="single candidate"):  # the runner's own message
         M.initial_predictions(M.ModelFn(oom), torch.zeros(1, 2), None, runner)
+
+
+def test_f_keeps_torch_softmax_because_cheaper_formulas_change_its_last_bits():
+    """f is torch's softmax of the logits, picked at the target: what the reference transcription computes, bit for
+    bit. Cheaper ways to the same probability (exp of the shifted logits over their sum, or torch's softmax along
+    the other dimension of the transposed logits, whose kernel vectorizes across rows) round differently in some
+    rows: a float32 score then differs in its last bits, and a near-tie between candidates can break the other
+    way. So the exact loop keeps torch.softmax (at 10 classes it costs more per row than the rest of the step's
+    ops; docs: the measurement notes)."""
+    logits = 5 * torch.randn(4096, 10, generator=torch.Generator().manual_seed(0))
+    f = ModelFn(torch.nn.Identity()).probabilities(logits)
+    assert torch.equal(f, torch.softmax(logits, 1))
+    shifted = (logits - logits.amax(1, keepdim=True)).exp()
+    for other in (shifted / shifted.sum(1, keepdim=True), torch.softmax(logits.t().contiguous(), 0).t()):
+        torch.testing.assert_close(other, f, rtol=1e-6, atol=1e-7)  # the same probabilities up to rounding
+        assert not torch.equal(other, f)  # but not the same bits
