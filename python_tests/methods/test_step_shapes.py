@@ -94,3 +94,14 @@ def test_gradient_steps_are_captured_once_per_shape_per_job():
     assert rounds >= 3  # later rounds of one image step the same slice: a capture per round would show
     assert steps.graphs == "stand-in" and 1 <= steps.captures <= len(steps.shapes) < rounds + 1
     assert steps.replays > 0
+
+
+def test_an_onnx_runtime_model_is_never_captured():
+    from helpers import make_cnn, make_images
+
+    model = make_cnn(0, torch.float32)
+    images = make_images(2, seed=3, dtype=torch.float32)
+    results = of.ExactSIS(model, threshold=0.3, engine="onnxruntime").find_sis(images)
+    steps = results[0].info.steps
+    assert results[0].engine == "onnxruntime"
+    assert steps.graphs == "off" and steps.captures == steps.replays == 0
