@@ -66,7 +66,9 @@ def fast_sis(
     Args:
         model: ``torch.nn.Module`` (in eval mode) or callable mapping [B, *D] to logits [B, K]; a list of models
             is an ensemble (mean of logits); for the black-box methods also an ``.onnx`` path, an
-            ``onnxruntime.InferenceSession`` or an :class:`~overinterp_fast.OnnxModel`.
+            ``onnxruntime.InferenceSession`` or an :class:`~overinterp_fast.OnnxModel`. A TorchScript,
+            ``torch.export`` or ``torch.save`` file is loaded first, with
+            ``overinterp_fast.zoo.models.load_model(path).model`` (its path alone is refused in one line).
         images: [N, *D] floating tensor ([N, C, H, W] for images), normalized as the model expects. Computation
             runs in its dtype and on its device; channels_last is kept for the candidate batches. One tensor:
             several input tensors (Captum's tuple of inputs) are refused; pass the others as
