@@ -32,9 +32,10 @@ CAPTUM_ORDER = "inputs, baselines, target, additional_forward_args, feature_mask
 
 
 def check_inputs(inputs, name: str = "inputs") -> None:
-    """inputs: one tensor [N, *D]. Captum's tuples of inputs (several input tensors) are refused with a one-line
-    TypeError that says what to do instead; ``name``: what the message calls the argument."""
-    if isinstance(inputs, (tuple, list)):
+    """inputs: one tensor [N, *D]. Captum's tuples of inputs (a tuple or list of tensors) are refused with a
+    one-line TypeError that says what to do instead (anything else that is no tensor is named where the inputs are
+    checked); ``name``: what the message calls the argument."""
+    if isinstance(inputs, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in inputs):
         raise TypeError(f"{name} must be one tensor [N, *D]: multiple input tensors (a {type(inputs).__name__} of "
                         f"{len(inputs)}) are not supported; give the one tensor to explain as {name} and the others "
                         f"as additional_forward_args (passed to the model, never masked), or concatenate them into "

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from ..util.optional import load
-from .model import first_line
 from .model_files import not_onnx_message
 
 # ONNX element types -> (torch dtype, onnx.TensorProto element type), for the tensors we bind.
@@ -118,7 +117,7 @@ class OnnxModel:
             try:
                 self.session = ort.InferenceSession(path, sess_options=session_options, providers=list(providers))
             except Exception as exc:  # onnxruntime raises its own exception types
-                raise ValueError(f"{path!r} could not be loaded as an ONNX model: {first_line(exc)}") from exc
+                raise ValueError(f"{path!r} could not be loaded as an ONNX model: {exc}") from exc
             self.path = path
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input = self._pick(inputs, input_name, "input", refuse_several=True)
