@@ -345,7 +345,7 @@ def versions(device) -> dict:
 @functools.lru_cache(maxsize=1)
 def source_commit() -> str:
     """The full hash of the code measured: ``$OVERINTERP_FAST_COMMIT`` where set (a copy of the tree without its
-    ``.git``, as on a lent GPU machine), else ``git rev-parse HEAD``, with ``-dirty`` when tracked code differs
+    ``.git``, as on a machine that has the files alone), else ``git rev-parse HEAD``, with ``-dirty`` when tracked code differs
     from it (the results folder, which a run rewrites as it goes, does not count); "unknown" when neither is
     available. Read once per process, at the first write: a run records the code it started with."""
     env = os.environ.get("OVERINTERP_FAST_COMMIT")

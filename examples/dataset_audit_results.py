@@ -30,7 +30,7 @@ print(source)
 
 # A stored audit: resumable, chunk by chunk (run it again: every chunk is already committed).
 run = run_stored_audit({"digits_cnn": model}, source, out, audit.AuditConfig(method="exact", threshold=0.9),
-                       audit.StoreOptions(chunk_size=16, workers=0), audit.RunOptions(progress=False))
+                       audit.StoreOptions(chunk_size=16, workers=0), audit.RunOptions(show_progress=False))
 record = run.record
 print(record)
 print(record.models[0])

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from .attr._base import DATA_RENAMES, Data, captum_baselines, captum_target
+from .attr._base import DATA_RENAMES, Data, captum_data
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
                    Responsibility, ResponsibilityOptions, RunOptions, SubsetOptions, SufficientSubset)
 from .methods import choice
@@ -21,11 +21,10 @@ _R, _O, _S = RunOptions, ResponsibilityOptions, SubsetOptions  # the defaults' s
 OLD_NAMES = DATA_RENAMES  # fast_sis's keywords before it took Captum's names (a FutureWarning for one release)
 
 
-def _data(images, target, baselines, feature_mask, show_progress) -> Data:
-    """The function forms' data-side arguments as the classes' (:class:`~overinterp_fast.attr._base.Data`). The
-    model's additional arguments are the classes' (``additional_forward_args``); a function form takes a model
-    that needs none (or a callable that supplies them)."""
-    return Data(images, captum_target(target), captum_baselines(baselines), feature_mask, show_progress)
+def _data(images, target, baselines, feature_mask, show_progress, additional_forward_args=None) -> Data:
+    """The function forms' data-side arguments as the classes' (:func:`~overinterp_fast.attr._base.captum_data`:
+    the same checks and forms; error messages call the inputs ``images``)."""
+    return captum_data(images, baselines, target, additional_forward_args, feature_mask, show_progress, "images")
 
 
 def _auto_method(model, images, feature_mask) -> str:
@@ -53,6 +52,7 @@ def fast_sis(
     method: str = "exact",
     target: int | torch.Tensor | None = None,
     baselines: float | torch.Tensor | None = None,
+    additional_forward_args: object = None,
     feature_mask: torch.Tensor | None = None,
     collection: bool = _R.collection,
     batch_size: int | None = _R.batch_size,
@@ -66,9 +66,13 @@ def fast_sis(
     Args:
         model: ``torch.nn.Module`` (in eval mode) or callable mapping [B, *D] to logits [B, K]; a list of models
             is an ensemble (mean of logits); for the black-box methods also an ``.onnx`` path, an
-            ``onnxruntime.InferenceSession`` or an :class:`~overinterp_fast.OnnxModel`.
+            ``onnxruntime.InferenceSession`` or an :class:`~overinterp_fast.OnnxModel`. A TorchScript,
+            ``torch.export`` or ``torch.save`` file is loaded first, with
+            ``overinterp_fast.zoo.models.load_model(path).model`` (its path alone is refused in one line).
         images: [N, *D] floating tensor ([N, C, H, W] for images), normalized as the model expects. Computation
-            runs in its dtype and on its device; channels_last is kept for the candidate batches.
+            runs in its dtype and on its device; channels_last is kept for the candidate batches. One tensor:
+            several input tensors (Captum's tuple of inputs) are refused; pass the others as
+            ``additional_forward_args``.
         threshold: tau in [0, 1]: the SIS keeps f >= tau. A number, or one per image (a sequence or [N]).
         method: "exact" (:class:`~overinterp_fast.attr.ExactSIS`: backward selection over every feature),
             "gradient" (:class:`~overinterp_fast.attr.GradientSIS`: batched-gradient SIS for large images; needs
@@ -80,8 +84,14 @@ def fast_sis(
             per image (int64 [N]).
         baselines: what masked elements become: None (0), a number, one value per channel ([C]), or a
             baseline tensor ([*D], [1, *D] or [N, *D]).
+        additional_forward_args: passed to the model after the images, ``model(x, *args)``, as Captum passes them
+            (and as the classes' ``find_sis``): None (nothing), one argument or a tuple. A tensor holds one row per
+            image ([N, ...]): each image's row is expanded to the rows of its candidate batches, and the images
+            then run one at a time; anything else is passed as it is. A torch model or a callable only (not an
+            ONNX model or a list of models).
         feature_mask: None = one feature per pixel across channels ([C, H, W] inputs; id = row * W + col) or per
-            element (other shapes); or an integer feature map broadcastable to [*D] (or [1, *D]) with ids 0..p-1.
+            element (other shapes); or an integer feature map broadcastable to [*D] (or [1, *D], or [N, *D] when
+            it is the same for every image) with ids 0..p-1.
         collection: also find every further disjoint SIS (``SISResult.collection``).
         batch_size: candidates per forward call (None: chosen by a short timed calibration).
         outputs: "logits" (f = softmax probability) or "probabilities".
@@ -103,15 +113,16 @@ def fast_sis(
     if method != "auto" and method not in METHODS:
         raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
     with runinfo.collecting():  # the choice of "auto" is part of the run's info
+        d = _data(images, target, baselines, feature_mask, show_progress, additional_forward_args)
         if method == "auto":
-            method = _auto_method(model, images, feature_mask)
+            method = _auto_method(model, d.images, d.features)
         cls = METHODS[method]
         if options is not None and not isinstance(options, cls.options_class):
             raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
                              f"{type(options).__name__}")
         run = RunOptions(threshold, outputs, engine, batch_size, collection)
         job = cls.from_options(model, run, options, name=f'method="{method}"')
-        return job._results(_data(images, target, baselines, feature_mask, show_progress))
+        return job._results(d)
 
 
 @renamed_keywords(mask_value="baselines", progress="show_progress")

@@ -826,7 +826,58 @@ def test_fast_sis_refuses_the_old_keywords(old):
         of.fast_sis(make_cnn(0), make_images(1), **{old: 1})
 
 
-def test_fast_sis_takes_at_most_ten_keyword_arguments():
+def test_fast_sis_takes_at_most_six_keyword_arguments_beside_captum_s():
+    """The method's options live in its options object: beside Captum's data-side keywords, at most six."""
     import inspect
-    kinds = [p.kind for p in inspect.signature(of.fast_sis).parameters.values()]
-    assert kinds.count(inspect.Parameter.KEYWORD_ONLY) <= 10
+    captum = {"target", "baselines", "additional_forward_args", "feature_mask", "show_progress"}
+    keywords = [name for name, p in inspect.signature(of.fast_sis).parameters.items()
+                if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    assert captum <= set(keywords) and len(set(keywords) - captum) <= 6
+
+
+class _Scaled(nn.Module):
+    """A CNN called as model(x, scale, shift): its logits times a per-image scale [N, 1], plus a shift (one number
+    for every image)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = make_cnn(3)
+
+    def forward(self, x, scale, shift=0.0):
+        return self.net(x) * scale + shift
+
+
+def test_fast_sis_passes_additional_forward_args_to_the_model_as_the_classes_do():
+    """Each image's result is the reference's on a model that closes over that image's row of the arguments."""
+    from helpers import assert_same_result
+
+    model, x = _Scaled().eval(), make_images(2, seed=4)
+    scales = torch.tensor([[0.2], [1.5]], dtype=torch.float64)
+    got = of.fast_sis(model, x, 0.5, additional_forward_args=(scales, 0.25))
+    for i in range(2):
+        alone = lambda t, s=scales[i:i + 1]: model(t, s.expand(t.shape[0], 1), 0.25)  # noqa: E731
+        assert_same_result(got[i], of.reference.sis(alone, x[i:i + 1], 0.5)[0], rel=1e-9)
+    assert got[0].info["examples"] == "one at a time: additional_forward_args hold one value per example"
+    one = of.fast_sis(model, x[1:], 0.5, additional_forward_args=scales[1:], method="auto")  # one argument
+    assert_same_result(one[0], of.reference.sis(lambda t: model(t, scales[1:].expand(t.shape[0], 1)), x[1:], 0.5)[0],
+                       rel=1e-9)
+    with pytest.raises(ValueError, match=whole_message(
+            "additional_forward_args[0] of shape (3, 1) must have one row per example (first dimension 2, as the "
+            "inputs'), as Captum takes them")):
+        of.fast_sis(model, x, additional_forward_args=torch.ones(3, 1))
+    with pytest.raises(ValueError, match=whole_message(
+            'method="exact": additional_forward_args need a torch model or a callable; an ONNX model takes the '
+            "inputs alone")):
+        of.fast_sis("model.onnx", x, additional_forward_args=scales)
+    with pytest.raises(ValueError, match=r'^method="gradient": additional_forward_args are not passed to an '):
+        of.fast_sis([model, model], x, method="gradient", additional_forward_args=scales)
+
+
+def test_fast_sis_refuses_several_input_tensors_in_one_line_that_says_what_to_do():
+    model, x = make_cnn(0), make_images(2)
+    for method in ("exact", "auto"):
+        with pytest.raises(TypeError, match=whole_message(
+                "images must be one tensor [N, *D]: multiple input tensors (a tuple of 2) are not supported; give the "
+                "one tensor to explain as images and the others as additional_forward_args (passed to the model, "
+                "never masked), or concatenate them into one tensor that a wrapper of the model splits")):
+            of.fast_sis(model, (x, x), method=method)

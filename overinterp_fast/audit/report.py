@@ -63,7 +63,7 @@ from .subsets import BACKWARD_METHODS
 
 CURVE_POINTS = 20
 DPI = 80
-NUMBER = re.compile(r"^-?[\d.]+(e[-+]?\d+)?%?$|^n/a$|^\[.*%\]$")  # table cells right-aligned as numbers
+NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?%?$|^n/a$|^\[.*%\]$")  # cells right-aligned (not "2.14.1")
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;max-width:1120px;margin:1.5em auto;
@@ -127,12 +127,13 @@ def _p(text: str, cls: str | None = None) -> str:
     return f"<p{attr}>{_esc(text)}</p>"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """An HTML table; every cell escaped, numbers (and "12.3%", "n/a", CIs) right-aligned."""
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], numbers: bool = True) -> str:
+    """An HTML table; every cell escaped, numbers (and "12.3%", "n/a", CIs) right-aligned unless ``numbers`` is
+    False (a table of text, such as versions: every cell left-aligned)."""
     head = "".join(f"<th>{_esc(h)}</th>" for h in header)
     body = "".join(
         "<tr>" + "".join(
-            f'<td class="num">{_esc(c)}</td>' if isinstance(c, (int, float)) or NUMBER.match(str(c))
+            f'<td class="num">{_esc(c)}</td>' if numbers and (isinstance(c, (int, float)) or NUMBER.match(str(c)))
             else f"<td>{_esc(c)}</td>" for c in row
         ) + "</tr>"
         for row in rows
@@ -241,7 +242,7 @@ def summary_section(record: AuditRecord) -> str:
         [[m.name, m.method, _num(m.seconds, ".2f"), f"{sis_fractions(m).size} of {len(m.results)}", _json(m.options)]
          for m in record.models],
     )
-    meta = _table(["", "value"], [[k, _json(v)] for k, v in record.meta.items()]) if record.meta else ""
+    meta = _table(["", "value"], [[k, _json(v)] for k, v in record.meta.items()], numbers=False) if record.meta else ""
     known = sum(lab is not None for lab in record.labels)
     facts = _p(f"{len(record.image_names)} images ({known} with a known label), {len(record.models)} model(s).")
     reading = "".join(_p(headline(record, m)) for m in record.models)

@@ -15,7 +15,9 @@ require("audit", "the audit")  # before any of its modules: one line when the ex
 
 import datetime
 import logging
+import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -245,6 +247,19 @@ def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord],
     return out
 
 
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command line as it was typed, from ``argv`` (default ``sys.argv``): the program by its name, not its
+    file's path (``overinterp-fast audit ...``; a package's ``__main__.py`` as ``python -m overinterp_fast audit
+    ...``), then the arguments, quoted where a shell needs it."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return ""
+    program = os.path.basename(argv[0])
+    if program == "__main__.py":
+        program = f"python -m {os.path.basename(os.path.dirname(os.path.abspath(argv[0])))}"
+    return " ".join([program, *map(shlex.quote, argv[1:])])
+
+
 def run_info(device, images_desc: str, meta: dict | None) -> dict:
     """The run's metadata for the report: date, command line, device, versions (overinterp_fast, torch, Python),
     which implementation each op used on the device (:func:`overinterp_fast.ops.ops_info`), images."""
@@ -253,7 +268,7 @@ def run_info(device, images_desc: str, meta: dict | None) -> dict:
 
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "device": str(device),
         "overinterp_fast": __version__,
         "torch": torch.__version__,

@@ -41,6 +41,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..util.files import atomic_write, make_parent
 from ..util.optional import load
 from .results import SISResult
 
@@ -142,7 +143,9 @@ def sis_frame(results: Sequence[SISResult], lists: bool = False):
 
 
 def save_masks(path: str | os.PathLike, results: Sequence[SISResult]) -> str:
-    """Write every result's mask to a compressed ``.npz`` file; returns its path (numpy adds ``.npz``).
+    """Write every result's mask to a compressed ``.npz`` file; returns its path (``.npz`` added when missing).
+    Missing folders of the path are created; the file is written whole or not at all
+    (:func:`~overinterp_fast.util.files.atomic_write`).
 
     Arrays: ``masks`` bool [N, *grid] (all False where an image has no SIS), ``has_sis`` bool [N], ``target``
     int64 [N], ``score`` and ``threshold`` float64 [N]. Every mask must have the same shape (the results of one
@@ -156,12 +159,20 @@ def save_masks(path: str | os.PathLike, results: Sequence[SISResult]) -> str:
     for i, r in enumerate(results):
         if r.mask is not None:
             masks[i] = r.mask.detach().cpu().numpy()
+    arrays = {"masks": masks, "has_sis": np.array([r.mask is not None for r in results], dtype=bool),
+              "target": np.array([r.target for r in results], dtype=np.int64),
+              "score": np.array([r.score for r in results], dtype=np.float64),
+              "threshold": np.array([r.threshold for r in results], dtype=np.float64)}
     path = os.fspath(path)
-    np.savez_compressed(path, masks=masks, has_sis=np.array([r.mask is not None for r in results], dtype=bool),
-                        target=np.array([r.target for r in results], dtype=np.int64),
-                        score=np.array([r.score for r in results], dtype=np.float64),
-                        threshold=np.array([r.threshold for r in results], dtype=np.float64))
-    return path if path.endswith(".npz") else path + ".npz"
+    path = path if path.endswith(".npz") else path + ".npz"
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:  # a file object: numpy adds no ".npz" to the temporary name
+            np.savez_compressed(fh, **arrays)
+
+    make_parent(path)
+    atomic_write(path, write)
+    return path
 
 
 def load_masks(path: str | os.PathLike) -> list[torch.Tensor | None]:

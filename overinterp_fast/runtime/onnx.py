@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..util.optional import load
+from .model_files import not_onnx_message
 
 # ONNX element types -> (torch dtype, onnx.TensorProto element type), for the tensors we bind.
 _ORT_TYPES = {
@@ -92,6 +93,13 @@ class OnnxModel:
         device: str | torch.device = "cpu",
         session_options=None,
     ):
+        if isinstance(model, (str, os.PathLike)):  # checked before onnxruntime is needed: a torch file is named
+            path = os.fspath(model)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"no ONNX model at {path!r}")
+            message = not_onnx_message(path)
+            if message is not None:
+                raise ValueError(message)
         ort = _import_ort()
         self.device = torch.device(device)
         if isinstance(model, ort.InferenceSession):
@@ -99,8 +107,6 @@ class OnnxModel:
             self.path = None
         else:
             path = os.fspath(model)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"no ONNX model at {path!r}")
             if providers is None:
                 providers = self._default_providers(ort)
             if session_options is None:

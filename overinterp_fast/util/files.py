@@ -1,7 +1,8 @@
 """Durable files: written whole or not at all (atomic replace, flushed to disk), and JSON files that several
 processes update without losing each other's entries (read-merge-write under a file lock).
 
-    atomic_write("out/model.pt", lambda tmp: torch.save(state, tmp))
+    atomic_write("out/model.pt", lambda tmp: torch.save(state, tmp))   # in a folder that exists
+    make_parent("out/masks.npz")                                         # the folder made first, where missing
     update_json("cache/calibration.json", lambda data: data.update({key: entry}))
 
 A file is written under a temporary name in its own folder (``<name>.tmp-<pid>-<thread>``), flushed to disk (fsync) and
@@ -34,6 +35,11 @@ def fsync_dir(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_parent(path: str | os.PathLike) -> None:
+    """Create the folder ``path`` goes in, with its parents, where missing (a writer's ``out/masks.npz``)."""
+    os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runtime.model import first_line
+from ..runtime.model_files import TORCHSCRIPT, torch_file_kind
 from ..runtime.onnx import OnnxModel
 from .preprocessing import Preprocessing
 
@@ -147,15 +148,10 @@ def _read_export(path: str):
 
 def _read_torch_file(path: str):
     """What a .pt/.pth/.ts file holds: a TorchScript module, or the unpickled object."""
-    import zipfile
-
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            if any("/code/" in n for n in zf.namelist()):  # a TorchScript archive (torch.jit.save)
-                with warnings.catch_warnings():  # torch's deprecation of TorchScript, on every load: ours to decide
-                    warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated",
-                                            category=FutureWarning)
-                    return torch.jit.load(path, map_location="cpu")
+    if torch_file_kind(path) is TORCHSCRIPT:
+        with warnings.catch_warnings():  # torch's deprecation of TorchScript, on every load: ours to decide
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated", category=FutureWarning)
+            return torch.jit.load(path, map_location="cpu")
     return torch.load(path, map_location="cpu", weights_only=False)
 
 

@@ -109,8 +109,14 @@ def test_feature_mask_forms_as_captum_takes_them():
         sis.find_sis(x, feature_mask=differ)
     with pytest.raises(TypeError, match="tuples of masks"):
         sis.find_sis(x, feature_mask=(rows,))
-    with pytest.raises(TypeError, match="tuples of inputs"):
-        sis.find_sis((x,))
+    with pytest.raises(TypeError, match=whole_message(
+            "inputs must be one tensor [N, *D]: multiple input tensors (a tuple of 2) are not supported; give the "
+            "one tensor to explain as inputs and the others as additional_forward_args (passed to the model, never "
+            "masked), or concatenate them into one tensor that a wrapper of the model splits")):
+        sis.find_sis((x, x))
+    with pytest.raises(TypeError, match=r"^inputs must be one tensor \[N, \*D\]: multiple input tensors \(a list of "
+                                        r"1\) are not supported; "):
+        sis.attribute([x])
 
 
 def test_another_method_s_option_is_refused_by_python():

@@ -503,6 +503,24 @@ def test_html_pieces():
     assert report._json({"device": torch.device("cpu")}) == '{"device": "cpu"}'  # anything else as its str
 
 
+def test_the_run_table_is_text_and_versions_are_no_numbers():
+    """Versions, the command and the other facts of the run read as text (left-aligned); "2.14.1" is no number
+    anywhere."""
+    record = dataclasses.replace(_small_record({"m": [_r([1, 2])]}), meta={
+        "overinterp_fast": "0.1.0", "torch": "2.14.1+cu130", "python": "3.12", "seed": 0,
+        "command": "overinterp-fast audit --model net.pt2"})
+    run = report.summary_section(record).split("<h3>Run</h3>")[1]
+    for cell in ("0.1.0", "2.14.1+cu130", "3.12", "0", "overinterp-fast audit --model net.pt2"):
+        assert f"<td>{cell}</td>" in run
+    assert 'class="num"' not in run
+    assert report._table(["v"], [["2.14.1"], ["1.5"], [".5"], ["3."], ["1.2.3e4"], ["1..2"]]) == (
+        "<table><thead><tr><th>v</th></tr></thead><tbody><tr><td>2.14.1</td></tr>"
+        '<tr><td class="num">1.5</td></tr><tr><td class="num">.5</td></tr><tr><td class="num">3.</td></tr>'
+        "<tr><td>1.2.3e4</td></tr><tr><td>1..2</td></tr></tbody></table>")
+    assert report._table(["n"], [[1.5]], numbers=False) == "<table><thead><tr><th>n</th></tr></thead><tbody>" \
+        "<tr><td>1.5</td></tr></tbody></table>"
+
+
 @pytest.mark.mutation
 def test_border_mask_by_hand():
     m = metrics.border_mask((10, 10))  # 10% of 10: a band one pixel wide

@@ -367,6 +367,18 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
 
 
 @pytest.mark.mutation
+def test_command_line_names_the_program_not_its_file(monkeypatch):
+    assert runner.command_line(["/opt/venv/bin/overinterp-fast", "audit", "--model", "my net.pt2", "--out", "o"]) \
+        == "overinterp-fast audit --model 'my net.pt2' --out o"
+    assert runner.command_line(["/work/src/overinterp_fast/__main__.py", "audit", "--quiet"]) \
+        == "python -m overinterp_fast audit --quiet"
+    assert runner.command_line(["overinterp-fast"]) == "overinterp-fast" and runner.command_line([]) == ""
+    monkeypatch.setattr(sys, "argv", [os.path.join(os.sep, "usr", "lib", "overinterp_fast", "__main__.py"), "sis",
+                                      "--model", "efficientnet-lite0"])
+    assert runner.run_info("cpu", "1 image", None)["command"] == \
+        "python -m overinterp_fast sis --model efficientnet-lite0"
+
+
 def test_run_info_fields(monkeypatch):
     import platform
 

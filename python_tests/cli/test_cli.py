@@ -926,6 +926,22 @@ def test_a_file_that_is_not_a_model_is_one_line(command, suffix, expected, image
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_a_torch_file_named_onnx_is_named_in_one_line(image_folder, tmp_path, capsys):
+    """A TorchScript archive under an .onnx name: one line that says what it is and how to load it."""
+    path = tmp_path / "cnn.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's deprecation of TorchScript
+        torch.jit.save(torch.jit.script(tiny_cnn(1)), str(path))
+    argv = ["sis", "--model", str(path), "--out", str(tmp_path / "o"), "--images", str(image_folder), "--size", "8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"overinterp-fast: error: model file '{path}' cannot be read as an ONNX model: ValueError: "
+                   f"'{path}' is a TorchScript archive (torch.jit.save), and a model given by its path must be an "
+                   f"ONNX file: give this one a .ts, .pt, .pth name, then load it with "
+                   f"overinterp_fast.zoo.models.load_model(path).model (the suffix chooses the reader, as for the "
+                   f"command line's --model)\n")
+
+
 def test_a_pickle_that_is_not_a_model_is_named(tmp_path):
     path = tmp_path / "numbers.pt"
     torch.save([1, 2, 3], path)

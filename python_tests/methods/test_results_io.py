@@ -90,6 +90,25 @@ def test_masks_to_npz_and_back(tmp_path):
         of.load_masks(tmp_path / "other.npz")
 
 
+def test_save_masks_makes_the_folders_and_writes_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = of.save_masks(tmp_path / "out" / "run 1" / "masks.npz", _results())
+    assert path == str(tmp_path / "out" / "run 1" / "masks.npz")
+    assert of.load_masks(path)[0].tolist() == [[False, True, False], [False, False, True]]
+    assert of.save_masks(str(tmp_path / "other" / "m"), _results()) == str(tmp_path / "other" / "m.npz")
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["m.npz"]  # no temporary file left
+
+    def full_disk(file, **arrays):
+        file.write(b"PK")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        of.save_masks(tmp_path / "other" / "m.npz", _results()[:1])
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["m.npz"]
+    monkeypatch.undo()
+    assert len(of.load_masks(tmp_path / "other" / "m.npz")) == 3  # the file before the failed write, whole
+
+
 def test_notebook_view_of_one_result():
     found, none, refined = _results()
     page = found._repr_html_()
