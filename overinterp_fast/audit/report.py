@@ -6,8 +6,9 @@
 
 One HTML file, every figure embedded as a base64 PNG (matplotlib, Agg backend), no
 external CSS, scripts or URLs: it can be mailed, archived or opened offline.
-Sections (``<section id=...>``): summary, images, sis-sizes, heatmaps, location,
-comparison, and transfer (only when the record has a transfer table).
+Sections (``<section id=...>``): summary, images, sis-sizes, classes, subsets (only when a model kept
+its own pixel subsets' predictions), heatmaps, location, comparison, and transfer (only when the record has a
+transfer table); the classes and subsets sections are :mod:`overinterp_fast.audit.report_subsets`'.
 Statistics come from :mod:`overinterp_fast.audit.stats`; nothing is recomputed from the models.
 """
 from __future__ import annotations
@@ -232,6 +233,10 @@ def headline(record: AuditRecord, model: ModelRecord) -> str:
     known = [c for c in correctness(record, model) if c is not None]
     if known:
         parts.append(f"{sum(known)} of {len(known)} labelled images are classified correctly")
+    if model.subsets:
+        acc, f = model.subsets["accuracy"], _pct(model.subsets["fraction"], 0)
+        parts.append(f"on its own {f} backward-selection subsets its accuracy is {_pct(acc['backselect'])}, on "
+                     f"random {f} {_pct(acc['random'])} (against {model.subsets['reference']})")
     return "; ".join(parts) + "."
 
 
@@ -586,11 +591,19 @@ def transfer_section(record: AuditRecord) -> str:
 # resp. object masks
 SECTIONS: list[tuple[str, str, Callable[[AuditRecord], str]]] = [
     ("summary", "Summary", summary_section), ("images", "Images", images_section),
-    ("sis-sizes", "SIS sizes", sizes_section), ("heatmaps", "Heatmaps", heatmaps_section),
+    ("sis-sizes", "SIS sizes", sizes_section), ("classes", "Classes", lambda r: _subsets().classes_section(r)),
+    ("subsets", "5% subsets", lambda r: _subsets().subsets_section(r)), ("heatmaps", "Heatmaps", heatmaps_section),
     ("location", "Border", location_section), ("object", "Object", object_section),
     ("comparison", "Comparison", comparison_section),
     ("transfer", "Transfer", transfer_section),
 ]
+
+
+def _subsets():
+    """:mod:`.report_subsets` (which builds on this module's helpers)."""
+    from . import report_subsets
+
+    return report_subsets
 
 
 def render_report(record: AuditRecord, gallery: int = GALLERY, seed: int = 0) -> str:
@@ -599,6 +612,7 @@ def render_report(record: AuditRecord, gallery: int = GALLERY, seed: int = 0) ->
     sections = [(sid, name, images_section(record, gallery, seed) if sid == "images" else render(record))
                 for sid, name, render in SECTIONS
                 if (sid != "transfer" or record.transfer is not None)
+                and (sid != "subsets" or _subsets().has_subsets(record))
                 and (sid != "object" or record.object_masks is not None)]
     nav = "<nav>" + "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name, _ in sections) + "</nav>"
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
