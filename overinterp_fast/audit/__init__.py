@@ -14,8 +14,9 @@
 
 It needs the ``audit`` extra (``pip install 'overinterp-fast[audit]'``: torchvision, pillow, matplotlib, pyarrow,
 scipy); without it, using any of its functions or importing any of its modules raises one line saying so
-(:class:`~overinterp_fast.errors.MissingDependency`). Its options (``AuditConfig``, ``StoreOptions``, ``RetrainOptions``,
-``RunOptions``, in :mod:`.config`) and its errors import without it: the command line reads its defaults there.
+(:class:`~overinterp_fast.errors.MissingDependency`). Its options (``AuditConfig``, ``StoreOptions``,
+``RunOptions``, ``RetrainOptions``, in :mod:`.config`) and its errors import without it: the command line reads its
+defaults there.
 """
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # what __getattr__ gives, for type checkers and the API docs
     from .sources import from_dataset, open_images, select_range
     from .stats import (bonferroni, dice, fraction_inside, friedman, hausdorff, heatmap, iou, irfs, kruskal_wallis,
                         mean_ci, noise_sensitivity, rfs, sis_size_curve)
-    from .retrain import retrain
+    from .retraining import retrain
     from .subset_dataset import PixelSubsetDataset
     from .subset_files import load_pixel_subsets
     from .subsets import keep_last, pixel_subsets, random_subsets
@@ -53,7 +54,7 @@ _LAZY = {
     "subsets": ("keep_last", "pixel_subsets", "random_subsets"),
     "subset_files": ("load_pixel_subsets",),
     "subset_dataset": ("PixelSubsetDataset",),
-    "retrain": ("retrain",),
+    "retraining": ("retrain",),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 

@@ -187,7 +187,7 @@ def check_type(value, cls: type, name: str):
 
 @dataclass(frozen=True)
 class RetrainOptions:
-    """How :func:`~overinterp_fast.audit.retrain.retrain` trains new models on pixel subsets (the ``retrain``
+    """How :func:`~overinterp_fast.audit.retraining.retrain` trains new models on pixel subsets (the ``retrain``
     command's defaults).
 
     Attributes:

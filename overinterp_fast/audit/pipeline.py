@@ -4,7 +4,7 @@ Train on full images; run exact backward selection on every train and test image
 with that model; keep each image's last 5% (its most sufficient pixels) and mask
 the rest; train new models on those subsets and on random 5% subsets, one per seed;
 evaluate each on both kinds of test subsets. Table 1's shape, in minutes on a CPU;
-the seeds, the runs and their spread are :mod:`overinterp_fast.audit.retrain`'s, which
+the seeds, the runs and their spread are :mod:`overinterp_fast.audit.retraining`'s, which
 runs the same experiment on the pixel-subset files of a stored audit (CIFAR-10).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from ..api import fast_sis
 from ..runtime.renames import renamed_keywords
 from ..zoo.digits import accuracy, load_digits, train_digits_cnn
-from .retrain import KINDS, format_table, kind_label, run_rows, seeded_runs  # noqa: F401  (format_table: here too)
+from .retraining import KINDS, format_table, kind_label, run_rows, seeded_runs  # noqa: F401  (format_table: here too)
 from .subsets import pixel_subsets, random_subsets
 
 
@@ -44,7 +44,7 @@ def digits_pipeline(
     Rows (model trained on -> evaluated on, accuracy): full -> full, its 5% backward-selection subsets and
     random 5% subsets (the model of ``seed``); then 5% backward selection and 5% random, each evaluated on both,
     one new model per seed of ``seeds`` (None: ``seed`` alone), with the spread over the seeds
-    (:func:`~overinterp_fast.audit.retrain.spread`: mean as "accuracy", "std", "min", "max", "ci95", "runs").
+    (:func:`~overinterp_fast.audit.retraining.spread`: mean as "accuracy", "std", "min", "max", "ci95", "runs").
     The random pixels are drawn once, from ``seed``: every new model trains on the same subsets. n_train /
     n_test cap the images used (None: all).
     """

@@ -92,7 +92,7 @@ def default_out(folder: str, arch: str) -> str:
 
 def run_retrain(args) -> None:
     """The ``retrain`` command: train, print the table, write the JSON and the table beside it."""
-    from ..audit.retrain import format_table, retrain
+    from ..audit.retraining import format_table, retrain
     from ..util.threads import torch_threads
 
     options = RetrainOptions(arch=args.arch, seeds=args.seeds, epochs=args.epochs, batch_size=args.batch_size,

@@ -3,7 +3,7 @@
     doc = {"commit": source_commit(), "versions": versions(device), ...}   # as every results JSON carries them
 
 Read by the benchmarks' results files (``benchmarks/common.py``) and the retraining results
-(:mod:`overinterp_fast.audit.retrain`) alike.
+(:mod:`overinterp_fast.audit.retraining`) alike.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 backward-selection subsets and on random 5% subsets, each tested on both, over several seeds.
 
     from overinterp_fast.audit import RetrainOptions
-    from overinterp_fast.audit.retrain import format_table, retrain
+    from overinterp_fast.audit.retraining import format_table, retrain
     result = retrain("out/cifar", RetrainOptions(arch="resnet20", seeds=(0, 1, 2, 3, 4)), out="out/retrain.json")
     print(format_table(result))
 
