@@ -21,7 +21,7 @@ import torch
 
 import overinterp_fast as of
 from overinterp_fast.runtime import graphs
-from overinterp_fast.util import provenance
+from overinterp_fast.audit import provenance
 from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -329,13 +329,13 @@ def machine(device) -> dict:
 
 def versions(device) -> dict:
     """python, torch, overinterp_fast (and whether its compiled ops loaded), CUDA, onnxruntime
-    (:func:`overinterp_fast.util.provenance.versions`)."""
+    (:func:`overinterp_fast.audit.provenance.versions`)."""
     return provenance.versions(device)
 
 
 def source_commit() -> str:
     """The full hash of the code measured, with ``-dirty`` when tracked code differs from it
-    (:func:`overinterp_fast.util.provenance.source_commit`: ``$OVERINTERP_FAST_COMMIT`` where set, as on a copy of
+    (:func:`overinterp_fast.audit.provenance.source_commit`: ``$OVERINTERP_FAST_COMMIT`` where set, as on a copy of
     the tree without its ``.git``). Read once per process, at the first write: a run records the code it started
     with."""
     return provenance.source_commit()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..methods.results import SISResult
+from ..runtime.model import ModelFn
 from .store import OWN_SUBSET_COLUMNS as COLUMNS
 from .subset_files import random_keep
 from .subsets import _apply, keep_last, pixel_subsets
@@ -54,12 +55,21 @@ def subset_inputs(images: torch.Tensor, results: Sequence[SISResult], indices: S
 
 
 @torch.no_grad()
+def class_probabilities(model, x: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """float [N, K]: ``model``'s class probabilities on ``x`` [N, *D] (softmax of logits), in batches; a
+    FloatingPointError when any is NaN or inf."""
+    fn = ModelFn(model, device=x.device)
+    probs = torch.cat([fn.probabilities(fn.forward(x[i:i + batch_size])) for i in range(0, x.shape[0], batch_size)])
+    if not bool(torch.isfinite(probs).all()):
+        raise FloatingPointError("the model's output contains NaN or inf")
+    return probs
+
+
+@torch.no_grad()
 def subset_columns(model, images: torch.Tensor, results: Sequence[SISResult], indices: Sequence[int],
                    fraction: float, baselines, seed: int) -> dict[str, np.ndarray] | None:
     """The per-image columns of the module docstring for one model on one chunk ``images`` [N, C, H, W] (its
     ``results``, the images' positions ``indices``); None when the orders do not rank the pixels."""
-    from .runner import class_probabilities
-
     if not on_pixels(images, results):
         return None
     target = torch.tensor([int(r.target) for r in results], device=images.device)

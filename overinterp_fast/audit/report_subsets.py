@@ -1,16 +1,12 @@
-"""The report's sections on classes and on the 5% pixel subsets (:mod:`overinterp_fast.audit.report` shows them).
+"""What the report (:mod:`overinterp_fast.audit.report`) shows of classes and of the 5% pixel subsets, computed
+from the record alone (no model is called):
 
-- **Per class** (``<section id="classes">``): per model and class (the true class where every label is known,
-  else the class the model predicted), the images, the accuracy on the full images, how many have a SIS and its
-  median size, and for backward-selection methods the mean confidence on the 5% backward-selection subsets and
-  the accuracy there.
-- **The 5% pixel subsets** (``<section id="subsets">``, when a model kept its own-subset columns,
-  :mod:`overinterp_fast.audit.own_subsets`): per model its accuracy on the full images, on its own 5%
-  backward-selection subsets and on random 5% (Carter et al. 2021, Table 1's first rows), the mean confidence
-  on each, and a gallery of images beside their 5% subset (the kept pixels in colour, the rest grey), a few per
-  class.
-
-Built from the record alone, as the rest of the report; no model is called.
+- per model and class (the true class where every label is known, else the class the model predicted): the images,
+  the accuracy on the full images, how many have a SIS and its median size, the mean f(x) and, for
+  backward-selection methods (own-subset columns, :mod:`overinterp_fast.audit.own_subsets`), the mean confidence on
+  the 5% backward-selection subsets and the accuracy there (:func:`class_stats`);
+- a gallery of images beside their 5% subset (the kept pixels in colour and framed, the rest grey), a few per class
+  (:func:`gallery_figure`).
 """
 from __future__ import annotations
 
@@ -19,11 +15,10 @@ from ..util.optional import require
 require("audit", "the audit")  # before any of its modules: one line when the extra is missing
 
 import textwrap
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from . import report as html
 from .metrics import correctness, subset_mask
 from .plotting import pyplot, show_panel, sis_panels
 from .records import AuditRecord, ModelRecord
@@ -50,45 +45,42 @@ def _mean(values: np.ndarray) -> float | None:
     return float(np.mean(values)) if values.size else None
 
 
-def class_rows(record: AuditRecord, model: ModelRecord) -> list[list[Any]]:
-    """Per class of :func:`image_classes`, in class order: class name, images, accuracy on the full images (n/a
-    without labels), images with a SIS, median SIS size, mean f(x) and, with own-subset columns, the mean
-    confidence on the 5% backward-selection subsets and the accuracy there (against the labels, else the
-    full-image prediction)."""
+@dataclass
+class ClassStats:
+    """One class of one model (see :func:`class_stats`); None where not defined (no labels, no SIS, no own-subset
+    columns)."""
+
+    name: str
+    images: int
+    accuracy: float | None
+    with_sis: int
+    median_sis: float | None
+    mean_score: float
+    subset_confidence: float | None
+    subset_accuracy: float | None
+
+
+def class_stats(record: AuditRecord, model: ModelRecord) -> list[ClassStats]:
+    """Per class of :func:`image_classes`, in class order: the images, the accuracy on the full images (None
+    without every label), the images with a SIS and its median size (a fraction of the features), the mean f(x)
+    and, with own-subset columns, the mean confidence on the 5% backward-selection subsets and the accuracy there
+    (against the labels, else the full-image predictions)."""
     classes, _ = image_classes(record, model)
     correct = correctness(record, model)
     known = all(c is not None for c in correct)
     reference = classes if known else np.asarray(model.predictions, dtype=np.int64)
     cols = model.subset_columns
-    rows = []
+    out = []
     for c in sorted(set(classes.tolist())):
         idx = np.flatnonzero(classes == c)
         sis = np.array([model.results[i].fraction for i in idx if model.results[i].sis is not None], dtype=float)
-        row = [record.class_name(c), idx.size,
-               html._pct(_mean(np.array([correct[i] for i in idx], dtype=float))) if known else "n/a",
-               sis.size, html._pct(float(np.median(sis)) if sis.size else None, 2),
-               html._num(_mean(np.array([model.results[i].score for i in idx], dtype=float)), ".3f")]
-        if cols is not None:
-            row += [html._num(_mean(cols["backselect_score"][idx]), ".3f"),
-                    html._pct(_mean((cols["backselect_class"][idx] == reference[idx]).astype(float)))]
-        rows.append(row)
-    return rows
-
-
-def classes_section(record: AuditRecord) -> str:
-    body = [html._p("Per class: the images, the model's accuracy on the full images, the images with a SIS and "
-                    "its median size (as a fraction of the features), the mean f(x) and, for backward selection, "
-                    "the mean confidence (the probability of the class predicted on the full image) on the 5% "
-                    "backward-selection subsets and the accuracy there. A class whose subsets keep a high "
-                    "confidence from few pixels is one the model may overinterpret.")]
-    for m in record.models:
-        _, what = image_classes(record, m)
-        header = [what, "images", "accuracy", "with SIS", "median SIS", "mean f(x)"]
-        if m.subset_columns is not None:
-            fraction = html._pct((m.subsets or {}).get("fraction"), 0)
-            header += [f"mean confidence on its {fraction} subsets", f"accuracy on its {fraction} subsets"]
-        body.append(f"<h3>{html._esc(m.name)}</h3>" + html._table(header, class_rows(record, m)))
-    return html._section("classes", "Per class", "\n".join(body))
+        out.append(ClassStats(
+            record.class_name(c), int(idx.size), _mean(np.array([correct[i] for i in idx], dtype=float)) if known
+            else None, int(sis.size), float(np.median(sis)) if sis.size else None,
+            float(np.mean([model.results[i].score for i in idx])),
+            None if cols is None else _mean(cols["backselect_score"][idx]),
+            None if cols is None else _mean((cols["backselect_class"][idx] == reference[idx]).astype(float))))
+    return out
 
 
 def gallery_images(record: AuditRecord, model: ModelRecord, per_class: int = GALLERY_PER_CLASS,
@@ -127,9 +119,10 @@ def _outline(ax, mask: np.ndarray) -> None:
         ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="tab:red", linewidth=width))
 
 
-def gallery_figure(record: AuditRecord, model: ModelRecord, indices: list[int], fraction: float) -> str | None:
-    """PNG data URI: each image beside its ``fraction`` backward-selection subset (kept pixels in colour and framed
-    in red, the rest grey), titled with its class and what the model says on the subset; None without images."""
+def gallery_figure(record: AuditRecord, model: ModelRecord, indices: list[int], fraction: float):
+    """A matplotlib figure: each image beside its ``fraction`` backward-selection subset (kept pixels in colour and
+    framed in red, the rest grey), titled with its class and what the model says on the subset; None without
+    images."""
     if not indices:
         return None
     cols = model.subset_columns
@@ -148,41 +141,4 @@ def gallery_figure(record: AuditRecord, model: ModelRecord, indices: list[int], 
         show_panel(a, norm, _short(record.class_name(int(classes[i])), 16), fontsize=8)
         show_panel(b, alone, subset_title(record, r.target, cols, i, fraction), fontsize=8)
         _outline(b, mask)
-    return html._png_uri(fig)
-
-
-def subsets_section(record: AuditRecord) -> str:
-    rows = []
-    for m in record.models:
-        s = m.subsets
-        if s is None:
-            continue
-        acc, conf = s["accuracy"], s["confidence"]
-        rows.append([m.name, s["images"], s["reference"], html._pct(acc["full"]), html._pct(acc["backselect"]),
-                     html._pct(acc["random"]), html._num(conf["backselect"], ".3f"), html._num(conf["random"], ".3f")])
-    fraction = next((m.subsets["fraction"] for m in record.models if m.subsets), 0.05)
-    f = html._pct(fraction, 0)
-    body = [html._p(f"Each model on its own pixel subsets: the image with only the last {f} of its backward-selection "
-                    f"order present (the pixels it needs least to lose), and with as many pixels drawn at random, the "
-                    f"rest at the baseline. A model that keeps its accuracy and confidence on {f} of the pixels it "
-                    "chose, and not on random ones, decides from sparse patterns a person cannot see: "
-                    "overinterpretation (Carter et al. 2021, Table 1). 'overinterp-fast retrain' trains new models "
-                    "on these subsets."),
-            html._table(["model", "images", "measured against", "accuracy on full images",
-                         f"accuracy on its {f} subsets", f"accuracy on random {f}", f"mean confidence on its {f}",
-                         f"mean confidence on random {f}"], rows)]
-    for m in record.models:
-        if m.subset_columns is None:
-            continue
-        m_fraction = (m.subsets or {}).get("fraction", fraction)
-        shown = gallery_images(record, m)
-        uri = gallery_figure(record, m, shown, m_fraction)
-        if uri:
-            body.append(f"<h3>{html._esc(m.name)}</h3>"
-                        + html._p(f"{len(shown)} images, up to {GALLERY_PER_CLASS} per class, each beside its "
-                                  f"{html._pct(m_fraction, 0)} backward-selection subset (in colour, framed in red; "
-                                  "the rest grey), "
-                                  "titled with f, the model's confidence on the subset in the class it predicted on "
-                                  "the full image, and the class it predicts there when that is another.", "note")
-                        + html._img(uri, f"images and their pixel subsets, {m.name}"))
-    return html._section("subsets", f"The {f} pixel subsets", "\n".join(body))
+    return fig

@@ -50,7 +50,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..util.files import read_json, write_json
-from ..util.provenance import source_commit, versions
+from .provenance import source_commit, versions
 from ..zoo.architectures import architecture
 from ..zoo.training import evaluate, fit, steps_per_epoch
 from .stats import mean_ci

@@ -36,22 +36,11 @@ from .config import METHODS as AUDIT_METHODS
 from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
-from .own_subsets import subset_columns, subset_summary
+from .own_subsets import class_probabilities, subset_columns, subset_summary
 from .subsets import BACKWARD_METHODS, pixel_subsets
 
 logger = logging.getLogger(__name__)
 EXACT_FEATURE_LIMIT = 4096  # exact SIS is refused above this many pixels (64 x 64)
-
-
-@torch.no_grad()
-def class_probabilities(model, x: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
-    """float [N, K]: ``model``'s class probabilities on ``x`` [N, *D] (softmax of logits), in batches; a
-    FloatingPointError when any is NaN or inf."""
-    fn = ModelFn(model, device=x.device)
-    probs = torch.cat([fn.probabilities(fn.forward(x[i:i + batch_size])) for i in range(0, x.shape[0], batch_size)])
-    if not bool(torch.isfinite(probs).all()):
-        raise FloatingPointError("the model's output contains NaN or inf")
-    return probs
 
 
 @torch.no_grad()

@@ -3,7 +3,7 @@
     doc = {"commit": source_commit(), "versions": versions(device), ...}   # as every results JSON carries them
 
 Read by the benchmarks' results files (``benchmarks/common.py``) and the retraining results
-(:mod:`overinterp_fast.audit.retraining`) alike.
+(:mod:`overinterp_fast.audit.retraining`) alike. It needs no extra (torch alone).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 # what "-dirty" looks at: the code a result depends on (not the results folders a run rewrites as it goes)
 CODE_PATHS = ("overinterp_fast", "csrc", "benchmarks", "setup.py", ":(exclude)benchmarks/results")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
 @functools.lru_cache(maxsize=1)
