@@ -260,11 +260,11 @@ def _prepare(path: str, options: RetrainOptions, model: str | None, splits: tupl
     config = {"arch": options.arch, "epochs": options.epochs, "batch_size": options.batch_size, "lr": options.lr,
               "weight_decay": options.weight_decay, "target": options.target, "classes": classes,
               "device_type": device.type, "model": train_s.model, "fraction": train_s.fraction,
-              "train": os.path.abspath(train_file), "test": os.path.abspath(test_file),
               "train_digest": file_digest(train_file), "test_digest": file_digest(test_file)}
     pixels = ds.size * ds.size
     doc = {"experiment": "retrain", "status": "running", "config": config, "seeds": list(options.seeds),
-           "data": {"train_images": len(ds), "test_images": len(test["backselect"]), "channels": ds.channels,
+           "data": {"train": os.path.abspath(train_file), "test": os.path.abspath(test_file),
+                    "train_images": len(ds), "test_images": len(test["backselect"]), "channels": ds.channels,
                     "size": ds.size, "pixels": pixels, "pixels_kept": int(train_s.backselect[0].sum())}}
     return _Job(train, test, build, device, doc)
 
@@ -307,7 +307,9 @@ def retrain(path: str, options: RetrainOptions | None = None, out: str | None = 
 
     Returns:
         The results document: ``rows`` (the table: trained on, evaluated on, accuracy and its spread), ``runs``
-        (every model: kind, seed, accuracies, seconds), ``config``, ``data``, ``seconds`` and the provenance.
+        (every model: kind, seed, accuracies, seconds), ``config`` (what a rerun must match to continue: the
+        training settings and the files' SHA-1), ``data`` (the files and their images), ``seconds`` and the
+        provenance.
     """
     options = RetrainOptions() if options is None else options
     t0 = time.perf_counter()

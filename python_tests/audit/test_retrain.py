@@ -224,8 +224,10 @@ def test_retrain_on_the_audit_is_deterministic_and_resumes(audited, tmp_path, mo
     assert first["status"] == "complete" and first["experiment"] == "retrain"
     assert first["commit"] and first["versions"]["torch"] == torch.__version__ and first["threads"] == 1
     assert first["config"]["arch"] == "small-cnn" and first["config"]["model"] == "net"
-    assert first["data"] == {"train_images": 6, "test_images": 4, "channels": 3, "size": 8, "pixels": 64,
-                             "pixels_kept": 4}
+    data = dict(first["data"])
+    assert data.pop("train") == os.path.join(audited, "subsets", "net", "train.npz")
+    assert data.pop("test") == os.path.join(audited, "subsets", "net", "test.npz")
+    assert data == {"train_images": 6, "test_images": 4, "channels": 3, "size": 8, "pixels": 64, "pixels_kept": 4}
     assert [(r["trained_on"], r["seed"]) for r in first["runs"]] == [("backselect", 0), ("random", 0),
                                                                      ("backselect", 1), ("random", 1)]
     assert [r["evaluated_on"] for r in first["rows"]] == [
