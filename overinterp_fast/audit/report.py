@@ -631,9 +631,10 @@ def subsets_section(record: AuditRecord) -> str:
         if fig is not None:
             body.append(f"<h3>{_esc(m.name)}</h3>" + _p(
                 f"{len(shown)} images, up to {report_subsets.GALLERY_PER_CLASS} per class, each beside its "
-                f"{_pct(fraction, 0)} backward-selection subset (in colour, framed in red; the rest grey), titled with "
-                "f, the model's confidence on the subset in the class it predicted on the full image, and the class "
-                "it predicts there when that is another.", "note") + _img(_png_uri(fig), f"pixel subsets, {m.name}"))
+                f"{_pct(fraction, 0)} backward-selection subset (in colour"
+                + (", framed in red" if shown and report_subsets.framed(record.displays[shown[0]].shape) else "")
+                + "; the rest grey), titled with f, the model's confidence on the subset in the class it predicted on "
+                "the full image, and the class it predicts there when that is another.", "note") + _img(_png_uri(fig), f"pixel subsets, {m.name}"))
     return _section("subsets", f"The {f} pixel subsets", "\n".join(body))
 
 

@@ -5,8 +5,8 @@ from the record alone (no model is called):
   the accuracy on the full images, how many have a SIS and its median size, the mean f(x) and, for
   backward-selection methods (own-subset columns, :mod:`overinterp_fast.audit.own_subsets`), the mean confidence on
   the 5% backward-selection subsets and the accuracy there (:func:`class_stats`);
-- a gallery of images beside their 5% subset (the kept pixels in colour and framed, the rest grey), a few per class
-  (:func:`gallery_figure`).
+- a gallery of images beside their 5% subset (the kept pixels in colour, framed on small images, the rest grey), a
+  few per class (:func:`gallery_figure`).
 """
 from __future__ import annotations
 
@@ -110,19 +110,26 @@ def subset_title(record: AuditRecord, target: int, cols: dict | None, i: int, fr
     return f"{fraction:.0%}: {other}f={cols['backselect_score'][i]:.2f}"
 
 
+FRAMED_SIDE = 16  # kept pixels are framed in red on grids up to this side (on larger ones a frame hides the pixel)
+
+
+def framed(shape: tuple[int, ...]) -> bool:
+    """Whether the gallery frames the kept pixels of a grid of ``shape`` (H, W)."""
+    return max(shape[:2]) <= FRAMED_SIDE
+
+
 def _outline(ax, mask: np.ndarray) -> None:
     """A thin red frame around each kept pixel of ``mask`` (bool [H, W]) on an image panel."""
     from matplotlib.patches import Rectangle
 
-    width = min(0.7, 12.0 / max(mask.shape))  # thinner on larger grids, where a pixel is smaller
     for y, x in zip(*np.nonzero(mask)):
-        ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="tab:red", linewidth=width))
+        ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="tab:red", linewidth=0.7))
 
 
 def gallery_figure(record: AuditRecord, model: ModelRecord, indices: list[int], fraction: float):
-    """A matplotlib figure: each image beside its ``fraction`` backward-selection subset (kept pixels in colour and
-    framed in red, the rest grey), titled with its class and what the model says on the subset; None without
-    images."""
+    """A matplotlib figure: each image beside its ``fraction`` backward-selection subset (kept pixels in colour,
+    framed in red on small grids (:func:`framed`), the rest grey), titled with its class and what the model says on
+    the subset; None without images."""
     if not indices:
         return None
     cols = model.subset_columns
@@ -140,5 +147,6 @@ def gallery_figure(record: AuditRecord, model: ModelRecord, indices: list[int], 
         a, b = fig.add_subplot(grid[row, 3 * col]), fig.add_subplot(grid[row, 3 * col + 1])
         show_panel(a, norm, _short(record.class_name(int(classes[i])), 16), fontsize=8)
         show_panel(b, alone, subset_title(record, r.target, cols, i, fraction), fontsize=8)
-        _outline(b, mask)
+        if framed(mask.shape):
+            _outline(b, mask)
     return fig
