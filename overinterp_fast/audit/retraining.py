@@ -57,7 +57,7 @@ from .stats import mean_ci
 from .store import config_difference
 from .config import RetrainOptions
 from .subset_dataset import PixelSubsetDataset
-from .subset_files import SUBSETS_DIR, PixelSubsets, load_pixel_subsets, safe_name
+from .subset_files import PixelSubsets, load_pixel_subsets, subset_file
 
 KINDS = ("backselect", "random")  # what a new model is trained on, and evaluated on
 AUDITED = "full images (the audited model)"
@@ -153,32 +153,9 @@ def format_table(result: dict) -> str:
 
 def subset_files(path: str, model: str | None = None, train_split: str = "train",
                  test_split: str = "test") -> tuple[str, str]:
-    """(training file, test file): ``path`` is a folder holding ``<train_split>.npz`` and ``<test_split>.npz``
-    (``subsets/<model>/``), or an audit folder whose ``subsets/`` holds them for ``model`` (None: its only model).
-    One-line FileNotFoundError or ValueError naming what is missing."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path!r} is not a folder: give an audit folder (written with --pixel-subsets) or "
-                                f"its subsets/<model> folder")
-    folder = path
-    root = os.path.join(path, SUBSETS_DIR)
-    if os.path.isdir(root) and not os.path.isfile(os.path.join(path, f"{train_split}.npz")):
-        have = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-        if model is not None:
-            folder = os.path.join(root, safe_name(model))
-            if not os.path.isdir(folder):
-                raise ValueError(f"{path!r} has no pixel subsets of model {model!r}; it has {', '.join(have)}")
-        elif len(have) == 1:
-            folder = os.path.join(root, have[0])
-        else:
-            raise ValueError(f"{path!r} has pixel subsets of {len(have)} models ({', '.join(have)}): name one "
-                             f"(--subsets-of)")
-    files = tuple(os.path.join(folder, f"{split}.npz") for split in (train_split, test_split))
-    for f, split in zip(files, (train_split, test_split)):
-        if not os.path.isfile(f):
-            there = sorted(x[:-4] for x in os.listdir(folder) if x.endswith(".npz")) if os.path.isdir(folder) else []
-            raise FileNotFoundError(f"no {split} split in {folder!r} (it holds {', '.join(there) or 'no split'}); "
-                                    f"the audit needs --split all, or both splits audited into it")
-    return files
+    """(training file, test file) of an audit folder or of one ``subsets/<model>/`` folder
+    (:func:`~overinterp_fast.audit.subset_files.subset_file` of each split)."""
+    return subset_file(path, train_split, model), subset_file(path, test_split, model)
 
 
 def file_digest(path: str) -> str:

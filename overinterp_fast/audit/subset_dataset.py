@@ -3,6 +3,7 @@
 
     from overinterp_fast.audit import PixelSubsetDataset
     train = PixelSubsetDataset("out/cifar/subsets/resnet20/train.npz", "backselect")   # or "random", "full"
+    test = PixelSubsetDataset("out/cifar", "random", split="test")    # an audit folder: its (only) model's test split
     x, y = train[0]              # float32 [3, 32, 32]: only the 52 kept pixels, the rest at the baseline; int64 label
     loader = torch.utils.data.DataLoader(train, batch_size=128, shuffle=True)
 
@@ -28,17 +29,21 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import TARGETS
-from .subset_files import WHICH, PixelSubsets, load_pixel_subsets
+from .subset_files import WHICH, PixelSubsets, load_pixel_subsets, subset_file
 
 
 class PixelSubsetDataset(Dataset):
     """(image float32 [C, H, W], label int64) pairs of one pixel-subset file (see the module docstring).
 
     Args:
-        subsets: a ``subsets/<model>/<split>.npz`` path, or the :class:`PixelSubsets` read from one.
+        subsets: a ``subsets/<model>/<split>.npz`` path, the :class:`PixelSubsets` read from one, or a folder with
+            ``split``: an audit folder written with ``--pixel-subsets`` (``model``: whose subsets, when it audited
+            several) or one ``subsets/<model>/`` folder
+            (:func:`~overinterp_fast.audit.subset_files.subset_file`).
         which: "backselect" (default), "random" or "full".
         target: "labels" (default: the true classes; a file with unknown labels, -1, is refused) or
             "predictions" (the audited model's classes on the whole images).
+        split, model: with a folder, the split ("train", "test", ...) and the audited model.
 
     Attributes:
         subsets: the file's arrays. which, target: as given. labels: int64 [N], the labels the items carry.
@@ -46,14 +51,18 @@ class PixelSubsetDataset(Dataset):
     """
 
     def __init__(self, subsets: PixelSubsets | str | os.PathLike, which: str = "backselect",
-                 target: str = "labels"):
+                 target: str = "labels", split: str | None = None, model: str | None = None):
         if which not in WHICH:
             raise ValueError(f"which must be one of {WHICH}, got {which!r}")
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         if not isinstance(subsets, PixelSubsets):
             path = os.fspath(subsets)
-            if not os.path.isfile(path):
+            if os.path.isdir(path):
+                if split is None:
+                    raise ValueError(f"{path!r} is a folder: give the split to read (split='train', 'test', ...)")
+                path = subset_file(path, split, model)
+            elif not os.path.isfile(path):
                 raise FileNotFoundError(f"no pixel-subset file {path!r} (an audit with --pixel-subsets writes "
                                         f"OUT/subsets/<model>/<split>.npz)")
             subsets = load_pixel_subsets(path)

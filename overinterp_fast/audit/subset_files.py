@@ -137,6 +137,34 @@ class SubsetFiles:
         return paths
 
 
+def subset_file(path: str, split: str, model: str | None = None) -> str:
+    """The file of one split: ``path`` is a folder holding ``<split>.npz`` (``subsets/<model>/``), or an audit folder
+    whose ``subsets/`` holds it for ``model`` (None: its only model). One-line FileNotFoundError or ValueError
+    naming what is missing."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path!r} is not a folder: give an audit folder (written with --pixel-subsets) or "
+                                f"its subsets/<model> folder")
+    folder = path
+    root = os.path.join(path, SUBSETS_DIR)
+    if os.path.isdir(root) and not os.path.isfile(os.path.join(path, f"{split}.npz")):
+        have = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        if model is not None:
+            folder = os.path.join(root, safe_name(model))
+            if not os.path.isdir(folder):
+                raise ValueError(f"{path!r} has no pixel subsets of model {model!r}; it has {', '.join(have)}")
+        elif len(have) == 1:
+            folder = os.path.join(root, have[0])
+        else:
+            raise ValueError(f"{path!r} has pixel subsets of {len(have)} models ({', '.join(have)}): name one "
+                             f"(--subsets-of)")
+    file = os.path.join(folder, f"{split}.npz")
+    if not os.path.isfile(file):
+        there = sorted(x[:-4] for x in os.listdir(folder) if x.endswith(".npz")) if os.path.isdir(folder) else []
+        raise FileNotFoundError(f"no {split} split in {folder!r} (it holds {', '.join(there) or 'no split'}); "
+                                f"the audit needs --split all, or both splits audited into it")
+    return file
+
+
 def safe_name(model: str) -> str:
     """A model's name as a folder name: characters other than letters, digits, '-', '_' and '.' become '_'."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in model)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from overinterp_fast.audit import RetrainOptions, retraining as retrain_module
+from overinterp_fast.audit import PixelSubsetDataset, RetrainOptions, retraining as retrain_module
 from overinterp_fast.audit import store
 from overinterp_fast.audit.retraining import Run, format_table, retrain, seeded_runs, spread, subset_files
 from overinterp_fast.audit.subset_files import load_pixel_subsets
@@ -272,6 +272,15 @@ def test_subset_files_are_found_or_refused_in_one_line(audited, tmp_path):
         subset_files(audited, test_split="val")
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         subset_files(str(tmp_path / "nothing"))
+    # the dataset reads a split of the folder alike
+    folder = PixelSubsetDataset(audited, "random", split="test")
+    file = PixelSubsetDataset(test, "random")
+    assert len(folder) == len(file) == 4 and torch.equal(folder[3][0], file[3][0])
+    assert np.array_equal(PixelSubsetDataset(audited, split="train", model="net").subsets.order,
+                          load_pixel_subsets(train).order)
+    with pytest.raises(ValueError, match=whole_message(f"{audited!r} is a folder: give the split to read "
+                                                       f"(split='train', 'test', ...)")):
+        PixelSubsetDataset(audited)
 
 
 @pytest.mark.parametrize("argv, message", [
