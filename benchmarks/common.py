@@ -9,7 +9,6 @@ on the model (:class:`RowRecorder`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import platform
@@ -22,6 +21,7 @@ import torch
 
 import overinterp_fast as of
 from overinterp_fast.runtime import graphs
+from overinterp_fast.audit import provenance
 from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -328,38 +328,17 @@ def machine(device) -> dict:
 
 
 def versions(device) -> dict:
-    """python, torch, overinterp_fast (and whether its compiled ops loaded), CUDA, onnxruntime."""
-    v = {"python": platform.python_version(), "torch": torch.__version__, "overinterp_fast": of.__version__,
-         "compiled_ops": of.ops.extension_loaded()}
-    if torch.device(device).type == "cuda":
-        v["cuda"] = torch.version.cuda
-    try:
-        import onnxruntime
-
-        v["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        pass
-    return v
+    """python, torch, overinterp_fast (and whether its compiled ops loaded), CUDA, onnxruntime
+    (:func:`overinterp_fast.audit.provenance.versions`)."""
+    return provenance.versions(device)
 
 
-@functools.lru_cache(maxsize=1)
 def source_commit() -> str:
-    """The full hash of the code measured: ``$OVERINTERP_FAST_COMMIT`` where set (a copy of the tree without its
-    ``.git``, as on a machine that has the files alone), else ``git rev-parse HEAD``, with ``-dirty`` when tracked code differs
-    from it (the results folder, which a run rewrites as it goes, does not count); "unknown" when neither is
-    available. Read once per process, at the first write: a run records the code it started with."""
-    env = os.environ.get("OVERINTERP_FAST_COMMIT")
-    if env:
-        return env
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "overinterp_fast", "csrc", "benchmarks",
-                                "setup.py", ":(exclude)benchmarks/results"], cwd=root).returncode != 0
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
+    """The full hash of the code measured, with ``-dirty`` when tracked code differs from it
+    (:func:`overinterp_fast.audit.provenance.source_commit`: ``$OVERINTERP_FAST_COMMIT`` where set, as on a copy of
+    the tree without its ``.git``). Read once per process, at the first write: a run records the code it started
+    with."""
+    return provenance.source_commit()
 
 
 def results_path(name: str, device) -> str:

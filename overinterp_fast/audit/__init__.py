@@ -3,6 +3,8 @@
     from overinterp_fast import audit
     subset_images, masks = audit.pixel_subsets(images, results, fraction=0.05)
     train = audit.load_pixel_subsets("out/cifar/subsets/net/train.npz").inputs("backselect")   # a stored audit's
+    data = audit.PixelSubsetDataset("out/cifar/subsets/net/train.npz", "backselect")   # a torch Dataset of them
+    table1 = audit.retrain("out/cifar", audit.RetrainOptions(arch="resnet20", seeds=(0, 1, 2)))   # Table 1
     audit.heatmap([r.mask for r in results]); audit.dice(a, b); audit.rfs(a_fg, a_bg)
     record = audit.run_audit({"a": model_a, "b": model_b}, images, names, displays,
                              audit.AuditConfig(method="gradient"))
@@ -13,12 +15,13 @@
 It needs the ``audit`` extra (``pip install 'overinterp-fast[audit]'``: torchvision, pillow, matplotlib, pyarrow,
 scipy); without it, using any of its functions or importing any of its modules raises one line saying so
 (:class:`~overinterp_fast.errors.MissingDependency`). Its options (``AuditConfig``, ``StoreOptions``,
-``RunOptions``, in :mod:`.config`) and its errors import without it: the command line reads its defaults there.
+``RunOptions``, ``RetrainOptions``, in :mod:`.config`) and its errors import without it: the command line reads its
+defaults there.
 """
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigMismatch, FolderLocked, StorageFault
-from .config import AuditConfig, RunOptions, StoreOptions
+from .config import AuditConfig, RetrainOptions, RunOptions, StoreOptions
 
 if TYPE_CHECKING:  # what __getattr__ gives, for type checkers and the API docs
     from .persist import load_audit, save_audit
@@ -30,6 +33,8 @@ if TYPE_CHECKING:  # what __getattr__ gives, for type checkers and the API docs
     from .sources import from_dataset, open_images, select_range
     from .stats import (bonferroni, dice, fraction_inside, friedman, hausdorff, heatmap, iou, irfs, kruskal_wallis,
                         mean_ci, noise_sensitivity, rfs, sis_size_curve)
+    from .retraining import retrain
+    from .subset_dataset import PixelSubsetDataset
     from .subset_files import load_pixel_subsets
     from .subsets import keep_last, pixel_subsets, random_subsets
     from .table import audit_table, write_table
@@ -48,6 +53,8 @@ _LAZY = {
     "table": ("audit_table", "write_table"),
     "subsets": ("keep_last", "pixel_subsets", "random_subsets"),
     "subset_files": ("load_pixel_subsets",),
+    "subset_dataset": ("PixelSubsetDataset",),
+    "retraining": ("retrain",),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -56,11 +63,12 @@ __all__ = [  # a literal list: the API docs read it without running the package
     "mean_ci", "noise_sensitivity", "rfs", "sis_size_curve", "digits_pipeline", "format_table", "plot_sis",
     "from_dataset", "open_images", "select_range", "load_audit", "save_audit", "AuditRecord", "ModelRecord",
     "build_report", "rebuild_report", "run_audit", "thresholds_for", "transfer_table", "audit_table", "write_table",
-    "keep_last", "pixel_subsets", "random_subsets", "load_pixel_subsets",
+    "keep_last", "pixel_subsets", "random_subsets", "load_pixel_subsets", "PixelSubsetDataset", "retrain",
+    "RetrainOptions",
     "AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch", "StorageFault",
 ]
-assert set(__all__) == set(_WHERE) | {"AuditConfig", "RunOptions", "StoreOptions", "FolderLocked", "ConfigMismatch",
-                                      "StorageFault"}
+assert set(__all__) == set(_WHERE) | {"AuditConfig", "RetrainOptions", "RunOptions", "StoreOptions", "FolderLocked",
+                                      "ConfigMismatch", "StorageFault"}
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""What an audit computes, how it is shown, and how a stored audit runs: three options objects.
+"""What an audit computes, how it is shown, and how a stored audit runs: three options objects (and a fourth, how
+new models are trained on an audit's pixel subsets: :class:`RetrainOptions`).
 
     config = AuditConfig(method="gradient", threshold=0.9, k=100, ensemble=True)   # method="auto": by image size
     record = run_audit(models, images, names, displays, config, RunOptions(title="My audit"))
@@ -30,6 +31,7 @@ METHODS = ("auto", "exact", "gradient", "responsibility")
 DEFAULT_CHUNK = 64
 SCORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # AuditConfig.score_dtype: names, as JSON
 GALLERY = 24  # images shown with their SIS in the report by default; statistics and plots cover every image
+TARGETS = ("labels", "predictions")  # a model trained on pixel subsets learns the true classes or the audited model's
 
 
 @dataclass(frozen=True)
@@ -181,3 +183,54 @@ def check_type(value, cls: type, name: str):
     if not isinstance(value, cls):
         raise TypeError(f"{name} must be of type {cls.__name__} (or None for the defaults), got {type(value).__name__}")
     return value
+
+
+@dataclass(frozen=True)
+class RetrainOptions:
+    """How :func:`~overinterp_fast.audit.retraining.retrain` trains new models on pixel subsets (the ``retrain``
+    command's defaults).
+
+    Attributes:
+        arch: the architecture (:func:`~overinterp_fast.zoo.architectures.architecture`): "resnet20", "small-cnn",
+            "digits-cnn", "timm:NAME" or "torchvision:NAME"; trained from scratch.
+        seeds: one run per seed and subset kind (the paper's five by default).
+        epochs, batch_size, lr, weight_decay: Adam's training (:class:`~overinterp_fast.zoo.training.TrainOptions`).
+        device: "auto" (a CUDA GPU when there is one), "cpu", "cuda" or "cuda:N".
+        workers: DataLoader processes that build the batches (the same batches whatever the number).
+        classes: the number of classes (None: the largest label of the two files, plus one).
+        target: "labels" (the true classes, as the paper) or "predictions" (the audited model's).
+    """
+
+    arch: str = "resnet20"
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    device: str = "auto"
+    workers: int = 0
+    classes: int | None = None
+    target: str = "labels"
+
+    def __post_init__(self):
+        seeds = tuple(self.seeds)
+        if not seeds:
+            raise ValueError("seeds: give at least one")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+            raise ValueError(f"seeds must be integers >= 0, got {list(seeds)}")
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must differ, got {list(seeds)}")
+        object.__setattr__(self, "seeds", seeds)
+        if self.classes is not None and (isinstance(self.classes, bool) or not isinstance(self.classes, int)
+                                         or self.classes < 2):
+            raise ValueError(f"classes must be an integer of 2 or more, got {self.classes!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+        self.training()  # epochs, batch size, lr, weight decay and workers checked there
+
+    def training(self, device: str | torch.device = "cpu"):
+        """The :class:`~overinterp_fast.zoo.training.TrainOptions` of one run on ``device``."""
+        from ..zoo.training import TrainOptions
+
+        return TrainOptions(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
+                            weight_decay=self.weight_decay, device=device, workers=self.workers)

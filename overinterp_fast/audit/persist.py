@@ -17,6 +17,7 @@ import os
 
 from ..methods.results import SISResult
 from . import store
+from .own_subsets import concat_columns, split_columns
 from .records import AuditRecord, ModelRecord
 from .store import FORMAT_VERSION, RESULTS_FILE
 from .table import write_table
@@ -28,9 +29,10 @@ def _float(x: float | None) -> float | None:
 
 
 def model_entries(models: list[ModelRecord]) -> list[dict]:
-    """The models as results.json lists them (name, method, seconds, options, sensitivity)."""
+    """The models as results.json lists them (name, method, seconds, options, sensitivity, and ``subsets``: the
+    model on its own pixel subsets, :func:`~overinterp_fast.audit.own_subsets.subset_summary`, or null)."""
     return [{"name": m.name, "method": m.method, "seconds": _float(m.seconds), "options": m.options,
-             "sensitivity": m.sensitivity} for m in models]
+             "sensitivity": m.sensitivity, "subsets": m.subsets} for m in models]
 
 
 def complete_doc(record: AuditRecord, config: dict, chunk_size: int) -> dict:
@@ -52,7 +54,8 @@ def save_audit(record: AuditRecord, folder: str, config: dict | None = None) -> 
     n = len(record.image_names)
     store.commit_chunk(folder, 0, store.images_table(range(n), record.image_names, record.labels,
                                                        record.displays, record.object_masks),
-                       store.results_table([m.results for m in record.models], range(n)))
+                       store.results_table([m.results for m in record.models], range(n),
+                                           [m.subset_columns for m in record.models]))
     path = os.path.join(folder, RESULTS_FILE)
     store.write_json(path, complete_doc(record, config or {"source": "an in-memory AuditRecord"}, max(1, n)))
     write_table(record, folder)
@@ -94,18 +97,22 @@ def load_audit(folder: str) -> AuditRecord:
                          f"command to continue it")
     names, labels, displays, objects = [], [], [], []
     results: list[list[SISResult]] = [[] for _ in doc["models"]]
-    for images, per_model, _, _ in iter_chunks(folder, doc):
+    own: list[list[dict | None]] = [[] for _ in doc["models"]]
+    for images, per_model, columns, _ in iter_chunks(folder, doc):
         names += images.names
         labels += images.labels
         displays += images.displays
         objects += images.object_masks or []
-        for acc, res in zip(results, per_model):
+        for acc, res, own_acc, cols in zip(results, per_model, own, columns):
             acc += res
+            own_acc.append(split_columns(cols)[1])
     return AuditRecord(
         title=doc["title"], image_names=names, displays=displays, labels=labels,
         class_names={int(k): v for k, v in doc["class_names"].items()},
         models=[ModelRecord(name=m["name"], method=m["method"], results=res,
                             seconds=math.nan if m["seconds"] is None else m["seconds"], options=m["options"],
-                            sensitivity=m.get("sensitivity")) for m, res in zip(doc["models"], results)],
+                            sensitivity=m.get("sensitivity"), subsets=m.get("subsets"),
+                            subset_columns=concat_columns(cols))
+                for m, res, cols in zip(doc["models"], results, own)],
         transfer=doc["transfer"], meta=doc["meta"], object_masks=objects if doc.get("object_masks") else None,
     )

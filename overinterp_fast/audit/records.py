@@ -44,6 +44,12 @@ class ModelRecord:
         options: the options it ran with (k, threshold mode, ...), for the record.
         sensitivity: with object masks, :func:`~overinterp_fast.audit.stats.noise_sensitivity`'s
             summary: {"sigma" (pixel units), "a_fg", "a_bg", "rfs", "irfs"} (accuracies against ``reference``).
+        subsets: for a backward-selection method over the pixels, the model on its own pixel subsets
+            (:func:`~overinterp_fast.audit.own_subsets.subset_summary`: accuracy on the full images, on the 5%
+            backward-selection subsets and on random 5%, mean confidence on each); else None.
+        subset_columns: the per-image columns that summary is made of ({"backselect_class", "backselect_score",
+            "random_class", "random_score"}: int64 / float64 [N], :mod:`~overinterp_fast.audit.own_subsets`), or
+            None.
     """
 
     name: str
@@ -52,6 +58,8 @@ class ModelRecord:
     seconds: float = float("nan")
     options: dict[str, Any] = field(default_factory=dict)
     sensitivity: dict[str, Any] | None = None
+    subsets: dict[str, Any] | None = None
+    subset_columns: dict[str, np.ndarray] | None = None
 
     @property
     def predictions(self) -> list[int]:

@@ -6,8 +6,9 @@
 
 One HTML file, every figure embedded as a base64 PNG (matplotlib, Agg backend), no
 external CSS, scripts or URLs: it can be mailed, archived or opened offline.
-Sections (``<section id=...>``): summary, images, sis-sizes, heatmaps, location,
-comparison, and transfer (only when the record has a transfer table).
+Sections (``<section id=...>``): summary, images, sis-sizes, classes, subsets (only when a model kept
+its own pixel subsets' predictions), heatmaps, location, comparison, and transfer (only when the record has a
+transfer table); the classes and subsets sections show :mod:`overinterp_fast.audit.report_subsets`' figures.
 Statistics come from :mod:`overinterp_fast.audit.stats`; nothing is recomputed from the models.
 """
 from __future__ import annotations
@@ -59,6 +60,7 @@ from .stats import (
     mean_ci,
     sis_size_curve,
 )
+from . import report_subsets
 from .subsets import BACKWARD_METHODS
 
 CURVE_POINTS = 20
@@ -233,6 +235,10 @@ def headline(record: AuditRecord, model: ModelRecord) -> str:
     known = [c for c in correctness(record, model) if c is not None]
     if known:
         parts.append(f"{sum(known)} of {len(known)} labelled images are classified correctly")
+    if model.subsets:
+        acc, f = model.subsets["accuracy"], _pct(model.subsets["fraction"], 0)
+        parts.append(f"on its own {f} backward-selection subsets its accuracy is {_pct(acc['backselect'])}, on "
+                     f"random {f} {_pct(acc['random'])} (against {model.subsets['reference']})")
     return "; ".join(parts) + "."
 
 
@@ -583,11 +589,62 @@ def transfer_section(record: AuditRecord) -> str:
     return _section("transfer", "Do the subsets transfer?", "\n".join(body))
 
 
+def classes_section(record: AuditRecord) -> str:
+    """Per model and class: :func:`~overinterp_fast.audit.report_subsets.class_stats`."""
+    body = [_p("Per class: the images, the model's accuracy on the full images, the images with a SIS and its median "
+               "size (as a fraction of the features), the mean f(x) and, for backward selection, the mean confidence "
+               "(the probability of the class predicted on the full image) on the 5% backward-selection subsets and "
+               "the accuracy there. A class whose subsets keep a high confidence from few pixels is one the model "
+               "may overinterpret.")]
+    for m in record.models:
+        _, what = report_subsets.image_classes(record, m)
+        header = [what, "images", "accuracy", "with SIS", "median SIS", "mean f(x)"]
+        own = m.subset_columns is not None
+        if own:
+            f = _pct((m.subsets or {}).get("fraction"), 0)
+            header += [f"mean confidence on its {f} subsets", f"accuracy on its {f} subsets"]
+        rows = [[c.name, c.images, _pct(c.accuracy), c.with_sis, _pct(c.median_sis, 2), _num(c.mean_score, ".3f")]
+                + ([_num(c.subset_confidence, ".3f"), _pct(c.subset_accuracy)] if own else [])
+                for c in report_subsets.class_stats(record, m)]
+        body.append(f"<h3>{_esc(m.name)}</h3>" + _table(header, rows))
+    return _section("classes", "Per class", "\n".join(body))
+
+
+def subsets_section(record: AuditRecord) -> str:
+    """Each model on its own pixel subsets (``ModelRecord.subsets``), and the gallery of images beside them."""
+    rows = [[m.name, m.subsets["images"], m.subsets["reference"], *(_pct(m.subsets["accuracy"][k]) for k in
+             ("full", "backselect", "random")), *(_num(m.subsets["confidence"][k], ".3f") for k in
+                                                  ("backselect", "random"))] for m in record.models if m.subsets]
+    f = _pct(next((m.subsets["fraction"] for m in record.models if m.subsets), SUBSET_FRACTION), 0)
+    body = [_p(f"Each model on its own pixel subsets: the image with only the last {f} of its backward-selection order "
+               f"present (the pixels it needs least to lose), and with as many pixels drawn at random, the rest at the "
+               f"baseline. A model that keeps its accuracy and confidence on {f} of the pixels it chose, and not on "
+               "random ones, decides from sparse patterns a person cannot see: overinterpretation (Carter et al. "
+               "2021, Table 1). 'overinterp-fast retrain' trains new models on these subsets."),
+            _table(["model", "images", "measured against", "accuracy on full images", f"accuracy on its {f} subsets",
+                    f"accuracy on random {f}", f"mean confidence on its {f}", f"mean confidence on random {f}"], rows)]
+    for m in record.models:
+        if m.subset_columns is None:
+            continue
+        fraction = (m.subsets or {}).get("fraction", SUBSET_FRACTION)
+        shown = report_subsets.gallery_images(record, m)
+        fig = report_subsets.gallery_figure(record, m, shown, fraction)
+        if fig is not None:
+            body.append(f"<h3>{_esc(m.name)}</h3>" + _p(
+                f"{len(shown)} images, up to {report_subsets.GALLERY_PER_CLASS} per class, each beside its "
+                f"{_pct(fraction, 0)} backward-selection subset (in colour"
+                + (", framed in red" if shown and report_subsets.framed(record.displays[shown[0]].shape) else "")
+                + "; the rest grey), titled with f, the model's confidence on the subset in the class it predicted on "
+                "the full image, and the class it predicts there when that is another.", "note") + _img(_png_uri(fig), f"pixel subsets, {m.name}"))
+    return _section("subsets", f"The {f} pixel subsets", "\n".join(body))
+
+
 # (section id, link text, renderer); "transfer" and "object" only when the record has a transfer table,
-# resp. object masks
+# resp. object masks, "subsets" only when a model kept its own-subset columns
 SECTIONS: list[tuple[str, str, Callable[[AuditRecord], str]]] = [
     ("summary", "Summary", summary_section), ("images", "Images", images_section),
-    ("sis-sizes", "SIS sizes", sizes_section), ("heatmaps", "Heatmaps", heatmaps_section),
+    ("sis-sizes", "SIS sizes", sizes_section), ("classes", "Classes", classes_section),
+    ("subsets", "5% subsets", subsets_section), ("heatmaps", "Heatmaps", heatmaps_section),
     ("location", "Border", location_section), ("object", "Object", object_section),
     ("comparison", "Comparison", comparison_section),
     ("transfer", "Transfer", transfer_section),
@@ -600,6 +657,7 @@ def render_report(record: AuditRecord, gallery: int = GALLERY, seed: int = 0) ->
     sections = [(sid, name, images_section(record, gallery, seed) if sid == "images" else render(record))
                 for sid, name, render in SECTIONS
                 if (sid != "transfer" or record.transfer is not None)
+                and (sid != "subsets" or report_subsets.has_subsets(record))
                 and (sid != "object" or record.object_masks is not None)]
     nav = "<nav>" + "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name, _ in sections) + "</nav>"
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

@@ -38,6 +38,7 @@ from .config import METHODS as AUDIT_METHODS
 from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
+from .own_subsets import class_probabilities, subset_columns, subset_summary
 from .subsets import BACKWARD_METHODS, pixel_subsets
 
 logger = logging.getLogger(__name__)
@@ -47,11 +48,7 @@ EXACT_FEATURE_LIMIT = 4096  # exact SIS is refused above this many pixels (64 x 
 @torch.no_grad()
 def predict(model, x: torch.Tensor, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """(top-1 class int64 [N], its probability float64 [N]) of ``model`` on ``x`` [N, *D], in batches."""
-    fn = ModelFn(model, device=x.device)
-    probs = torch.cat([fn.probabilities(fn.forward(x[i:i + batch_size])) for i in range(0, x.shape[0], batch_size)])
-    if not bool(torch.isfinite(probs).all()):
-        raise FloatingPointError("the model's output contains NaN or inf")
-    top = probs.max(1)
+    top = class_probabilities(model, x, batch_size).max(1)
     return top.indices.cpu(), top.values.double().cpu()
 
 
@@ -126,12 +123,16 @@ class ChunkResult:
             "p_fg", "p_bg": float [n]}, else None.
         transfer: with a transfer table, counts [A][B] of the chunk's images that model B classifies
             as its reference class on model A's pixel subsets; else None.
+        subsets: per model (backward-selection methods over the pixels) its own-subset columns
+            (:mod:`overinterp_fast.audit.own_subsets`: class and confidence on its 5% backward-selection subsets
+            and on random 5%, int64 / float64 [n]), else None.
     """
 
     results: list[list]
     seconds: list[float]
     sensitivity: list[dict | None]
     transfer: list[list[int]] | None
+    subsets: list[dict | None] | None = None
 
 
 def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
@@ -140,13 +141,14 @@ def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
 
 def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool,
                 config: AuditConfig, *, engine: str | None, progress: bool | None,
-                object_masks: torch.Tensor | None) -> ChunkResult:
+                object_masks: torch.Tensor | None, indices: Sequence[int] | None = None) -> ChunkResult:
     """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
 
     ``known``: accuracies are measured against the labels (all known) rather than each model's own
     full-image prediction. ``engine``: :func:`fast_sis`'s, or None for :func:`fixed_engine` per model (never
     chosen by timing). ``object_masks``: bool [n, H, W] or None (no noise sensitivity). ``config`` says
     what each model computes (its ``ensemble`` is the caller's: ``models`` holds the ensemble already).
+    ``indices``: the images' positions in the audit (None: 0..n-1), which seed their random pixel subsets.
     """
     results, seconds, sens, predictions = [], [], [], {}
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
@@ -166,7 +168,12 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     if wants_transfer(config.transfer, len(models), config.method):
         reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
         counts = transfer_counts(models, results, images, reference, config.fraction, config.baselines)
-    return ChunkResult(results, seconds, sens, counts)
+    own = None
+    if config.method in BACKWARD_METHODS:
+        where = range(images.shape[0]) if indices is None else indices
+        own = [subset_columns(model, images, res, where, config.fraction, config.baselines, config.seed)
+               for model, res in zip(models.values(), results)]
+    return ChunkResult(results, seconds, sens, counts, own)
 
 
 def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig, engine: str | None,
@@ -333,10 +340,14 @@ def run_audit(
     chunk = audit_chunk(models, images, labels, known, config, engine="auto", progress=run.show_progress,
                         object_masks=object_masks)
     records = []
-    for name, results, seconds, sens in zip(models, chunk.results, chunk.seconds, chunk.sensitivity):
+    own = chunk.subsets or [None] * len(models)
+    for name, results, seconds, sens, cols in zip(models, chunk.results, chunk.seconds, chunk.sensitivity, own):
         record = ModelRecord(name, config.method, results, seconds, config.model_options())
         if sens is not None:
             record.sensitivity = sensitivity_summary(sens, _plain(config.noise_sigma), reference_name(known))
+        if cols is not None:
+            record.subset_columns = cols
+            record.subsets = subset_summary(cols, record.predictions, labels, config.fraction)
         records.append(record)
     table = None if chunk.transfer is None else transfer_summary(chunk.transfer, n, list(models), config.fraction,
                                                                   reference_name(known))

@@ -96,12 +96,19 @@ def _result_schema():
             "order": pa.large_list(i64), "values": pa.large_list(f64), "sis": pa.large_list(i64),
             "mask_shape": pa.large_list(i64), "blocks": pa.large_list(i64), "sis_score": f64, "queries": i64,
             "collection": i32, "first_in_collection": b, "fg_correct": b, "bg_correct": b, "p_fg": f64, "p_bg": f64,
-            **{k: i64 for k in _COUNTS}, "minimal": b}
+            **{k: i64 for k in _COUNTS}, "minimal": b,
+            **{k: i64 if np.dtype(t).kind == "i" else f64 for k, t in OWN_SUBSET_COLUMNS.items()}}
 
 
 # method="responsibility" and refined sets: SISResult's query counts and refinement fields, null where unset.
 # Parts written before these columns existed read back with them None.
 _COUNTS = ("extraction_queries", "refine_queries", "size_before_refine")
+# Per-image columns of round 0, null where not computed: the noise sensitivity (with object masks) and the model on
+# its own pixel subsets (backward-selection methods; parts written before these were stored read back without them).
+SENSITIVITY_COLUMNS = {"fg_correct": bool, "bg_correct": bool, "p_fg": float, "p_bg": float}
+OWN_SUBSET_COLUMNS = {"backselect_class": np.int64, "backselect_score": np.float64, "random_class": np.int64,
+                      "random_score": np.float64}
+_PER_IMAGE = {**SENSITIVITY_COLUMNS, **OWN_SUBSET_COLUMNS}
 
 
 def results_table(per_model: Sequence[Sequence[SISResult]], image_indices: Sequence[int],
@@ -111,8 +118,10 @@ def results_table(per_model: Sequence[Sequence[SISResult]], image_indices: Seque
     Round 0 is the image's result; its ``collection`` column holds ``len(result.collection)``
     (null without a collection) and ``first_in_collection`` whether ``collection[0]`` is the result
     itself. Rounds 1, 2, ... are the other members of the collection, in order.
-    ``sensitivity[m]``: per image {"fg_correct", "bg_correct" bool [n], "p_fg", "p_bg" float [n]}
-    (noise sensitivity, with object masks) or None. ``meta`` (JSON) goes into the table's metadata.
+    ``sensitivity[m]``: the model's per-image columns or None: {"fg_correct", "bg_correct" bool [n], "p_fg",
+    "p_bg" float [n]} (noise sensitivity, with object masks) and/or the own-subset columns {"backselect_class",
+    "backselect_score", "random_class", "random_score"} (:mod:`overinterp_fast.audit.own_subsets`).
+    ``meta`` (JSON) goes into the table's metadata.
     """
     import pyarrow as pa
 
@@ -143,8 +152,8 @@ def results_table(per_model: Sequence[Sequence[SISResult]], image_indices: Seque
                 top = k == 0
                 rows["collection"].append(len(coll) if top and coll is not None else None)
                 rows["first_in_collection"].append(first if top else None)
-                for key in ("fg_correct", "bg_correct", "p_fg", "p_bg"):
-                    rows[key].append(None if sens is None or not top else sens[key][j].item())
+                for key in _PER_IMAGE:
+                    rows[key].append(None if sens is None or not top or key not in sens else sens[key][j].item())
     cols = {}
     for k, t in schema.items():
         cols[k] = _list_array(rows[k], t.value_type) if pa.types.is_large_list(t) else pa.array(rows[k], type=t)
@@ -170,13 +179,13 @@ def _result(row: dict, lists: dict[str, np.ndarray | None]) -> SISResult:
 
 def results_from_table(table, n_models: int) -> tuple[list[int], list[list[SISResult]], list[dict | None]]:
     """Inverse of :func:`results_table`: (image indices, per model its results in image order, per model
-    the per-image sensitivity columns or None)."""
+    the per-image columns or None: the sensitivity columns and the own-subset columns, each group where stored)."""
     scalar = table.drop_columns(["order", "values", "sis", "mask_shape", "blocks"]).to_pydict()
     lists = {k: _lists(table.column(k)) for k in ("order", "values", "sis", "mask_shape", "blocks")}
     per_model: list[dict[int, SISResult]] = [dict() for _ in range(n_models)]
     extra: dict[tuple[int, int], list[SISResult]] = {}
     meta: dict[tuple[int, int], tuple] = {}
-    sens_rows: list[dict[int, tuple]] = [dict() for _ in range(n_models)]
+    sens_rows: list[dict[int, dict]] = [dict() for _ in range(n_models)]
     for i in range(table.num_rows):
         row = {k: v[i] for k, v in scalar.items()}
         r = _result(row, {k: v[i] for k, v in lists.items()})
@@ -184,8 +193,7 @@ def results_from_table(table, n_models: int) -> tuple[list[int], list[list[SISRe
         if row["round"] == 0:
             per_model[key[0]][key[1]] = r
             meta[key] = (row["collection"], row["first_in_collection"])
-            if row["fg_correct"] is not None:
-                sens_rows[key[0]][key[1]] = (row["fg_correct"], row["bg_correct"], row["p_fg"], row["p_bg"])
+            sens_rows[key[0]][key[1]] = {k: row.get(k) for k in _PER_IMAGE}
         else:
             extra.setdefault(key, []).append(r)  # rows are written in round order
     for (m, idx), (size, first) in meta.items():
@@ -196,12 +204,11 @@ def results_from_table(table, n_models: int) -> tuple[list[int], list[list[SISRe
     results = [[d[i] for i in indices] for d in per_model]
     sens = []
     for d in sens_rows:
-        if not d:
-            sens.append(None)
-            continue
-        cols = list(zip(*(d[i] for i in indices)))
-        sens.append({"fg_correct": np.array(cols[0], bool), "bg_correct": np.array(cols[1], bool),
-                     "p_fg": np.array(cols[2], float), "p_bg": np.array(cols[3], float)})
+        cols = {}
+        for group in (SENSITIVITY_COLUMNS, OWN_SUBSET_COLUMNS):  # a group where every image of the chunk has it
+            if indices and all(d[i][k] is not None for i in indices for k in group):
+                cols.update({k: np.array([d[i][k] for i in indices], dtype=t) for k, t in group.items()})
+        sens.append(cols or None)
     return indices, results, sens
 
 

@@ -47,6 +47,7 @@ from .distributed import Ranks, barrier, from_main, setup, teardown
 from .faults import writing
 from .persist import chunk_record, iter_chunks, load_audit, model_entries
 from .records import AuditRecord, ModelRecord
+from .own_subsets import concat_columns, merge_columns, split_columns, subset_summary
 from .subset_files import SubsetFiles
 from .subsets import BACKWARD_METHODS
 from .runner import (
@@ -393,13 +394,16 @@ def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], worker
             x = batch["x"].to(ranks.device)
             objects = None if batch["objects"] is None else batch["objects"].to(ranks.device)
             done = audit_chunk(plan.models, x, batch["labels"], known, plan.config, engine=None, progress=False,
-                               object_masks=objects)
+                               object_masks=objects, indices=batch["index"])
             images = store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]],
                                         batch["labels"], batch["displays"],
                                         None if objects is None else list(objects.cpu().numpy()))
-            results = store.results_table(done.results, batch["index"], done.sensitivity,
+            own = done.subsets or [None] * len(done.results)
+            columns = [merge_columns(s, o) for s, o in zip(done.sensitivity, own)]
+            results = store.results_table(done.results, batch["index"], columns,
                                           meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
-                                                "rank": ranks.rank, "world": ranks.world})
+                                                "rank": ranks.rank, "world": ranks.world,
+                                                "threads": torch.get_num_threads()})
             t0 = time.perf_counter()
             with writing(out, len(plan.ranges)):
                 store.commit_chunk(out, c, images, results)
@@ -467,6 +471,9 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
     seconds = np.zeros(n_models)
     counts = None
     sens: list[list[dict]] = [[] for _ in range(n_models)]
+    own: list[list[dict | None]] = [[] for _ in range(n_models)]
+    targets: list[list[int]] = [[] for _ in range(n_models)]
+    labels: list[int | None] = []
     class_names: dict[int, str] = {}
 
     def write_table(tmp: str) -> None:  # sis.parquet, chunk by chunk, summing the chunks' aggregates meanwhile
@@ -477,26 +484,33 @@ def finalize(out: str, doc: dict, class_name: Callable[[int], str], info: dict, 
                 if meta.get("transfer") is not None:
                     c = np.asarray(meta["transfer"], dtype=np.int64)
                     counts = c if counts is None else counts + c
-                for acc, s in zip(sens, chunk_sens):
+                labels.extend(images.labels)
+                for acc, own_acc, tgt, s, res in zip(sens, own, targets, chunk_sens, per_model):
+                    s, o = split_columns(s)
                     if s is not None:
                         acc.append(s)
+                    own_acc.append(o)
+                    tgt.extend(int(r.target) for r in res)
                 classes = {int(r.target) for res in per_model for r in res} | {int(v) for v in images.labels
                                                                                  if v is not None}
                 names = {c: class_name(c) for c in sorted(classes)}
                 class_names.update(names)
                 writer.write_table(audit_table(chunk_record(doc, images, per_model, names), images.indices[0]))
                 if subsets is not None:
-                    subsets.add(images, per_model)
+                    subsets.add(images, per_model, [split_columns(s)[1] for s in chunk_sens])
 
     store.atomic_write(os.path.join(out, store.TABLE_FILE), write_table)
     written = [] if subsets is None else [os.path.relpath(f, out) for f in subsets.write(out)]
     n = doc["n_images"]
     ref = reference_name(known)
     models = [ModelRecord(m["name"], m["method"], [], float(s), m["options"]) for m, s in zip(doc["models"], seconds)]
-    for m, cols in zip(models, sens):
+    for m, cols, own_cols, tgt in zip(models, sens, own, targets):
         if cols:
             merged = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
             m.sensitivity = sensitivity_summary(merged, _plain(config.noise_sigma), ref)
+        own_cols = concat_columns(own_cols)
+        if own_cols is not None:
+            m.subsets = subset_summary(own_cols, tgt, labels, config.fraction)
     names = [m["name"] for m in doc["models"]]
     transfer = None
     if counts is not None and wants_transfer(config.transfer, n_models, config.method):

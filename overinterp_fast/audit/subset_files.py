@@ -12,7 +12,10 @@ first round), ``backselect`` (bool [N, H, W]: the last ceil(fraction p) pixels o
 CIFAR-10 at 5%), ``random`` (bool [N, H, W]: as many pixels uniformly at random, drawn per image from the audit's
 seed and the image's position, so the same whatever the chunks, ranks or resumes), and the scalars ``mean``,
 ``std`` (the normalization, per channel), ``mask_value`` (float64 [1] or [C]: what a masked pixel becomes in the
-model's input space, 0 unless the audit's baselines say otherwise), ``fraction``, ``seed``, ``model`` and ``split``.
+model's input space, 0 unless the audit's baselines say otherwise), ``fraction``, ``seed``, ``model`` and ``split``;
+and what the audited model says on each subset (:mod:`overinterp_fast.audit.own_subsets`): ``backselect_class``,
+``random_class`` (int64 [N], its class there) and ``backselect_score``, ``random_score`` (float64 [N], its
+probability there of ``targets``), absent from files of audits that did not keep them.
 
 A dataset's split is the part of an image's name before its first "/" (``train/00012``) where the source is a
 dataset's split ``all``; the split's own name for one split; ``images`` for other sources.
@@ -26,6 +29,7 @@ require("audit", "the audit")  # before any of its modules: one line when the ex
 
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -33,10 +37,11 @@ import torch
 from ..methods.results import SISResult
 from ..util.files import atomic_write
 from ..zoo.imagenet import normalize
-from .store import ChunkImages
+from .store import OWN_SUBSET_COLUMNS, ChunkImages
 from .subsets import _apply, keep_last
 
 SUBSETS_DIR = "subsets"
+WHICH = ("backselect", "random", "full")  # the inputs a file builds: either subset, or the whole images
 
 
 def split_of(name: str, source_split: str | None) -> str:
@@ -75,11 +80,15 @@ class SubsetFiles:
         self.std = np.atleast_1d(np.asarray(std, dtype=np.float32))
         self.parts: dict[tuple[str, str], dict[str, list]] = {}
 
-    def add(self, images: ChunkImages, per_model: list[list[SISResult]]) -> None:
-        """One chunk's images and each model's results for them."""
-        for model, results in zip(self.models, per_model):
-            for idx, name, label, photo, r in zip(images.indices, images.names, images.labels, images.displays,
-                                                  results):
+    def add(self, images: ChunkImages, per_model: list[list[SISResult]],
+            own: list[dict | None] | None = None) -> None:
+        """One chunk's images and each model's results for them; ``own``: per model its own-subset columns for them
+        (:mod:`overinterp_fast.audit.own_subsets`), or None where not kept (a file holds them when every chunk
+        of its split had them)."""
+        own = [None] * len(self.models) if own is None else own
+        for model, results, cols in zip(self.models, per_model, own):
+            for j, (idx, name, label, photo, r) in enumerate(zip(images.indices, images.names, images.labels,
+                                                                 images.displays, results)):
                 grid = photo.shape[:2]
                 p = int(np.prod(grid))
                 order = r.order.numpy()
@@ -91,7 +100,7 @@ class SubsetFiles:
                 k = int(kept.sum())
                 rows = self.parts.setdefault((model, split_of(name, self.source_split)),
                                              {key: [] for key in ("names", "labels", "targets", "photos", "order",
-                                                                  "backselect", "random")})
+                                                                  "backselect", "random", *OWN_SUBSET_COLUMNS)})
                 rows["names"].append(name)
                 rows["labels"].append(-1 if label is None else int(label))
                 rows["targets"].append(int(r.target))
@@ -99,13 +108,18 @@ class SubsetFiles:
                 rows["order"].append(order.astype(np.int16 if p <= np.iinfo(np.int16).max else np.int32))
                 rows["backselect"].append(kept.reshape(grid))
                 rows["random"].append(random_keep(p, k, self.seed, int(idx)).reshape(grid))
+                for key in OWN_SUBSET_COLUMNS:
+                    rows[key].append(None if cols is None else cols[key][j])
 
     def write(self, folder: str) -> list[str]:
         """Write ``subsets/<model>/<split>.npz`` under ``folder`` (each atomically); returns the paths."""
         paths = []
         for (model, split), rows in sorted(self.parts.items()):
+            own = {key: rows[key] for key in OWN_SUBSET_COLUMNS}
             arrays = {key: np.stack(v) if key not in ("names",) else np.asarray(v, dtype=str)
-                      for key, v in rows.items()}
+                      for key, v in rows.items() if key not in own}
+            if all(v is not None for values in own.values() for v in values):
+                arrays.update({key: np.asarray(own[key], dtype=t) for key, t in OWN_SUBSET_COLUMNS.items()})
             arrays["labels"] = np.asarray(rows["labels"], dtype=np.int64)
             arrays["targets"] = np.asarray(rows["targets"], dtype=np.int64)
             arrays.update(mean=self.mean, std=self.std, mask_value=self.mask_value,
@@ -121,6 +135,34 @@ class SubsetFiles:
             atomic_write(path, save)
             paths.append(path)
         return paths
+
+
+def subset_file(path: str, split: str, model: str | None = None) -> str:
+    """The file of one split: ``path`` is a folder holding ``<split>.npz`` (``subsets/<model>/``), or an audit folder
+    whose ``subsets/`` holds it for ``model`` (None: its only model). One-line FileNotFoundError or ValueError
+    naming what is missing."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path!r} is not a folder: give an audit folder (written with --pixel-subsets) or "
+                                f"its subsets/<model> folder")
+    folder = path
+    root = os.path.join(path, SUBSETS_DIR)
+    if os.path.isdir(root) and not os.path.isfile(os.path.join(path, f"{split}.npz")):
+        have = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        if model is not None:
+            folder = os.path.join(root, safe_name(model))
+            if not os.path.isdir(folder):
+                raise ValueError(f"{path!r} has no pixel subsets of model {model!r}; it has {', '.join(have)}")
+        elif len(have) == 1:
+            folder = os.path.join(root, have[0])
+        else:
+            raise ValueError(f"{path!r} has pixel subsets of {len(have)} models ({', '.join(have)}): name one "
+                             f"(--subsets-of)")
+    file = os.path.join(folder, f"{split}.npz")
+    if not os.path.isfile(file):
+        there = sorted(x[:-4] for x in os.listdir(folder) if x.endswith(".npz")) if os.path.isdir(folder) else []
+        raise FileNotFoundError(f"no {split} split in {folder!r} (it holds {', '.join(there) or 'no split'}); "
+                                f"the audit needs --split all, or both splits audited into it")
+    return file
 
 
 def safe_name(model: str) -> str:
@@ -147,19 +189,27 @@ class PixelSubsets:
     seed: int
     model: str
     split: str
+    backselect_class: np.ndarray | None = None
+    backselect_score: np.ndarray | None = None
+    random_class: np.ndarray | None = None
+    random_score: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def inputs(self, which: str = "backselect") -> torch.Tensor:
-        """The model inputs of one subset, float32 [N, C, H, W]: each photo normalized, with only the pixels of
-        ``which`` ("backselect", "random", or "full" for every pixel) present and the others at ``mask_value``."""
-        if which not in ("backselect", "random", "full"):
+    def inputs(self, which: str = "backselect", indices: Sequence[int] | None = None) -> torch.Tensor:
+        """The model inputs of one subset, float32 [N, C, H, W] (N = ``len(indices)``; None: every image): each
+        photo normalized, with only the pixels of ``which`` ("backselect", "random", or "full" for every pixel)
+        present and the others at ``mask_value``."""
+        if which not in WHICH:
             raise ValueError(f"which must be 'backselect', 'random' or 'full', got {which!r}")
-        x = torch.stack([normalize(ph, self.mean, self.std) for ph in self.photos])
+        rows = np.arange(len(self)) if indices is None else np.asarray(indices, dtype=np.int64)
+        if rows.size == 0:
+            raise ValueError("no images to build inputs of")
+        x = torch.stack([normalize(self.photos[i], self.mean, self.std) for i in rows])
         if which == "full":
             return x
-        keep = torch.from_numpy(getattr(self, which).reshape(len(self), -1))
+        keep = torch.from_numpy(getattr(self, which)[rows].reshape(len(rows), -1))
         value = float(self.mask_value[0]) if self.mask_value.size == 1 else torch.from_numpy(self.mask_value).float()
         return _apply(x, keep, value, None)
 
@@ -170,4 +220,5 @@ def load_pixel_subsets(path: str) -> PixelSubsets:
         return PixelSubsets(names=f["names"], labels=f["labels"], targets=f["targets"], photos=f["photos"],
                             order=f["order"], backselect=f["backselect"], random=f["random"], mean=f["mean"],
                             std=f["std"], mask_value=f["mask_value"], fraction=float(f["fraction"]),
-                            seed=int(f["seed"]), model=str(f["model"]), split=str(f["split"]))
+                            seed=int(f["seed"]), model=str(f["model"]), split=str(f["split"]),
+                            **{key: f[key] for key in OWN_SUBSET_COLUMNS if key in f.files})

@@ -23,7 +23,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # of the stored ones, those that may take other values on --resume (the stored configuration still checks the
 # device type).
 NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose", "log_level", "given",
-                        "resumed_identity"})
+                        "resumed_identity", "threads"})
 FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device", "pixel_subsets"})
 PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
 from ..errors import MissingDependency, StorageFault
@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
     from ..audit.config import EPOCHS, FRACTION
     from ..text.reduction import BEAM_SIZE, IMPORTANCE, IMPORTANCES
+    from .retrain import add_retrain_parser, add_threads, seeds_type
 
     parser = Parser(prog=PROG, description="Fast Sufficient Input Subsets (SIS).",
                     parents=[_logging_options(top=True)])
@@ -195,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--score-dtype", choices=sorted(SCORE_DTYPES), default=_A.score_dtype,
                        help="exact SIS: score candidates in this dtype first, again in float32 where it cannot "
                             "decide (the results are float32's; part of the configuration)")
+    add_threads(audit)
     report = sub.add_parser("report", parents=common,
                             help="rebuild report.html from a results folder, without recomputing")
     report.add_argument("folder", help="a folder written by 'audit', 'sis' or 'demo'")
@@ -222,9 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--train", type=_positive, default=None, help="training images to use (default: all)")
     pipe.add_argument("--test", type=_positive, default=None, help="test images to use (default: all)")
     pipe.add_argument("--epochs", type=_positive, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
+    pipe.add_argument("--seeds", type=seeds_type, default=None,
+                      help="train the subset models once per seed, e.g. 0,1,2,3,4: mean, std and min-max over them "
+                           "(default: the one seed 0)")
     pipe.add_argument("--out", default=None, help="write the result as JSON here")
+    retrain = add_retrain_parser(sub, common)
     parser.commands = {"demo": demo, "sis": sis, "audit": audit, "report": report, "reduce": red,
-                       "digits-pipeline": pipe}
+                       "digits-pipeline": pipe, "retrain": retrain}
     return parser
 
 
@@ -547,7 +553,10 @@ def _command(args) -> None:
             print(f"wrote {save_audit(record, args.out)}")
             print(f"wrote {_sis_png(record, os.path.join(args.out, 'sis.png'))}")
     elif args.command == "audit":
-        run = _run_audit(args)
+        from ..util.threads import torch_threads
+
+        with torch_threads(args.threads):
+            run = _run_audit(args)
         if run.ranks.is_main:
             _print_table(run.record)
             print(f"{run.chunks} chunks: {run.skipped} already committed, {run.computed} computed by rank 0 "
@@ -578,9 +587,13 @@ def _command(args) -> None:
 
         if args.fraction == 0:
             raise ValueError("--fraction must be above 0")
-        result = digits_pipeline(args.fraction, args.train, args.test, args.epochs)
+        result = digits_pipeline(args.fraction, args.train, args.test, args.epochs, seeds=args.seeds)
         print(format_table(result))
         print(f"{result['pixels_kept']} of {result['pixels']} pixels kept; {result['seconds']['total']:.1f} s")
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(result, fh, indent=1)
+    elif args.command == "retrain":
+        from .retrain import run_retrain
+
+        run_retrain(args)

@@ -153,13 +153,15 @@ def test_one_command_writes_orders_and_subsets_per_split_and_resumes(net, cifar,
 @pytest.mark.timeout(300)
 def test_two_torchrun_ranks_write_the_one_process_orders_and_subsets(net, cifar, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    p = run_cli(argv(net, cifar, one))
+    p = run_cli(argv(net, cifar, one, "--threads", "2"))
     assert p.returncode == 0, p.stderr
-    q = run_cli(argv(net, cifar, two), torchrun=2)
+    q = run_cli(argv(net, cifar, two, "--threads", "2"), torchrun=2)  # torchrun's processes start with one thread
     assert q.returncode == 0, q.stderr + q.stdout
     assert "computed by rank 0 of 2" in q.stdout
     ranks = {store.chunk_meta(str(two), c)["rank"] for c in range(4)}
     assert ranks == {0, 1}  # both ranks computed chunks
+    # --threads reached every process: each chunk ran with two threads, whichever rank computed it
+    assert {(store.chunk_meta(str(f), c)["threads"]) for f in (one, two) for c in range(4)} == {2}
     a, b = load_audit(str(one)), load_audit(str(two))
     for ra, rb in zip(a.models[0].results, b.models[0].results):
         assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)

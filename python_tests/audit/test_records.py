@@ -62,10 +62,12 @@ def test_results_json_fields():
     rec = _record()
     assert persist._float(None) is None and persist._float(math.nan) is None and persist._float(math.inf) is None
     assert persist._float(-math.inf) is None and persist._float(2) == 2.0 and isinstance(persist._float(2), float)
+    rec.models[1].subsets = {"fraction": 0.05, "accuracy": {"backselect": 0.5}}
     assert persist.model_entries(rec.models) == [
         {"name": "a", "method": "exact", "seconds": 1.5, "options": {"threshold": 0.5},
-         "sensitivity": {"sigma": 0.1, "rfs": 0.25}},
-        {"name": "b", "method": "gradient", "seconds": None, "options": {}, "sensitivity": None}]
+         "sensitivity": {"sigma": 0.1, "rfs": 0.25}, "subsets": None},
+        {"name": "b", "method": "gradient", "seconds": None, "options": {}, "sensitivity": None,
+         "subsets": {"fraction": 0.05, "accuracy": {"backselect": 0.5}}}]
     doc = persist.complete_doc(rec, {"source": "x"}, 2)
     assert doc == {"format_version": store.FORMAT_VERSION, "status": "complete", "config": {"source": "x"},
                    "n_images": 3, "chunk_size": 2, "title": "T", "class_names": {"0": "zero", "1": "one"},
@@ -88,6 +90,9 @@ def _same_results(got, want):
 @pytest.mark.mutation
 def test_save_and_load_round_trip(tmp_path):
     rec = _record()
+    own = {"backselect_class": np.array([2, 0, 1]), "backselect_score": np.array([0.5, 0.25, 0.75]),
+           "random_class": np.array([1, 1, 0]), "random_score": np.array([0.125, 0.0, 1.0])}
+    rec.models[0].subset_columns, rec.models[0].subsets = own, {"fraction": 0.05, "images": 3}
     folder = str(tmp_path / "audit")
     path = persist.save_audit(rec, folder)
     assert path == os.path.join(folder, "results.json")
@@ -103,6 +108,12 @@ def test_save_and_load_round_trip(tmp_path):
     assert back.models[0].seconds == 1.5 and math.isnan(back.models[1].seconds)
     assert back.models[0].options == {"threshold": 0.5} and back.models[0].sensitivity == {"sigma": 0.1, "rfs": 0.25}
     assert back.models[1].sensitivity is None
+    # the model on its own pixel subsets: the summary from results.json, the columns from the parts
+    assert back.models[0].subsets == {"fraction": 0.05, "images": 3} and back.models[1].subsets is None
+    assert {k: v.tolist() for k, v in back.models[0].subset_columns.items()} == {
+        "backselect_class": [2, 0, 1], "backselect_score": [0.5, 0.25, 0.75], "random_class": [1, 1, 0],
+        "random_score": [0.125, 0.0, 1.0]}
+    assert back.models[1].subset_columns is None
     for m, w in zip(back.models, rec.models):
         _same_results(m.results, w.results)
     # saved again with a configuration and without masks: replaces the first

@@ -38,7 +38,7 @@ from overinterp_fast.methods.results import SISResult
 N, H, W = 4, 8, 8
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CLASS_NAMES = {0: "tabby <cat>", 1: "dog & co", 2: "espresso", 3: "missile", 4: "four"}
-ALL_SECTIONS = ["summary", "images", "sis-sizes", "heatmaps", "location", "comparison", "transfer"]
+ALL_SECTIONS = ["summary", "images", "sis-sizes", "classes", "heatmaps", "location", "comparison", "transfer"]
 
 
 # ---------------------------------------------------------------------------------------------- building records
@@ -300,8 +300,8 @@ def test_report_three_models_with_transfer(three, three_report):
     n_models = len(three.models)
     counts = {s: len(report.imgs[s]) for s in report.ids}
     # one figure per image and model; sizes: box plot + exact curve; one heatmap figure per model; one border plot
-    assert counts == {"summary": 0, "images": N * n_models, "sis-sizes": 2, "heatmaps": n_models, "location": 1,
-                      "comparison": 0, "transfer": 0}
+    assert counts == {"summary": 0, "images": N * n_models, "sis-sizes": 2, "classes": 0, "heatmaps": n_models,
+                      "location": 1, "comparison": 0, "transfer": 0}
 
     text = report.text()
     assert three.title in text and "<b>x</b>" in text  # escaped in the HTML, read back verbatim

@@ -146,8 +146,11 @@ def test_results_table_rows_by_hand_and_read_back():
                   "sis_score": pa.float64(), "queries": pa.int64(), "collection": pa.int32(),
                   "first_in_collection": pa.bool_(), "fg_correct": pa.bool_(), "bg_correct": pa.bool_(),
                   "p_fg": pa.float64(), "p_bg": pa.float64(), "extraction_queries": pa.int64(),
-                  "refine_queries": pa.int64(), "size_before_refine": pa.int64(), "minimal": pa.bool_()}
+                  "refine_queries": pa.int64(), "size_before_refine": pa.int64(), "minimal": pa.bool_(),
+                  "backselect_class": pa.int64(), "backselect_score": pa.float64(), "random_class": pa.int64(),
+                  "random_score": pa.float64()}
     assert {f.name: f.type for f in table.schema} == want_types
+    assert col("backselect_class") == [None] * 6 and col("random_score") == [None] * 6  # not given: null
     assert json.loads(table.schema.metadata[b"overinterp_fast"]) == {"seconds": [1.5, 2.0]}
     assert json.loads(store.results_table(models, [7, 5]).schema.metadata[b"overinterp_fast"]) == {}
 
@@ -173,6 +176,33 @@ def test_results_table_rows_by_hand_and_read_back():
     # through a Parquet file: the list columns come back as chunked arrays
     (one,) = store.results_from_table(pa.concat_tables([table.slice(0, 2), table.slice(2)]), 2)[1][0][1:]
     assert_same_result(one, models[0][0])
+
+
+def test_own_subset_columns_round_trip_beside_the_sensitivity():
+    """Model 0 has both groups of per-image columns, model 1 the own-subset ones only: round 0 rows carry them, the
+    later rounds of a collection null; read back per group, in image order, with their dtypes."""
+    models = _models()
+    own = {"backselect_class": np.array([3, 1]), "backselect_score": np.array([0.875, 0.25]),
+           "random_class": np.array([0, 2]), "random_score": np.array([0.125, 0.5])}
+    table = store.results_table(models, [7, 5], [{**SENS[0], **own}, own])
+    col = lambda k: table.column(k).to_pylist()  # noqa: E731
+    assert col("round") == [0, 1, 0, 0, 0, 1]
+    assert col("backselect_class") == [3, None, 1, 3, 1, None]
+    assert col("random_score") == [0.125, None, 0.5, 0.125, 0.5, None]
+    indices, _, cols = store.results_from_table(table, 2)
+    assert indices == [5, 7]
+    assert set(cols[0]) == {"fg_correct", "bg_correct", "p_fg", "p_bg", "backselect_class", "backselect_score",
+                            "random_class", "random_score"}
+    assert set(cols[1]) == {"backselect_class", "backselect_score", "random_class", "random_score"}
+    for c in cols:
+        assert c["backselect_class"].tolist() == [1, 3] and c["backselect_class"].dtype == np.int64
+        assert c["backselect_score"].tolist() == [0.25, 0.875] and c["backselect_score"].dtype == np.float64
+        assert c["random_class"].tolist() == [2, 0] and c["random_score"].tolist() == [0.5, 0.125]
+    assert cols[0]["fg_correct"].tolist() == [False, True]
+    # a part written before the own-subset columns were stored: the sensitivity alone comes back
+    old = table.drop_columns(list(store.OWN_SUBSET_COLUMNS))
+    _, _, cols = store.results_from_table(old, 2)
+    assert set(cols[0]) == {"fg_correct", "bg_correct", "p_fg", "p_bg"} and cols[1] is None
 
 
 @pytest.mark.mutation

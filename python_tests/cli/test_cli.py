@@ -889,16 +889,19 @@ def test_main_report_reduce_and_pipeline(monkeypatch, capsys, tmp_path):
 
     result = {"rows": [{"trained_on": "a", "evaluated_on": "b", "accuracy": 0.5}], "pixels_kept": 4, "pixels": 64,
               "seconds": {"total": 2.25}}
-    monkeypatch.setattr(pipeline, "digits_pipeline", lambda *a: calls.append(("pipeline", a)) or result)
+    monkeypatch.setattr(pipeline, "digits_pipeline", lambda *a, **k: calls.append(("pipeline", a, k)) or result)
     out = tmp_path / "p.json"
     assert cli.main(["digits-pipeline", "--fraction", "0.1", "--train", "20", "--test", "10", "--epochs", "3",
                      "--out", str(out)]) == 0
-    assert calls[-1] == ("pipeline", (0.1, 20, 10, 3))
+    assert calls[-1] == ("pipeline", (0.1, 20, 10, 3), {"seeds": None})
     printed = capsys.readouterr().out.splitlines()
     assert printed == pipeline.format_table(result).splitlines() + ["4 of 64 pixels kept; 2.2 s"]
     assert json.loads(out.read_text()) == result
-    assert cli.main(["digits-pipeline"]) == 0 and calls[-1] == ("pipeline", (0.05, None, None, 15))
-    assert cli.main(["digits-pipeline", "--fraction", "1"]) == 0 and calls[-1] == ("pipeline", (1.0, None, None, 15))
+    assert cli.main(["digits-pipeline"]) == 0 and calls[-1] == ("pipeline", (0.05, None, None, 15), {"seeds": None})
+    assert cli.main(["digits-pipeline", "--fraction", "1"]) == 0
+    assert calls[-1] == ("pipeline", (1.0, None, None, 15), {"seeds": None})
+    assert cli.main(["digits-pipeline", "--seeds", "3,1"]) == 0
+    assert calls[-1] == ("pipeline", (0.05, None, None, 15), {"seeds": (3, 1)})
 
 
 

@@ -20,7 +20,7 @@ import torch
 import overinterp_fast as of
 from overinterp_fast import cli
 from overinterp_fast.audit import store
-from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
+from overinterp_fast.audit.config import AuditConfig, RetrainOptions, RunOptions, StoreOptions
 from overinterp_fast.audit.distributed import resolve_device
 from overinterp_fast.cli import main
 from helpers import tiny_cnn
@@ -112,6 +112,13 @@ def test_every_cli_default_is_its_options_objects_default():
                                                              signature["importance"].default)
     signature = inspect.signature(digits_pipeline).parameters
     assert (pipe["fraction"], pipe["epochs"]) == (signature["fraction"].default, signature["epochs"].default)
+    assert pipe["seeds"] is signature["seeds"].default is None
+    retrain = _defaults(parser.commands["retrain"])
+    matched = {f.name for f in fields(RetrainOptions) if f.name in retrain}
+    assert matched == {"arch", "seeds", "epochs", "batch_size", "lr", "weight_decay", "device", "workers", "classes",
+                       "target"}
+    for f in fields(RetrainOptions):
+        assert retrain[f.name] == f.default, ("retrain", f.name)
 
 
 def test_the_defaults_agree_and_say_their_units():
