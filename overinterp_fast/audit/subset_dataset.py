@@ -10,7 +10,7 @@
 An item is one image of the file (:mod:`overinterp_fast.audit.subset_files`) normalized as the audit normalized
 it, with only the pixels of its subset present (``which``: "backselect", the last 5% of its backward-selection
 order; "random", as many pixels drawn at random; "full", every pixel) and the others at the audit's baseline
-(``mask_value``: 0, the mean colour, after the usual normalization), and its label: the true class
+(the baseline: 0, the mean colour, after the usual normalization), and its label: the true class
 (``target="labels"``, what the paper trains on) or the class the audited model predicted on the whole image
 (``target="predictions"``). A batch is built in one call (``__getitems__``, which a DataLoader uses): the
 images normalized and masked together.
