@@ -6,7 +6,8 @@ Each pair runs two exact SIS jobs of one model, the second with another number o
 1x8x8, one then three of 1x24x24, the loop benchmark's near-free model in float32), with default options. Per job:
 the batch shapes of its steps, the captures and replays the CPU's stand-in counts (the graphs a GPU would capture
 and replay, by the same rule: runtime.graphs), the rows the steps ran against backward selection's own, and every
-forward shape the model saw (a forward hook, with graphs off: one more run of the same job). Then the gradient
+forward shape the model saw (a forward hook, with graphs off: one more run of the same job; the first is the images'
+own pass, which runs as it is). Then the gradient
 method on a small CNN with a collection of several rounds: its step shapes and captures.
 """
 from __future__ import annotations
@@ -50,10 +51,10 @@ def exact_pair(name: str, first: int, second: int) -> dict:
                      "step_shapes": list(steps.shapes), "captures": steps.captures, "replays": steps.replays,
                      "graphs": steps.graphs, "rows": steps.rows, "own_rows": own, "rows_over_own": steps.rows / own})
     jobs[1]["new_step_shapes"] = len(set(jobs[1]["step_shapes"]) - set(jobs[0]["step_shapes"]))
-    # the forward shapes, with graphs off (a hook does not see a replay); fresh state, then both jobs again
-    model2, *_ = make_case(name, max(first, second), torch.device("cpu"))
+    # the forward shapes, with graphs off (a hook does not see a replay): both jobs again, on the same model (its
+    # kept batch size: no calibration's probes among them)
     for job, n in zip(jobs, (first, second)):
-        job["forward_shapes"] = forward_shapes(model2, images[:n], features)
+        job["forward_shapes"] = forward_shapes(model, images[:n], features)
     return {"config": name, "features": p, "jobs": jobs}
 
 
