@@ -394,13 +394,17 @@ class GraphedStep:
             return
         with sanctioned_wait():  # priming waits for the device once: not a wait of the loop served
             try:
-                current = torch.cuda.current_stream(self.device)
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(current)
-                with torch.cuda.stream(side):
+                if self.device.type == "cuda":  # warm-ups on a side stream, as a capture's are
+                    current = torch.cuda.current_stream(self.device)
+                    side = torch.cuda.Stream(self.device)
+                    side.wait_stream(current)
+                    with torch.cuda.stream(side):
+                        for _ in range(self.warmup):
+                            warm()
+                    current.wait_stream(side)
+                else:
                     for _ in range(self.warmup):
                         warm()
-                current.wait_stream(side)
                 self.graph = self._capture()
             except Exception as exc:  # whatever breaks a capture, the eager step gives the same results
                 self._off(exc)

@@ -8,13 +8,13 @@ Tests marked ``mutation`` were written for survivors of a mutation run (mutmut):
 behavioural tests above let through, with every expectation worked out by hand.
 """
 import contextlib
-import weakref
 
 import pytest
 import torch
 from torch import nn
 
 import overinterp_fast as of
+from overinterp_fast.runtime import model_state
 from overinterp_fast.methods import exact, exact_step, reference
 from overinterp_fast.runtime.batching import CandidateEvaluator, ChunkRunner
 from overinterp_fast.runtime.inputs import prepare
@@ -699,7 +699,7 @@ def test_at_most_five_ops_outside_the_model_per_forward_call(n, size):
 def _memo_from(monkeypatch, least: int) -> None:
     """The row memo on for inputs of at least ``least`` elements, in dense steps made from here on (none kept)."""
     monkeypatch.setattr(exact_step, "MEMO_MIN_ELEMS", least)
-    monkeypatch.setattr(exact_step, "_kept", weakref.WeakKeyDictionary())
+    model_state.clear(("step",))
 
 
 def _memo_steps(monkeypatch) -> list:
@@ -874,7 +874,7 @@ def test_the_captured_step_reads_each_batch_from_its_own_input(monkeypatch):
     fused = of.fast_sis(model, x, 0.3, **kw)
     monkeypatch.setattr(graphs, "GraphedStep", OnTheCpu)
     monkeypatch.setattr(graphs, "StepGraphs", On)
-    monkeypatch.setattr(exact_step, "_kept", weakref.WeakKeyDictionary())  # not the first call's (graphs off) step
+    model_state.clear(("step",))  # not the first call's (graphs off) step
     replayed = of.fast_sis(model, x, 0.3, **kw)
     first = len(captured)
     again = of.fast_sis(model, x, 0.3, **kw)  # the kept step: its graphs replay, no shape is captured again
