@@ -30,9 +30,10 @@ from ..methods import choice
 from ..attr.options import GradientOptions, MinimalPixelSetOptions
 from ..runtime.inputs import check_threshold
 from ..runtime.memory_format import convertible
-from ..runtime.model import Ensemble, ModelFn
+from ..runtime.model import Ensemble, ModelFn, check_output_kind
 from .config import AUTO_EXACT_FEATURES, THRESHOLD_MODES  # noqa: F401  (runner.THRESHOLD_MODES)
 from .config import METHODS as AUDIT_METHODS
+from .checks import CHECK_ROWS, check_models
 from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
@@ -43,13 +44,17 @@ EXACT_FEATURE_LIMIT = 4096  # exact SIS is refused above this many pixels (64 x 
 
 
 @torch.no_grad()
-def predict(model, x: torch.Tensor, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top-1 class int64 [N], its probability float64 [N]) of ``model`` on ``x`` [N, *D], in batches."""
-    fn = ModelFn(model, device=x.device)
-    probs = torch.cat([fn.probabilities(fn.forward(x[i:i + batch_size])) for i in range(0, x.shape[0], batch_size)])
-    if not bool(torch.isfinite(probs).all()):
+def predict(model, x: torch.Tensor, batch_size: int = 64,
+            outputs: str = "logits") -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 class int64 [N], its probability float64 [N]) of ``model`` on ``x`` [N, *D], in batches; outputs
+    that contradict ``outputs`` ("logits" or "probabilities") are refused
+    (:func:`~overinterp_fast.runtime.model.check_output_kind`)."""
+    fn = ModelFn(model, outputs=outputs, device=x.device)
+    out = torch.cat([fn.forward(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+    if not bool(torch.isfinite(out).all()):
         raise FloatingPointError("the model's output contains NaN or inf")
-    top = probs.max(1)
+    check_output_kind(out, outputs)
+    top = fn.probabilities(out).max(1)
     return top.indices.cpu(), top.values.double().cpu()
 
 
@@ -150,7 +155,7 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
     for name, model in bar:
         bar.set_postfix_str(name)
-        predictions[name], f0 = predict(model, images)
+        predictions[name], f0 = predict(model, images, outputs=config.outputs)
         taus = thresholds_for(f0, config.threshold, config.threshold_mode)
         t0 = time.perf_counter()
         results.append(explain(model, images, taus, config, engine, progress))
@@ -163,15 +168,18 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     counts = None
     if wants_transfer(config.transfer, len(models), config.method):
         reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
-        counts = transfer_counts(models, results, images, reference, config.fraction, config.baselines)
+        counts = transfer_counts(models, results, images, reference, config.fraction, config.baselines,
+                                 config.outputs)
     return ChunkResult(results, seconds, sens, counts)
 
 
 def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig, engine: str | None,
             progress: bool | None) -> list:
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
-    (``engine`` None: :func:`fixed_engine`)."""
-    options = None
+    (``engine`` None: :func:`fixed_engine`). Minimal pixel sets ("responsibility") restore the top-1 class, a
+    criterion without a threshold: they run without one, and their results record the audit's tau as every
+    method's do."""
+    options, threshold = None, taus
     engine = fixed_engine(model) if engine is None else engine
     if config.method == "exact":
         options = config.exact_options()
@@ -182,10 +190,15 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
     elif config.method == "gradient":
         options = GradientOptions(k=config.k, autocast=config.autocast)
     elif config.method == "responsibility":
-        options = MinimalPixelSetOptions(seed=config.seed)
-    return fast_sis(model, images, taus, method=config.method, collection=config.collection,
-                    baselines=config.baselines, batch_size=config.batch_size, engine=engine, show_progress=progress,
-                    options=options)
+        options, threshold = MinimalPixelSetOptions(seed=config.seed), None
+    results = fast_sis(model, images, threshold, method=config.method, collection=config.collection,
+                       baselines=config.baselines, batch_size=config.batch_size, outputs=config.outputs,
+                       engine=engine, show_progress=progress, options=options)
+    if threshold is None:
+        for r, tau in zip(results, taus):
+            for c in [r, *(r.collection or [])]:
+                c.threshold = tau
+    return results
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,
@@ -193,7 +206,8 @@ def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth:
     """Per image of the chunk {"fg_correct", "bg_correct": bool [n], "p_fg", "p_bg": float [n]} against ``truth``,
     with noise of ``config.noise_sigma`` pixel units (see :class:`~overinterp_fast.audit.config.AuditConfig`)."""
     sigma, low, high = noise_in_image_units(config.noise_sigma, config.value_range, images.device)
-    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), sigma, low, high, seed=config.seed)
+    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), sigma, low, high, seed=config.seed,
+                           outputs=config.outputs)
     return {"fg_correct": ns["correct_fg"].numpy(), "bg_correct": ns["correct_bg"].numpy(),
             "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()}
 
@@ -208,13 +222,15 @@ def noise_in_image_units(noise_sigma, value_range, device=None) -> tuple:
 
 
 def transfer_counts(models: Mapping[str, object], results: Sequence[Sequence], images: torch.Tensor,
-                    reference: Mapping[str, torch.Tensor], fraction: float, baselines) -> list[list[int]]:
+                    reference: Mapping[str, torch.Tensor], fraction: float, baselines,
+                    outputs: str = "logits") -> list[list[int]]:
     """counts [A][B]: the images that model B classifies as ``reference[B]`` (int64 [N]) on the pixel subsets
     (last ``fraction`` of backward selection) of ``results[A]`` (one SISResult per image of ``images``)."""
     counts = []
     for res in results:
         subsets, _ = pixel_subsets(images, res, fraction, baselines)
-        counts.append([int((predict(models[b], subsets)[0] == reference[b]).sum()) for b in models])
+        counts.append([int((predict(models[b], subsets, outputs=outputs)[0] == reference[b]).sum())
+                       for b in models])
     return counts
 
 
@@ -233,13 +249,14 @@ def transfer_summary(counts, n: int, names: Sequence[str], fraction: float, refe
 
 def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord], images: torch.Tensor,
                    reference: dict[str, torch.Tensor], fraction: float, baselines=None,
-                   reference_name: str = "labels") -> dict:
+                   reference_name: str = "labels", outputs: str = "logits") -> dict:
     """Accuracy of every model B on the pixel subsets (last ``fraction`` of backward selection) of every model A.
 
     ``reference[B]``: int64 [N] the classes B is scored against (true labels, or B's own full-image
     predictions; ``reference_name`` says which). Returns the ``AuditRecord.transfer`` dict (rows: A, cols: B).
     """
-    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, baselines)
+    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, baselines,
+                             outputs)
     out = transfer_summary(counts, images.shape[0], list(models), fraction, reference_name)
     out["rows"] = [r.name for r in records]
     return out
@@ -307,6 +324,7 @@ def run_audit(
         raise ValueError("no models to audit")
     config = replace(config, method=resolve_method(config.method, images.shape, list(models.values())))
     check_method(config.method, images.shape)
+    check_models(models, images[:CHECK_ROWS], config.outputs, labels=labels, names=image_names)  # before any work
     models = with_ensemble(models, config.ensemble)
     if object_masks is not None:
         object_masks = torch.as_tensor(np.asarray(object_masks)).bool()
