@@ -324,13 +324,13 @@ def run_audit(
         raise ValueError("no models to audit")
     config = replace(config, method=resolve_method(config.method, images.shape, list(models.values())))
     check_method(config.method, images.shape)
-    check_models(models, images[:CHECK_ROWS], config.outputs, labels=labels, names=image_names)  # before any work
-    models = with_ensemble(models, config.ensemble)
     if object_masks is not None:
         object_masks = torch.as_tensor(np.asarray(object_masks)).bool()
         if tuple(object_masks.shape) != (n, *images.shape[-2:]):
             raise ValueError(f"object masks must be [N, H, W] = {[n, *images.shape[-2:]]}, "
                              f"got {list(object_masks.shape)}")
+    check_models(models, images[:CHECK_ROWS], config.outputs, labels=labels, names=image_names)  # before any work
+    models = with_ensemble(models, config.ensemble)
     # what accuracies are measured against: the labels when all are known, else each model's own prediction
     known = all(lab is not None for lab in labels)
     chunk = audit_chunk(models, images, labels, known, config, engine="auto", progress=run.show_progress,

@@ -160,8 +160,8 @@ def noise_sensitivity(
         x = torch.where(where, images + noise, images)
         if low is not None or high is not None:
             x = x.clamp(low, high)
-        out = model(x)
-        probs = out if outputs == "probabilities" else torch.softmax(out, 1)
+        scores = model(x)
+        probs = scores if outputs == "probabilities" else torch.softmax(scores, 1)
         right = (probs.argmax(1) == labels).cpu()
         out[f"correct_{name}"] = right
         out[f"a_{name}"] = float(right.double().mean())

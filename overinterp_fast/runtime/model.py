@@ -76,6 +76,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception in one line: its type's name and the first line of its message ("RuntimeError: ..."), or the
+    name alone when the message is empty."""
+    text = first_line(exc)
+    return text if text == type(exc).__name__ else f"{type(exc).__name__}: {text}"
+
+
 class ExtraArgs:
     """``model(x, *args)`` for a batch x of any size B, as Captum's ``additional_forward_args`` are passed: a tensor
     of ``args`` holds one example's value (first dimension 1) and is expanded to B rows; anything else is passed as
@@ -348,9 +355,9 @@ def model_failure(fn: ModelFn, images: torch.Tensor, exc: BaseException, rows: i
         m = min(rows, images.shape[0])
         try:
             fn.model(images[:m])
-            why = f"{type(exc).__name__}: {first_line(exc)}"
+            why = error_text(exc)
         except Exception as again:  # noqa: BLE001  (the model's own error, of any type)
-            why = f"{type(again).__name__}: {first_line(again)}"
+            why = error_text(again)
         if m < images.shape[0]:
             why += f" (on the first {m} inputs)"
     return ValueError(f"the model fails on the inputs, shape {list(images.shape)}: {why}")
