@@ -48,15 +48,17 @@ def model_classes(name: str, model, images: torch.Tensor, outputs: str, hint: st
 
 def check_models(models: Mapping[str, object], images: torch.Tensor, outputs: str, *,
                  labels: Sequence[int | None] | None = None, names: Sequence[str] | None = None,
-                 classes: Sequence[str] | None = None, source: str = "the images", hint: str = "") -> int:
+                 classes: Sequence[str] | None = None, source: str = "the images", hint: str = "",
+                 subset_hint: str = "") -> int:
     """Check every model of an audit on ``images`` [n, *D] (the first images, :data:`CHECK_ROWS` suffice) before
     any work; returns their number of classes K.
 
     Refused, each in one line: a model that fails on the images or whose outputs are not ``outputs``
     (:func:`model_classes`); models with different numbers of classes; a model whose K is not the number of
     ``classes`` the source names (``source`` says which source: a CIFAR-10 model for CIFAR-10, else the class
-    names, the report's true classes and the accuracies would be another model's); a label (of all the audit's
-    ``labels``, ``names`` naming their images) that is not one of the K classes.
+    names, the report's true classes and the accuracies would be another model's; ``subset_hint`` is added to
+    that line); a label (of all the audit's ``labels``, ``names`` naming their images) that is not one of the K
+    classes.
     """
     ks = {name: model_classes(name, m, images, outputs, hint) for name, m in models.items()}
     (first, k), *rest = ks.items()
@@ -67,7 +69,7 @@ def check_models(models: Mapping[str, object], images: torch.Tensor, outputs: st
     if classes is not None and len(classes) != k:
         shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
         raise ValueError(f"model {first!r} has {k} outputs, and {source} has {len(classes)} classes ({shown}): a "
-                         f"model of the source's classes is needed (output j for its class j)")
+                         f"model of the source's classes is needed (output j for its class j){subset_hint}")
     for i, label in enumerate(labels or ()):
         if label is not None and not 0 <= label < k:
             image = f"{names[i]!r}" if names is not None else f"{i}"
@@ -83,5 +85,7 @@ def check_source(models: Mapping[str, object], source, outputs: str, device: tor
     n = min(rows, len(source))
     images = torch.stack([source[i]["x"] for i in range(n)]).to(device)
     what = source.description.get("source", "the image source")
+    subset = ("; for photos of some of the model's classes, give a flat folder and --labels (the model's class "
+              "indices)") if what == "ImageFolder" else ""
     return check_models(models, images, outputs, labels=source.image_labels, names=source.image_names,
-                        classes=source.classes, source=f"the image source ({what})", hint=hint)
+                        classes=source.classes, source=f"the image source ({what})", hint=hint, subset_hint=subset)

@@ -172,6 +172,20 @@ def test_a_label_that_is_not_a_class_of_the_model_is_refused(models, tmp_path, c
         run_audit({"m": net(5)}, x, ["a", "b"], np.zeros((2, SIDE, SIDE, 3), np.uint8), labels=[0, 5])
 
 
+def test_an_image_folder_of_other_classes_says_how_to_audit_some_of_the_model_s(models, tmp_path, capsys):
+    from PIL import Image
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "tree" / cls).mkdir(parents=True)
+        Image.fromarray(np.zeros((6, 6, 3), np.uint8)).save(tmp_path / "tree" / cls / "0.png")
+    args = ["audit", "--model", models["net5"], "--images", str(tmp_path / "tree"), "--size", str(SIDE), "--quiet",
+            "--workers", "0", "--out", str(tmp_path / "out")]
+    assert refused(capsys, args, tmp_path / "out") == (
+        "model 'net5' has 5 outputs, and the image source (ImageFolder) has 2 classes (cat, dog): a model of the "
+        "source's classes is needed (output j for its class j); for photos of some of the model's classes, give a "
+        "flat folder and --labels (the model's class indices)")
+
+
 def test_models_with_different_classes_are_refused():
     with pytest.raises(ValueError, match=r"^model 'a' has 10 outputs and model 'b' 5: the models of one audit share "
                                          r"their classes$"):
@@ -197,6 +211,17 @@ def test_a_softmax_ending_model_is_refused_unless_outputs_says_so(models, cifar,
     assert refused(capsys, argv(models["net10"], cifar, tmp_path / "out", "--outputs", "probabilities"),
                    tmp_path / "out").startswith("model 'net10': outputs='probabilities', but the model's outputs on "
                                                 "the inputs lie in [")
+
+
+def test_the_sis_command_takes_outputs_too(models, cifar, tmp_path, capsys):
+    sis = ["sis", "--model", models["soft"], "--dataset", "cifar10", "--data-dir", str(cifar), "--size", str(SIDE),
+           "--limit", "1", "--method", "exact", "--threshold", "0.5", "--quiet", "--out", str(tmp_path / "out")]
+    assert refused(capsys, sis, tmp_path / "out") == SOFTMAX.replace("the 40 inputs", "the 1 input")
+    assert main([*sis, "--outputs", "probabilities"]) == 0
+    x = open_images(dataset="cifar10", data_dir=str(cifar), size=SIDE)[0]["x"][None]
+    with torch.no_grad():
+        want = float(net(10, softmax=True)(x).max())
+    assert load_audit(str(tmp_path / "out")).models[0].results[0].score == pytest.approx(want, rel=1e-6)
 
 
 def test_outputs_probabilities_audits_the_model_as_it_is_and_a_resume_keeps_it(models, cifar, tmp_path, capsys):
@@ -254,3 +279,14 @@ def test_a_stored_audit_checks_before_it_measures_computes_or_writes(cifar, tmp_
 def test_audit_config_refuses_an_unknown_output_kind():
     with pytest.raises(ValueError, match=r"^outputs must be one of \('logits', 'probabilities'\), got 'probs'$"):
         AuditConfig(outputs="probs")
+
+
+def test_minimal_pixel_sets_in_an_audit_record_the_audit_s_tau():
+    """The audit's responsibility method runs minimal pixel sets with their top-1 criterion, which takes no
+    threshold; each result still records the audit's tau for its image, as the other methods' do."""
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        f = torch.softmax(net(5)(x), 1).max(1).values.double()
+    rec = run_audit({"m": net(5)}, x, ["a", "b"], np.zeros((2, 6, 6, 3), np.uint8),
+                    AuditConfig(method="responsibility", threshold=0.99, threshold_mode="relative", transfer=False))
+    assert [r.threshold for r in rec.models[0].results] == pytest.approx((0.99 * f).tolist(), rel=1e-12)
