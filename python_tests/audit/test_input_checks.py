@@ -105,7 +105,8 @@ def test_a_label_out_of_range_gives_one_line_in_a_real_process(models, tmp_path)
     proc = run_cli(argv(models["net10"], data, tmp_path / "out"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("overinterp-fast: error: ") and "the label 12 of image 0 is not a class" in proc.stderr
+    assert proc.stderr.startswith("overinterp-fast: error: ")
+    assert "the label 12 of image 0 is not a class" in proc.stderr
     assert not os.path.exists(tmp_path / "out")
 
 
