@@ -9,6 +9,7 @@ import torch
 from .attr._base import DATA_RENAMES, Data, captum_data
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
                    Responsibility, ResponsibilityOptions, RunOptions, SubsetOptions, SufficientSubset)
+from .attr.options import criterion_threshold
 from .methods import choice
 from .methods.responsibility import ResponsibilityMap
 from .methods.results import SISResult
@@ -47,7 +48,7 @@ def _auto_method(model, images, feature_mask) -> str:
 def fast_sis(
     model: torch.nn.Module | Callable[[torch.Tensor], torch.Tensor],
     images: torch.Tensor,
-    threshold: float | list[float] | torch.Tensor = _R.threshold,
+    threshold: float | list[float] | torch.Tensor | None = None,
     *,
     method: str = "exact",
     target: int | torch.Tensor | None = None,
@@ -73,7 +74,10 @@ def fast_sis(
             runs in its dtype and on its device; channels_last is kept for the candidate batches. One tensor:
             several input tensors (Captum's tuple of inputs) are refused; pass the others as
             ``additional_forward_args``.
-        threshold: tau in [0, 1]: the SIS keeps f >= tau. A number, or one per image (a sequence or [N]).
+        threshold: tau in [0, 1]: the SIS keeps f >= tau. A number, or one per image (a sequence or [N]); None:
+            0.9. With method="responsibility" it is the tau of ``MinimalPixelSetOptions(criterion="threshold")``;
+            with that method's default criterion, "top1" (sets that restore the top-1 class), a threshold given
+            is refused with one line (it would be ignored).
         method: "exact" (:class:`~overinterp_fast.attr.ExactSIS`: backward selection over every feature),
             "gradient" (:class:`~overinterp_fast.attr.GradientSIS`: batched-gradient SIS for large images; needs
             a torch model), "responsibility" (:class:`~overinterp_fast.attr.MinimalPixelSet`: minimal pixel
@@ -120,8 +124,12 @@ def fast_sis(
         if options is not None and not isinstance(options, cls.options_class):
             raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
                              f"{type(options).__name__}")
-        run = RunOptions(threshold, outputs, engine, batch_size, collection)
-        job = cls.from_options(model, run, options, name=f'method="{method}"')
+        name = f'method="{method}"'
+        criterion = getattr(cls.options_class() if options is None else options, "criterion", None)
+        switch = f"options={cls.options_class.__name__}(criterion='threshold')"
+        run = RunOptions(criterion_threshold(threshold, criterion, name, switch), outputs, engine, batch_size,
+                         collection)
+        job = cls.from_options(model, run, options, name=name)
         return job._results(d)
 
 
@@ -138,7 +146,7 @@ def responsibility(
     monotone: bool | None = _O.monotone,
     target: int | torch.Tensor | None = None,
     baselines: float | torch.Tensor | None = None,
-    threshold: float | list[float] | torch.Tensor = _R.threshold,
+    threshold: float | list[float] | torch.Tensor | None = None,
     outputs: str = _R.outputs,
     batch_size: int | None = _R.batch_size,
     show_progress: bool | None = None,
@@ -159,8 +167,8 @@ def responsibility(
         log(per-iteration map); rank pixels by it) and the ``queries`` used.
     """
     options = ResponsibilityOptions(iterations, seed, depth, min_box, criterion, monotone)
-    maps = Responsibility.from_options(model, RunOptions(threshold, outputs, engine, batch_size), options,
-                                       name="responsibility")
+    run = RunOptions(criterion_threshold(threshold, criterion, "responsibility"), outputs, engine, batch_size)
+    maps = Responsibility.from_options(model, run, options, name="responsibility")
     return maps._results(_data(images, target, baselines, None, show_progress))
 
 
@@ -169,7 +177,7 @@ def sufficient_subset(
     model,
     images: torch.Tensor,
     ranking: torch.Tensor,
-    threshold: float | list[float] | torch.Tensor = _R.threshold,
+    threshold: float | list[float] | torch.Tensor | None = None,
     *,
     criterion: str = _S.criterion,
     step: int = _S.step,
@@ -196,5 +204,6 @@ def sufficient_subset(
         ``sis`` the set (None if even all features fail), ``sis_score`` = f on it.
     """
     options = SubsetOptions(criterion, step, refine, refine_budget)
-    subset = SufficientSubset.from_options(model, RunOptions(threshold, outputs, engine, batch_size), options)
+    run = RunOptions(criterion_threshold(threshold, criterion, "sufficient_subset"), outputs, engine, batch_size)
+    subset = SufficientSubset.from_options(model, run, options)
     return subset._results(_data(images, target, baselines, feature_mask, False), ranking)

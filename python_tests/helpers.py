@@ -60,23 +60,24 @@ def images64():
     return make_images(4)
 
 
-def tiny_cnn(seed: int) -> nn.Module:
-    """A seeded 5-class CNN for [N, 3, H, W] images of any size (global average pooling to 2 x 2, with biases).
+def tiny_cnn(seed: int, classes: int = 5) -> nn.Module:
+    """A seeded CNN of ``classes`` outputs (5 by default; a labelled source's own number where it names classes,
+    which an audit checks) for [N, 3, H, W] images of any size (global average pooling to 2 x 2, with biases).
 
     Plants nothing in particular: a real, small convolutional model that torch.export and ONNX export and
     that the stored audits and the CLI can load from a file, cheap enough for end-to-end runs.
     """
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(24, 5)
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(24, classes)
     ).eval()
 
 
-def export_tiny_cnn(path, side: int, seed: int = 3) -> str:
-    """tiny_cnn(seed) saved with torch.export at ``path`` (a .pt2 file for inputs [B, 3, side, side], B dynamic),
-    as the command line loads a model file; returns the path as a string."""
+def export_tiny_cnn(path, side: int, seed: int = 3, classes: int = 5) -> str:
+    """tiny_cnn(seed, classes) saved with torch.export at ``path`` (a .pt2 file for inputs [B, 3, side, side], B
+    dynamic), as the command line loads a model file; returns the path as a string."""
     batch = torch.export.Dim("batch")
-    torch.export.save(torch.export.export(tiny_cnn(seed), (torch.zeros(2, 3, side, side),),
+    torch.export.save(torch.export.export(tiny_cnn(seed, classes), (torch.zeros(2, 3, side, side),),
                                           dynamic_shapes=({0: batch},)), str(path))
     return str(path)
 

@@ -51,15 +51,17 @@ def test_wrong_rank_and_empty(model, x):
 def test_single_image_without_batch_dimension(model, x):
     for method in ("exact", "gradient", "responsibility"):
         with pytest.raises(ValueError, match=r"images must have a batch dimension: pass images\[None\]"):
-            of.fast_sis(model, x[0], 0.5, method=method)
+            of.fast_sis(model, x[0], None if method == "responsibility" else 0.5, method=method)
     with pytest.raises(ValueError, match=r"images must have a batch dimension: pass images\[None\]"):
         of.responsibility(model, x[0])
-    # a model that fails for another reason keeps its own error (the probe is not fooled)
-    with pytest.raises(RuntimeError, match="expected input.* to have 3 channels"):
+    # a model that fails for another reason keeps its own reason (the probe is not fooled), in one line
+    with pytest.raises(ValueError, match=whole_message("the model fails on the inputs, shape [2, 4, 5, 5]: its first "
+                                                       "layer, Conv2d 'conv1', takes 3 channels; the inputs have 4")):
         of.fast_sis(model, make_images(2, c=4), 0.5)
-    with pytest.raises(RuntimeError) as err:
-        of.fast_sis(model, make_images(2, c=4)[0], 0.5)
-    assert "batch dimension" not in str(err.value)
+    with pytest.raises(ValueError, match=whole_message("the model fails on the inputs, shape [4, 5, 5]: its first "
+                                                       "layer, Conv2d 'conv1', takes inputs [N, C, H, W] of 3 "
+                                                       "channels")):
+        of.fast_sis(model, make_images(2, c=4)[0], 0.5)  # not one sample of 3 channels either
 
 
 def test_non_float_and_non_finite(model, x):
@@ -254,7 +256,7 @@ def test_check_pixels_messages():
     with pytest.raises(ValueError, match=whole_message(
             'method="responsibility" ' + msg[len("responsibility "):] + "; images must have a batch dimension: "
             "pass images[None]")):
-        of.fast_sis(lambda v: v.flatten(1)[:, :3], x[0], 0.5, method="responsibility")
+        of.fast_sis(lambda v: v.flatten(1)[:, :3], x[0], method="responsibility")
 
 
 # ---------------------------------------------------------------- _setup
@@ -370,7 +372,7 @@ def _top(model, x):
 def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     rec = Recorder(monkeypatch)
     model, x = make_cnn(0, h=56, w=112), make_images(2, h=56, w=112)
-    out = of.fast_sis(model, x, 0.5, method="responsibility", show_progress=False, collection=True,
+    out = of.fast_sis(model, x, method="responsibility", show_progress=False, collection=True,
                       options=of.MinimalPixelSetOptions(iterations=5, seed=17, refine_budget=40))
     assert out is SENTINEL
     (eng,) = rec.engines
@@ -394,7 +396,7 @@ def test_fast_sis_responsibility_passes_every_option(monkeypatch):
     torch.testing.assert_close(e["scores0"].cpu().double(), probs.detach(), rtol=1e-12, atol=0)
     scores, queries = e["ranked"]
     assert scores.shape == (2, 56 * 112) and scores[1, 3].item() == 56 * 112 + 3 and queries == [100, 101]
-    assert e["step"] == 10 and e["collection"] is True and e["thresholds"] == [0.5, 0.5]
+    assert e["step"] == 10 and e["collection"] is True and e["thresholds"] == [0.9, 0.9]  # the top-1 criterion's: none given
     assert e["verifier"] is None and e["engine"] == "torch"
     assert e["refine"] is True and e["refine_budget"] == 40 and e["refine_scan"] == 10
     assert e["block"] == 3  # "auto": about a 28 x 28 grid, sqrt(56 * 112 / 784) = 2.83
@@ -531,10 +533,10 @@ def test_sufficient_subset_passes_every_option(monkeypatch):
     assert e["guide"] is None and e["block"] is None
     # defaults: refine=True (as MinimalPixelSet), budget "auto", step 1; rounds capped at 64, batches at 32
     big = make_images(1, h=10, w=10)
-    of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), 0.5, criterion="top1")
+    of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), criterion="top1")
     assert (rec.engines[1]["max_rows"], rec.engines[1]["expected_rows"]) == (32, 64)
     assert rec.extracts[1]["step"] == 1 and rec.extracts[1]["refine"] is True
-    assert rec.extracts[1]["refine_budget"] == "auto" and rec.extracts[1]["thresholds"] == [0.5]
+    assert rec.extracts[1]["refine_budget"] == "auto" and rec.extracts[1]["thresholds"] == [0.9]
     assert rec.extracts[1]["passes"](0, 0.0, True) is True
     of.sufficient_subset(make_cnn(0, h=10, w=10), big, torch.randn(1, 100), 0.5, step=4)
     assert (rec.engines[2]["max_rows"], rec.engines[2]["expected_rows"]) == (25, 25)

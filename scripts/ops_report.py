@@ -34,7 +34,7 @@ def run_methods(model: nn.Module, images: torch.Tensor) -> dict:
     res = {
         "exact": of.fast_sis(model, images, 0.5, collection=True),
         "gradient": of.fast_sis(model, images, 0.5, method="gradient", options=of.attr.GradientOptions(k=20)),
-        "responsibility": of.fast_sis(model, images, 0.5, method="responsibility", options=of.attr.MinimalPixelSetOptions(iterations=4)),
+        "responsibility": of.fast_sis(model, images, method="responsibility", options=of.attr.MinimalPixelSetOptions(iterations=4)),
     }
     return {name: [(r.order.tolist(), None if r.sis is None else r.sis.tolist()) for r in rs]
             for name, rs in res.items()}

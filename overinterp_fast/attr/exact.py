@@ -84,10 +84,7 @@ class ExactSIS(SetAttribution):
             # the format of the full-dtype model: the plain run's, so that with score_dtype its scores (the first
             # pass and the re-scored candidates) are the plain run's to the last bit; the low copy's is chosen below
             given = (s.fn, s.prep)
-            layout = self._layout(s)
-            t0 = time.perf_counter()
-            targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
-            first_pass_s = time.perf_counter() - t0
+            targets, scores0, first_pass_s, layout = self._first_pass(s, target)
             common = dict(thresholds=s.thresholds, collection=run.collection)
             if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
                 low, cal, layout = self._low_precision(s, targets, score_dtype, given)
@@ -133,8 +130,7 @@ class ExactSIS(SetAttribution):
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
         with torch.inference_mode():
             given = (s.fn, s.prep)
-            layout = self._layout(s)
-            targets, _ = initial_predictions(s.fn, s.prep.images, None, s.runner)
+            targets, _, _, layout = self._first_pass(s, None)
             if score_dtype is not None:
                 low, cal, layout = self._low_precision(s, targets, score_dtype, given)
                 return RunInfo("torch", cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]),
@@ -142,6 +138,21 @@ class ExactSIS(SetAttribution):
             eng = self._dense(s, targets, engine="torch" if self.run.engine == "auto" else None)
             cal = eng.calibration or Calibration(eng.batch_size, {}, "user")
             return RunInfo(eng.name, cal.batch_size, cal.source, layout[0], dict(cal.times), dict(layout[1]))
+
+    def _first_pass(self, s: job.Setup, target) -> tuple[torch.Tensor, torch.Tensor, float, tuple[bool, dict]]:
+        """(targets int64 [N], f(x) float64 [N], the first pass's seconds, :meth:`_layout`'s choice). The first
+        pass runs before the format is measured, so that the inputs and the model's outputs are checked
+        (:func:`~overinterp_fast.runtime.model.initial_predictions`) before any candidate; where the job runs
+        channels_last, f(x) is taken again from the channels_last copy, whose candidates it is compared with."""
+        t0 = time.perf_counter()
+        targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
+        first_pass_s = time.perf_counter() - t0
+        layout = self._layout(s)
+        if layout[0]:
+            t0 = time.perf_counter()
+            targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
+            first_pass_s = time.perf_counter() - t0
+        return targets, scores0, first_pass_s, layout
 
     def _layout(self, s: job.Setup) -> tuple[bool, dict]:
         """Whether the job runs channels_last (:func:`~overinterp_fast.runtime.memory_format.choose_channels_last`, at the

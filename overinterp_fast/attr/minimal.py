@@ -10,7 +10,7 @@ from ..methods.responsibility import DescentPlan, RankingHook, ranking_maps
 from ..methods.results import SISResult
 from ..runtime import estimate, job
 from ._base import Data, SetAttribution
-from .options import MinimalPixelSetOptions, ResponsibilityOptions, RunOptions
+from .options import MinimalPixelSetOptions, ResponsibilityOptions, RunOptions, criterion_threshold
 from .responsibility import start_maps
 
 _R, _M = RunOptions, MinimalPixelSetOptions  # the defaults' single source
@@ -30,25 +30,36 @@ class MinimalPixelSet(SetAttribution):
 
     Args:
         forward_func: torch module or callable, ``.onnx`` path, ``onnxruntime.InferenceSession`` or OnnxModel.
-        threshold: tau, with ``criterion="threshold"`` (unused with "top1").
+        threshold: tau, with ``criterion="threshold"`` (None: 0.9). The default criterion, "top1" (ReX's: the set
+            restores the top-1 class), has no threshold: a threshold given with it is refused with one line, not
+            ignored and not taken as a switch to "threshold" (see below).
         outputs, engine, batch_size, collection: as :class:`~overinterp_fast.attr.ExactSIS`.
         iterations, seed, criterion, monotone, refine, refine_budget, block, prefix_search:
             :class:`~overinterp_fast.attr.options.MinimalPixelSetOptions`. ReX-faithful:
             ``iterations=20, refine=False``.
 
+    Criterion and threshold: ``MinimalPixelSet(model)`` finds sets that restore the top-1 class (ReX's
+    criterion); ``MinimalPixelSet(model, criterion="threshold", threshold=0.9)`` sets with f(x_S) >= tau, which
+    are SIS. ``MinimalPixelSet(model, threshold=0.5)`` alone is refused: a threshold with the top-1 criterion would
+    be ignored (the sets' f may lie below it, their ``threshold`` field saying otherwise), and switching the
+    criterion because a threshold was given would make the same call mean two algorithms depending on whether a
+    default was spelled out; one word, ``criterion="threshold"``, says which is meant.
+
     Example:
         >>> results = MinimalPixelSet(model).find_sis(images)   # sets that restore the top-1 class
+        >>> sis = MinimalPixelSet(model, criterion="threshold", threshold=0.9).find_sis(images)   # f(x_S) >= 0.9
     """
 
     options_class = MinimalPixelSetOptions
     masking_order = False
 
-    def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs, engine: str = _R.engine,
+    def __init__(self, forward_func, *, threshold=None, outputs: str = _R.outputs, engine: str = _R.engine,
                  batch_size: int | None = _R.batch_size, collection: bool = _R.collection,
                  iterations: int | str = _M.iterations, seed: int = _M.seed, criterion: str = _M.criterion,
                  monotone: bool | None = _M.monotone, refine: bool | str = _M.refine,
                  refine_budget: int | str | None = _M.refine_budget, block: int | str = _M.block,
                  prefix_search: str = _M.prefix_search) -> None:
+        threshold = criterion_threshold(threshold, criterion, type(self).__name__)
         super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size, collection),
                          MinimalPixelSetOptions(iterations, seed, criterion, monotone, refine, refine_budget, block,
                                                 prefix_search))

@@ -41,6 +41,21 @@ class RunOptions:
         check_engine(self.engine)
 
 
+def criterion_threshold(threshold, criterion: str, where: str, switch: str = "criterion='threshold'"):
+    """The threshold of a run whose sets pass by ``criterion``: ``threshold``, or :class:`RunOptions`' default
+    where it is None (not given). A threshold given with criterion "top1" is refused in one line: that criterion
+    (a set passes when it restores the model's top-1 class, ReX's) has no threshold, so the value would be
+    ignored; the caller gives criterion="threshold" with it (``switch`` says how), or leaves it out. (``where``
+    names the caller.)"""
+    if threshold is None:
+        return RunOptions.threshold
+    if isinstance(criterion, str) and criterion == "top1":
+        raise ValueError(f"{where}: a threshold applies with criterion='threshold' (f(x_S) >= tau); the criterion "
+                         f"is 'top1' (the set restores the top-1 class, as ReX), which has no threshold: give "
+                         f"{switch} with it, or leave threshold out")
+    return threshold
+
+
 @dataclass(frozen=True)
 class ExactOptions:
     """Options of exact SIS (docs: algorithms.md, Exact SIS).

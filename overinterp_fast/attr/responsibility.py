@@ -14,7 +14,7 @@ from ..runtime.batching import CandidateEvaluator
 from ..runtime.engines import Engine
 from ..runtime.model import initial_predictions
 from ._base import Data, SISAttribution, captum_call, check_show_progress, element_features, spread
-from .options import ResponsibilityOptions, RunOptions
+from .options import ResponsibilityOptions, RunOptions, criterion_threshold
 
 _R, _O = RunOptions, ResponsibilityOptions  # the defaults' single source
 
@@ -77,7 +77,8 @@ class Responsibility(SISAttribution):
     Args:
         forward_func: torch module or callable, ``.onnx`` path, ``onnxruntime.InferenceSession`` or OnnxModel.
         outputs, engine, batch_size: as :class:`~overinterp_fast.attr.ExactSIS`.
-        threshold: the criterion's tau with ``criterion="threshold"`` (a number, or one per image).
+        threshold: the criterion's tau with ``criterion="threshold"`` (a number, or one per image; None: 0.9);
+            refused with the default criterion, "top1", which has none (as :class:`MinimalPixelSet`'s).
         iterations, seed, depth, min_box, criterion, monotone:
             :class:`~overinterp_fast.attr.options.ResponsibilityOptions` (monotone None: off, as ReX).
 
@@ -90,7 +91,8 @@ class Responsibility(SISAttribution):
     def __init__(self, forward_func, *, outputs: str = _R.outputs, engine: str = _R.engine,
                  batch_size: int | None = _R.batch_size, iterations: int = _O.iterations, seed: int = _O.seed,
                  depth: int = _O.depth, min_box: int = _O.min_box, criterion: str = _O.criterion,
-                 threshold=_R.threshold, monotone: bool | None = _O.monotone) -> None:
+                 threshold=None, monotone: bool | None = _O.monotone) -> None:
+        threshold = criterion_threshold(threshold, criterion, type(self).__name__)
         super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size),
                          ResponsibilityOptions(iterations, seed, depth, min_box, criterion, monotone))
 

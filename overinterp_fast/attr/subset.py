@@ -10,7 +10,7 @@ from ..runtime import job
 from ..runtime.inputs import Prepared
 from ..runtime.model import initial_predictions
 from ._base import Data, SISAttribution, captum_call, element_features, spread
-from .options import RunOptions, SubsetOptions
+from .options import RunOptions, SubsetOptions, criterion_threshold
 
 _R, _S = RunOptions, SubsetOptions  # the defaults' single source
 
@@ -41,7 +41,8 @@ class SufficientSubset(SISAttribution):
 
     Args:
         forward_func: torch module or callable, ``.onnx`` path, ``onnxruntime.InferenceSession`` or OnnxModel.
-        threshold, outputs, batch_size: as :class:`~overinterp_fast.attr.ExactSIS`.
+        threshold, outputs, batch_size: as :class:`~overinterp_fast.attr.ExactSIS` (threshold None: 0.9; refused
+            with criterion="top1", which has none, as :class:`~overinterp_fast.attr.MinimalPixelSet`'s).
         engine: "auto", "torch", "onnxruntime" or "compile"; every set is checked on the model as given.
         criterion, step, refine, refine_budget: :class:`~overinterp_fast.attr.options.SubsetOptions`.
 
@@ -53,9 +54,10 @@ class SufficientSubset(SISAttribution):
 
     options_class = SubsetOptions
 
-    def __init__(self, forward_func, *, threshold=_R.threshold, outputs: str = _R.outputs, engine: str = _R.engine,
+    def __init__(self, forward_func, *, threshold=None, outputs: str = _R.outputs, engine: str = _R.engine,
                  batch_size: int | None = _R.batch_size, criterion: str = _S.criterion, step: int = _S.step,
                  refine: bool | str = _S.refine, refine_budget: int | str | None = _S.refine_budget) -> None:
+        threshold = criterion_threshold(threshold, criterion, type(self).__name__)
         super().__init__(forward_func, RunOptions(threshold, outputs, engine, batch_size),
                          SubsetOptions(criterion, step, refine, refine_budget))
 

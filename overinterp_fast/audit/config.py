@@ -20,6 +20,7 @@ import torch
 from ..attr.options import ExactOptions, GradientOptions, MinimalPixelSetOptions
 from ..methods.choice import AUTO_EXACT_FEATURES  # noqa: F401  (method="auto": exact SIS up to this many pixels)
 from ..attr.options import RunOptions as _MethodRun
+from ..runtime.model import OUTPUT_KINDS
 from ..runtime.renames import renamed_attribute, renamed_keywords
 
 # Defaults and choices the command line shows in its help, here where they import without the audit extra.
@@ -73,6 +74,9 @@ class AuditConfig:
             None: :func:`overinterp_fast.fast_sis`'s choice in memory (measured on a GPU); a stored audit fixes it
             when it starts (measured on a GPU with the batch size, see
             :func:`overinterp_fast.audit.stream.run_stored_audit`).
+        outputs: what the models return: "logits" (default; f is their softmax) or "probabilities" (a model that
+            ends in a softmax). Checked on each model's first forward pass before any work: a model whose outputs
+            contradict it is refused with one line (:func:`overinterp_fast.runtime.model.check_output_kind`).
 
     ``mask_value`` (the name of ``baselines`` before) still works, with a FutureWarning.
     """
@@ -93,10 +97,13 @@ class AuditConfig:
     seed: int = _M.seed
     score_dtype: str | None = None
     channels_last: bool | None = None
+    outputs: str = _R.outputs
 
     mask_value = renamed_attribute("mask_value", "baselines", "AuditConfig")
 
     def __post_init__(self):
+        if self.outputs not in OUTPUT_KINDS:
+            raise ValueError(f"outputs must be one of {OUTPUT_KINDS}, got {self.outputs!r}")
         if self.score_dtype is not None and self.score_dtype not in SCORE_DTYPES:
             raise ValueError(f"score_dtype must be None or one of {tuple(SCORE_DTYPES)}, got {self.score_dtype!r}")
 
@@ -115,6 +122,8 @@ class AuditConfig:
             options.update(k=self.k, autocast=self.autocast)
         if self.method == "responsibility":
             options.update(seed=self.seed)
+        if self.outputs != _R.outputs:
+            options.update(outputs=self.outputs)
         return options
 
 

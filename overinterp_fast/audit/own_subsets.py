@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..methods.results import SISResult
-from ..runtime.model import ModelFn
+from ..runtime.model import ModelFn, check_output_kind
 from .store import OWN_SUBSET_COLUMNS as COLUMNS
 from .subset_files import random_keep
 from .subsets import _apply, keep_last, pixel_subsets
@@ -55,19 +55,21 @@ def subset_inputs(images: torch.Tensor, results: Sequence[SISResult], indices: S
 
 
 @torch.no_grad()
-def class_probabilities(model, x: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
-    """float [N, K]: ``model``'s class probabilities on ``x`` [N, *D] (softmax of logits), in batches; a
-    FloatingPointError when any is NaN or inf."""
-    fn = ModelFn(model, device=x.device)
-    probs = torch.cat([fn.probabilities(fn.forward(x[i:i + batch_size])) for i in range(0, x.shape[0], batch_size)])
-    if not bool(torch.isfinite(probs).all()):
+def class_probabilities(model, x: torch.Tensor, batch_size: int = 64, outputs: str = "logits") -> torch.Tensor:
+    """float [N, K]: ``model``'s class probabilities on ``x`` [N, *D] (the softmax of its logits, or its outputs
+    with ``outputs="probabilities"``), in batches; a FloatingPointError when any is NaN or inf, and outputs that
+    contradict ``outputs`` refused (:func:`~overinterp_fast.runtime.model.check_output_kind`)."""
+    fn = ModelFn(model, outputs=outputs, device=x.device)
+    out = torch.cat([fn.forward(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+    if not bool(torch.isfinite(out).all()):
         raise FloatingPointError("the model's output contains NaN or inf")
-    return probs
+    check_output_kind(out, outputs)
+    return fn.probabilities(out)
 
 
 @torch.no_grad()
 def subset_columns(model, images: torch.Tensor, results: Sequence[SISResult], indices: Sequence[int],
-                   fraction: float, baselines, seed: int) -> dict[str, np.ndarray] | None:
+                   fraction: float, baselines, seed: int, outputs: str = "logits") -> dict[str, np.ndarray] | None:
     """The per-image columns of the module docstring for one model on one chunk ``images`` [N, C, H, W] (its
     ``results``, the images' positions ``indices``); None when the orders do not rank the pixels."""
     if not on_pixels(images, results):
@@ -75,7 +77,7 @@ def subset_columns(model, images: torch.Tensor, results: Sequence[SISResult], in
     target = torch.tensor([int(r.target) for r in results], device=images.device)
     cols = {}
     for kind, x in subset_inputs(images, results, indices, fraction, baselines, seed).items():
-        probs = class_probabilities(model, x)
+        probs = class_probabilities(model, x, outputs=outputs)
         cols[f"{kind}_class"] = probs.argmax(1).cpu().numpy().astype(np.int64)
         cols[f"{kind}_score"] = probs.gather(1, target.view(-1, 1)).view(-1).double().cpu().numpy()
     return cols

@@ -35,6 +35,7 @@ from ..runtime.memory_format import convertible
 from ..runtime.model import Ensemble, ModelFn
 from .config import AUTO_EXACT_FEATURES, THRESHOLD_MODES  # noqa: F401  (runner.THRESHOLD_MODES)
 from .config import METHODS as AUDIT_METHODS
+from .checks import CHECK_ROWS, check_models
 from .config import AuditConfig, RunOptions, check_type
 from .records import AuditRecord, ModelRecord
 from .stats import irfs, noise_sensitivity, rfs
@@ -46,9 +47,12 @@ EXACT_FEATURE_LIMIT = 4096  # exact SIS is refused above this many pixels (64 x 
 
 
 @torch.no_grad()
-def predict(model, x: torch.Tensor, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top-1 class int64 [N], its probability float64 [N]) of ``model`` on ``x`` [N, *D], in batches."""
-    top = class_probabilities(model, x, batch_size).max(1)
+def predict(model, x: torch.Tensor, batch_size: int = 64,
+            outputs: str = "logits") -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 class int64 [N], its probability float64 [N]) of ``model`` on ``x`` [N, *D], in batches; outputs
+    that contradict ``outputs`` ("logits" or "probabilities") are refused
+    (:func:`~overinterp_fast.runtime.model.check_output_kind`)."""
+    top = class_probabilities(model, x, batch_size, outputs).max(1)
     return top.indices.cpu(), top.values.double().cpu()
 
 
@@ -154,7 +158,7 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
     for name, model in bar:
         bar.set_postfix_str(name)
-        predictions[name], f0 = predict(model, images)
+        predictions[name], f0 = predict(model, images, outputs=config.outputs)
         taus = thresholds_for(f0, config.threshold, config.threshold_mode)
         t0 = time.perf_counter()
         results.append(explain(model, images, taus, config, engine, progress))
@@ -167,11 +171,13 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     counts = None
     if wants_transfer(config.transfer, len(models), config.method):
         reference = {b: torch.tensor(labels) if known else predictions[b] for b in models}
-        counts = transfer_counts(models, results, images, reference, config.fraction, config.baselines)
+        counts = transfer_counts(models, results, images, reference, config.fraction, config.baselines,
+                                 config.outputs)
     own = None
     if config.method in BACKWARD_METHODS:
         where = range(images.shape[0]) if indices is None else indices
-        own = [subset_columns(model, images, res, where, config.fraction, config.baselines, config.seed)
+        own = [subset_columns(model, images, res, where, config.fraction, config.baselines, config.seed,
+                              config.outputs)
                for model, res in zip(models.values(), results)]
     return ChunkResult(results, seconds, sens, counts, own)
 
@@ -179,8 +185,10 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
 def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig, engine: str | None,
             progress: bool | None) -> list:
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
-    (``engine`` None: :func:`fixed_engine`)."""
-    options = None
+    (``engine`` None: :func:`fixed_engine`). Minimal pixel sets ("responsibility") restore the top-1 class, a
+    criterion without a threshold: they run without one, and their results record the audit's tau as every
+    method's do."""
+    options, threshold = None, taus
     engine = fixed_engine(model) if engine is None else engine
     if config.method == "exact":
         options = config.exact_options()
@@ -191,10 +199,15 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
     elif config.method == "gradient":
         options = GradientOptions(k=config.k, autocast=config.autocast)
     elif config.method == "responsibility":
-        options = MinimalPixelSetOptions(seed=config.seed)
-    return fast_sis(model, images, taus, method=config.method, collection=config.collection,
-                    baselines=config.baselines, batch_size=config.batch_size, engine=engine, show_progress=progress,
-                    options=options)
+        options, threshold = MinimalPixelSetOptions(seed=config.seed), None
+    results = fast_sis(model, images, threshold, method=config.method, collection=config.collection,
+                       baselines=config.baselines, batch_size=config.batch_size, outputs=config.outputs,
+                       engine=engine, show_progress=progress, options=options)
+    if threshold is None:
+        for r, tau in zip(results, taus):
+            for c in [r, *(r.collection or [])]:
+                c.threshold = tau
+    return results
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,
@@ -202,7 +215,8 @@ def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth:
     """Per image of the chunk {"fg_correct", "bg_correct": bool [n], "p_fg", "p_bg": float [n]} against ``truth``,
     with noise of ``config.noise_sigma`` pixel units (see :class:`~overinterp_fast.audit.config.AuditConfig`)."""
     sigma, low, high = noise_in_image_units(config.noise_sigma, config.value_range, images.device)
-    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), sigma, low, high, seed=config.seed)
+    ns = noise_sensitivity(model, images, object_masks, truth.to(images.device), sigma, low, high, seed=config.seed,
+                           outputs=config.outputs)
     return {"fg_correct": ns["correct_fg"].numpy(), "bg_correct": ns["correct_bg"].numpy(),
             "p_fg": ns["p_fg"].numpy(), "p_bg": ns["p_bg"].numpy()}
 
@@ -217,13 +231,15 @@ def noise_in_image_units(noise_sigma, value_range, device=None) -> tuple:
 
 
 def transfer_counts(models: Mapping[str, object], results: Sequence[Sequence], images: torch.Tensor,
-                    reference: Mapping[str, torch.Tensor], fraction: float, baselines) -> list[list[int]]:
+                    reference: Mapping[str, torch.Tensor], fraction: float, baselines,
+                    outputs: str = "logits") -> list[list[int]]:
     """counts [A][B]: the images that model B classifies as ``reference[B]`` (int64 [N]) on the pixel subsets
     (last ``fraction`` of backward selection) of ``results[A]`` (one SISResult per image of ``images``)."""
     counts = []
     for res in results:
         subsets, _ = pixel_subsets(images, res, fraction, baselines)
-        counts.append([int((predict(models[b], subsets)[0] == reference[b]).sum()) for b in models])
+        counts.append([int((predict(models[b], subsets, outputs=outputs)[0] == reference[b]).sum())
+                       for b in models])
     return counts
 
 
@@ -242,13 +258,14 @@ def transfer_summary(counts, n: int, names: Sequence[str], fraction: float, refe
 
 def transfer_table(models: Mapping[str, object], records: Sequence[ModelRecord], images: torch.Tensor,
                    reference: dict[str, torch.Tensor], fraction: float, baselines=None,
-                   reference_name: str = "labels") -> dict:
+                   reference_name: str = "labels", outputs: str = "logits") -> dict:
     """Accuracy of every model B on the pixel subsets (last ``fraction`` of backward selection) of every model A.
 
     ``reference[B]``: int64 [N] the classes B is scored against (true labels, or B's own full-image
     predictions; ``reference_name`` says which). Returns the ``AuditRecord.transfer`` dict (rows: A, cols: B).
     """
-    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, baselines)
+    counts = transfer_counts(models, [rec.results for rec in records], images, reference, fraction, baselines,
+                             outputs)
     out = transfer_summary(counts, images.shape[0], list(models), fraction, reference_name)
     out["rows"] = [r.name for r in records]
     return out
@@ -329,12 +346,13 @@ def run_audit(
         raise ValueError("no models to audit")
     config = replace(config, method=resolve_method(config.method, images.shape, list(models.values())))
     check_method(config.method, images.shape)
-    models = with_ensemble(models, config.ensemble)
     if object_masks is not None:
         object_masks = torch.as_tensor(np.asarray(object_masks)).bool()
         if tuple(object_masks.shape) != (n, *images.shape[-2:]):
             raise ValueError(f"object masks must be [N, H, W] = {[n, *images.shape[-2:]]}, "
                              f"got {list(object_masks.shape)}")
+    check_models(models, images[:CHECK_ROWS], config.outputs, labels=labels, names=image_names)  # before any work
+    models = with_ensemble(models, config.ensemble)
     # what accuracies are measured against: the labels when all are known, else each model's own prediction
     known = all(lab is not None for lab in labels)
     chunk = audit_chunk(models, images, labels, known, config, engine="auto", progress=run.show_progress,

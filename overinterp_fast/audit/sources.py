@@ -307,26 +307,77 @@ def open_dataset(name: str, data_dir: str, split: str = "test", size: int | Prep
         raise FileNotFoundError(f"{name}: {missing[0]!r} not found; --data-dir must hold {sub}/ as "
                                 f"torchvision.datasets.{name.upper()}(root, download=True) "
                                 f"writes it")
+    meta_path = os.path.join(root, meta_file)
+    classes = [_text(c) for c in _entry(_unpickle(meta_path), names_key, meta_path)]
     data, labels, names, seen = [], [], [], dict.fromkeys(parts, 0)
     for part, f in files:
-        entry = _unpickle(f)
-        data.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        new = [int(v) for v in entry[label_key]]
+        images, new = _batch(_unpickle(f), label_key, f, len(classes), meta_file)
+        data.append(images)
         names += [f"{part}/{seen[part] + i:05d}" for i in range(len(new))]  # numbered across a split's files
         seen[part] += len(new)
         labels += new
     arrays = np.concatenate(data).transpose(0, 2, 3, 1)  # [N, 32, 32, 3], as torchvision's .data
-    classes = [str(c) for c in _unpickle(os.path.join(root, meta_file))[names_key]]
     desc = {"source": name, "path": os.path.abspath(root), "split": split}
     return ArrayImages(names, labels, prep, grey, classes, desc, arrays=arrays)
 
 
+CIFAR_PIXELS = 3 * 32 * 32  # one image of a CIFAR python batch: a row of 3,072 bytes, channel by channel
+
+
+def _text(value) -> str:
+    """A key or class name of a CIFAR pickle as str: bytes (a batch pickled with its str as bytes, as
+    ``pickle.load(f, encoding="bytes")`` gives the originals) decode as Latin-1, torchvision's encoding."""
+    return value.decode("latin1") if isinstance(value, bytes) else str(value)
+
+
 def _unpickle(path: str) -> dict:
+    """A CIFAR python batch or meta file: a dict, its keys as str (str or bytes in the file); one-line ValueError
+    for anything else."""
     with open(path, "rb") as fh:
         try:
-            return pickle.load(fh, encoding="latin1")
+            entry = pickle.load(fh, encoding="latin1")
         except Exception as exc:  # noqa: BLE001  (any unpickling failure: not a CIFAR batch)
             raise ValueError(f"cannot read {path!r} as a CIFAR python batch: {exc}") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"cannot read {path!r} as a CIFAR python batch: it holds a {type(entry).__name__}, not a "
+                         f"dict")
+    return {_text(k) if isinstance(k, (str, bytes)) else k: v for k, v in entry.items()}
+
+
+def _entry(entry: dict, key: str, path: str):
+    """``entry[key]``, or a one-line ValueError naming the file and the keys it has."""
+    if key not in entry:
+        have = ", ".join(repr(k) for k in entry) or "none"
+        raise ValueError(f"{path!r} has no {key!r} entry (its keys: {have}), so it is not a CIFAR python batch")
+    return entry[key]
+
+
+def _batch(entry: dict, label_key: str, path: str, classes: int, meta_file: str) -> tuple[np.ndarray, list[int]]:
+    """The images (uint8 [n, 3, 32, 32]) and labels of one CIFAR batch file, checked before any is used: the data
+    whole rows of 3,072 bytes, one label per image, each a class index in [0, ``classes``) (the classes the meta
+    file names). Each fault is one ValueError naming the file."""
+    data = np.asarray(_entry(entry, "data", path))
+    if data.dtype.kind not in "ui" or data.size % CIFAR_PIXELS or (data.size and (data.min() < 0 or data.max() > 255)):
+        raise ValueError(f"{path!r}: its 'data' must be uint8 rows of {CIFAR_PIXELS} values (3 x 32 x 32 pixels); "
+                         f"it is {data.dtype} of shape {list(data.shape)}")
+    images = data.astype(np.uint8).reshape(-1, 3, 32, 32)
+    raw = _entry(entry, label_key, path)
+    try:
+        labels = np.asarray(raw)
+        if labels.ndim != 1 or not (labels.dtype.kind in "ui" or labels.size == 0):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValueError(f"{path!r}: its {label_key!r} must be a list of class indices") from None
+    if len(labels) != len(images):
+        raise ValueError(f"{path!r} holds {len(images)} images and {len(labels)} labels ({label_key!r}): one "
+                         f"label per image is needed")
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{path!r}: the label {int(labels[i])} of image {i} is not a class: {meta_file} names "
+                         f"{classes} classes (0 to {classes - 1}); {bad.size} label{'s' * (bad.size > 1)} out of "
+                         f"range")
+    return images, [int(v) for v in labels]
 
 
 def open_images(source: str | None = None, size: int | Preprocessing | None = None, mean=None, std=None,

@@ -138,11 +138,13 @@ def noise_sensitivity(
     low: float | None = None,
     high: float | None = None,
     seed: int = 0,
+    outputs: str = "logits",
 ) -> dict:
     """Accuracy and true-class probability with Gaussian noise on only the foreground or only the background.
 
     Args:
-        model: maps [N, C, H, W] to logits. images: [N, C, H, W]; object_masks: bool [N, H, W]
+        model: maps [N, C, H, W] to logits (``outputs="probabilities"``: to probabilities). images: [N, C, H, W];
+            object_masks: bool [N, H, W]
             (True on the object); labels: int64 [N]; sigma: the noise's standard deviation, in the
             images' units; low/high: the valid range to clip to (None: no clipping).
 
@@ -158,7 +160,8 @@ def noise_sensitivity(
         x = torch.where(where, images + noise, images)
         if low is not None or high is not None:
             x = x.clamp(low, high)
-        probs = torch.softmax(model(x), 1)
+        scores = model(x)
+        probs = scores if outputs == "probabilities" else torch.softmax(scores, 1)
         right = (probs.argmax(1) == labels).cpu()
         out[f"correct_{name}"] = right
         out[f"a_{name}"] = float(right.double().mean())

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from ..zoo.preprocessing import Preprocessing
 from .sources import ImageSource, collate
 from . import lock, store
+from .checks import CHECK_ROWS, check_source
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
 from .distributed import Ranks, barrier, from_main, setup, teardown
 from .faults import writing
@@ -118,6 +119,7 @@ def audit_config(source: ImageSource, models: Mapping[str, object], config: Audi
         "device_type": device.type, "batch_size": config.batch_size, "seed": config.seed,
         "score_dtype": config.score_dtype if method == "exact" else None,
         "channels_last": bool(config.channels_last) if method == "exact" else False,
+        "outputs": config.outputs,
     }
     result.update(extra or {})
     return store._jsonable(result)
@@ -158,8 +160,9 @@ def measure_settings(models: Mapping[str, object], source: ImageSource, config: 
 
     name = next(iter(models))
     x = torch.stack([source[i]["x"] for i in range(min(chunk_size, len(source)))]).to(device)
-    choice = ExactSIS(_to(models[name], device), engine=fixed_engine(models[name]), batch_size=batch_size,
-                      score_dtype=config.exact_options().score_dtype, channels_last=channels_last).choices(x)
+    choice = ExactSIS(_to(models[name], device), outputs=config.outputs, engine=fixed_engine(models[name]),
+                      batch_size=batch_size, score_dtype=config.exact_options().score_dtype,
+                      channels_last=channels_last).choices(x)
     return choice.batch_size, choice.channels_last
 
 
@@ -282,6 +285,10 @@ def _plan(models: Mapping[str, object], source: ImageSource, out: str, config: A
         raise ValueError("no models to audit")
     config = replace(config, method=resolve_method(config.method, (source.size, source.size), list(models.values())))
     check_method(config.method, (source.size, source.size))
+    models = {n: _to(m, ranks.device) for n, m in models.items()}
+    # every model against the source (channels, classes, labels, what its outputs are), before anything is measured,
+    # computed or written
+    check_source(models, source, config.outputs, ranks.device, min(CHECK_ROWS, storage.chunk_size))
     # Calibrated batch sizes, formats and engine="auto" are chosen by timing, which would make results depend on the
     # machine and the moment; a stored audit fixes them: the engine by the model's type (runner.fixed_engine), the
     # batch size and format when it starts (given, stored, measured once on a GPU, or a function of the chunk's
@@ -289,7 +296,7 @@ def _plan(models: Mapping[str, object], source: ImageSource, out: str, config: A
     there = None if storage.restart else store.read_doc(out)
     config = device_settings(models, source, config, storage.chunk_size, ranks,
                              None if there is None else there.get("config"))
-    models = with_ensemble({n: _to(m, ranks.device) for n, m in models.items()}, config.ensemble)
+    models = with_ensemble(models, config.ensemble)
     stored = audit_config(source, models, config, storage.chunk_size, ranks.device, storage.identity)
     doc = {"format_version": store.FORMAT_VERSION, "status": "running", "config": stored, "n_images": len(source),
            "chunk_size": storage.chunk_size, "title": title, "command": storage.command,
@@ -303,7 +310,7 @@ def _plan(models: Mapping[str, object], source: ImageSource, out: str, config: A
 # Stored configurations written by earlier versions: keys renamed since (old -> new), and keys added since with the
 # value those versions ran with, so that their audits continue.
 RENAMED_KEYS = {"mask_value": "baselines"}
-ADDED_KEYS = {"seed": 0, "score_dtype": None, "channels_last": False}
+ADDED_KEYS = {"seed": 0, "score_dtype": None, "channels_last": False, "outputs": "logits"}
 
 
 def as_stored_there(config: dict, stored: dict | None) -> dict:

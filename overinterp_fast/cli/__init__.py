@@ -67,6 +67,7 @@ DATASETS = ("cifar10", "cifar100")
 
 def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     from ..audit.config import AUTO_EXACT_FEATURES, THRESHOLD_MODES
+    from ..runtime.model import OUTPUT_KINDS
 
     side = int(AUTO_EXACT_FEATURES ** 0.5)
     p.add_argument("--model", action="append" if several else "store", required=not several, default=None,
@@ -99,6 +100,9 @@ def _add_model_and_images(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--threshold-mode", choices=THRESHOLD_MODES, default=_A.threshold_mode,
                    help=f"tau per image: auto: tau where f(x) >= tau, else tau * f(x); absolute: tau; relative: "
                         f"tau * f(x) (default: {_A.threshold_mode})")
+    p.add_argument("--outputs", choices=OUTPUT_KINDS, default=_A.outputs,
+                   help=f"what the models return: logits (f is their softmax) or probabilities (a model that ends in a "
+                        f"softmax); checked on the first images (default: {_A.outputs})")
     p.add_argument("--k", type=_positive, default=_A.k,
                    help=f"features per gradient step (default {_A.k}; larger is faster and coarser)")
     p.add_argument("--collection", action="store_true", default=_A.collection, help="find every disjoint SIS")
@@ -261,11 +265,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _prepare(args, several: bool, device):
     """Models, image source (selected), class namer, k, and (mean, std) as the arguments say."""
-    import torch
-
+    from ..audit.checks import check_source
     from ..audit.sources import open_images, select_range
-    from .loading import class_namer, common_preprocessing, first_line, load_model
-    from ..runtime.model import ModelFn
+    from .loading import class_namer, common_preprocessing, load_model
 
     specs = args.model if several else [args.model]
     loaded = [load_model(s, device) for s in specs]
@@ -286,13 +288,9 @@ def _prepare(args, several: bool, device):
     source = open_images(args.images, size, mean, std, args.grey, args.labels, dataset=args.dataset,
                          data_dir=args.data_dir, split=args.split, object_dir=getattr(args, "object_masks", None))
     source = source.subset(select_range(len(source), args.select, args.limit))
-    x = source[0]["x"][None].to(device)
-    with torch.no_grad():
-        try:
-            num_classes = int(ModelFn(loaded[0].model, device=x.device).forward(x).shape[1])
-        except (RuntimeError, AssertionError) as exc:  # a channel or size mismatch (exported graphs assert)
-            raise ValueError(f"{loaded[0].name} fails on an input of shape {list(x.shape)} "
-                             f"(check --size, --grey): {first_line(exc)}") from None
+    # every model against the images before any work: channels (exported graphs assert), classes, labels, outputs
+    num_classes = check_source({m.name: m.model for m in loaded}, source, args.outputs, device,
+                               hint=" (check --size, --grey)")
     k = args.k
     return loaded, source, class_namer(num_classes, args.class_names, source.classes), k, (source.mean, source.std)
 
@@ -316,7 +314,7 @@ def _audit_config(args, k: int, noise: dict):
     --fraction, --batch-size) where the command has them; ``noise``: :func:`_noise_units`'s."""
     from ..audit.config import AuditConfig
 
-    own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size", "score_dtype")
+    own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size", "score_dtype", "outputs")
            if hasattr(args, name)}
     return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
                        collection=args.collection, seed=args.seed, **own, **noise)

@@ -77,6 +77,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception in one line: its type's name and the first line of its message ("RuntimeError: ..."), or the
+    name alone when the message is empty."""
+    text = first_line(exc)
+    return text if text == type(exc).__name__ else f"{type(exc).__name__}: {text}"
+
+
 class ExtraArgs:
     """``model(x, *args)`` for a batch x of any size B, as Captum's ``additional_forward_args`` are passed: a tensor
     of ``args`` holds one example's value (first dimension 1) and is expanded to B rows; anything else is passed as
@@ -317,10 +324,96 @@ def _is_one_unbatched_sample(fn: ModelFn, images: torch.Tensor) -> bool:
                for out, rows in ((two, 2), (one, 1)))
 
 
+def first_layer(model) -> tuple[str, nn.Module] | None:
+    """(name, module) of the first ``nn.Conv1d``/``Conv2d``/``Conv3d`` or ``nn.Linear`` of an nn.Module, in the
+    order of its modules (an :class:`ExtraArgs`' model's); None for callables, ONNX models and models without one.
+    Lazy layers, whose sizes are not known before their first call, are skipped."""
+    model = model.model if isinstance(model, ExtraArgs) else model
+    if not isinstance(model, nn.Module):
+        return None
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+            if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
+                return None
+            return name or type(m).__name__, m
+    return None
+
+
+def layer_mismatch(model, images: torch.Tensor) -> str | None:
+    """What the first layer of ``model`` (:func:`first_layer`) says the inputs [N, *D] lack, or None where it
+    cannot be read or agrees: a convolution's ``in_channels`` against the channels of D, a linear layer's
+    ``in_features`` against D's last size and its number of elements."""
+    found = first_layer(model)
+    if found is None or images.dim() < 2:
+        return None
+    name, layer = found
+    kind = type(layer).__name__
+    if isinstance(layer, nn.Linear):
+        have = math.prod(images.shape[1:])
+        if layer.in_features in (images.shape[-1], have):
+            return None
+        return f"its first layer, {kind} {name!r}, takes {layer.in_features} input features; an input holds {have}"
+    dims = len(layer.kernel_size)
+    have = images.shape[1] if images.dim() == dims + 2 else None
+    if have == layer.in_channels:
+        return None
+    if have is None:
+        spatial = {1: "L", 2: "H, W", 3: "D, H, W"}[dims]
+        return f"its first layer, {kind} {name!r}, takes inputs [N, C, {spatial}] of {layer.in_channels} channels"
+    return f"its first layer, {kind} {name!r}, takes {layer.in_channels} channels; the inputs have {have}"
+
+
+def model_failure(fn: ModelFn, images: torch.Tensor, exc: BaseException, rows: int) -> ValueError:
+    """The one-line error of a model that fails on the first forward pass of the inputs [N, *D], naming the
+    inputs' shape as given: what its first layer takes (:func:`layer_mismatch`) where that is readable and
+    differs; else the model's own error on a call of the inputs as they are (up to ``rows`` of them), not on the
+    padded batch that failed, whose shape is the library's."""
+    why = layer_mismatch(fn.model, images)
+    if why is None:
+        m = min(rows, images.shape[0])
+        try:
+            fn.model(images[:m])
+            why = error_text(exc)
+        except Exception as again:  # noqa: BLE001  (the model's own error, of any type)
+            why = error_text(again)
+        if m < images.shape[0]:
+            why += f" (on the first {m} inputs)"
+    return ValueError(f"the model fails on the inputs, shape {list(images.shape)}: {why}")
+
+
+PROBABILITY_SLACK = 1e-5  # at least; twice the output dtype's epsilon where that is more (float16, bfloat16)
+
+
+def check_output_kind(out: torch.Tensor, outputs: str) -> None:
+    """Refuse, in one line, a model output [N, K] on real inputs that contradicts ``outputs``: with "logits", rows
+    that are probabilities already (every value in [0, 1], each row summing to 1: a model that ends in a softmax,
+    whose f would be the softmax of probabilities); with "probabilities", values outside [0, 1]. One class
+    (K = 1) is never refused: its softmax is 1 whatever the output."""
+    if out.dim() != 2 or out.shape[0] == 0 or out.shape[1] < 2:
+        return
+    slack = max(PROBABILITY_SLACK, 2 * torch.finfo(out.dtype).eps)
+    x = out.detach().double()
+    inside = bool(((x >= -slack) & (x <= 1 + slack)).all())
+    if outputs == "logits" and inside and bool(((x.sum(1) - 1).abs() <= slack).all()):
+        raise ValueError(
+            f"the model's outputs are probabilities already (on the {x.shape[0]} input{'s' * (x.shape[0] > 1)} "
+            f"every row lies in [0, 1] and sums to 1: a final softmax?), and outputs='logits' would take their "
+            f"softmax again; pass outputs='probabilities' (--outputs probabilities), or the model without its "
+            f"softmax")
+    if outputs == "probabilities" and not inside:
+        raise ValueError(
+            f"outputs='probabilities', but the model's outputs on the inputs lie in [{float(x.min()):.4g}, "
+            f"{float(x.max()):.4g}], not in [0, 1] (logits?); pass outputs='logits' (the default), or a model that "
+            f"returns probabilities")
+
+
 def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tuple[torch.Tensor, torch.Tensor]:
     """Target class per image (given, or the argmax of the output) and f(x): (int64 [N], float64 [N]).
 
     ``runner`` is a :class:`overinterp_fast.runtime.batching.ChunkRunner` (chunking with out-of-memory back-off).
+    The first forward pass of every job, before any candidate: a model that fails on the inputs (a wrong channel
+    count, ...) is one line naming their shape (:func:`model_failure`), and outputs that contradict
+    ``fn.outputs`` are refused (:func:`check_output_kind`).
     """
     n = images.shape[0]
     try:
@@ -333,9 +426,12 @@ def initial_predictions(fn: ModelFn, images: torch.Tensor, target, runner) -> tu
                 f"images must have a batch dimension: pass images[None] (got shape {tuple(images.shape)}, "
                 f"which the model rejects as a batch but accepts as one sample)"
             ) from exc
+        if isinstance(exc, (RuntimeError, AssertionError)):  # the model's own failure (ours are ValueErrors)
+            raise model_failure(fn, images, exc, runner.chunk) from None
         raise
     if not bool(torch.isfinite(outs).all()):
         raise FloatingPointError("the model's output on the unmasked images contains NaN or inf")
+    check_output_kind(outs, fn.outputs)
     targets = check_targets(target, n, outs.shape[1], outs.argmax(dim=1))
     probs = fn.probabilities(outs)
     scores = probs.gather(1, targets.view(-1, 1)).view(-1).double()

@@ -59,7 +59,11 @@ def test_find_sis_equals_fast_sis_and_the_reference(collection):
 
 
 def test_target_forms_as_captum_takes_them():
-    model, x = make_cnn(0), make_images(3)
+    logits, x = make_cnn(0), make_images(3)
+
+    def model(t):  # probabilities, as outputs="probabilities" says
+        return torch.softmax(logits(t), 1)
+
     sis = ExactSIS(model, threshold=0.2, outputs="probabilities")
     want = reference.sis(model, x, 0.2, target=torch.tensor([1, 3, 3]), outputs="probabilities")
     for target in ([1, 3, 3], torch.tensor([1, 3, 3])):

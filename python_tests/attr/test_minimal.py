@@ -45,8 +45,9 @@ def test_attribute_gives_the_ranking_back():
                                                                                      prefix_search="scan", block=2)])
 def test_find_sis_equals_fast_sis(options):
     model, x = MODEL.eval(), _x()
-    got = MinimalPixelSet(model, threshold=0.4, collection=True, **options).find_sis(x, baselines=0.25)
-    fast = of.fast_sis(model, x, 0.4, method="responsibility", baselines=0.25, collection=True,
+    tau = {"threshold": 0.4} if options.get("criterion") == "threshold" else {}  # top-1 has no threshold
+    got = MinimalPixelSet(model, **tau, collection=True, **options).find_sis(x, baselines=0.25)
+    fast = of.fast_sis(model, x, tau.get("threshold"), method="responsibility", baselines=0.25, collection=True,
                        options=of.MinimalPixelSetOptions(**options))
     assert_same_lists(got, fast, assert_same_result, collection=True)
     assert all(a.total_queries == b.total_queries and a.minimal == b.minimal for a, b in zip(got, fast))

@@ -37,7 +37,10 @@ def test_defaults_and_frozen(cls):
 @pytest.mark.parametrize("cls", list(CLASSES))
 def test_every_class_takes_its_options_as_keywords_with_the_same_defaults(cls):
     params = inspect.signature(cls).parameters
-    for name, value in {**DEFAULTS[CLASSES[cls]], **DEFAULTS[RunOptions]}.items():
+    # a method with a pass criterion takes threshold=None: RunOptions' where its criterion has one, refused with
+    # "top1", which has none
+    run = {**DEFAULTS[RunOptions], **({"threshold": None} if "criterion" in DEFAULTS[CLASSES[cls]] else {})}
+    for name, value in {**DEFAULTS[CLASSES[cls]], **run}.items():
         if name in params:
             assert params[name].default == value and params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
     assert set(DEFAULTS[CLASSES[cls]]) <= set(params)
@@ -49,7 +52,9 @@ def test_the_function_forms_share_the_defaults():
         params = inspect.signature(fn).parameters
         assert {n: params[n].default for n in DEFAULTS[cls]} == DEFAULTS[cls]
     params = inspect.signature(of.fast_sis).parameters
-    assert params["threshold"].default == 0.9 and params["engine"].default == "auto" and params["options"].default is None
+    assert params["threshold"].default is None and params["engine"].default == "auto"
+    assert params["options"].default is None
+    assert [r.threshold for r in of.fast_sis(make_cnn(0), make_images(1))] == [RunOptions.threshold]
 
 
 @pytest.mark.parametrize("make, message", [

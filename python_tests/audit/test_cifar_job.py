@@ -35,7 +35,7 @@ def cifar(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    return export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE)
+    return export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE, classes=10)  # CIFAR-10's classes
 
 
 def argv(net, cifar, out, *extra):
@@ -184,7 +184,7 @@ def test_a_stored_audit_fixes_its_batch_size_and_format_when_it_starts(monkeypat
     measured = []
     monkeypatch.setattr(stream, "measure_settings", lambda models, source, config, chunk, device, cl, batch=None:
                         measured.append((chunk, device.type, cl, batch)) or (batch or 4096, True))
-    models, cpu, gpu = {"net": tiny_cnn(0)}, Ranks(), Ranks(device=torch.device("cuda"))
+    models, cpu, gpu = {"net": tiny_cnn(0, 10)}, Ranks(), Ranks(device=torch.device("cuda"))
     exact = AuditConfig(method="exact")
     settle = lambda config, ranks, stored=None: stream.device_settings(models, src, config, 3, ranks, stored)  # noqa
     fixed = stream.fixed_batch_size(src, 3)

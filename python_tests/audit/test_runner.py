@@ -236,9 +236,9 @@ def test_run_audit_with_labels_records_the_label_reference_and_classes():
     rec = runner.run_audit({"a": ByMean().eval(), "b": ByMean().eval()}, x, ["p", "q"], displays,
                            AuditConfig(threshold=0.5, method="exact", fraction=0.25),
                            RunOptions(class_name=lambda c: f"c{c}", title="T", meta={"source": "hand"},
-                                      show_progress=False), labels=[1, 4])
-    assert rec.title == "T" and rec.image_names == ["p", "q"] and rec.labels == [1, 4]
-    assert rec.class_names == {0: "c0", 1: "c1", 4: "c4"}  # predictions 1 and 0, label 4
+                                      show_progress=False), labels=[1, 1])
+    assert rec.title == "T" and rec.image_names == ["p", "q"] and rec.labels == [1, 1]
+    assert rec.class_names == {0: "c0", 1: "c1"}  # predictions 1 and 0, labels 1
     assert rec.transfer["reference"] == "labels" and rec.transfer["rows"] == ["a", "b"]
     assert rec.meta["source"] == "hand" and rec.meta["images"] == "2 x [1, 2, 2] torch.float32"
     assert rec.meta["device"] == "cpu" and rec.meta["torch"] == torch.__version__
@@ -248,7 +248,8 @@ def test_run_audit_with_labels_records_the_label_reference_and_classes():
         assert m.predictions == [1, 0]
     # image 0's SIS under ByMean: the fewest pixels whose mean stays positive with the rest at 0: one pixel of 2
     assert rec.models[0].results[0].sis is not None and len(rec.models[0].results[0].sis) == 1
-    # the 25% subset of image 0 keeps its last-ranked pixel; against the labels (1, 4) at most image 0 is right
+    # the 25% subset of image 0 keeps its last-ranked pixel (a 2: class 1), image 1's a -2 (class 0); against the
+    # labels (1, 1) at most image 0 is right
     assert all(0 <= v <= 0.5 for row in rec.transfer["accuracy"] for v in row)
     assert not math.isnan(rec.transfer["accuracy"][0][0])
 
@@ -285,7 +286,8 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
         calls.append((model, taus, kw))
         return [_order_result([0, 1, 2, 3]) for _ in range(images.shape[0])]
 
-    def fake_sensitivity(model, images, masks, truth, sigma, low, high, seed):
+    def fake_sensitivity(model, images, masks, truth, sigma, low, high, seed, outputs):
+        assert outputs == "logits"
         sens.append((truth.tolist(), float(sigma), None if low is None else float(low),
                      None if high is None else float(high), seed))
         n = images.shape[0]
@@ -306,7 +308,8 @@ def test_audit_chunk_passes_every_option_on(monkeypatch):
     ((model, taus, kw),) = calls
     assert model is models["m"] and taus == [0.9, 0.9]
     assert kw == {"method": "gradient", "collection": True, "baselines": 0.5, "batch_size": 5, "engine": "torch",
-                  "show_progress": False, "options": GradientOptions(k=7, autocast="bf16")}  # engine None: fixed_engine's
+                  "show_progress": False, "options": GradientOptions(k=7, autocast="bf16"),
+                  "outputs": "logits"}  # engine None: fixed_engine's
     assert 0 <= done.seconds[0] <= wall and done.transfer is None
     # known labels: the truth is the labels, not the predictions; sigma 0.3 of the pixel range, which spans
     # 1 - (-1) = 2 in the images' units: 0.6 there, clipped to [-1, 1]; the audit's seed
@@ -344,7 +347,8 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     assert seen[0] == {"threshold": 0.9, "threshold_mode": "auto", "method": "exact", "k": 100, "collection": False,
                        "transfer": True, "fraction": 0.05, "baselines": None, "autocast": None, "batch_size": None,
                        "engine": "auto", "progress": None, "object_masks": None, "noise_sigma": 0.1,
-                       "value_range": None, "seed": 0, "score_dtype": None, "channels_last": None}
+                       "value_range": None, "seed": 0, "score_dtype": None, "channels_last": None,
+                       "outputs": "logits"}
     assert rec.title == "Overinterpretation audit" and rec.transfer["fraction"] == 0.05
     assert rec.models[0].options == {"threshold": 0.9, "threshold_mode": "auto", "baselines": 0.0}
     masks = np.ones((2, 2, 2), bool)
@@ -358,7 +362,7 @@ def test_run_audit_defaults_and_what_it_passes_on(monkeypatch):
     assert kw == {"threshold": 0.7, "threshold_mode": "relative", "method": "gradient", "k": 9, "collection": True,
                   "transfer": True, "fraction": 0.5, "baselines": 0.25, "autocast": "fp16", "batch_size": 4,
                   "engine": "auto", "progress": False, "noise_sigma": 0.125, "value_range": (0.0, 1.0), "seed": 0,
-                  "score_dtype": None, "channels_last": None}
+                  "score_dtype": None, "channels_last": None, "outputs": "logits"}
     assert rec.models[1].options == {"threshold": 0.7, "threshold_mode": "relative", "baselines": 0.25, "k": 9,
                                      "autocast": "fp16"}
     assert rec.models[0].method == "gradient" and rec.models[0].sensitivity["sigma"] == 0.125
@@ -425,7 +429,7 @@ def test_the_audits_seed_reaches_the_responsibility_method_and_the_noise(monkeyp
     calls, seeds = [], []
     monkeypatch.setattr(runner, "fast_sis", lambda model, images, taus, **kw: calls.append(kw) or [
         _order_result([0, 1, 2, 3]) for _ in range(images.shape[0])])
-    monkeypatch.setattr(runner, "noise_sensitivity", lambda *a, seed: seeds.append(seed) or {
+    monkeypatch.setattr(runner, "noise_sensitivity", lambda *a, seed, outputs: seeds.append(seed) or {
         "correct_fg": torch.ones(2, dtype=torch.bool), "correct_bg": torch.ones(2, dtype=torch.bool),
         "p_fg": torch.ones(2), "p_bg": torch.ones(2)})
     x = torch.zeros(2, 1, 2, 2)

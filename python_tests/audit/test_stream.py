@@ -27,7 +27,7 @@ from overinterp_fast.audit.stream import fixed_batch_size, run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.audit.sources import open_images, select_range
 from overinterp_fast.zoo.preprocessing import Preprocessing
-from helpers import export_tiny_cnn, tiny_cnn  # noqa: E402  (the same tiny 5-class CNN)
+import helpers  # noqa: E402
 import hashlib
 from overinterp_fast.audit import store, stream
 from overinterp_fast.audit.sources import ImageSource
@@ -36,6 +36,12 @@ from helpers import run_cli, write_cifar  # noqa: F811
 
 SIDE = 8
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TREE_CLASSES = 2  # the ImageFolder of these tests names two classes: its models have two outputs
+
+
+def tiny_cnn(seed: int) -> torch.nn.Module:
+    """helpers.tiny_cnn with the tree's two classes."""
+    return helpers.tiny_cnn(seed, TREE_CLASSES)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -57,7 +63,7 @@ def tree(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
-    return export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE)
+    return helpers.export_tiny_cnn(tmp_path_factory.mktemp("model") / "net.pt2", SIDE, classes=TREE_CLASSES)
 
 
 
@@ -100,8 +106,10 @@ def test_cifar_batches_and_select(tmp_path):
 # ---------------------------------------------------------------------------------------------- the store
 
 
-def expected_chunks(model, src, chunk, threshold=0.5):
-    """fast_sis on each chunk of the source, built directly (what a stored audit must hold, bit for bit)."""
+def expected_chunks(model, src, chunk, folder, threshold=0.5):
+    """fast_sis on each chunk of the source, built directly (what a stored audit must hold, bit for bit), in the
+    memory format the audit in ``folder`` fixed when it started (measured, on its first model)."""
+    channels_last = store.read_doc(folder)["config"]["channels_last"]
     out = []
     for a, b in store.chunk_ranges(len(src), chunk):
         x = torch.stack([src[i]["x"] for i in range(a, b)])
@@ -109,7 +117,8 @@ def expected_chunks(model, src, chunk, threshold=0.5):
             f0 = torch.softmax(model(x), 1).max(1).values
         # a stored audit runs the torch engine at a batch size fixed by the configuration
         out += of.fast_sis(model, x, thresholds_for(f0, threshold, "auto"), engine="torch",
-                           batch_size=fixed_batch_size(src, chunk))
+                           batch_size=fixed_batch_size(src, chunk),
+                           options=of.ExactOptions(channels_last=channels_last))
     return out
 
 
@@ -130,7 +139,7 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
     quiet = RunOptions(show_progress=False)
     run = run_stored_audit({"net": model}, src, out, config, storage, quiet)
     assert (run.chunks, run.skipped, run.computed) == (3, 0, 3)
-    assert_identical(run.record.models[0].results, expected_chunks(model, src, 3))
+    assert_identical(run.record.models[0].results, expected_chunks(model, src, 3, out))
     assert run.record.image_names == src.image_names and run.record.labels == src.image_labels
     assert sorted(os.listdir(os.path.join(out, "parts"))) == [f"c00000{c}.{k}.parquet" for c in range(3)
                                                                for k in ("images", "results")]
@@ -148,7 +157,7 @@ def test_stored_audit_resumes_and_checks_its_configuration(tree, tmp_path):
         run_stored_audit({"net": model}, src, out, config, replace(storage, chunk_size=2), quiet)
     fresh = run_stored_audit({"net": model}, src, out, config, replace(storage, chunk_size=2, restart=True), quiet)
     assert (fresh.chunks, fresh.skipped, fresh.computed) == (4, 0, 4)
-    assert_identical(fresh.record.models[0].results, expected_chunks(model, src, 2))
+    assert_identical(fresh.record.models[0].results, expected_chunks(model, src, 2, out))
 
 
 class PhotoPairs(torch.utils.data.Dataset):
@@ -179,7 +188,7 @@ def test_stored_audit_of_any_dataset_equals_the_folder_s(tree, tmp_path):
     model = tiny_cnn(3)
     run = run_stored_audit({"net": model}, src, str(tmp_path / "d"), AuditConfig(method="exact", threshold=0.5),
                            StoreOptions(chunk_size=3, workers=2, report=False), RunOptions(show_progress=False))
-    assert_identical(run.record.models[0].results, expected_chunks(model, folder, 3))
+    assert_identical(run.record.models[0].results, expected_chunks(model, folder, 3, run.folder))
     assert run.record.labels == folder.image_labels and src.classes == ["a_dog", "b_cat"]
     assert [d.tolist() for d in run.record.displays] == [folder[i]["display"].tolist() for i in range(7)]
     assert store.read_doc(str(tmp_path / "d"))["config"]["images"]["type"].endswith("PhotoPairs")
@@ -242,7 +251,7 @@ def test_stored_audit_two_models_streams_through_workers(tree, tmp_path, capsys)
     assert "21/21" in bar and "images/h" in bar  # jobs: 7 images x 3 models, counted from the committed parts
     rec = run.record
     assert [m.name for m in rec.models] == ["a", "b", "ensemble (mean logits)"]
-    assert_identical(rec.models[1].results, expected_chunks(b, src, 4))
+    assert_identical(rec.models[1].results, expected_chunks(b, src, 4, run.folder))
     # transfer[a][b]: b's accuracy against the labels on a's 5% subsets, over every image (by hand)
     subsets, _ = of.audit.pixel_subsets(torch.stack([src[i]["x"] for i in range(7)]), rec.models[0].results, 0.05)
     with torch.no_grad():
@@ -402,6 +411,7 @@ def test_audit_config_every_field():
                           "crop_mode": "center"},  # the plain transform: shorter side to 6, centre crop
         "grey": False, "object_masks": None, "noise_sigma": None, "chunk_size": 2, "device_type": "cpu",
         "batch_size": 32, "seed": 0, "score_dtype": None, "channels_last": False,  # exact SIS's only
+        "outputs": "logits",
         "model_files": ["a.onnx"]}  # the caller's extra entries merged in, as JSON
     # k matters only for the gradient method; the noise only with object masks
     cfg = stream.audit_config(_source(4, object_dir="/masks"), {"a": 1}, replace(config, method="exact"), 2,

@@ -243,7 +243,7 @@ def test_cli_sis_writes_results_and_figure(image_folder, model_files, tmp_path):
         (["sis", "--model", "MODEL_A", "--size", "8", "--images", "/no/such/folder"], "not a folder"),
         (["report", "/no/such/folder"], "not an audit folder"),
         (["audit", "--model", "MODEL_A", "--model", "MODEL_A", "--size", "8"], "share a name"),
-        (["sis", "--model", "MODEL_A", "--size", "8", "--grey"], "fails on an input of shape [1, 1, 8, 8]"),
+        (["sis", "--model", "MODEL_A", "--size", "8", "--grey"], "the model fails on the inputs, shape [3, 1, 8, 8]"),
         (["sis", "--model", "MODEL_A", "--size", "8", "--device", "gpu7"], "is not a device"),
     ],
 )
@@ -617,8 +617,16 @@ def test_prepare_reads_cifar_batches(files, tmp_path):
     data = write_cifar(tmp_path, 4)
     args = _args("audit", "--model", files["a"], "--dataset", "cifar10", "--data-dir", str(tmp_path), "--split",
                  "test", "--size", "8", "--out", "o", "--method", "exact")
+    with pytest.raises(ValueError, match=r"^model 'a' has 5 outputs, and the image source \(cifar10\) has 10 "
+                                         r"classes"):  # a CIFAR-10 model is needed
+        cli._prepare(args, True, "cpu")
+    torch.manual_seed(0)
+    ten = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3), torch.nn.Flatten(), torch.nn.Linear(72, 10))
+    torch.save(ten.eval(), tmp_path / "ten.pt")
+    args.model = [str(tmp_path / "ten.pt")]
     _, source, namer, _, _ = cli._prepare(args, True, "cpu")
     assert len(source) == 4 and source.image_labels == [0, 1, 2, 3] and source.classes[:2] == ["class0", "class1"]
+    assert namer(9) == "class9"  # the dataset's names, as many as the model's classes
     assert source[0]["display"].shape == (8, 8, 3) and data.shape == (4, 3072)
     with pytest.raises((ValueError, FileNotFoundError)):  # there is no training batch in this folder
         cli._prepare(_args("audit", "--model", files["a"], "--dataset", "cifar10", "--data-dir", str(tmp_path),
@@ -634,13 +642,14 @@ def test_prepare_reports_the_models_first_error_line(files, monkeypatch):
             raise kind(message)
         return loading.LoadedModel(model, "m")
 
-    for model, shown in ((failing("bad channels\nsecond line\n"), "bad channels"),
+    for model, shown in ((failing("bad channels\nsecond line\n"), "RuntimeError: bad channels"),
                          (failing("   "), "RuntimeError"), (failing("", AssertionError), "AssertionError")):
         monkeypatch.setattr(loading, "load_model", lambda spec, device, model=model: model)
         with pytest.raises(ValueError) as err:
             cli._prepare(_args("sis", "--model", "x", "--images", files["images"], "--size", "8", "--out", "o",
                                "--method", "exact"), False, "cpu")
-        assert str(err.value) == f"m fails on an input of shape [1, 3, 8, 8] (check --size, --grey): {shown}"
+        assert str(err.value) == (f"model 'm': the model fails on the inputs, shape [3, 3, 8, 8]: {shown} (check "
+                                  f"--size, --grey)")
 
 
 @pytest.mark.mutation
@@ -664,7 +673,8 @@ def test_prepare_errors_are_whole_sentences(files):
                            "--method", "exact"), True, "cpu")
     with pytest.raises(ValueError) as err:
         cli._prepare(_audit_args(files, "--grey"), True, "cpu")
-    assert str(err.value).startswith("a fails on an input of shape [1, 1, 8, 8] (check --size, --grey): ")
+    assert str(err.value).startswith("model 'a': the model fails on the inputs, shape [3, 1, 8, 8]: ")
+    assert str(err.value).endswith(" (check --size, --grey)")
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="has 3 class names; the model has 5 classes"):
         cli._prepare(_audit_args(files, "--class-names", files["three"]), True, "cpu")

@@ -92,8 +92,8 @@ def test_every_cli_default_is_its_options_objects_default():
     parser = cli.build_parser()
     objects = (AuditConfig, StoreOptions, RunOptions)
     for command, expected in (
-            ("sis", {"method", "threshold", "threshold_mode", "k", "collection", "seed", "device"}),
-            ("audit", {"method", "threshold", "threshold_mode", "k", "collection", "seed", "device", "ensemble",
+            ("sis", {"method", "threshold", "threshold_mode", "k", "collection", "seed", "device", "outputs"}),
+            ("audit", {"method", "threshold", "threshold_mode", "k", "collection", "seed", "device", "outputs", "ensemble",
                        "fraction", "noise_sigma", "batch_size", "chunk_size", "workers", "restart", "gallery",
                        "title", "score_dtype", "pixel_subsets"})):
         defaults, matched = _defaults(parser.commands[command]), set()

@@ -447,7 +447,7 @@ with warnings.catch_warnings(record=True) as caught:
     from helpers import make_cnn, make_images
     model, x = make_cnn(0), make_images(2)
     exact = of.fast_sis(model, x, 0.5)
-    resp = of.fast_sis(model, x, 0.5, method="responsibility", options=of.MinimalPixelSetOptions(iterations=2))
+    resp = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=2))
 print(json.dumps({
     "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
     "loaded": of.ops.extension_loaded(),
@@ -472,7 +472,7 @@ def test_without_the_extension_everything_runs_on_the_pure_versions():
 
     model, x = make_cnn(0), make_images(2)
     assert got["exact"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5)]
-    assert got["resp"] == [r.order.tolist() for r in of.fast_sis(model, x, 0.5, method="responsibility",
+    assert got["resp"] == [r.order.tolist() for r in of.fast_sis(model, x, method="responsibility",
                                                                  options=of.MinimalPixelSetOptions(iterations=2))]
 
 

@@ -116,7 +116,7 @@ def test_fast_sis_logs_the_estimate_of_a_long_run(monkeypatch, caplog):
     assert line.startswith("exact SIS of 1 image x 25 features: 325 forward rows, ") and res[0].info["estimate"] == line
     res = of.fast_sis(model, x, 0.5, method="gradient", options=of.GradientOptions(k=5))
     assert res[0].info["estimate"].startswith("gradient SIS of 1 image x 25 features, k=5: 5 gradient rows, ")
-    res = of.fast_sis(model, x, 0.5, method="responsibility", options=of.MinimalPixelSetOptions(iterations=2))
+    res = of.fast_sis(model, x, method="responsibility", options=of.MinimalPixelSetOptions(iterations=2))
     assert res[0].info["estimate"].startswith("responsibility maps of 1 image x 25 pixels, 2 iterations: ")
 
 

@@ -321,7 +321,8 @@ def test_initial_predictions_errors():
         "which the model rejects as a batch but accepts as one sample)")) as err:
         M.initial_predictions(M.ModelFn(wants_rank3), torch.zeros(4, 5), None, runner)
     assert isinstance(err.value.__cause__, RuntimeError)
-    with pytest.raises(RuntimeError, match=whole("expected a 3-D batch")):  # not one sample either
+    with pytest.raises(ValueError, match=whole(  # not one sample either: the model's error in one line, the shape given
+            "the model fails on the inputs, shape [4, 5, 6, 7]: RuntimeError: expected a 3-D batch")):
         M.initial_predictions(M.ModelFn(wants_rank3), torch.zeros(4, 5, 6, 7), None, runner)
 
     # a model that returns [B] (one score per example), or squeezes a batch of one to [K]: its output shape is named,
