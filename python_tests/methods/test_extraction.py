@@ -319,7 +319,8 @@ def test_minimal_pixel_sets_wait_for_the_device_only_to_read_it(monkeypatch, dev
     opts = of.MinimalPixelSetOptions(**{"iterations": 3, **options})
 
     def sets(model, x):
-        return of.fast_sis(model, x, 0.6, method="responsibility", engine="torch", collection=True, options=opts,
+        tau = 0.6 if opts.criterion == "threshold" else None  # the top-1 criterion has no threshold
+        return of.fast_sis(model, x, tau, method="responsibility", engine="torch", collection=True, options=opts,
                            show_progress=False)
 
     want = sets(model, x)
@@ -357,7 +358,8 @@ def test_minimal_pixel_sets_are_the_same_with_the_gpus_boundary_speculation(monk
     opts = of.MinimalPixelSetOptions(**{"iterations": 3, **options})
 
     def sets():
-        return of.fast_sis(model, x, 0.6, method="responsibility", engine="torch", collection=True, options=opts,
+        tau = 0.6 if opts.criterion == "threshold" else None  # the top-1 criterion has no threshold
+        return of.fast_sis(model, x, tau, method="responsibility", engine="torch", collection=True, options=opts,
                            show_progress=False)
 
     want = sets()
