@@ -213,7 +213,6 @@ def test_exact_loop_cost_splits_the_step_kernels_from_the_host(monkeypatch):
 
     monkeypatch.setattr(DenseStep, "__call__", slow)
     planted = run_loop_cost("linear8-px", 4, "cpu", rounds=1, warmup=False)
-    assert planted["calls"] == plain["calls"]
     assert planted["host_us_per_call"] - plain["host_us_per_call"] > 1500
     assert sum(planted["kernels_us_per_call"].values()) < 1000
 
