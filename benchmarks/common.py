@@ -39,8 +39,9 @@ COMMON_KEYWORDS = frozenset({"target", "baselines", "feature_mask", "collection"
                              "show_progress", "engine"})
 
 
-def explain(model, images: torch.Tensor, threshold: float = 0.9, *, method: str = "exact", **keywords) -> list:
-    """``fast_sis(model, images, threshold, method=method, ...)`` with progress off unless asked.
+def explain(model, images: torch.Tensor, threshold: float | None = None, *, method: str = "exact", **keywords) -> list:
+    """``fast_sis(model, images, threshold, method=method, ...)`` with progress off unless asked (threshold None:
+    0.9 where the method has one; the top-1 criterion has none).
 
     ``keywords`` mixes fast_sis's own keywords (COMMON_KEYWORDS) and the method's options; they are
     split here: the method's options go to fast_sis as ``options=<the method's options class>(**method_options)``.
