@@ -200,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--score-dtype", choices=sorted(SCORE_DTYPES), default=_A.score_dtype,
                        help="exact SIS: score candidates in this dtype first, again in float32 where it cannot "
                             "decide (the results are float32's; part of the configuration)")
+    audit.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
+                       help="exact SIS: score candidates through a channels_last copy of the model (on), not (off), "
+                            "or measure which is faster when the audit starts (auto, the default; part of the "
+                            "configuration: a resumed audit keeps the first choice, but two audits may choose "
+                            "differently where the formats are close, and their float32 last bits with it)")
     add_threads(audit)
     report = sub.add_parser("report", parents=common,
                             help="rebuild report.html from a results folder, without recomputing")
@@ -316,6 +321,8 @@ def _audit_config(args, k: int, noise: dict):
 
     own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size", "score_dtype", "outputs")
            if hasattr(args, name)}
+    if getattr(args, "channels_last", "auto") != "auto":
+        own["channels_last"] = args.channels_last == "on"
     return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
                        collection=args.collection, seed=args.seed, **own, **noise)
 
