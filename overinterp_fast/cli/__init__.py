@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--score-dtype", choices=sorted(SCORE_DTYPES), default=_A.score_dtype,
                        help="exact SIS: score candidates in this dtype first, again in float32 where it cannot "
                             "decide (the results are float32's; part of the configuration)")
-    audit.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
+    audit.add_argument("--channels-last", type=_auto_on_off, default=_A.channels_last, metavar="{auto,on,off}",
                        help="exact SIS: score candidates through a channels_last copy of the model (on), not (off), "
                             "or measure which is faster when the audit starts (auto, the default; part of the "
                             "configuration: a resumed audit keeps the first choice, but two audits may choose "
@@ -314,6 +314,14 @@ def _noise_units(args, mean, std):
     return {"noise_sigma": args.noise_sigma, "value_range": ((0 - m) / s, (1 - m) / s)}
 
 
+def _auto_on_off(text: str) -> bool | None:
+    """--channels-last: "auto" -> None (measured), "on" -> True, "off" -> False."""
+    choices = {"auto": None, "on": True, "off": False}
+    if text not in choices:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 'auto', 'on', 'off')")
+    return choices[text]
+
+
 def _audit_config(args, k: int, noise: dict):
     """The AuditConfig the arguments ask for: the method's options, and the audit command's own (--ensemble,
     --fraction, --batch-size) where the command has them; ``noise``: :func:`_noise_units`'s."""
@@ -321,8 +329,8 @@ def _audit_config(args, k: int, noise: dict):
 
     own = {name: getattr(args, name) for name in ("ensemble", "fraction", "batch_size", "score_dtype", "outputs")
            if hasattr(args, name)}
-    if getattr(args, "channels_last", "auto") != "auto":
-        own["channels_last"] = args.channels_last == "on"
+    if getattr(args, "channels_last", None) is not None:
+        own["channels_last"] = args.channels_last
     return AuditConfig(method=args.method, threshold=args.threshold, threshold_mode=args.threshold_mode, k=k,
                        collection=args.collection, seed=args.seed, **own, **noise)
 

@@ -41,6 +41,7 @@ def net(tmp_path_factory):
 def argv(net, cifar, out, *extra):
     return ["audit", "--model", net, "--dataset", "cifar10", "--data-dir", str(cifar), "--split", "all", "--size",
             str(SIDE), "--method", "exact", "--threshold", "0.5", "--chunk-size", "3", "--workers", "0", "--quiet",
+            "--channels-last", "off",
             "--gallery", "2", "--pixel-subsets", "--out", str(out), *extra]
 
 

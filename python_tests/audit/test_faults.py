@@ -62,7 +62,7 @@ def _committed(out):
 
 def _audit(out, model=None):
     src = Noise([f"im{i}" for i in range(N)], [i % 5 for i in range(N)], 8, description={"kind": "noise"})
-    return run_stored_audit({"net": model or Trigger()}, src, str(out), AuditConfig(method="exact", threshold=0.5),
+    return run_stored_audit({"net": model or Trigger()}, src, str(out), AuditConfig(method="exact", threshold=0.5, channels_last=False),
                             StoreOptions(chunk_size=1, workers=0, gallery=3), RunOptions(progress=False))
 
 
@@ -108,7 +108,7 @@ def files(tmp_path_factory):
 def _cli(files, out):
     return ["audit", "--model", str(files / "net.pt2"), "--images", str(files / "images"), "--size", "8",
             "--method", "exact", "--threshold", "0.5", "--chunk-size", "1", "--workers", "0", "--quiet",
-            "--gallery", "3", "--out", str(out)]
+            "--channels-last", "off", "--gallery", "3", "--out", str(out)]  # format fixed: runs compared bit for bit
 
 
 def test_a_full_disk_ends_in_one_line_and_the_rerun_resumes(files, tmp_path, capsys):
