@@ -175,7 +175,7 @@ def audited(tmp_path_factory):
     SIS and --pixel-subsets, in this process; returns the audit folder."""
     root = tmp_path_factory.mktemp("cifar")
     write_cifar(root, 4, seed=3, train=(2, 1, 0, 2, 1))
-    net = export_tiny_cnn(root / "net.pt2", 8)
+    net = export_tiny_cnn(root / "net.pt2", 8, classes=10)  # a model of CIFAR-10's classes
     out = root / "audit"
     assert main(["audit", "--model", net, "--dataset", "cifar10", "--data-dir", str(root), "--split", "all",
                  "--size", "8", "--method", "exact", "--threshold", "0.5", "--chunk-size", "4", "--workers", "0",

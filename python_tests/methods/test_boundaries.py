@@ -200,7 +200,8 @@ def test_first_passing_prefix_chunks_and_criteria(criterion, size):
     model = Counting().eval()
     x = torch.ones(1, 100, dtype=torch.float64)
     ranking = -torch.arange(100.0)[None]  # feature 0 first
-    (r,) = of.sufficient_subset(model, x, ranking, 0.9, criterion=criterion, outputs="probabilities", batch_size=1000,
+    tau = 0.9 if criterion == "threshold" else None  # the top-1 criterion has no threshold
+    (r,) = of.sufficient_subset(model, x, ranking, tau, criterion=criterion, outputs="probabilities", batch_size=1000,
                                 refine=False)
     assert r.sis.tolist() == list(range(size))
     assert r.sis_score == pytest.approx((size + 0.25) / 101, rel=1e-15)
