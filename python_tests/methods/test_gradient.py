@@ -194,8 +194,8 @@ def test_autocast_applies_to_the_backward_passes_only(autocast, dtype):
 @pytest.mark.parametrize("progress,shown", [(True, True), (False, False), (None, True)])
 def test_gradient_progress_bar(monkeypatch, progress, shown):
     tty = fake_terminal(monkeypatch)
-    of.fast_sis(_AutocastRecorder(5, [1.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient",
-                show_progress=progress, options=of.GradientOptions(k=2))
+    of.fast_sis(_AutocastRecorder(5, [2.0, 0.0]).eval(), torch.ones(1, 5), 0.5, method="gradient",
+                show_progress=progress, options=of.GradientOptions(k=2))  # logits, not probabilities
     if not shown:
         assert "".join(tty.text) == ""
         return
