@@ -262,7 +262,7 @@ def _cases():
         "torchvision:NAME": (lambda: models.load_model("torchvision:resnet18"), "torchvision", "audit"),
         "timm's cache": (lambda: hub._timm_cached_file({"hf_hub_id": "org/net"}), "huggingface_hub", "hub"),
         "timm transform": (lambda: preprocessing.from_timm(net), "timm", "hub"),
-        "ONNX model": (lambda: of.OnnxModel("model.onnx"), "onnxruntime", "onnx"),
+        "ONNX model": (lambda: of.OnnxModel(_an_onnx_file()), "onnxruntime", "onnx"),
         "export_onnx": (lambda: of.export_onnx(net, "m.onnx", torch.zeros(1, 1, 2, 2)), "onnx", "onnx"),
         "digits": (lambda: digits.load_digits(), "sklearn", "demo"),
         "bundled photos": (lambda: imagenet.PHOTOS["chelsea"](), "skimage", "imagenet"),
@@ -272,6 +272,16 @@ def _cases():
         "center_crop": (lambda: imagenet.center_crop(__import__("numpy").zeros((8, 8, 3), "uint8"), 4), "PIL",
                         "imagenet"),
     }
+
+
+def _an_onnx_file() -> str:
+    """A file where an ONNX model goes (its bytes are not read before onnxruntime is imported)."""
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(), "model.onnx")
+    with open(path, "wb") as fh:
+        fh.write(b"\x08\x07")  # a protobuf's first field, as an ONNX file starts
+    return path
 
 
 CASES = ["sis_table", "sis_frame", "timm:NAME", "hf:NAME", "torchvision:NAME", "timm's cache", "timm transform",

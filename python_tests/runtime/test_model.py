@@ -352,6 +352,8 @@ def test_f_keeps_torch_softmax_because_cheaper_formulas_change_its_last_bits():
     way. So the exact loop keeps torch.softmax (at 10 classes it costs more per row than the rest of the step's
     ops; docs: the measurement notes)."""
     logits = 5 * torch.randn(4096, 10, generator=torch.Generator().manual_seed(0))
+    from overinterp_fast.runtime.model import ModelFn
+
     f = ModelFn(torch.nn.Identity()).probabilities(logits)
     assert torch.equal(f, torch.softmax(logits, 1))
     shifted = (logits - logits.amax(1, keepdim=True)).exp()

@@ -44,9 +44,9 @@ def test_a_torch_file_given_as_a_path_says_what_it_is_and_points_to_load_model(k
     want = whole_message(f"{path!r} is {what}, and a model given by its path must be an ONNX file: load this one "
                          f"with {LOADER}({path!r}).model and pass the module")
     x = make_images(2)
-    for method in ("exact", "responsibility"):
+    for method, tau in (("exact", 0.5), ("responsibility", None)):  # the top-1 criterion has no threshold
         with pytest.raises(ValueError, match=want):
-            of.fast_sis(path, x, 0.5, method=method)
+            of.fast_sis(path, x, tau, method=method)
     with pytest.raises(ValueError, match=want):
         of.ExactSIS(path).find_sis(x)
 
