@@ -43,10 +43,11 @@ class TrainOptions:
     workers: int = 0
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size"):
+        for name, least in (("epochs", 0), ("batch_size", 1)):  # 0 epochs: the seeded, untrained model
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                word = "an integer >= 0" if least == 0 else "a positive integer"
+                raise ValueError(f"{name} must be {word}, got {value!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be above 0, got {self.lr!r}")
         if not self.weight_decay >= 0:
@@ -105,7 +106,8 @@ def fit(build: Callable[[], nn.Module], data: Dataset, options: TrainOptions | N
         raise ValueError("no training images")
     torch.manual_seed(seed)
     model = build().to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=options.lr, weight_decay=options.weight_decay)
+    decay = {"weight_decay": options.weight_decay} if options.weight_decay else {}  # Adam's own default else
+    opt = torch.optim.Adam(model.parameters(), lr=options.lr, **decay)
     g = torch.Generator().manual_seed(seed)
     model.train()
     with deterministic(device):

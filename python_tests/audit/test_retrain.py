@@ -92,7 +92,8 @@ def test_fit_is_the_same_given_the_seed_and_learns():
     assert len(steps) == 2 * 3  # ceil(64 / 24) = 3 steps an epoch
     with pytest.raises(FloatingPointError, match="not finite in epoch 1"):
         fit(build, TensorDataset(x * float("nan"), y), TrainOptions(epochs=1), seed=0)
-    for bad, message in ((dict(epochs=0), "epochs must be a positive integer, got 0"),
+    for bad, message in ((dict(epochs=-1), "epochs must be an integer >= 0, got -1"),
+                         (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
                          (dict(lr=0.0), "lr must be above 0, got 0.0"),
                          (dict(workers=-1), "workers must be an integer >= 0, got -1")):
         with pytest.raises(ValueError, match=whole_message(message)):
