@@ -19,7 +19,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -138,23 +138,38 @@ def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
 
 def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool,
                 config: AuditConfig, *, engine: str | None, progress: bool | None,
-                object_masks: torch.Tensor | None) -> ChunkResult:
+                object_masks: torch.Tensor | None,
+                keep: Callable[[int, Callable[[], list]], tuple[list, float]] | None = None,
+                models_bar: bool = True) -> ChunkResult:
     """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
 
     ``known``: accuracies are measured against the labels (all known) rather than each model's own
     full-image prediction. ``engine``: :func:`fast_sis`'s, or None for :func:`fixed_engine` per model (never
     chosen by timing). ``object_masks``: bool [n, H, W] or None (no noise sensitivity). ``config`` says
     what each model computes (its ``ensemble`` is the caller's: ``models`` holds the ensemble already).
+    ``keep(m, compute)``: model m's (results, seconds), from ``compute()`` or from what an earlier run kept (a
+    stored audit's :meth:`~overinterp_fast.audit.work.ChunkWork.model`); None: ``compute()``, timed.
+    ``progress`` shows the methods' bars, and with ``models_bar`` one over the models.
     """
     results, seconds, sens, predictions = [], [], [], {}
-    bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
+    bar = tqdm(models.items(), desc="audit", unit="model",
+               disable=(None if progress is None else not progress) if models_bar else True)
     for name, model in bar:
         bar.set_postfix_str(name)
         predictions[name], f0 = predict(model, images)
         taus = thresholds_for(f0, config.threshold, config.threshold_mode)
         t0 = time.perf_counter()
-        results.append(explain(model, images, taus, config, engine, progress))
-        seconds.append(time.perf_counter() - t0)
+
+        def compute(model=model, taus=taus) -> list:
+            return explain(model, images, taus, config, engine, progress)
+
+        if keep is None:
+            results.append(compute())
+            seconds.append(time.perf_counter() - t0)
+        else:
+            got, spent = keep(len(results), compute)
+            results.append(got)
+            seconds.append(spent)
         if object_masks is None:
             sens.append(None)
             continue
@@ -171,6 +186,14 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
             progress: bool | None) -> list:
     """:func:`fast_sis` of one model on a chunk [n, C, H, W] with the audit's options: one SISResult per image
     (``engine`` None: :func:`fixed_engine`)."""
+    engine, options = explain_options(model, images, config, engine)
+    return fast_sis(model, images, taus, method=config.method, collection=config.collection,
+                    baselines=config.baselines, batch_size=config.batch_size, engine=engine, show_progress=progress,
+                    options=options)
+
+
+def explain_options(model, images: torch.Tensor, config: AuditConfig, engine: str | None) -> tuple[str, object]:
+    """(engine, method options) of :func:`explain` (and of its estimate): ``engine`` None: :func:`fixed_engine`."""
     options = None
     engine = fixed_engine(model) if engine is None else engine
     if config.method == "exact":
@@ -183,9 +206,7 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
         options = GradientOptions(k=config.k, autocast=config.autocast)
     elif config.method == "responsibility":
         options = MinimalPixelSetOptions(seed=config.seed)
-    return fast_sis(model, images, taus, method=config.method, collection=config.collection,
-                    baselines=config.baselines, batch_size=config.batch_size, engine=engine, show_progress=progress,
-                    options=options)
+    return engine, options
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,

@@ -29,6 +29,7 @@ from ..util.optional import require
 require("audit", "the audit")  # before any of its modules: one line when the extra is missing
 
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -39,9 +40,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import Interrupted
+from ..runtime import estimate as estimates
+from ..util import interrupts
 from ..zoo.preprocessing import Preprocessing
 from .sources import ImageSource, collate
-from . import lock, store
+from . import lock, planning, store, work
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
 from .distributed import Ranks, barrier, from_main, setup, teardown
 from .faults import writing
@@ -62,6 +66,8 @@ from .runner import (
     wants_transfer,
     with_ensemble,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -176,13 +182,17 @@ def _committed_images(folder: str, ranges: list[tuple[int, int]]) -> int:
 
 
 class _Progress:
-    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, images per hour since this run
-    started, and the time left at that rate ("-" until a chunk is committed).
+    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, and those finished in the chunk
+    this rank computes (``in_flight``: a callable counting them, or None), images per hour since this run started,
+    and the time left at that rate; until a job is done, the time left is the audit's estimate (``estimate_s``,
+    seconds from the start of this run, less the time spent), or "-" without one.
 
     A thread counts the committed parts once a second, so the bar moves with the other ranks too."""
 
-    def __init__(self, folder, ranges, n_models, enabled, every: float = 1.0):
+    def __init__(self, folder, ranges, n_models, enabled, every: float = 1.0, estimate_s: float | None = None):
         self.folder, self.ranges, self.n_models, self.every = folder, ranges, n_models, every
+        self.estimate_s = estimate_s
+        self.in_flight: Callable[[], int] | None = None
         total = ranges[-1][1] if ranges else 0
         self.start_images = _committed_images(folder, ranges)
         self.t0 = time.perf_counter()
@@ -194,11 +204,19 @@ class _Progress:
             self.thread.start()
 
     def update(self) -> None:
-        done = _committed_images(self.folder, self.ranges)
-        rate = (done - self.start_images) / max(1e-9, time.perf_counter() - self.t0)  # images per second
+        count = self.in_flight
+        jobs = _committed_images(self.folder, self.ranges) * self.n_models + (0 if count is None else count())
+        done = jobs / self.n_models  # images
+        elapsed = max(1e-9, time.perf_counter() - self.t0)
+        rate = (done - self.start_images) / elapsed  # images per second
         total = self.ranges[-1][1] if self.ranges else 0
-        left = tqdm.format_interval((total - done) / rate) if rate > 0 else "-"
-        self.bar.n = done * self.n_models
+        if rate > 0:
+            left = tqdm.format_interval((total - done) / rate)
+        elif self.estimate_s is not None:
+            left = tqdm.format_interval(max(0.0, self.estimate_s - elapsed))
+        else:
+            left = "-"
+        self.bar.n = jobs
         self.bar.set_postfix_str(f"{3600 * rate:,.0f} images/h, {left} left", refresh=False)
         self.bar.refresh()
 
@@ -257,6 +275,21 @@ def run_stored_audit(
     finally:
         if own:
             teardown(ranks)
+
+
+def interrupted(out: str, ranges: list[tuple[int, int]], n_models: int, ranks: Ranks,
+                exc: KeyboardInterrupt) -> Interrupted:
+    """The audit in ``out`` stopped on ``exc`` (Ctrl-C or SIGTERM): rank 0 marks results.json "interrupted"
+    (where it says "running"), and the exception to raise says what the folder keeps."""
+    sig, kept = getattr(exc, "signal", "SIGINT"), "what it committed"
+    try:
+        kept = work.kept(out, ranges, n_models)
+        doc = store.read_doc(out) if ranks.is_main else None
+        if doc is not None and doc.get("status") == "running":
+            store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="interrupted"))
+    except (OSError, ValueError) as err:  # a folder that cannot be read or written: the interruption still says so
+        logger.warning("%s: %s", out, err)
+    return Interrupted(sig, out, kept)
 
 
 @dataclass
@@ -333,6 +366,7 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
         if restart:
             store.clear(out)
         store.remove_temporaries(out)
+        work.tidy(out)
         old = store.read_doc(out)
         if old is None or old.get("status") != "running":
             store.write_json(os.path.join(out, store.RESULTS_FILE), plan.doc)
@@ -341,24 +375,42 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
 
 def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
          run: RunOptions) -> StoredAudit:
-    plan = _plan(models, source, out, config, storage, ranks, run.title)
-    with writing(out, len(plan.ranges)):
-        held = _lock(out, ranks)
-    try:
+    with interrupts.caught():  # Ctrl-C and SIGTERM: work kept, status "interrupted", the lock released
+        plan = _plan(models, source, out, config, storage, ranks, run.title)
         with writing(out, len(plan.ranges)):
-            _open_folder(out, plan, storage.restart, ranks)
-        pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
-        mine = store.share(pending, ranks.rank, ranks.world)
-        committing = _compute(out, source, plan, mine, storage.workers, ranks, run.show_progress)
-        done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
-                           commit_seconds=committing)
-        if ranks.is_main:
+            held = _lock(out, ranks)
+        try:
             with writing(out, len(plan.ranges)):
-                _finish(done, source, plan, storage, run)
-        return done
-    finally:
-        if held is not None:
-            lock.release(out, held)
+                _open_folder(out, plan, storage.restart, ranks)
+            pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
+            mine = store.share(pending, ranks.rank, ranks.world)
+            estimate_s = _announce(plan, source, out, pending, ranks, storage)
+            committing = _compute(out, source, plan, mine, storage, ranks, run, estimate_s)
+            done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
+                               commit_seconds=committing)
+            if ranks.is_main:
+                with writing(out, len(plan.ranges)):
+                    _finish(done, source, plan, storage, run)
+            return done
+        except KeyboardInterrupt as exc:
+            raise interrupted(out, plan.ranges, len(plan.models), ranks, exc) from None
+        finally:
+            if held is not None:
+                lock.release(out, held)
+
+
+def _announce(plan: _Plan, source: ImageSource, out: str, pending: list[int], ranks: Ranks,
+              storage: StoreOptions) -> float | None:
+    """Rank 0, before the first chunk: the estimate of the whole audit left (:mod:`.planning`), said in one line
+    (logged at INFO by :mod:`overinterp_fast.runtime.estimate`'s logger, which the command line prints) and returned
+    in seconds for the bar; None on the other ranks and when nothing is left."""
+    if not ranks.is_main or not pending:
+        return None
+    committed = set(range(len(plan.ranges))) - set(pending)
+    audit_plan = planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
+                                     ranks.device, ranks.world)
+    estimates.logger.info(audit_plan.line())
+    return audit_plan.seconds
 
 
 def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
@@ -378,31 +430,44 @@ def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
     return held
 
 
-def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], workers: int, ranks: Ranks,
-             progress: bool | None) -> float:
-    """Compute and commit this rank's chunks ``mine``, then wait for every rank; returns the seconds spent
-    committing."""
+def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], storage: StoreOptions, ranks: Ranks,
+             run: RunOptions, estimate_s: float | None = None) -> float:
+    """Compute and commit this rank's chunks ``mine`` (each model's finished images kept as they finish, and exact
+    SIS's state every ``storage.checkpoint_every`` seconds: :mod:`overinterp_fast.audit.work`), then wait for every
+    rank; returns the seconds spent committing."""
     known = all(lab is not None for lab in source.image_labels)
-    bar = _Progress(out, plan.ranges, len(plan.models),
-                    enabled=ranks.is_main and (_isatty() if progress is None else progress))
+    shown = ranks.is_main and (_isatty() if run.show_progress is None else bool(run.show_progress))
+    bar = _Progress(out, plan.ranges, len(plan.models), enabled=shown, estimate_s=estimate_s)
     loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*plan.ranges[c])) for c in mine],
-                                         num_workers=workers, collate_fn=collate)
+                                         num_workers=storage.workers, collate_fn=collate)
     committing = 0.0
+    exact = plan.config.method == "exact"
     try:
         for c, batch in zip(mine, loader):
             x = batch["x"].to(ranks.device)
             objects = None if batch["objects"] is None else batch["objects"].to(ranks.device)
-            done = audit_chunk(plan.models, x, batch["labels"], known, plan.config, engine=None, progress=False,
-                               object_masks=objects)
             images = store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]],
                                         batch["labels"], batch["displays"],
                                         None if objects is None else list(objects.cpu().numpy()))
+            kept = work.ChunkWork(out, c, list(batch["index"]), len(plan.ranges), exact, storage.checkpoint_every,
+                                  run.class_name)
+            kept.start(images)
+            bar.in_flight = kept.jobs_done
+            # the methods' bars (candidates within the chunk, their rate and time left) under the audit's; their
+            # estimates were said for the whole audit
+            with estimates.said_before(leave=False):
+                done = audit_chunk(plan.models, x, batch["labels"], known, plan.config, engine=None, progress=shown,
+                                   object_masks=objects, keep=kept.model, models_bar=False)
+            names = {str(k): run.class_name(k) for k in sorted({int(r.target) for res in done.results for r in res}
+                                                               | {int(v) for v in batch["labels"] if v is not None})}
             results = store.results_table(done.results, batch["index"], done.sensitivity,
                                           meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
-                                                "rank": ranks.rank, "world": ranks.world})
+                                                "rank": ranks.rank, "world": ranks.world, "class_names": names})
+            bar.in_flight = None
             t0 = time.perf_counter()
             with writing(out, len(plan.ranges)):
                 store.commit_chunk(out, c, images, results)
+                kept.remove()
             committing += time.perf_counter() - t0
             del x, objects, done, images, results, batch
         barrier(ranks)
