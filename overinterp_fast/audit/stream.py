@@ -277,6 +277,32 @@ def run_stored_audit(
             teardown(ranks)
 
 
+def plan_stored_audit(models: Mapping[str, object], source: ImageSource, out: str, config: AuditConfig | None = None,
+                      storage: StoreOptions | None = None, *, ranks: Ranks | None = None) -> planning.AuditPlan | None:
+    """What :func:`run_stored_audit` with the same arguments would do, and the estimate of the whole audit, without
+    computing or writing anything (``audit --dry-run``): on rank 0 an
+    :class:`~overinterp_fast.audit.planning.AuditPlan` (``.text()``), None on the other ranks. The batch size and
+    format are fixed as the run would fix them, a folder of another configuration is refused as the run refuses
+    it, and its committed chunks are left out of the estimate."""
+    config = check_type(config, AuditConfig, "config")
+    storage = check_type(storage, StoreOptions, "storage")
+    own = ranks is None
+    ranks = setup(storage.device) if own else ranks
+    try:
+        plan = _plan(models, source, out, config, storage, ranks, "")
+        committed: set[int] = set()
+        if not storage.restart:
+            _check_there(out, plan)
+            committed = store.committed_chunks(out)
+        if not ranks.is_main:
+            return None
+        return planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
+                                   ranks.device, ranks.world)
+    finally:
+        if own:
+            teardown(ranks)
+
+
 def interrupted(out: str, ranges: list[tuple[int, int]], n_models: int, ranks: Ranks,
                 exc: KeyboardInterrupt) -> Interrupted:
     """The audit in ``out`` stopped on ``exc`` (Ctrl-C or SIGTERM): rank 0 marks results.json "interrupted"
@@ -354,13 +380,19 @@ def as_stored_there(config: dict, stored: dict | None) -> dict:
     return out
 
 
+def _check_there(out: str, plan: _Plan) -> None:
+    """Refuse a folder that holds an audit of another configuration (ConfigMismatch, one line)."""
+    there = store.read_doc(out)
+    store.check_resumable(out, as_stored_there(plan.stored, None if there is None else there.get("config", {})),
+                          plan.recorded_later)
+
+
 def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
     """Refuse another configuration (every rank alike), then on rank 0: clear on restart, remove a killed
-    commit's temporaries and write the running document when the folder holds no running audit."""
+    commit's temporaries and the work folders of committed chunks, and write the running document when the folder
+    holds no running audit."""
     if not restart:
-        there = store.read_doc(out)
-        store.check_resumable(out, as_stored_there(plan.stored, None if there is None else there.get("config", {})),
-                              plan.recorded_later)
+        _check_there(out, plan)
     if ranks.is_main:
         os.makedirs(out, exist_ok=True)
         if restart:

@@ -92,6 +92,7 @@ class _ExactRun:
     bar: tqdm | None = None
     path: str = "fused"  # what ran the steps (SISResult.step)
     stale: set = field(default_factory=set)  # incremental: images to run again at their next batch (a restore)
+    scored: int = 0  # candidates scored so far (the bar's count, kept when the bar is off too)
 
     @classmethod
     def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
@@ -136,6 +137,7 @@ class _ExactRun:
         from here on: None once an out-of-memory error moved the loop to ``evaluator`` (whose runner halves its
         chunks)."""
         k = 0
+        self.scored += int(window.batches[:, 2].sum())
         if dense is not None:
             bar = None if getattr(self.bar, "disable", False) else self.bar
             for block, done in window.blocks(self.prep.images.device):

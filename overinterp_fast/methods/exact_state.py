@@ -171,7 +171,10 @@ class Keeper:
         queued = self._queued()
         self.c._told = {i for i, rounds in enumerate(run.state.rounds) if rounds and i not in queued}
         self.c.earlier = float(saved["seconds"])
+        run.scored = int(saved["bar"][0])
         self.c.restored = True
+        logger.info("%s: exact SIS continues from its saved state (%d of %d candidates scored)", path,
+                    run.scored, int(saved["bar"][1]))
         return int(saved["bar"][0]), int(saved["bar"][1])
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -188,13 +191,13 @@ class Keeper:
         c = self.c
         if window_batches:
             c._batch_s = seconds / window_batches
+        now = c.clock()  # once per window
         finished = self.finished()
         pending = interrupts.take()
-        due = c.clock() - c._last >= c.every
         if finished and c.on_images is not None:
             c.on_images(finished)
-        if finished or due or pending is not None:
-            self.save()
+        if finished or now - c._last >= c.every or pending is not None:
+            self.save(now)
         if pending is not None:
             raise pending
 
@@ -211,8 +214,8 @@ class Keeper:
         """The images with a segment in the queue: a step in flight or a round to come."""
         return set(self.run.schedule.queue.segments()[0].tolist())
 
-    def save(self) -> None:
-        """Write the state (whole or not at all)."""
+    def save(self, now: float) -> None:
+        """Write the state (whole or not at all); ``now``: the clock's time."""
         run, c = self.run, self.c
         low = None
         if run.low is not None:
@@ -225,22 +228,18 @@ class Keeper:
             "host": {name: torch.from_numpy(np.array(getattr(run.state, name))) for name in HOST},
             "rounds": [[_saved(r) for r in rounds] for rounds in run.state.rounds],
             "queue": torch.from_numpy(np.array(run.schedule.queue.segments())),
-            "bar": [int(run.bar.n), int(run.bar.total)],
+            "bar": [int(run.scored), int(run.bar.total)],  # candidates scored, and all the job's known so far
             "path": run.path,
             "low": low,
-            "seconds": self.elapsed(),
+            "seconds": c.earlier + now - c._start,  # the loop's seconds over every run of the job
         }
         c.write(c.path, lambda tmp: torch.save(state, tmp))
         c.saves += 1
-        c._last = c.clock()
-
-    def elapsed(self) -> float:
-        """The loop's seconds over every run of the job (the saved ones included)."""
-        return self.c.earlier + self.c.clock() - self.c._start
+        c._last = now
 
     def done(self) -> None:
         """The loop ended: the seconds of every run are the checkpoints' ``seconds``."""
-        self.c.seconds = self.elapsed()
+        self.c.seconds = self.c.earlier + self.c.clock() - self.c._start
 
 
 def keeper(run: "_ExactRun", batch_size: int) -> Keeper | None:
