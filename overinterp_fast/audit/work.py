@@ -213,8 +213,10 @@ class ChunkWork:
             results = compute()
             seconds = before + time.perf_counter() - t0
         else:
+            # windows of a quarter of the interval at most (one batch each at 0): a signal is taken within that
             keep = exact_state.Checkpoints(state_path(self.folder, self.chunk, m), self.every,
-                                           on_images=lambda new: self._keep(m, new, t0), write=self._write)
+                                           on_images=lambda new: self._keep(m, new, t0), write=self._write,
+                                           window_s=min(exact_state.WINDOW_S, self.every / 4))
             with exact_state.saving(keep):
                 results = compute()
             seconds = keep.earlier + time.perf_counter() - t0

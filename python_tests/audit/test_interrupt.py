@@ -1,0 +1,233 @@
+"""Interrupted audits: Ctrl-C (SIGINT), SIGTERM and SIGKILL sent to ``overinterp-fast audit`` from outside, after
+the first saved state or the first committed chunk. The interrupted run ends in one line (what it keeps, the
+command that resumes), results.json says "interrupted" (SIGKILL: "running"), the chunk in progress keeps exact
+SIS's state, and the rerun ends identical to an uninterrupted run, bit for bit.
+
+Also: a partial audit's report, the progress bar over the chunk in progress, and a chunk's work folder by hand
+(audit/work.py).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from overinterp_fast.audit import store, work
+from overinterp_fast.audit.config import AuditConfig, RunOptions, StoreOptions
+from overinterp_fast.audit.persist import load_audit
+from overinterp_fast.audit.sources import ImageSource
+from overinterp_fast.audit.stream import run_stored_audit
+from overinterp_fast.cli import main
+from overinterp_fast.errors import Interrupted
+from helpers import export_tiny_cnn, run_cli, tiny_cnn
+
+SIDE, N = 8, 4
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "images").mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(N):
+        Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(root / "images" / f"im{i}.png")
+    export_tiny_cnn(root / "net.pt2", SIDE)
+    return root
+
+
+def cli_args(files, out, chunk, *extra):
+    return ["audit", "--model", str(files / "net.pt2"), "--images", str(files / "images"), "--size", str(SIDE),
+            "--method", "exact", "--threshold", "0.5", "--chunk-size", str(chunk), "--workers", "0", "--quiet",
+            "--gallery", "2", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def references(files, tmp_path_factory):
+    """The uninterrupted audits (in this process, one thread, as the subprocesses), by chunk size."""
+    out = {}
+    for chunk in (1, 2):
+        folder = tmp_path_factory.mktemp("reference") / "audit"
+        assert main(cli_args(files, folder, chunk)) == 0
+        out[chunk] = str(folder)
+    return out
+
+
+def start(argv):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop(store.CRASH_ENV, None)
+    return subprocess.Popen([sys.executable, "-m", "overinterp_fast", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path, p, timeout=120):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        assert p.poll() is None, f"the audit ended first: {p.communicate()}"
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.005)
+
+
+def assert_same_audit(out, reference):
+    """Every order, value and SIS, and sis.parquet's rows, equal the uninterrupted run's; no work left behind."""
+    a, b = load_audit(str(out)), load_audit(reference)
+    assert a.image_names == b.image_names
+    for ra, rb in zip(a.models[0].results, b.models[0].results, strict=True):
+        assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)
+        assert (ra.sis is None) == (rb.sis is None) and (ra.sis is None or torch.equal(ra.sis, rb.sis))
+        assert (ra.target, ra.score, ra.threshold) == (rb.target, rb.score, rb.threshold)
+    assert pq.read_table(os.path.join(out, "sis.parquet")).equals(pq.read_table(os.path.join(reference, "sis.parquet")))
+    assert work.chunks_in_progress(str(out)) == [] and store.read_doc(str(out))["status"] == "complete"
+
+
+def status(out):
+    with open(os.path.join(out, "results.json")) as fh:
+        return json.load(fh)["status"]
+
+
+LINE = re.compile(r"^overinterp-fast: interrupted by (SIG\w+): (.+) keeps (.+); resume with: overinterp-fast audit "
+                  r"--resume (.+)$")
+
+
+@pytest.mark.timeout(120)  # measured 25 s wall on 2 shared cores (two subprocess audits)
+def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_run(files, references, tmp_path):
+    out = tmp_path / "audit"
+    p = start(cli_args(files, out, 2, "--checkpoint-every", "0"))
+    wait_for(work.state_path(str(out), 0, 0), p)  # exact SIS saved chunk 0's state: mid-chunk
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    m = LINE.match(last)
+    assert m, last
+    assert m.group(1) == "SIGINT" and m.group(2) == str(out) and m.group(4) == str(out)
+    assert re.fullmatch(r"0 of 2 chunks committed \(0 of 4 images\), and work in progress \(chunk 0: 0 of 2 images "
+                        r"finished, exact SIS saved at \d+%\)", m.group(3)), m.group(3)
+    assert status(out) == "interrupted"
+    saved = torch.load(work.state_path(str(out), 0, 0), weights_only=True)["bar"]
+    assert 0 < saved[0] < saved[1]  # part of the chunk's candidates
+    q = run_cli(["audit", "--resume", str(out), "-v"])
+    assert q.returncode == 0, q.stderr
+    assert "exact SIS continues from its saved state" in q.stderr
+    assert_same_audit(out, references[2])
+
+
+@pytest.mark.timeout(120)  # measured 24 s wall on 2 shared cores
+def test_sigterm_after_the_first_commit_says_one_line_and_the_report_is_partial(files, references, tmp_path,
+                                                                               capsys):
+    out = tmp_path / "audit"
+    p = start(cli_args(files, out, 1, "--checkpoint-every", "0"))
+    wait_for(store.part_path(str(out), 0, "results"), p)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "Traceback" not in err and len([ln for ln in err.splitlines() if "interrupted" in ln]) == 1
+    m = LINE.match(err.strip().splitlines()[-1])
+    assert m and m.group(1) == "SIGTERM", err
+    committed = len(store.committed_chunks(str(out)))
+    assert m.group(3).startswith(f"{committed} of 4 chunks committed ({committed} of 4 images)")
+    assert status(out) == "interrupted"
+    # the report of the partial audit: marked, with the images committed so far
+    assert main(["report", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"wrote {out}/report.html (a partial audit: ")
+    assert f"of 4 images ({committed} of 4 chunks committed" in said and "the audit is interrupted" in said
+    html = open(out / "report.html").read()
+    assert '<p class="partial" id="partial"><strong>Partial audit:</strong>' in html and "(partial)</h1>" in html
+    q = run_cli(cli_args(files, out, 1))  # the same command resumes
+    assert q.returncode == 0, q.stderr
+    assert f"4 chunks: {committed} already committed" in q.stdout
+    assert_same_audit(out, references[1])
+
+
+@pytest.mark.timeout(120)  # measured 22 s wall on 2 shared cores
+def test_sigkill_after_a_saved_state_resumes_from_it(files, references, tmp_path):
+    out = tmp_path / "audit"
+    p = start(cli_args(files, out, 2, "--checkpoint-every", "0"))
+    wait_for(work.state_path(str(out), 0, 0), p)
+    p.send_signal(signal.SIGKILL)
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    assert status(out) == "running"  # nothing ran after the kill
+    q = run_cli(cli_args(files, out, 2, "-v"))
+    assert q.returncode == 0, q.stderr
+    assert "exact SIS continues from its saved state" in q.stderr
+    assert_same_audit(out, references[2])
+
+
+# ---------------------------------------------------------------------------------------------- in this process
+
+
+class Photos(ImageSource):
+    """Seeded random 8 x 8 photos; loading photo ``stop_at`` sends this process SIGINT (``stop_at`` None: never)."""
+
+    stop_at = None
+
+    def photo(self, i):
+        if i == self.stop_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return np.random.default_rng(i).integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+
+
+def _source(stop_at=None):
+    src = Photos([f"im{i}" for i in range(N)], [i % 5 for i in range(N)], SIDE, description={"kind": "photos"})
+    src.stop_at = stop_at
+    return src
+
+
+def test_python_api_raises_interrupted_naming_what_is_kept(tmp_path):
+    out = str(tmp_path / "audit")
+    config = AuditConfig(method="exact", threshold=0.5)
+    storage = StoreOptions(chunk_size=2, workers=0, report=False)
+    quiet = RunOptions(show_progress=False)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted) as err:
+        run_stored_audit({"net": tiny_cnn(3)}, _source(stop_at=2), out, config, storage, quiet)
+    assert err.value.signal == "SIGINT" and err.value.folder == out
+    assert err.value.kept == "1 of 2 chunks committed (2 of 4 images)"
+    assert str(err.value) == (f"interrupted by SIGINT: {out} keeps 1 of 2 chunks committed (2 of 4 images); the "
+                              f"same call resumes it")
+    assert status(out) == "interrupted" and isinstance(err.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGINT) is before  # put back
+    run = run_stored_audit({"net": tiny_cnn(3)}, _source(), out, config, storage, quiet)
+    assert (run.skipped, run.computed) == (1, 1) and status(out) == "complete"
+
+
+def test_a_model_s_finished_images_are_read_back_not_computed_again(tmp_path):
+    """ChunkWork by hand: a model whose finished images cover the chunk is read back; the rows equal what was
+    stored; a committed chunk's work folder is removed when the folder is tidied."""
+    from overinterp_fast import fast_sis
+
+    folder = str(tmp_path)
+    os.makedirs(os.path.join(folder, store.PARTS_DIR))
+    x = torch.stack([_source()[i]["x"] for i in range(2)])
+    results = fast_sis(tiny_cnn(3), x, 0.5, engine="torch", batch_size=64)
+    w = work.ChunkWork(folder, 3, [6, 7], 4, exact=False, class_name=lambda c: f"class {c}")
+    w.start(store.images_table([6, 7], ["a", "b"], [0, 1], [np.zeros((2, 2, 3), np.uint8)] * 2))
+    calls = []
+    got, seconds = w.model(0, lambda: calls.append(1) or results)
+    assert calls == [1] and got is results and seconds >= 0
+    again = work.ChunkWork(folder, 3, [6, 7], 4, exact=False)
+    back, spent = again.model(0, lambda: pytest.fail("computed again"))
+    assert spent == seconds and again.jobs_done() == 2
+    for a, b in zip(back, results, strict=True):
+        assert torch.equal(a.order, b.order) and torch.equal(a.values, b.values)
+        assert (a.sis is None and b.sis is None) or torch.equal(a.sis, b.sis)
+    done, meta = work.finished_results(folder, 3, 0)
+    assert sorted(done) == [6, 7] and meta["class_names"] == {str(r.target): f"class {r.target}" for r in results}
+    kept = work.in_progress(folder, 3, 1)
+    assert kept.indices == [6, 7] and kept.done() == {6, 7} and kept.saved == [None]
+    assert work.tidy(folder) == 0 and work.chunks_in_progress(folder) == [3]  # not committed: kept
+    open(store.part_path(folder, 3, "results"), "w").close()  # committed (an empty stand-in part)
+    assert work.tidy(folder) == 1 and work.chunks_in_progress(folder) == []
