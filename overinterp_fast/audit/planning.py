@@ -1,15 +1,24 @@
 """What a stored audit will do and how long it will take, said before its first chunk; ``audit --dry-run`` says it
-and stops, computing nothing.
+and stops, writing nothing.
 
-    plan = plan_audit({"net": model}, src, "out/cifar", AuditConfig(method="exact"), StoreOptions(chunk_size=64))
+    plan = plan_audit({"net": model}, src, "out/cifar", AuditConfig(method="exact", batch_size=42), 64, set(),
+                      torch.device("cpu"))
     print(plan.text())       # images, chunks, method, device, batch shape, and the estimate of the whole audit
 
 The estimate covers every image the audit has left (its committed chunks are skipped), every model, on this
-device, with the chunks dealt over the ranks. It is made of the methods' own estimates
-(:meth:`~overinterp_fast.attr.ExactSIS.estimate` and the other classes': the rows a chunk computes, and the time of a
-call at the audit's batch size, timed once on the first chunk left), plus what a chunk does besides: every model's
-predictions (timed on that chunk) and its commit, and the final merge and report. Rows are exact (exact SIS: p (p + 1)
-/ 2 candidates per image and round; a collection's later rounds add theirs, which the estimate leaves out).
+device, with the chunks dealt over the ranks (the rank with the most chunks sets the time), and the final merge and
+report. It is measured, not guessed:
+
+- exact SIS: each model runs the first chunk left for :data:`TRIAL_S` seconds (or to its end), as the audit runs
+  it, and the time of a chunk is its set-up and first window as they took, then the rest of its candidates (p (p +
+  1) / 2 per image) at the rate of the windows after. In a real run that work is the chunk's own, saved as its
+  state (:mod:`overinterp_fast.audit.work`) and continued, so the estimate costs nothing; a dry run saves nothing.
+  A collection's later rounds add candidates the estimate leaves out.
+- the other methods: their own estimate (:func:`overinterp_fast.estimate_sis`: their rows at the time of one timed
+  call), plus the time it took to make (their set-up on a chunk).
+- every chunk: each model's predictions (timed on the first chunk left) and the commit (:data:`CHUNK_FIXED_S`).
+- the end: sis.parquet (:data:`FINAL_PER_IMAGE_S` per image) and the report, its figures at the time of one
+  figure drawn here (:func:`report_seconds`).
 """
 from __future__ import annotations
 
@@ -18,34 +27,47 @@ from ..util.optional import require
 require("audit", "the audit")  # before any of its modules: one line when the extra is missing
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+import numpy as np
 import torch
 
 from ..api import estimate_sis
+from ..methods import exact_state
+from ..methods.choice import has_gradients
 from ..runtime import estimate as estimates
 from . import store
-from .config import AuditConfig
-from .runner import explain_options, predict, thresholds_for
+from .config import GALLERY, AuditConfig
+from .runner import explain, explain_options, predict, thresholds_for
 from .sources import ImageSource
+from .work import ChunkWork, finished_results
 
-# What a chunk costs besides its SIS, and the end of the audit, measured on 2 CPU cores (docs: audit.md, the
-# estimate): a chunk's commit (two Parquet parts, flushed) and work folder, per chunk; the final merge (sis.parquet)
-# and report (its plots), once, plus their time per image.
-CHUNK_FIXED_S = 0.15
-FINAL_FIXED_S = 3.0
+# What the estimate does not time, measured on 2 CPU cores: a chunk's commit (two Parquet parts, flushed) and work
+# folder, and the final merge (sis.parquet) per image.
+CHUNK_FIXED_S = 0.1
 FINAL_PER_IMAGE_S = 0.002
+TRIAL_S = 2.0  # exact SIS: the first chunk left runs this long (or to its end) for the estimate
+TRIAL_WINDOW_S = 0.25  # ... in windows of about this long, each one measurement
+# The report's figures besides the gallery's (one per gallery image and model): the SIS-size box and curve and the
+# border figure, and a heatmap per model, each counted as this many gallery figures (they are larger).
+REPORT_FIGURES, REPORT_FIGURE_WEIGHT = 3, 2
 
 
 @dataclass
 class ModelPlan:
-    """One model's part of the estimate: its method's estimate of the first chunk left (None: nothing left), the
-    seconds of its predictions on that chunk, and its seconds over every chunk left (on one rank)."""
+    """One model's part of the estimate.
+
+    Attributes:
+        name: the model. chunk: its method's estimate of a full chunk (seconds: the set-up included); None where
+            nothing is left. predict_s: its predictions on a chunk. left_s: what is left of the first chunk (0 where
+            a real run's trial finished it). seconds: every chunk left of the rank with the most.
+    """
 
     name: str
     chunk: estimates.Estimate | None
     predict_s: float
+    left_s: float
     seconds: float
 
 
@@ -55,10 +77,11 @@ class AuditPlan:
 
     Attributes:
         folder: the audit folder. images: the audit's images; shape: one image's [C, H, W]; features: p.
-        chunk_size, chunks: the chunks; committed: those committed already. world: the ranks.
-        method, threshold, threshold_mode, collection: what every model computes. batch_size, channels_last: the
-        calls' batch size and format (fixed when the audit starts). device: where it runs, in words.
-        models: each model's part. seconds: the estimate of the whole audit left (wall time).
+        chunk_size, chunks: the chunks; committed: those committed already; left_images: the images left.
+        world: the ranks. method, threshold, threshold_mode, collection: what every model computes.
+        batch_size, channels_last: the calls' batch size and format (fixed when the audit starts).
+        device: where it runs, in words. models: each model's part. final_s: the final merge and report.
+        seconds: the estimate of the whole audit left (wall time, from now).
     """
 
     folder: str
@@ -78,6 +101,7 @@ class AuditPlan:
     channels_last: bool
     device: str
     models: list[ModelPlan] = field(default_factory=list)
+    final_s: float = 0.0
     seconds: float = 0.0
 
     @property
@@ -87,23 +111,16 @@ class AuditPlan:
     def line(self) -> str:
         """The estimate in one line, as said before the first chunk."""
         if not self.left_images:
-            return f"audit of {self.images:,} images: every chunk is committed; what is left is the final merge"
-        done = f" ({self.images - self.left_images:,} committed)" if self.committed else ""
-        ranks = f" on each of {self.world} ranks" if self.world > 1 else ""
-        rows = sum(m.chunk.rows for m in self.models if m.chunk is not None)
-        unit = next((m.chunk.unit for m in self.models if m.chunk is not None), "rows")
-        per_image = rows / max(1, self._first_chunk_images())
+            return (f"audit of {self.images:,} images: every chunk is committed; the final merge and report "
+                    f"{estimates.about(self.seconds)}")
+        done = f" ({self.images - self.left_images:,} committed before)" if self.committed else ""
+        ranks = f", {self.world} ranks" if self.world > 1 else ""
+        per_image = [m.chunk.seconds / min(self.chunk_size, self.left_images) for m in self.models if m.chunk]
         return (f"audit of {self.left_images:,} image{'s' if self.left_images > 1 else ''}{done} x "
-                f"{len(self.models)} model{'s' if len(self.models) > 1 else ''}, {self.method} SIS: "
-                f"{per_image:,.0f} {unit} per image, {estimates.about(self.seconds)} on {self.device}{ranks} "
-                f"({self._per_image()} per image)")
-
-    def _first_chunk_images(self) -> int:
-        return min(self.chunk_size, self.left_images)
-
-    def _per_image(self) -> str:
-        spent = sum(m.seconds for m in self.models) / max(1, self.left_images)
-        return estimates.duration(spent)
+                f"{len(self.models)} model{'s' if len(self.models) > 1 else ''} ({self.method} SIS, "
+                f"{self.left_chunks:,} chunk{'s' if self.left_chunks > 1 else ''}{ranks}): "
+                f"{estimates.about(self.seconds)} on {self.device}, "
+                f"{estimates.duration(sum(per_image))} per image")
 
     def text(self) -> str:
         """The plan, line by line: what ``audit --dry-run`` prints."""
@@ -118,59 +135,141 @@ class AuditPlan:
             + (", channels_last" if self.channels_last else ""),
         ]
         for m in self.models:
-            what = "nothing left" if m.chunk is None else f"{m.chunk.line()}; every chunk left: " \
-                                                          f"{estimates.about(m.seconds)}"
+            what = ("nothing left" if m.chunk is None else
+                    f"a chunk: {m.chunk.line()}; every chunk left: {estimates.about(m.seconds)}")
             lines.append(f"model {m.name}: {what}")
+        lines.append(f"merge and report: {estimates.about(self.final_s)}")
         lines.append(f"estimate: {self.line()}")
         return "\n".join(lines)
 
 
-def chunk_seconds(seconds: float, images: int, chunk_images: int) -> float:
-    """``seconds`` of a chunk of ``chunk_images`` images scaled to ``images`` images (rows grow with images)."""
-    return seconds * images / max(1, chunk_images)
-
-
 def plan_audit(models: Mapping[str, object], source: ImageSource, out: str, config: AuditConfig,
-               chunk_size: int, committed: set[int], device: torch.device, world: int = 1) -> AuditPlan:
+               chunk_size: int, committed: set[int], device: torch.device, world: int = 1, report: bool = True,
+               gallery: int = GALLERY, first: ChunkWork | None = None) -> AuditPlan:
     """The plan of a stored audit of ``models`` (the ensemble included, on ``device``, with the configuration it
     runs with: method resolved, batch size fixed) on ``source`` into ``out``, whose ``committed`` chunks are
-    skipped, over ``world`` ranks; its estimate times the first chunk left (see the module docstring)."""
+    skipped, over ``world`` ranks, with its report (``gallery`` images) where ``report``. ``first``: the work
+    folder of the first chunk left, where the trial's work is kept (None: a dry run keeps nothing). See the module
+    docstring."""
     ranges = store.chunk_ranges(len(source), chunk_size)
     left = [c for c in range(len(ranges)) if c not in committed]
     left_images = sum(ranges[c][1] - ranges[c][0] for c in left)
-    first = source[0]["x"]
-    shape = list(first.shape)
+    shape = list(source[0]["x"].shape)
     plan = AuditPlan(out, len(source), shape, shape[-1] * shape[-2], chunk_size, len(ranges),
                      len(ranges) - len(left), left_images, world, config.method, config.threshold,
                      config.threshold_mode, config.collection, config.batch_size, bool(config.channels_last),
                      estimates.device_name(device))
+    plan.final_s = FINAL_PER_IMAGE_S * len(source) + (
+        report_seconds(source[0]["display"].shape, len(source), len(models), gallery) if report else 0.0)
     if not left:
-        plan.models = [ModelPlan(n, None, 0.0, 0.0) for n in models]
-        plan.seconds = FINAL_FIXED_S + FINAL_PER_IMAGE_S * len(source)
+        plan.models = [ModelPlan(n, None, 0.0, 0.0, 0.0) for n in models]
+        plan.seconds = plan.final_s
         return plan
     a, b = ranges[left[0]]
     x = torch.stack([source[i]["x"] for i in range(a, b)]).to(device)
-    # the chunks one rank computes, at most: round robin over the ranks
-    per_rank = [ranges[c][1] - ranges[c][0] for c in left[::world]]
-    for name, model in models.items():
+    # the chunks of rank 0, which has the most (round robin): the first chunk left, then every world-th one
+    later = [ranges[c][1] - ranges[c][0] for c in left[world::world]]
+    for m, (name, model) in enumerate(models.items()):
         t0 = time.perf_counter()
         _, f0 = predict(model, x)
         predict_s = time.perf_counter() - t0
         taus = thresholds_for(f0, config.threshold, config.threshold_mode)
-        est = chunk_estimate(model, x, taus, config)
+        est, left_s = chunk_estimate(model, x, taus, config, None if first is None else (first, m))
         one = est.seconds + predict_s
-        plan.models.append(ModelPlan(name, est, predict_s, sum(chunk_seconds(one, n, b - a) for n in per_rank)))
-    plan.seconds = (sum(m.seconds for m in plan.models) + CHUNK_FIXED_S * len(per_rank) + FINAL_FIXED_S
-                    + FINAL_PER_IMAGE_S * len(source))
+        seconds = predict_s + left_s + sum(one * n / (b - a) for n in later)  # rows grow with the images
+        plan.models.append(ModelPlan(name, est, predict_s, left_s, seconds))
+    plan.seconds = sum(m.seconds for m in plan.models) + CHUNK_FIXED_S * (1 + len(later)) + plan.final_s
     return plan
 
 
-def chunk_estimate(model, images: torch.Tensor, taus: list[float], config: AuditConfig) -> estimates.Estimate:
-    """The method's estimate of one chunk ``images`` [n, C, H, W] as the audit runs it (:func:`explain_options`:
-    its engine and options), without running it (:func:`overinterp_fast.estimate_sis`)."""
+def chunk_estimate(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
+                   kept: tuple[ChunkWork, int] | None = None) -> tuple[estimates.Estimate, float]:
+    """(the estimate of one model's SIS of a chunk ``images`` [n, C, H, W] as the audit runs it, set-up included;
+    the seconds left of this chunk's own SIS). Exact SIS: the chunk's own first :data:`TRIAL_S` seconds, timed
+    (:func:`trial`), its work kept in ``kept`` (the chunk's work folder and the model's position) where given; the
+    other methods: their own estimate (:func:`overinterp_fast.estimate_sis`) and the time it took to make."""
+    if config.method == "exact":
+        n, p = images.shape[0], images.shape[-1] * images.shape[-2]
+        rows = estimates.exact_rows(n, p)
+        full, left = trial(model, images, taus, config, rows, kept)
+        return estimates.exact_estimate(n, p, full, images.device, full / rows, has_gradients(model)), left
     engine, options = explain_options(model, images, config, None)
-    return estimate_sis(model, images, taus, method=config.method, collection=config.collection,
-                        baselines=config.baselines, batch_size=config.batch_size, engine=engine, options=options)
+    t0 = time.perf_counter()
+    est = estimate_sis(model, images, taus, method=config.method, collection=config.collection,
+                       baselines=config.baselines, batch_size=config.batch_size, engine=engine, options=options)
+    est = replace(est, seconds=est.seconds + time.perf_counter() - t0)
+    return est, est.seconds
 
 
-__all__ = ["AuditPlan", "ModelPlan", "chunk_estimate", "plan_audit"]
+@dataclass
+class _Clock:
+    """A trial's clock (:class:`~overinterp_fast.methods.exact_state.Checkpoints`' ``clock``, called once when the
+    loop starts and once after each window): the time and the candidates scored then; ``over()`` past ``limit``
+    seconds and three marks."""
+
+    limit: float
+    checkpoints: exact_state.Checkpoints | None = None
+    marks: list[tuple[float, int]] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        now = time.perf_counter()
+        self.marks.append((now, self.checkpoints.scored))
+        return now
+
+    def over(self) -> bool:
+        return len(self.marks) >= 3 and self.marks[-1][0] - self.marks[0][0] >= self.limit
+
+
+def trial(model, images: torch.Tensor, taus: list[float], config: AuditConfig, rows: int,
+          kept: tuple[ChunkWork, int] | None = None, limit: float = TRIAL_S) -> tuple[float, float]:
+    """(seconds of one model's exact SIS of a chunk ``images`` of ``rows`` candidates, the seconds left of this
+    chunk's), from its own first ``limit`` seconds: the run as the audit makes it (:func:`explain`), stopped at the
+    first window past ``limit``, its state saved in ``kept`` (the chunk's work folder, model position) or nowhere.
+    A chunk takes its set-up and first window as they took, then its other candidates at the rate of the windows
+    after; a run that ends within ``limit`` takes its time. A model whose results on the chunk are kept already
+    takes the seconds they took, and nothing is left."""
+    if kept is not None:
+        done, meta = finished_results(kept[0].folder, kept[0].chunk, kept[1])
+        if done and all(i in done for i in kept[0].indices):
+            return float(meta.get("seconds", 0.0)), 0.0
+    clock = _Clock(limit)
+    c = (exact_state.Checkpoints("", every=1e18, write=lambda path, fill: None) if kept is None
+         else kept[0].checkpoints(kept[1]))
+    c.clock, c.stop, c.window_s, clock.checkpoints = clock, clock.over, TRIAL_WINDOW_S, c
+    t0 = time.perf_counter()
+    try:
+        with exact_state.saving(c):
+            explain(model, images, taus, config, None, False)
+        full = time.perf_counter() - t0 + c.earlier  # the whole chunk ran (and what ran of it before)
+        return full, 0.0 if kept is not None else full
+    except exact_state.Stopped:
+        pass
+    # marks: the loop's start (candidates scored before, by a run whose state this one continued), the first
+    # window's end, the last window's end
+    (start, before), (t1, s1), (tn, sn) = clock.marks[0], clock.marks[1], clock.marks[-1]
+    rate = max((sn - s1) / max(tn - t1, 1e-9), 1e-9)  # candidates per second, past the first window
+    setup = start - t0
+    full = setup + (t1 - start) + (rows - (s1 - before)) / rate
+    left = setup + (rows - sn) / rate if kept is not None else full  # a real run continues what the trial did
+    return full, left
+
+
+def report_seconds(display_shape: tuple, images: int, models: int, gallery: int) -> float:
+    """Seconds of the report of ``images`` images (displays of ``display_shape``) and ``models`` models: its figures
+    (the gallery's, one per shown image and model, and :data:`REPORT_FIGURES` plus one per model, weighed
+    :data:`REPORT_FIGURE_WEIGHT`) at the time of one gallery figure, drawn twice here (the first with the plotting
+    library's start)."""
+    from .report import image_figure
+
+    display = np.zeros(display_shape, np.uint8)
+    mask = np.zeros(display_shape[:2], bool)
+    t0 = time.perf_counter()
+    image_figure(display, mask, True)
+    t1 = time.perf_counter()
+    image_figure(display, mask, True)
+    t2 = time.perf_counter()
+    figures = min(images, gallery) * models + REPORT_FIGURE_WEIGHT * (REPORT_FIGURES + models)
+    return (t1 - t0) + (figures - 1) * (t2 - t1)
+
+
+__all__ = ["AuditPlan", "ModelPlan", "chunk_estimate", "plan_audit", "report_seconds", "trial"]

@@ -185,7 +185,7 @@ class _Progress:
     """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, and those finished in the chunk
     this rank computes (``in_flight``: a callable counting them, or None), images per hour since this run started,
     and the time left at that rate; until a job is done, the time left is the audit's estimate (``estimate_s``,
-    seconds from the start of this run, less the time spent), or "-" without one.
+    seconds from the start of this run, less the time spent), or "-" without one (or once it is spent).
 
     A thread counts the committed parts once a second, so the bar moves with the other ranks too."""
 
@@ -212,8 +212,8 @@ class _Progress:
         total = self.ranges[-1][1] if self.ranges else 0
         if rate > 0:
             left = tqdm.format_interval((total - done) / rate)
-        elif self.estimate_s is not None:
-            left = tqdm.format_interval(max(0.0, self.estimate_s - elapsed))
+        elif self.estimate_s is not None and self.estimate_s > elapsed:
+            left = tqdm.format_interval(self.estimate_s - elapsed)
         else:
             left = "-"
         self.bar.n = jobs
@@ -297,7 +297,7 @@ def plan_stored_audit(models: Mapping[str, object], source: ImageSource, out: st
         if not ranks.is_main:
             return None
         return planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
-                                   ranks.device, ranks.world)
+                                   ranks.device, ranks.world, storage.report, storage.gallery)
     finally:
         if own:
             teardown(ranks)
@@ -416,7 +416,7 @@ def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfi
                 _open_folder(out, plan, storage.restart, ranks)
             pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
             mine = store.share(pending, ranks.rank, ranks.world)
-            estimate_s = _announce(plan, source, out, pending, ranks, storage)
+            estimate_s = _announce(plan, source, out, pending, ranks, storage, run)
             committing = _compute(out, source, plan, mine, storage, ranks, run, estimate_s)
             done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
                                commit_seconds=committing)
@@ -432,17 +432,34 @@ def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfi
 
 
 def _announce(plan: _Plan, source: ImageSource, out: str, pending: list[int], ranks: Ranks,
-              storage: StoreOptions) -> float | None:
-    """Rank 0, before the first chunk: the estimate of the whole audit left (:mod:`.planning`), said in one line
-    (logged at INFO by :mod:`overinterp_fast.runtime.estimate`'s logger, which the command line prints) and returned
-    in seconds for the bar; None on the other ranks and when nothing is left."""
+              storage: StoreOptions, run: RunOptions) -> float | None:
+    """Rank 0, before the first chunk: the estimate of the whole audit left (:mod:`.planning`; its trial of the
+    first chunk is that chunk's own work, kept), said in one line (logged at INFO by
+    :mod:`overinterp_fast.runtime.estimate`'s logger, which the command line prints) and returned in seconds for
+    the bar; None on the other ranks and when nothing is left."""
     if not ranks.is_main or not pending:
         return None
     committed = set(range(len(plan.ranges))) - set(pending)
+    batch = collate([source[i] for i in range(*plan.ranges[pending[0]])])
+    first = _chunk_work(out, pending[0], batch, plan, storage, run)
+    first.start(_images_table(source, batch))
     audit_plan = planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
-                                     ranks.device, ranks.world)
+                                     ranks.device, ranks.world, storage.report, storage.gallery, first)
     estimates.logger.info(audit_plan.line())
     return audit_plan.seconds
+
+
+def _chunk_work(out: str, chunk: int, batch: dict, plan: _Plan, storage: StoreOptions,
+                run: RunOptions) -> work.ChunkWork:
+    return work.ChunkWork(out, chunk, list(batch["index"]), len(plan.ranges), plan.config.method == "exact",
+                          storage.checkpoint_every, run.class_name)
+
+
+def _images_table(source: ImageSource, batch: dict):
+    """A chunk's images part (store.images_table) from its batch (sources.collate)."""
+    objects = batch["objects"]
+    return store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]], batch["labels"],
+                              batch["displays"], None if objects is None else list(objects.cpu().numpy()))
 
 
 def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
@@ -473,16 +490,12 @@ def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], storag
     loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*plan.ranges[c])) for c in mine],
                                          num_workers=storage.workers, collate_fn=collate)
     committing = 0.0
-    exact = plan.config.method == "exact"
     try:
         for c, batch in zip(mine, loader):
             x = batch["x"].to(ranks.device)
             objects = None if batch["objects"] is None else batch["objects"].to(ranks.device)
-            images = store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]],
-                                        batch["labels"], batch["displays"],
-                                        None if objects is None else list(objects.cpu().numpy()))
-            kept = work.ChunkWork(out, c, list(batch["index"]), len(plan.ranges), exact, storage.checkpoint_every,
-                                  run.class_name)
+            images = _images_table(source, batch)
+            kept = _chunk_work(out, c, batch, plan, storage, run)
             kept.start(images)
             bar.in_flight = kept.jobs_done
             # the methods' bars (candidates within the chunk, their rate and time left) under the audit's; their

@@ -213,19 +213,25 @@ class ChunkWork:
             results = compute()
             seconds = before + time.perf_counter() - t0
         else:
-            # windows of a quarter of the interval at most (one batch each at 0): a signal is taken within that
-            keep = exact_state.Checkpoints(state_path(self.folder, self.chunk, m), self.every,
-                                           on_images=lambda new: self._keep(m, new, t0), write=self._write,
-                                           window_s=min(exact_state.WINDOW_S, self.every / 4))
+            keep = self.checkpoints(m)
             with exact_state.saving(keep):
                 results = compute()
             seconds = keep.earlier + time.perf_counter() - t0
         self._store(m, dict(zip(self.indices, results)), seconds)
         return results, seconds
 
+    def checkpoints(self, m: int) -> exact_state.Checkpoints:
+        """Exact SIS's saving for model ``m`` on this chunk: its state file, every ``every`` seconds, its finished
+        images stored as they finish; windows of a quarter of the interval at most (one batch each at 0), so that
+        a signal is taken within that."""
+        t0 = time.perf_counter()
+        return exact_state.Checkpoints(state_path(self.folder, self.chunk, m), self.every,
+                                       on_images=lambda new: self._keep(m, new, t0), write=self._write,
+                                       window_s=min(exact_state.WINDOW_S, self.every / 4))
+
     def _keep(self, m: int, new: dict[int, SISResult], t0: float) -> None:
         """Exact SIS finished images ``new`` (by position in the chunk): store them with the ones before."""
-        done = self.finished[m]
+        done = self.finished.setdefault(m, {})
         done.update({self.indices[i]: r for i, r in new.items()})
         c = exact_state.current()
         self._store(m, done, (0.0 if c is None else c.earlier) + time.perf_counter() - t0)

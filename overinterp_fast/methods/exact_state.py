@@ -69,10 +69,13 @@ class Checkpoints:
             :func:`~overinterp_fast.util.files.atomic_write`).
         clock: seconds (monotonic), injectable for tests.
         window_s: the target duration of a window of batches.
+        stop: asked after each window; True ends the run there: its state is saved and :class:`Stopped` raised
+            (e.g. a trial run timed for an estimate, continued later).
 
     During and after a run: ``restored`` says whether it continued a saved state, ``earlier`` the loop's seconds in
-    the runs before (from that state), ``saves`` how many states it wrote, ``seconds`` (once the loop ended) its
-    seconds over every run of the job.
+    the runs before (from that state), ``scored`` the candidates scored so far (set before each call of ``clock``
+    after a window), ``saves`` how many states it wrote, ``seconds`` (once the loop ended) its seconds over every
+    run of the job.
     """
 
     path: str
@@ -81,8 +84,10 @@ class Checkpoints:
     write: Callable[[str, Callable[[str], None]], None] = atomic_write
     clock: Callable[[], float] = time.monotonic
     window_s: float = WINDOW_S
+    stop: Callable[[], bool] | None = None
     restored: bool = False
     earlier: float = 0.0
+    scored: int = 0
     saves: int = 0
     seconds: float = 0.0
     _told: set = field(default_factory=set, repr=False)
@@ -92,6 +97,10 @@ class Checkpoints:
 
     def __post_init__(self):
         check_interval(self.every, "every")
+
+
+class Stopped(Exception):
+    """The run ended where its checkpoints' ``stop`` asked, its state saved: a rerun continues it."""
 
 
 def check_interval(every, name: str) -> None:
@@ -132,9 +141,8 @@ class Keeper:
     def __init__(self, checkpoints: Checkpoints, run: "_ExactRun", batch_size: int):
         self.c, self.run = checkpoints, run
         self.key = job_key(run, batch_size)
-        self.default_batches: int | None = None
         c = self.c
-        c.restored, c.saves, c._told, c._batch_s = False, 0, set(), None
+        c.restored, c.saves, c._told, c._batch_s, c.scored = False, 0, set(), None, 0
         c._start = c._last = c.clock()
         c.earlier = 0.0
 
@@ -171,7 +179,7 @@ class Keeper:
         queued = self._queued()
         self.c._told = {i for i, rounds in enumerate(run.state.rounds) if rounds and i not in queued}
         self.c.earlier = float(saved["seconds"])
-        run.scored = int(saved["bar"][0])
+        run.scored = self.c.scored = int(saved["bar"][0])
         self.c.restored = True
         logger.info("%s: exact SIS continues from its saved state (%d of %d candidates scored)", path,
                     run.scored, int(saved["bar"][1]))
@@ -191,9 +199,12 @@ class Keeper:
         c = self.c
         if window_batches:
             c._batch_s = seconds / window_batches
+        c.scored = self.run.scored
         now = c.clock()  # once per window
         finished = self.finished()
         pending = interrupts.take()
+        if pending is None and c.stop is not None and self.run.schedule and c.stop():
+            pending = Stopped(c.path)
         if finished and c.on_images is not None:
             c.on_images(finished)
         if finished or now - c._last >= c.every or pending is not None:
@@ -270,4 +281,4 @@ def deferred(keep: Keeper | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["Checkpoints", "DEFAULT_EVERY_S", "Keeper", "current", "keeper", "saving"]
+__all__ = ["Checkpoints", "DEFAULT_EVERY_S", "Keeper", "Stopped", "current", "keeper", "saving"]

@@ -26,7 +26,7 @@ from overinterp_fast.audit.sources import ImageSource
 from overinterp_fast.audit.stream import run_stored_audit
 from overinterp_fast.cli import main
 from overinterp_fast.errors import Interrupted
-from helpers import export_tiny_cnn, run_cli, tiny_cnn
+from helpers import export_tiny_cnn, tiny_cnn
 
 SIDE, N = 8, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,15 +52,16 @@ def cli_args(files, out, chunk, *extra):
             "--gallery", "2", "--out", str(out), *extra]
 
 
-@pytest.fixture(scope="module")
-def references(files, tmp_path_factory):
-    """The uninterrupted audits (in this process, one thread, as the subprocesses), by chunk size."""
-    out = {}
-    for chunk in (1, 2):
-        folder = tmp_path_factory.mktemp("reference") / "audit"
-        assert main(cli_args(files, folder, chunk)) == 0
-        out[chunk] = str(folder)
-    return out
+def uninterrupted(out, tmp_path):
+    """The uninterrupted run of the audit stored in ``out`` (in this process, one thread, as the subprocesses): its
+    stored configuration (and so the batch size and memory format its first run fixed, which a CPU measures) in a
+    new folder, computed from scratch by ``audit --resume``."""
+    fresh = tmp_path / "uninterrupted"
+    fresh.mkdir()
+    doc = store.read_doc(str(out))
+    store.write_json(str(fresh / "results.json"), dict(doc, status="running"))
+    assert main(["audit", "--resume", str(fresh)]) == 0
+    return str(fresh)
 
 
 def start(argv):
@@ -99,8 +100,9 @@ LINE = re.compile(r"^overinterp-fast: interrupted by (SIG\w+): (.+) keeps (.+); 
                   r"--resume (.+)$")
 
 
-@pytest.mark.timeout(120)  # measured 25 s wall on 2 shared cores (two subprocess audits)
-def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_run(files, references, tmp_path):
+@pytest.mark.slow  # a subprocess audit, then two in this process
+@pytest.mark.timeout(150)  # measured 52 s wall on 2 shared cores at a load average of about 6.5
+def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_run(files, tmp_path, capsys):
     out = tmp_path / "audit"
     p = start(cli_args(files, out, 2, "--checkpoint-every", "0"))
     wait_for(work.state_path(str(out), 0, 0), p)  # exact SIS saved chunk 0's state: mid-chunk
@@ -117,15 +119,14 @@ def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_ru
     assert status(out) == "interrupted"
     saved = torch.load(work.state_path(str(out), 0, 0), weights_only=True)["bar"]
     assert 0 < saved[0] < saved[1]  # part of the chunk's candidates
-    q = run_cli(["audit", "--resume", str(out), "-v"])
-    assert q.returncode == 0, q.stderr
-    assert "exact SIS continues from its saved state" in q.stderr
-    assert_same_audit(out, references[2])
+    assert main(["audit", "--resume", str(out), "-v"]) == 0  # the rerun, in this process (one thread alike)
+    assert "exact SIS continues from its saved state" in capsys.readouterr().err
+    assert_same_audit(out, uninterrupted(out, tmp_path))
 
 
-@pytest.mark.timeout(120)  # measured 24 s wall on 2 shared cores
-def test_sigterm_after_the_first_commit_says_one_line_and_the_report_is_partial(files, references, tmp_path,
-                                                                               capsys):
+@pytest.mark.slow  # a subprocess audit, then two in this process
+@pytest.mark.timeout(150)  # measured 47 s wall on 2 shared cores at a load average of about 6.5
+def test_sigterm_after_the_first_commit_says_one_line_and_the_report_is_partial(files, tmp_path, capsys):
     out = tmp_path / "audit"
     p = start(cli_args(files, out, 1, "--checkpoint-every", "0"))
     wait_for(store.part_path(str(out), 0, "results"), p)
@@ -145,14 +146,14 @@ def test_sigterm_after_the_first_commit_says_one_line_and_the_report_is_partial(
     assert f"of 4 images ({committed} of 4 chunks committed" in said and "the audit is interrupted" in said
     html = open(out / "report.html").read()
     assert '<p class="partial" id="partial"><strong>Partial audit:</strong>' in html and "(partial)</h1>" in html
-    q = run_cli(cli_args(files, out, 1))  # the same command resumes
-    assert q.returncode == 0, q.stderr
-    assert f"4 chunks: {committed} already committed" in q.stdout
-    assert_same_audit(out, references[1])
+    assert main(cli_args(files, out, 1)) == 0  # the same command resumes
+    assert f"4 chunks: {committed} already committed" in capsys.readouterr().out
+    assert_same_audit(out, uninterrupted(out, tmp_path))
 
 
-@pytest.mark.timeout(120)  # measured 22 s wall on 2 shared cores
-def test_sigkill_after_a_saved_state_resumes_from_it(files, references, tmp_path):
+@pytest.mark.slow  # a subprocess audit, then two in this process
+@pytest.mark.timeout(150)  # measured 35 s wall on 2 shared cores at a load average of about 6.5
+def test_sigkill_after_a_saved_state_resumes_from_it(files, tmp_path, capsys):
     out = tmp_path / "audit"
     p = start(cli_args(files, out, 2, "--checkpoint-every", "0"))
     wait_for(work.state_path(str(out), 0, 0), p)
@@ -160,10 +161,9 @@ def test_sigkill_after_a_saved_state_resumes_from_it(files, references, tmp_path
     p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL
     assert status(out) == "running"  # nothing ran after the kill
-    q = run_cli(cli_args(files, out, 2, "-v"))
-    assert q.returncode == 0, q.stderr
-    assert "exact SIS continues from its saved state" in q.stderr
-    assert_same_audit(out, references[2])
+    assert main(cli_args(files, out, 2, "-v")) == 0
+    assert "exact SIS continues from its saved state" in capsys.readouterr().err
+    assert_same_audit(out, uninterrupted(out, tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------- in this process

@@ -1,0 +1,153 @@
+"""A stored audit's plan and estimate (audit/planning.py), ``audit --dry-run``, and the progress bar's count of the
+chunk in progress and its time left from the estimate (audit/stream.py's _Progress).
+
+The estimate's arithmetic is checked with a clock that moves one second per reading (planning's own ``time``), so
+every expectation is worked out by hand; the dry run through the command line.
+"""
+import os
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from overinterp_fast.audit import planning, store, stream, work
+from overinterp_fast.audit.config import AuditConfig
+from overinterp_fast.audit.sources import ImageSource
+from overinterp_fast.cli import main
+from overinterp_fast.runtime.estimate import Estimate
+from helpers import export_tiny_cnn, fake_terminal, tiny_cnn
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SIDE = 6  # 36 features: 666 candidates per image
+
+
+class Photos(ImageSource):
+    def photo(self, i):
+        return np.random.default_rng(i).integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+
+
+def source(n):
+    return Photos([f"im{i}" for i in range(n)], [i % 5 for i in range(n)], SIDE, description={"kind": "photos"})
+
+
+@pytest.fixture
+def ticking(monkeypatch):
+    """planning's clock: 1.0, 2.0, 3.0, ... at its successive readings (the library's other clocks are real)."""
+    count = iter(range(1, 10_000))
+    monkeypatch.setattr(planning, "time", types.SimpleNamespace(perf_counter=lambda: float(next(count))))
+    monkeypatch.setattr(planning, "TRIAL_WINDOW_S", 0.0)  # one batch per window
+
+
+def test_a_trial_times_the_chunk_s_own_first_windows(ticking, tmp_path):
+    x = torch.stack([source(2)[i]["x"] for i in range(2)])
+    config = AuditConfig(method="exact", threshold=0.5, batch_size=20, channels_last=False)
+    rows = 2 * 666
+    # readings: t0 = 1; the loop starts at 2 (nothing scored), the first window (20 candidates) ends at 3, the
+    # second (20 more) at 4, where 2 s have passed since the loop's start: the trial stops
+    full, left = planning.trial(tiny_cnn(3), x, [0.5, 0.5], config, rows)
+    set_up, first_window, rate = 2 - 1, 3 - 2, (40 - 20) / (4 - 3)
+    assert full == set_up + first_window + (rows - 20) / rate == 67.6
+    assert left == full  # a dry run keeps nothing: the chunk starts over
+    # a real run keeps the trial's work in the chunk's work folder: what is left is the set-up and the rest
+    os.makedirs(os.path.join(tmp_path, store.PARTS_DIR))
+    kept = work.ChunkWork(str(tmp_path), 0, [0, 1], 1, exact=True, every=1e9)
+    kept.start(store.images_table([0, 1], ["a", "b"], [0, 1], [np.zeros((2, 2, 3), np.uint8)] * 2))
+    full, left = planning.trial(tiny_cnn(3), x, [0.5, 0.5], config, rows, (kept, 0))
+    assert full == 67.6 and left == set_up + (rows - 40) / rate == 65.6
+    saved = torch.load(work.state_path(str(tmp_path), 0, 0), weights_only=True)
+    assert saved["bar"] == [40, rows]  # the state the chunk continues from
+
+
+def test_the_estimate_covers_every_chunk_left_of_the_busiest_rank(ticking, monkeypatch):
+    # 10 images in chunks of 3: (0, 3), (3, 6), (6, 9), (9, 10); chunk 1 committed; 2 ranks deal chunks 0, 2, 3
+    # round robin: rank 0 takes 0 and 3 (1 image), rank 1 takes 2
+    calls = []
+
+    def chunk(model, images, taus, config, kept=None):
+        calls.append((images.shape[0], kept))
+        return Estimate("a chunk", 100, "forward rows", 9.0, "here"), 4.0
+
+    monkeypatch.setattr(planning, "chunk_estimate", chunk)
+    monkeypatch.setattr(planning, "predict", lambda model, x: (None, torch.full((x.shape[0],), 0.9)))
+    plan = planning.plan_audit({"a": tiny_cnn(3)}, source(10), "out", AuditConfig(method="exact"), 3, {1},
+                               torch.device("cpu"), world=2, report=False)
+    assert calls == [(3, None)]  # timed on the first chunk left (3 images), keeping nothing (no work folder given)
+    (m,) = plan.models
+    assert m.predict_s == 1.0  # one reading apart
+    # the first chunk: its predictions and what is left of it; chunk 3 (1 image of 3): a third of a chunk's time
+    assert m.seconds == pytest.approx(1.0 + 4.0 + (9.0 + 1.0) / 3)
+    final = planning.FINAL_PER_IMAGE_S * 10
+    assert plan.seconds == pytest.approx(m.seconds + 2 * planning.CHUNK_FIXED_S + final)
+    assert (plan.chunks, plan.committed, plan.left_chunks, plan.left_images) == (4, 1, 3, 7)
+    assert plan.line().startswith("audit of 7 images (3 committed before) x 1 model (exact SIS, 3 chunks, 2 ranks): "
+                                  "about 8.6 s on this CPU")
+    assert plan.line().endswith(", 3.0 s per image")  # a chunk of 3 images in 9 s
+
+
+def test_the_report_s_figures_at_the_time_of_one(ticking, monkeypatch):
+    drawn = []
+    monkeypatch.setattr("overinterp_fast.audit.report.image_figure", lambda *a: drawn.append(a))
+    # readings 1, 2, 3: the first figure took 1 s, the second 1 s; 30 images, gallery 24, 2 models: 48 gallery
+    # figures and 2 x (3 + 2) = 10 others, the first of them already drawn
+    assert planning.report_seconds((8, 8, 3), 30, 2, 24) == 1.0 + (48 + 10 - 1) * 1.0
+    assert len(drawn) == 2 and drawn[0][0].shape == (8, 8, 3) and drawn[0][2] is True
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    from PIL import Image
+
+    (tmp_path / "images").mkdir()
+    for i in range(3):
+        Image.fromarray(Photos.photo(None, i)).save(tmp_path / "images" / f"im{i}.png")
+    model = export_tiny_cnn(tmp_path / "net.pt2", SIDE)
+    out = tmp_path / "audit"
+    argv = ["audit", "--model", model, "--images", str(tmp_path / "images"), "--size", str(SIDE), "--method",
+            "exact", "--threshold", "0.5", "--chunk-size", "2", "--workers", "0", "--quiet", "--batch-size", "30",
+            "--out", str(out)]
+    assert main(argv + ["--dry-run"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[:5] == [f"folder: {out}", "images: 3 x [3, 6, 6] (36 features); 3 left",
+                        "chunks: 2 of 2 images; 0 committed, 2 to compute", "method: exact, threshold 0.5 (auto)",
+                        "device: this CPU (1 threads); batch: 30 candidates per call"]  # given: channels_last off
+    assert said[5].startswith("model net: a chunk: exact SIS of 2 images x 36 features: 1,332 forward rows")
+    assert said[6].startswith("merge and report: ") and said[7].startswith("estimate: audit of 3 images x 1 model")
+    assert said[-1] == "dry run: nothing was computed or written"
+    assert not out.exists()
+    # a folder with a chunk committed: the plan leaves it out; a changed option is refused as the run refuses it
+    assert main(argv) == 0
+    os.remove(store.part_path(str(out), 1, "results"))
+    capsys.readouterr()
+    assert main(argv + ["--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "images: 3 x [3, 6, 6] (36 features); 1 left" in said and "1 committed, 1 to compute" in said
+    assert main(argv + ["--dry-run", "--threshold", "0.6"]) == 2
+    assert "threshold is 0.5 there, 0.6 here" in capsys.readouterr().err
+
+
+def _commit(folder, chunk):
+    os.makedirs(os.path.join(folder, store.PARTS_DIR), exist_ok=True)
+    open(store.part_path(folder, chunk, "results"), "w").close()
+
+
+def test_progress_counts_the_chunk_in_progress_and_says_the_estimate_until_a_job_is_done(monkeypatch, tmp_path):
+    folder = str(tmp_path)
+    ranges = store.chunk_ranges(7, 3)  # (0, 3), (3, 6), (6, 7)
+    _commit(folder, 0)
+    bar = stream._Progress(folder, ranges, 2, enabled=False, estimate_s=100.0)
+    posted = []
+    monkeypatch.setattr(bar.bar, "set_postfix_str", lambda s, refresh: posted.append(s))
+    monkeypatch.setattr(bar.bar, "refresh", lambda: None)
+    clock = iter([bar.t0 + 2.0, bar.t0 + 4.0, bar.t0 + 200.0])
+    monkeypatch.setattr(stream.time, "perf_counter", lambda: next(clock))
+    bar.update()  # nothing done since the start: the estimate, less the 2 s spent
+    assert posted[-1] == "0 images/h, 01:38 left" and bar.bar.n == 6
+    done = [3]
+    bar.in_flight = lambda: done[0]  # 3 (model, image) jobs of chunk 1 finished: 1.5 images in 4 s
+    bar.update()
+    assert bar.bar.n == 9 and posted[-1] == "1,350 images/h, 00:06 left"  # 2.5 images left at 0.375 per second
+    bar.in_flight = None  # the chunk's jobs leave the count before its commit: nothing done again, and the
+    bar.update()  # estimate is spent (200 s of 100)
+    assert posted[-1] == "0 images/h, - left"
+    bar.stop.set()
