@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -41,9 +41,6 @@ import torch
 from ..util import interrupts
 from ..util.files import atomic_write
 from .results import RunInfo, SISResult, first_with_collection
-
-if TYPE_CHECKING:
-    from .exact import _ExactRun
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -124,7 +121,7 @@ def current() -> Checkpoints | None:
     return _CURRENT.get()
 
 
-def job_key(run: "_ExactRun", batch_size: int) -> dict:
+def job_key(run: "exact._ExactRun", batch_size: int) -> dict:
     """What a saved state must have been made for: the job's shape, batch size and shapes, collection, path,
     thresholds, targets and the images' first scores (float64, bit for bit)."""
     n, p = run.prep.images.shape[0], run.prep.num_features
@@ -138,7 +135,7 @@ class Keeper:
     """One run's saving: :meth:`restore` before the loop, :meth:`window_batches` for each window, :meth:`after` after
     it (see the module docstring)."""
 
-    def __init__(self, checkpoints: Checkpoints, run: "_ExactRun", batch_size: int):
+    def __init__(self, checkpoints: Checkpoints, run: "exact._ExactRun", batch_size: int):
         self.c, self.run = checkpoints, run
         self.key = job_key(run, batch_size)
         c = self.c
@@ -253,7 +250,7 @@ class Keeper:
         self.c.seconds = self.c.earlier + self.c.clock() - self.c._start
 
 
-def keeper(run: "_ExactRun", batch_size: int) -> Keeper | None:
+def keeper(run: "exact._ExactRun", batch_size: int) -> Keeper | None:
     """The saving of ``run`` inside a :func:`saving` block, else None."""
     c = current()
     return None if c is None else Keeper(c, run, batch_size)

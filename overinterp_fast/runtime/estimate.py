@@ -212,15 +212,15 @@ class EstimatedBar(tqdm):
         super().__init__(*args, **kwargs)
 
     def time_left(self, n: float, total: float, elapsed: float) -> float:
-        """Seconds left after ``n`` of ``total`` in ``elapsed`` seconds (counting from the bar's ``initial``: a run
-        that continues a saved one)."""
+        """Seconds left after ``n`` of ``total`` in ``elapsed`` seconds (the rate counted from the bar's
+        ``initial``: a run that continues a saved one)."""
         if not total:
             return 0.0
         warm = max(BAR_WARMUP_S, BAR_WARMUP_SHARE * self.estimated_s)
-        done = n - self.initial
+        done = n - getattr(self, "initial", 0)  # a disabled bar has none
         if done > 0 and elapsed >= warm:
             return (total - n) * elapsed / done
-        return max(0.0, self.estimated_s * (total - n) / max(1, total - self.initial))
+        return max(0.0, self.estimated_s * (total - n) / total)  # the estimate covers the whole run
 
     @property
     def format_dict(self):
