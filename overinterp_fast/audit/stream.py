@@ -81,6 +81,7 @@ class StoredAudit:
         commit_seconds: this rank's time writing parts (the cost of durability while computing);
         finalize_seconds: rank 0's merge (results.json aggregates and sis.parquet), 0 on other ranks.
         subsets: the pixel-subset files rank 0 wrote (paths relative to the folder; ``StoreOptions.pixel_subsets``).
+        estimate: the estimate rank 0 said before its first chunk (:mod:`.planning`), None where nothing was left.
     """
 
     folder: str
@@ -92,6 +93,7 @@ class StoredAudit:
     commit_seconds: float = 0.0
     finalize_seconds: float = 0.0
     subsets: list[str] = field(default_factory=list)
+    estimate: str | None = None
 
 
 def source_digest(source: ImageSource) -> str:
@@ -416,10 +418,11 @@ def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfi
                 _open_folder(out, plan, storage.restart, ranks)
             pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
             mine = store.share(pending, ranks.rank, ranks.world)
-            estimate_s = _announce(plan, source, out, pending, ranks, storage, run)
-            committing = _compute(out, source, plan, mine, storage, ranks, run, estimate_s)
+            said = _announce(plan, source, out, pending, ranks, storage, run)
+            committing = _compute(out, source, plan, mine, storage, ranks, run,
+                                  None if said is None else said.seconds)
             done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
-                               commit_seconds=committing)
+                               commit_seconds=committing, estimate=None if said is None else said.line())
             if ranks.is_main:
                 with writing(out, len(plan.ranges)):
                     _finish(done, source, plan, storage, run)
@@ -432,11 +435,12 @@ def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfi
 
 
 def _announce(plan: _Plan, source: ImageSource, out: str, pending: list[int], ranks: Ranks,
-              storage: StoreOptions, run: RunOptions) -> float | None:
-    """Rank 0, before the first chunk: the estimate of the whole audit left (:mod:`.planning`; its trial of the
-    first chunk is that chunk's own work, kept), said in one line (logged at INFO by
-    :mod:`overinterp_fast.runtime.estimate`'s logger, which the command line prints) and returned in seconds for
-    the bar; None on the other ranks and when nothing is left."""
+              storage: StoreOptions, run: RunOptions) -> planning.AuditPlan | None:
+    """Rank 0, before the first chunk: the plan and estimate of the whole audit left (:mod:`.planning`; its trial of
+    the first chunk is that chunk's own work, kept), said in one line; None on the other ranks and when nothing is
+    left. Above a minute the line is said whatever the log level (logged at INFO by
+    :mod:`overinterp_fast.runtime.estimate`'s logger, which the command line prints), as a long run says its own;
+    below, it is logged at INFO here (``-v``)."""
     if not ranks.is_main or not pending:
         return None
     committed = set(range(len(plan.ranges))) - set(pending)
@@ -445,8 +449,9 @@ def _announce(plan: _Plan, source: ImageSource, out: str, pending: list[int], ra
     first.start(_images_table(source, batch))
     audit_plan = planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
                                      ranks.device, ranks.world, storage.report, storage.gallery, first)
-    estimates.logger.info(audit_plan.line())
-    return audit_plan.seconds
+    # a long audit says it whatever the log level (the command line prints the estimates' logger), as a long run does
+    (estimates.logger if audit_plan.seconds > estimates.LONG_RUN_S else logger).info(audit_plan.line())
+    return audit_plan
 
 
 def _chunk_work(out: str, chunk: int, batch: dict, plan: _Plan, storage: StoreOptions,
@@ -532,6 +537,8 @@ def _finish(done: StoredAudit, source: ImageSource, plan: _Plan, storage: StoreO
     info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
                     run.meta)
     info.update({"chunks": len(plan.ranges), "chunk size": storage.chunk_size, "world size": ranks.world})
+    if done.estimate:
+        info["estimate"] = done.estimate  # this call's, of what it had left
     info.setdefault("preprocessing", source.preprocessing.describe())
     known = all(lab is not None for lab in source.image_labels)
     subsets = None
