@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -231,3 +232,45 @@ def test_a_model_s_finished_images_are_read_back_not_computed_again(tmp_path):
     assert work.tidy(folder) == 0 and work.chunks_in_progress(folder) == [3]  # not committed: kept
     open(store.part_path(folder, 3, "results"), "w").close()  # committed (an empty stand-in part)
     assert work.tidy(folder) == 1 and work.chunks_in_progress(folder) == []
+
+
+def test_a_partial_audit_reads_the_committed_chunks_and_the_images_finished_since(tmp_path):
+    """load_partial by hand: chunk 0 committed, chunk 1 in progress with image 3 finished (its row moved from the
+    committed part into a work folder, as a run interrupted there leaves it); the report is marked partial; the
+    rerun completes the audit (chunk 1 again: no state was saved here) and removes the work folder a killed commit
+    left behind."""
+    import shutil
+
+    from overinterp_fast.audit.partial import load_partial, partial_note
+    from overinterp_fast.audit.report import rebuild_report
+
+    out = str(tmp_path / "audit")
+    config, quiet = AuditConfig(method="exact", threshold=0.5), RunOptions(show_progress=False)
+    storage = StoreOptions(chunk_size=2, workers=0, report=False)
+    first = run_stored_audit({"net": tiny_cnn(3)}, _source(), out, config, storage, quiet)
+    complete = first.record
+    where = work.work_dir(out, 1)
+    os.makedirs(where)
+    shutil.move(store.part_path(out, 1, "images"), os.path.join(where, work.IMAGES_FILE))
+    part = pq.read_table(store.part_path(out, 1, "results"))
+    os.remove(store.part_path(out, 1, "results"))
+    kept = part.filter(pc.equal(part["image_index"], 3))  # as ChunkWork writes it: its seconds, its class names
+    kept = kept.replace_schema_metadata({"overinterp_fast": json.dumps({"seconds": 1.5, "class_names": {}})})
+    pq.write_table(kept, work.results_path(out, 1, 0))
+    doc = store.read_doc(out)
+    store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="interrupted"))
+    record = load_partial(out)
+    assert record.image_names == ["im0", "im1", "im3"]
+    for got, want in zip(record.models[0].results, [complete.models[0].results[i] for i in (0, 1, 3)]):
+        assert torch.equal(got.order, want.order) and torch.equal(got.values, want.values)
+    assert record.partial == ("3 of 4 images (1 of 2 chunks committed, and 1 images finished in chunks in progress; "
+                              "the audit is interrupted)")
+    assert partial_note(out) == f"a partial audit: {record.partial}"
+    html = open(rebuild_report(out), encoding="utf-8").read()
+    assert f"<strong>Partial audit:</strong> {record.partial}." in html
+    os.makedirs(work.work_dir(out, 0))  # a commit killed before it removed its work folder
+    again = run_stored_audit({"net": tiny_cnn(3)}, _source(), out, config, storage, quiet)
+    assert (again.skipped, again.computed) == (1, 1) and work.chunks_in_progress(out) == []
+    assert partial_note(out) is None and load_partial(out).partial is None
+    for got, want in zip(again.record.models[0].results, complete.models[0].results, strict=True):
+        assert torch.equal(got.order, want.order) and torch.equal(got.values, want.values)

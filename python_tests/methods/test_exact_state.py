@@ -107,6 +107,24 @@ def test_interrupted_runs_continue_with_the_uninterrupted_results(model, images,
     assert_same(out, reference)
 
 
+def test_the_cpu_row_memo_path_continues_too(model, tmp_path):
+    """Inputs of at least MEMO_MIN_ELEMS elements keep exact_candidates' row memo on the CPU (rows that held their
+    image's candidate are patched): a continued run starts with no row held, and writes the same batches."""
+    from overinterp_fast.methods import exact_step
+
+    x = torch.randn(1, 3, 10, 10, generator=torch.Generator().manual_seed(2))
+    assert x[0].numel() >= exact_step.MEMO_MIN_ELEMS
+    reference = run(model, x, "fused")
+    path = str(tmp_path / "state.pt")
+    for at in (4, 40):
+        c = exact_state.Checkpoints(path, every=1e9, clock=Clock(at, sigint), window_s=0.0)
+        with interrupts.caught(), pytest.raises(Interrupted):
+            run(model, x, "fused", c)
+    c = exact_state.Checkpoints(path, every=1e9, window_s=0.0)
+    assert_same(run(model, x, "fused", c), reference)
+    assert c.restored
+
+
 def test_a_kill_loses_the_work_since_the_last_save_and_nothing_else(model, images, tmp_path):
     reference = run(model, images, "fused, collection")
     path = str(tmp_path / "state.pt")
