@@ -40,22 +40,24 @@ def ticking(monkeypatch):
     monkeypatch.setattr(planning, "TRIAL_WINDOW_S", 0.0)  # one batch per window
 
 
-def test_a_trial_times_the_chunk_s_own_first_windows(ticking, tmp_path):
+def test_a_trial_times_the_chunk_s_own_first_windows(ticking, tmp_path, monkeypatch):
     x = torch.stack([source(2)[i]["x"] for i in range(2)])
     config = AuditConfig(method="exact", threshold=0.5, batch_size=20, channels_last=False)
     rows = 2 * 666
-    # readings: t0 = 1; the loop starts at 2 (nothing scored), the first window (20 candidates) ends at 3, the
-    # second (20 more) at 4, where 2 s have passed since the loop's start: the trial stops
+    # readings: t0 = 1; the loop starts at 2 (nothing scored), the first window (20 candidates, with its warm-up)
+    # ends at 5, the second (20 more) at 6, where 4 s have passed since the loop's start: the trial stops
+    readings = iter([1.0, 2.0, 5.0, 6.0, 7.0, 8.0, 11.0, 12.0])
+    monkeypatch.setattr(planning, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     full, left = planning.trial(tiny_cnn(3), x, [0.5, 0.5], config, rows)
-    set_up, first_window, rate = 2 - 1, 3 - 2, (40 - 20) / (4 - 3)
-    assert full == set_up + first_window + (rows - 20) / rate == 67.6
+    set_up, first_window, rate = 2 - 1, 5 - 2, (40 - 20) / (6 - 5)
+    assert full == set_up + first_window + (rows - 20) / rate == 69.6
     assert left == full  # a dry run keeps nothing: the chunk starts over
     # a real run keeps the trial's work in the chunk's work folder: what is left is the set-up and the rest
     os.makedirs(os.path.join(tmp_path, store.PARTS_DIR))
     kept = work.ChunkWork(str(tmp_path), 0, [0, 1], 1, exact=True, every=1e9)
     kept.start(store.images_table([0, 1], ["a", "b"], [0, 1], [np.zeros((2, 2, 3), np.uint8)] * 2))
-    full, left = planning.trial(tiny_cnn(3), x, [0.5, 0.5], config, rows, (kept, 0))
-    assert full == 67.6 and left == set_up + (rows - 40) / rate == 65.6
+    full, left = planning.trial(tiny_cnn(3), x, [0.5, 0.5], config, rows, (kept, 0))  # readings 7, 8, 11, 12
+    assert full == 69.6 and left == set_up + (rows - 40) / rate == 65.6
     saved = torch.load(work.state_path(str(tmp_path), 0, 0), weights_only=True)
     assert saved["bar"] == [40, rows]  # the state the chunk continues from
 

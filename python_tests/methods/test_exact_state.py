@@ -17,7 +17,7 @@ import overinterp_fast as of
 from overinterp_fast.errors import Interrupted
 from overinterp_fast.methods import exact_state
 from overinterp_fast.util import interrupts
-from helpers import tiny_cnn
+from helpers import make_cnn, make_images, tiny_cnn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,6 +57,7 @@ def assert_same(a, b):
         assert torch.equal(ra.order, rb.order) and torch.equal(ra.values, rb.values)
         assert (ra.sis is None) == (rb.sis is None) and (ra.sis is None or torch.equal(ra.sis, rb.sis))
         assert (ra.target, ra.score, ra.threshold, ra.sis_score) == (rb.target, rb.score, rb.threshold, rb.sis_score)
+        assert ra.rescored == rb.rescored  # low precision: the same candidates scored again in full
         assert (ra.collection is None) == (rb.collection is None)
         for ca, cb in zip(ra.collection or [], rb.collection or [], strict=True):
             assert torch.equal(ca.order, cb.order) and torch.equal(ca.values, cb.values)
@@ -87,8 +88,17 @@ def crash():
 
 
 @pytest.mark.parametrize("how", list(PATHS))
-def test_interrupted_runs_continue_with_the_uninterrupted_results(model, images, how, tmp_path):
+def test_interrupted_runs_continue_with_the_uninterrupted_results(model, images, how, tmp_path, monkeypatch):
+    from overinterp_fast.methods import low_precision
+
+    # low precision kept on for these few features (as its own tests do), K small: many steps in bfloat16
+    monkeypatch.setattr(low_precision, "MAX_SHARE", 1.0)
+    monkeypatch.setattr(low_precision, "RESCORE_MIN", 2)
+    if how == "low-precision":  # the low precision tests' planted CNN (float64), on which bfloat16 decides steps
+        model, images = make_cnn(0), make_images(3, seed=30)
     reference = run(model, images, how)
+    if how == "low-precision":
+        assert not reference[0].info.low["declined"] and sum(r.rescored for r in reference) > 0
     assert reference[0].info.step == how.split(",")[0]  # the path the options chose
     path = str(tmp_path / "state.pt")
     stops = 0
@@ -105,6 +115,10 @@ def test_interrupted_runs_continue_with_the_uninterrupted_results(model, images,
     out = run(model, images, how, c)
     assert c.restored
     assert_same(out, reference)
+    # nothing was scored twice: the continued runs scored, together, the uninterrupted run's candidates
+    once = exact_state.Checkpoints(str(tmp_path / "once.pt"), every=1e9, window_s=0.0)
+    run(model, images, how, once)
+    assert c.scored == once.scored and not once.restored
 
 
 def test_the_cpu_row_memo_path_continues_too(model, tmp_path):
