@@ -235,7 +235,8 @@ def trial(model, images: torch.Tensor, taus: list[float], config: AuditConfig, r
     clock = _Clock(limit)
     c = (exact_state.Checkpoints("", every=1e18, write=lambda path, fill: None) if kept is None
          else kept[0].checkpoints(kept[1]))
-    c.clock, c.stop, c.window_s, clock.checkpoints = clock, clock.over, TRIAL_WINDOW_S, c
+    # windows of TRIAL_WINDOW_S at most (one batch each where the checkpoints ask for that: --checkpoint-every 0)
+    c.clock, c.stop, c.window_s, clock.checkpoints = clock, clock.over, min(c.window_s, TRIAL_WINDOW_S), c
     t0 = time.perf_counter()
     try:
         with exact_state.saving(c):

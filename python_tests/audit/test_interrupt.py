@@ -29,7 +29,7 @@ from overinterp_fast.cli import main
 from overinterp_fast.errors import Interrupted
 from helpers import export_tiny_cnn, tiny_cnn
 
-SIDE, N = 8, 4
+SIDE, N = 12, 4  # 144 features: 10,440 candidates per image, many windows of one batch at --checkpoint-every 0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
