@@ -167,9 +167,10 @@ class ChunkWork:
 
     Args:
         folder: the audit folder. chunk: the chunk. indices: its images' indices, in order.
-        chunks: the audit's chunks (for the one-line storage faults). exact: the method is exact SIS (its state is
-        saved). every: seconds between two saves of exact SIS's state at most. class_names: class index -> name,
-        kept with the finished images (a partial report names the classes).
+        chunks: the audit's chunks (for the one-line storage faults).
+        exact: the method is exact SIS (its state is saved).
+        every: seconds between two saves of exact SIS's state at most.
+        class_name: class index -> name, kept with the finished images (a partial report names the classes).
     """
 
     folder: str
