@@ -12,15 +12,20 @@ What it does (docs: algorithms.md, Durable and sharded audits):
    with the same configuration continues; another configuration is refused (one line naming the
    difference) unless ``restart``. Temporary files of a killed commit are removed. While the audit runs,
    the folder's lock (:mod:`overinterp_fast.audit.lock`) refuses a second audit there.
-3. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
+3. Rank 0 says the estimate of the whole audit left (:mod:`overinterp_fast.audit.planning`: exact SIS times the
+   first chunk's own first seconds, kept as that chunk's work).
+4. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
    through a ``DataLoader`` (worker processes decode, crop and normalize), runs every model on each
    chunk and commits it (:func:`overinterp_fast.audit.store.commit_chunk`). Only the chunks in
-   flight are in memory.
-4. Rank 0 shows one progress bar for all ranks (committed parts counted on the shared folder),
+   flight are in memory. Until its commit, a chunk keeps its finished images as they finish and exact SIS's
+   state every few minutes (:mod:`overinterp_fast.audit.work`); Ctrl-C and SIGTERM save it, mark results.json
+   "interrupted" and raise :class:`~overinterp_fast.errors.Interrupted` saying what is kept.
+5. Rank 0 shows one progress bar for all ranks (committed parts counted on the shared folder),
    waits for every rank (barrier), then aggregates the parts into ``results.json`` (seconds,
    transfer table, noise sensitivity), writes ``sis.parquet`` chunk by chunk, and the report.
 
-Results do not depend on the world size or on resumes: the same chunks give the same batches.
+Results do not depend on the world size or on resumes: the same chunks give the same batches (within a chunk, a
+continued exact SIS state scores the batches the uninterrupted run would).
 """
 from __future__ import annotations
 
