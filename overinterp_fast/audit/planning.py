@@ -10,8 +10,9 @@ device, with the chunks dealt over the ranks (the rank with the most chunks sets
 report. It is measured, not guessed:
 
 - exact SIS: each model runs the first chunk left for :data:`TRIAL_S` seconds (or to its end), as the audit runs
-  it, and the time of a chunk is its set-up and first window as they took, then the rest of its candidates (p (p +
-  1) / 2 per image) at the rate of the windows after. In a real run that work is the chunk's own, saved as its
+  it, and longer, up to :data:`TRIAL_SHARE` of the audit it predicts (at most :data:`TRIAL_MAX_S`); the time of a
+  chunk is its set-up and first window as they took, then the rest of its candidates (p (p + 1) / 2 per image) at
+  the rate of the windows after. In a real run that work is the chunk's own, saved as its
   state (:mod:`overinterp_fast.audit.work`) and continued, so the estimate costs nothing; a dry run saves nothing.
   A collection's later rounds add candidates the estimate leaves out.
 - the other methods: their own estimate (:func:`overinterp_fast.estimate_sis`: their rows at the time of one timed
@@ -47,7 +48,10 @@ from .work import ChunkWork, finished_results
 # folder, and the final merge (sis.parquet) per image.
 CHUNK_FIXED_S = 0.1
 FINAL_PER_IMAGE_S = 0.002
-TRIAL_S = 2.0  # exact SIS: the first chunk left runs this long (or to its end) for the estimate
+# exact SIS: the first chunk left runs at least TRIAL_S seconds (or to its end) for the estimate, and on up to
+# TRIAL_SHARE of the audit it predicts, at most TRIAL_MAX_S: a rate that changes as the run warms up (incremental
+# inference meets new shapes for minutes) is measured longer where the audit is long enough to afford it
+TRIAL_S, TRIAL_SHARE, TRIAL_MAX_S = 2.0, 0.05, 30.0
 TRIAL_WINDOW_S = 0.25  # ... in windows of about this long, each one measurement
 # The report's figures besides the gallery's (one per gallery image and model): the SIS-size box and curve and the
 # border figure, and a heatmap per model, each counted as this many gallery figures (they are larger).
@@ -174,7 +178,8 @@ def plan_audit(models: Mapping[str, object], source: ImageSource, out: str, conf
         _, f0 = predict(model, x)
         predict_s = time.perf_counter() - t0
         taus = thresholds_for(f0, config.threshold, config.threshold_mode)
-        est, left_s = chunk_estimate(model, x, taus, config, None if first is None else (first, m))
+        est, left_s = chunk_estimate(model, x, taus, config, None if first is None else (first, m),
+                                     (b - a + sum(later)) / (b - a))
         one = est.seconds + predict_s
         seconds = predict_s + left_s + sum(one * n / (b - a) for n in later)  # rows grow with the images
         plan.models.append(ModelPlan(name, est, predict_s, left_s, seconds))
@@ -183,15 +188,16 @@ def plan_audit(models: Mapping[str, object], source: ImageSource, out: str, conf
 
 
 def chunk_estimate(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
-                   kept: tuple[ChunkWork, int] | None = None) -> tuple[estimates.Estimate, float]:
+                   kept: tuple[ChunkWork, int] | None = None, scale: float = 1.0) -> tuple[estimates.Estimate, float]:
     """(the estimate of one model's SIS of a chunk ``images`` [n, C, H, W] as the audit runs it, set-up included;
-    the seconds left of this chunk's own SIS). Exact SIS: the chunk's own first :data:`TRIAL_S` seconds, timed
-    (:func:`trial`), its work kept in ``kept`` (the chunk's work folder and the model's position) where given; the
-    other methods: their own estimate (:func:`overinterp_fast.estimate_sis`) and the time it took to make."""
+    the seconds left of this chunk's own SIS). Exact SIS: the chunk's own first seconds, timed (:func:`trial`;
+    ``scale``: the audit's work in such chunks), its work kept in ``kept`` (the chunk's work folder and the model's
+    position) where given; the other methods: their own estimate (:func:`overinterp_fast.estimate_sis`) and the
+    time it took to make."""
     if config.method == "exact":
         n, p = images.shape[0], images.shape[-1] * images.shape[-2]
         rows = estimates.exact_rows(n, p)
-        full, left = trial(model, images, taus, config, rows, kept)
+        full, left = trial(model, images, taus, config, rows, kept, scale=scale)
         return estimates.exact_estimate(n, p, full, images.device, full / rows, has_gradients(model)), left
     engine, options = explain_options(model, images, config, None)
     t0 = time.perf_counter()
@@ -204,10 +210,14 @@ def chunk_estimate(model, images: torch.Tensor, taus: list[float], config: Audit
 @dataclass
 class _Clock:
     """A trial's clock (:class:`~overinterp_fast.methods.exact_state.Checkpoints`' ``clock``, called once when the
-    loop starts and once after each window): the time and the candidates scored then; ``over()`` past ``limit``
-    seconds and three marks."""
+    loop starts and once after each window): the time and the candidates scored then. ``over()`` once three marks
+    span ``limit`` seconds and :data:`TRIAL_SHARE` of the audit they predict (``scale`` chunks of ``rows``
+    candidates, the call having started at ``t0``), or :data:`TRIAL_MAX_S`."""
 
     limit: float
+    rows: int
+    scale: float
+    t0: float = 0.0
     checkpoints: exact_state.Checkpoints | None = None
     marks: list[tuple[float, int]] = field(default_factory=list)
 
@@ -217,42 +227,57 @@ class _Clock:
         return now
 
     def over(self) -> bool:
-        return len(self.marks) >= 3 and self.marks[-1][0] - self.marks[0][0] >= self.limit
+        if len(self.marks) < 3:
+            return False
+        spent = self.marks[-1][0] - self.marks[0][0]
+        return spent >= self.limit and (spent >= TRIAL_MAX_S or spent >= TRIAL_SHARE * self.full() * self.scale)
+
+    def _rate(self) -> float:
+        """Candidates per second, past the first window."""
+        (t1, s1), (tn, sn) = self.marks[1], self.marks[-1]
+        return max((sn - s1) / max(tn - t1, 1e-9), 1e-9)
+
+    def full(self) -> float:
+        """A chunk's seconds: the set-up and first window as they took, the rest at the rate of the windows after
+        (the marks: the loop's start, with the candidates a continued state had scored before; the first window's
+        end; the last window's end)."""
+        (start, before), (t1, s1) = self.marks[0], self.marks[1]
+        return (start - self.t0) + (t1 - start) + (self.rows - (s1 - before)) / self._rate()
+
+    def left(self) -> float:
+        """What is left of this chunk after the trial: the set-up again, and its candidates not scored yet."""
+        return (self.marks[0][0] - self.t0) + (self.rows - self.marks[-1][1]) / self._rate()
 
 
 def trial(model, images: torch.Tensor, taus: list[float], config: AuditConfig, rows: int,
-          kept: tuple[ChunkWork, int] | None = None, limit: float = TRIAL_S) -> tuple[float, float]:
+          kept: tuple[ChunkWork, int] | None = None, limit: float | None = None,
+          scale: float = 1.0) -> tuple[float, float]:
     """(seconds of one model's exact SIS of a chunk ``images`` of ``rows`` candidates, the seconds left of this
-    chunk's), from its own first ``limit`` seconds: the run as the audit makes it (:func:`explain`), stopped at the
-    first window past ``limit``, its state saved in ``kept`` (the chunk's work folder, model position) or nowhere.
-    A chunk takes its set-up and first window as they took, then its other candidates at the rate of the windows
-    after; a run that ends within ``limit`` takes its time. A model whose results on the chunk are kept already
-    takes the seconds they took, and nothing is left."""
+    chunk's), from its own first seconds: the run as the audit makes it (:func:`explain`), stopped at the first
+    window past ``limit`` (None: :data:`TRIAL_S`) and :data:`TRIAL_SHARE` of the audit predicted (``scale``: the
+    audit's work in chunks like this one), at most :data:`TRIAL_MAX_S`, its state saved in ``kept`` (the chunk's
+    work folder, model position) or nowhere. A chunk takes its set-up and first window as they took, then its
+    other candidates at the rate of the windows after; a run that ends within the trial takes its time. A model
+    whose results on the chunk are kept already takes the seconds they took, and nothing is left."""
     if kept is not None:
         done, meta = finished_results(kept[0].folder, kept[0].chunk, kept[1])
         if done and all(i in done for i in kept[0].indices):
             return float(meta.get("seconds", 0.0)), 0.0
-    clock = _Clock(limit)
+    clock = _Clock(TRIAL_S if limit is None else limit, rows, scale)
     c = (exact_state.Checkpoints("", every=1e18, write=lambda path, fill: None) if kept is None
          else kept[0].checkpoints(kept[1]))
     # windows of TRIAL_WINDOW_S at most (one batch each where the checkpoints ask for that: --checkpoint-every 0)
     c.clock, c.stop, c.window_s, clock.checkpoints = clock, clock.over, min(c.window_s, TRIAL_WINDOW_S), c
-    t0 = time.perf_counter()
+    clock.t0 = t0 = time.perf_counter()
     try:
-        with exact_state.saving(c):
+        with exact_state.saving(c), estimates.said_before():  # the trial's own estimate is not said
             explain(model, images, taus, config, None, False)
         full = time.perf_counter() - t0 + c.earlier  # the whole chunk ran (and what ran of it before)
         return full, 0.0 if kept is not None else full
     except exact_state.Stopped:
         pass
-    # marks: the loop's start (candidates scored before, by a run whose state this one continued), the first
-    # window's end, the last window's end
-    (start, before), (t1, s1), (tn, sn) = clock.marks[0], clock.marks[1], clock.marks[-1]
-    rate = max((sn - s1) / max(tn - t1, 1e-9), 1e-9)  # candidates per second, past the first window
-    setup = start - t0
-    full = setup + (t1 - start) + (rows - (s1 - before)) / rate
-    left = setup + (rows - sn) / rate if kept is not None else full  # a real run continues what the trial did
-    return full, left
+    full = clock.full()
+    return full, clock.left() if kept is not None else full  # a real run continues what the trial did
 
 
 def report_seconds(display_shape: tuple, images: int, models: int, gallery: int) -> float:

@@ -5,6 +5,7 @@ The estimate's arithmetic is checked with a clock that moves one second per read
 every expectation is worked out by hand; the dry run through the command line.
 """
 import os
+import re
 import time
 import types
 
@@ -62,20 +63,37 @@ def test_a_trial_times_the_chunk_s_own_first_windows(ticking, tmp_path, monkeypa
     assert saved["bar"] == [40, rows]  # the state the chunk continues from
 
 
+def test_a_long_audit_s_trial_runs_longer(ticking, tmp_path):
+    """An audit of 5 such chunks is predicted at 5 x 67.6 s: the trial goes on to 5% of that (16.9 s, a reading a
+    second, a window of 20 candidates between two), and what it scored is kept."""
+    x = torch.stack([source(2)[i]["x"] for i in range(2)])
+    config = AuditConfig(method="exact", threshold=0.5, batch_size=20, channels_last=False)
+    os.makedirs(os.path.join(tmp_path, store.PARTS_DIR))
+    kept = work.ChunkWork(str(tmp_path), 0, [0, 1], 1, exact=True, every=1e9)
+    kept.start(store.images_table([0, 1], ["a", "b"], [0, 1], [np.zeros((2, 2, 3), np.uint8)] * 2))
+    full, left = planning.trial(tiny_cnn(3), x, [0.5, 0.5], config, 2 * 666, (kept, 0), scale=5.0)
+    assert full == 1 + 1 + (1332 - 20) / 20  # t0 = 1, the loop's start 2, windows end at 3, 4, ...
+    # it stops at the first window that ends 17 s after the loop's start (17 >= 0.05 x 5 x 67.6): 17 windows
+    assert torch.load(work.state_path(str(tmp_path), 0, 0), weights_only=True)["bar"][0] == 17 * 20
+    assert left == 1 + (1332 - 17 * 20) / 20
+
+
 def test_the_estimate_covers_every_chunk_left_of_the_busiest_rank(ticking, monkeypatch):
     # 10 images in chunks of 3: (0, 3), (3, 6), (6, 9), (9, 10); chunk 1 committed; 2 ranks deal chunks 0, 2, 3
     # round robin: rank 0 takes 0 and 3 (1 image), rank 1 takes 2
     calls = []
 
-    def chunk(model, images, taus, config, kept=None):
-        calls.append((images.shape[0], kept))
+    def chunk(model, images, taus, config, kept=None, scale=1.0):
+        calls.append((images.shape[0], kept, scale))
         return Estimate("a chunk", 100, "forward rows", 9.0, "here"), 4.0
 
     monkeypatch.setattr(planning, "chunk_estimate", chunk)
     monkeypatch.setattr(planning, "predict", lambda model, x: (None, torch.full((x.shape[0],), 0.9)))
     plan = planning.plan_audit({"a": tiny_cnn(3)}, source(10), "out", AuditConfig(method="exact"), 3, {1},
                                torch.device("cpu"), world=2, report=False)
-    assert calls == [(3, None)]  # timed on the first chunk left (3 images), keeping nothing (no work folder given)
+    # timed on the first chunk left (3 images), keeping nothing (no work folder given); rank 0's work: chunks 0 and
+    # 3, 4 images, 4/3 of that chunk's
+    assert calls == [(3, None, 4 / 3)]
     (m,) = plan.models
     assert m.predict_s == 1.0  # one reading apart
     # the first chunk: its predictions and what is left of it; chunk 3 (1 image of 3): a third of a chunk's time
@@ -154,3 +172,41 @@ def test_progress_counts_the_chunk_in_progress_and_says_the_estimate_until_a_job
     bar.update()  # estimate is spent (200 s of 100)
     assert posted[-1] == "0 images/h, - left"
     bar.stop.set()
+
+
+def test_the_audit_says_one_estimate_for_all_its_chunks(tmp_path, capsys, monkeypatch):
+    """Every run counts as long here: the audit says its own estimate, of its 3 images, once, whatever the log
+    level, and none of its chunks' runs says theirs (each of 1 image)."""
+    from overinterp_fast.runtime import estimate
+
+    monkeypatch.setattr(estimate, "LONG_RUN_S", 0.0)
+    from PIL import Image
+
+    (tmp_path / "images").mkdir()
+    for i in range(3):
+        Image.fromarray(Photos.photo(None, i)).save(tmp_path / "images" / f"im{i}.png")
+    model = export_tiny_cnn(tmp_path / "net.pt2", SIDE)
+    assert main(["audit", "--model", model, "--images", str(tmp_path / "images"), "--size", str(SIDE), "--method",
+                 "exact", "--threshold", "0.5", "--chunk-size", "1", "--workers", "0", "--quiet",
+                 "--out", str(tmp_path / "audit")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("overinterp-fast: ")]
+    assert len(said) == 1 and said[0].startswith("overinterp-fast: audit of 3 images x 1 model (exact SIS, 3 chunks)")
+    doc = store.read_doc(str(tmp_path / "audit"))
+    assert doc["meta"]["estimate"] == said[0][len("overinterp-fast: "):]  # kept in the run's metadata
+
+
+def test_the_chunk_s_candidates_have_their_own_bar_under_the_audit_s(tmp_path, monkeypatch):
+    from overinterp_fast.audit.config import RunOptions, StoreOptions
+
+    monkeypatch.setattr(planning, "TRIAL_S", 0.0)  # the estimate's trial stops after its first two windows,
+    monkeypatch.setattr(planning, "TRIAL_WINDOW_S", 0.0)  # of one batch each (100 candidates at most)
+    tty = fake_terminal(monkeypatch)
+    stream.run_stored_audit({"net": tiny_cnn(3)}, source(2), str(tmp_path / "audit"),
+                            AuditConfig(method="exact", threshold=0.5, batch_size=100),
+                            StoreOptions(chunk_size=2, workers=0, report=False), RunOptions(show_progress=True))
+    text = "".join(tty.text)
+    assert "audit:" in text and "job" in text  # the audit's bar
+    bars = [line for line in text.replace("\r", "\n").splitlines() if line.startswith("exact SIS:")]
+    assert bars and all("cand" in b for b in bars)
+    done, total = map(int, re.search(r"(\d+)/(\d+) \[", bars[0]).groups())
+    assert total == 2 * 666 and 0 < done <= 200  # it starts where the estimate's trial left the chunk
