@@ -83,7 +83,7 @@ def about(seconds: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Seconds as a person reads them: "0.04 s", "0.4 s", "45 s", "6.1 min", "2.5 h"."""
+    """Seconds as a person reads them: "0.04 s", "0.4 s", "45 s", "6.1 min", "2.5 h", "3.2 d" (from 48 hours)."""
     if seconds < 0.1:
         return f"{seconds:.2g} s"
     if seconds < 10:
@@ -92,7 +92,9 @@ def duration(seconds: float) -> str:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def device_name(device: torch.device) -> str:

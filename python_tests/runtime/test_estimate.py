@@ -143,6 +143,10 @@ def test_the_bars_time_left_is_the_estimate_then_the_measured_rate():
     assert bar.time_left(100, 100, 60.0) == 0.0
 
 
+def test_days_from_48_hours():
+    assert [estimate.duration(h * 3600) for h in (47.9, 48, 7966.3)] == ["47.9 h", "2.0 d", "331.9 d"]
+
+
 def test_a_bar_that_continues_a_saved_run_counts_its_rate_from_there():
     bar = estimate.EstimatedBar(total=100, initial=40, seconds=50.0, file=open(os.devnull, "w"))
     assert bar.time_left(40, 100, 0.0) == 30.0  # nothing done here: the whole run's estimate, for 60 of 100
