@@ -411,8 +411,9 @@ def candidate_probe(
         present = made[0]
         j = torch.arange(b, device=dev)
         image = j % n
+        # indices valid by construction (images j % N, present-sets j % patterns, no feature): no check, no wait
         x = _ops.mask_apply(prep.images, prep.baseline, prep.feature_map, present, image, j % patterns,
-                            torch.full_like(j, -1))
+                            torch.full_like(j, -1), False)
         out = measure_fn(x, targets[image])
         first = out[0] if isinstance(out, tuple) else out
         first[:1].cpu()  # synchronise (CUDA) so the call is timed whole
