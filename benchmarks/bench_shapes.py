@@ -3,7 +3,9 @@
     python benchmarks/bench_shapes.py            # both pairs of jobs -> results/shapes-cpu.json
 
 Each pair runs two exact SIS jobs of one model, the second with another number of images (64 then 50 images of
-1x8x8, one then three of 1x24x24, the loop benchmark's near-free model in float32), with default options. Per job:
+1x8x8, one then three of 1x24x24, the loop benchmark's near-free model in float32), with default options on the
+torch engine (the captured path: "auto" may take ONNX Runtime for a float32 job on a CPU, whose calls are neither
+padded nor captured). Per job:
 the batch shapes of its steps, the captures and replays the CPU's stand-in counts (the graphs a GPU would capture
 and replay, by the same rule: runtime.graphs), the rows the steps ran against backward selection's own, and every
 forward shape the model saw (a forward hook, with graphs off: one more run of the same job; the first is the images'
@@ -33,7 +35,7 @@ def forward_shapes(model, images, features) -> list[int]:
     handle = model.register_forward_pre_hook(lambda m, a: seen.add(a[0].shape[0]))
     try:
         with graphs_off():
-            of.fast_sis(model, images, 0.5, feature_mask=features, show_progress=False)
+            of.fast_sis(model, images, 0.5, feature_mask=features, show_progress=False, engine="torch")
     finally:
         handle.remove()
     return sorted(seen)
@@ -44,7 +46,7 @@ def exact_pair(name: str, first: int, second: int) -> dict:
     jobs = []
     for n in (first, second):
         x = images[:n]
-        res = of.fast_sis(model, x, 0.5, feature_mask=features, show_progress=False)
+        res = of.fast_sis(model, x, 0.5, feature_mask=features, show_progress=False, engine="torch")
         steps = res[0].info.steps
         own = n * p * (p + 1) // 2
         jobs.append({"images": n, "batch_size": res[0].info.batch_size, "batch_source": res[0].info.batch_source,
