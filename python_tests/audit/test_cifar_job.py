@@ -213,7 +213,7 @@ def test_a_stored_audit_fixes_its_batch_size_and_format_when_it_starts(monkeypat
 
 def test_exact_sis_choices_are_the_call_s(monkeypatch):
     """ExactSIS.choices measures what a call would choose, and runs no SIS: the dense path's calibrated batch size
-    (or the low copy's with score_dtype), the format on a CPU left as given."""
+    (or the low copy's with score_dtype), the format measured by timing unless given."""
     import overinterp_fast as of
     from overinterp_fast.attr import exact as attr_exact
     from overinterp_fast.runtime import calibration
@@ -222,8 +222,13 @@ def test_exact_sis_choices_are_the_call_s(monkeypatch):
     monkeypatch.setattr(attr_exact, "exact_sis", lambda *a, **k: pytest.fail("choices ran exact SIS"))
     model, x = make_cnn(0, torch.float32), make_images(3, dtype=torch.float32)
     info = of.ExactSIS(model, engine="torch").choices(x)
-    assert info.engine == "torch" and not info.channels_last and info.candidates == 0
+    # the format measured (both formats timed): channels_last kept only where at least 5% faster
+    given, cl = info.layout_s["given"], info.layout_s["channels_last"]
+    assert info.engine == "torch" and info.candidates == 0 and given > 0 and cl > 0
+    assert info.channels_last == (cl <= 0.95 * given)
     assert info.batch_size == calibration.LAST[0].batch_size and info.batch_source == calibration.LAST[0].source
+    info = of.ExactSIS(model, engine="torch", channels_last=False).choices(x)
+    assert not info.channels_last and info.layout_s == {}
     info = of.ExactSIS(model, batch_size=11, score_dtype=torch.bfloat16, channels_last=True).choices(x)
     assert (info.batch_size, info.batch_source, info.channels_last) == (11, "user", True)
     assert info.low["score_dtype"] == "bfloat16" and info.low["channels_last"]
