@@ -100,8 +100,8 @@ def dense_batch_size(model, images, features) -> tuple[int, bool]:
     whether that run scored its candidates with a channels_last copy of the model).
 
     After the warm-up the calibration is cached and every call is the job's; with --no-warmup this run also
-    holds the calibration's timing calls, at most the job's rows per step each. A run that scored its candidates
-    with a channels_last copy of the model calls no hook of the model: its info's batch size then.
+    holds the calibration's timing calls, at most the job's rows per step each. The calls of a channels_last copy
+    of the model are recorded too (:class:`~common.RowRecorder`).
     """
     rows, res = eager_rows(model, lambda: explain(model, images, 0.5, feature_mask=features, **DENSE))
     info = res[0].info

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 import overinterp_fast as of
-from overinterp_fast.runtime import graphs
+from overinterp_fast.runtime import graphs, model_state
 from overinterp_fast.audit import provenance
 from overinterp_fast.zoo.cifar import ResNet20, SmallCNN
 
@@ -200,7 +200,10 @@ class RowRecorder:
     """Records the rows of every forward call of a torch module (a forward pre-hook), inside a ``with``.
 
     Observes the batches fast_sis gives the model from outside; the model is not wrapped, so what the
-    library decides about it does not change.
+    library decides about it does not change. Calls of a copy the library made of the model for a job (its
+    channels_last or low-precision copy, which shares the model's kept state) are the model's calls too: the
+    hook is a global one (``torch.nn.modules.module.register_module_forward_pre_hook``) that keeps the model's
+    and its copies' calls, so a copy made before or during the ``with`` holds no hook of its own afterwards.
     """
 
     def __init__(self, module: torch.nn.Module):
@@ -208,12 +211,18 @@ class RowRecorder:
         self.rows: list[int] = []
         self._handle = None
 
+    def _ours(self, module) -> bool:
+        if module is self.module:
+            return True
+        ref = getattr(module, model_state._STATE_ATTR, None)  # a derived copy: only its root carries this
+        return ref is not None and ref() is not None and ref() is model_state.state_of(self.module)
+
     def _hook(self, module, args):
-        if args and torch.is_tensor(args[0]):
+        if args and torch.is_tensor(args[0]) and self._ours(module):
             self.rows.append(int(args[0].shape[0]))
 
     def __enter__(self) -> "RowRecorder":
-        self._handle = self.module.register_forward_pre_hook(self._hook)
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._hook)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -314,7 +314,7 @@ class DenseStep:
             self._checked.add(rows)
         if held is not None and out._version != written:  # the model wrote into its input: rewrite every row
             held[0].fill_(-1)
-        self._scores(self._probabilities(fn, y), self.targets, block, done, t.scores, t.total, t.remaining, t.present,
+        self._scores(fn.probabilities(y), self.targets, block, done, t.scores, t.total, t.remaining, t.present,
                      t.order, t.values, False)
         return y
 
@@ -342,23 +342,6 @@ class DenseStep:
             static.copy_(_padding_block(bp, static.device))
             step.prime(lambda: self.eager(static, static[2:5], self.buffer(bp)))
 
-    def _probabilities(self, fn: ModelFn, y: torch.Tensor) -> torch.Tensor:
-        """``fn.probabilities(y)``: torch's softmax of the logits, as the reference computes it. On a CPU, for a
-        small batch of logits, on one thread: its kernel splits [B, K] rows across threads, and at a few classes
-        the threads' start and join cost more than the rows (2,048 x 10 logits on 2 cores: 240-570 us on two
-        threads, 85-120 us on one, on a loaded machine; see the measurement notes). Each row is computed by the same
-        code either way: the same bits."""
-        if y.device.type != "cpu" or y.numel() > SERIAL_SOFTMAX_ELEMS or fn.outputs != "logits":
-            return fn.probabilities(y)
-        threads = torch.get_num_threads()
-        if threads == 1:
-            return fn.probabilities(y)
-        torch.set_num_threads(1)
-        try:
-            return fn.probabilities(y)
-        finally:
-            torch.set_num_threads(threads)
-
     def __call__(self, block: torch.Tensor, done: torch.Tensor) -> None:
         bp = block.shape[1]
         if not (self.family.on or self.family.counting):
@@ -380,7 +363,6 @@ def _padding_block(bp: int, device: torch.device) -> torch.Tensor:
 # Inputs of fewer elements are rewritten whole: patching a row costs about as much as copying this many elements
 MEMO_MIN_ELEMS = 256
 KEPT_PER_MODEL = 2  # a model's dense steps kept between jobs (the most recent shapes)
-SERIAL_SOFTMAX_ELEMS = 1 << 16  # logits up to this many elements: their softmax on one CPU thread
 MIN_CAPACITY = 16  # images a new dense step has room for, at least (then powers of two)
 
 
