@@ -211,14 +211,8 @@ class RowRecorder:
         self.rows: list[int] = []
         self._handle = None
 
-    def _ours(self, module) -> bool:
-        if module is self.module:
-            return True
-        ref = getattr(module, model_state._STATE_ATTR, None)  # a derived copy: only its root carries this
-        return ref is not None and ref() is not None and ref() is model_state.state_of(self.module)
-
     def _hook(self, module, args):
-        if args and torch.is_tensor(args[0]) and self._ours(module):
+        if args and torch.is_tensor(args[0]) and model_state.made_from(module, self.module):
             self.rows.append(int(args[0].shape[0]))
 
     def __enter__(self) -> "RowRecorder":

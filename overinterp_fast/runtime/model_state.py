@@ -155,6 +155,17 @@ def adopt(derived: nn.Module, state: ModelState | None) -> nn.Module:
     return derived
 
 
+def made_from(module, model) -> bool:
+    """Whether ``module`` is ``model`` or a copy made of it for a job (:func:`adopt`: its channels_last or
+    low-precision copy): what observes a model's calls from outside (a row count, an op count) counts the copy's
+    calls as the model's."""
+    if module is model:
+        return True
+    ref = getattr(module, _STATE_ATTR, None) if isinstance(module, nn.Module) else None
+    state = None if ref is None else ref()
+    return state is not None and state is state_of(model)
+
+
 def forget(model) -> None:
     """Drop everything kept for ``model``."""
     owner, scope = _owner(model)

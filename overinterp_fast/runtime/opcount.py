@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import model_state
+
 # Ops that only describe tensors (no kernel on any device): not counted
 _FREE = frozenset({"detach", "alias", "view", "_unsafe_view", "t", "expand", "unsqueeze", "squeeze", "permute",
                    "transpose", "slice", "select", "as_strided", "split", "split_with_sizes", "unbind", "narrow",
@@ -80,7 +82,8 @@ def counting_ops(model: torch.nn.Module):
     """Count the aten ops dispatched in this thread while the block runs, inside and outside ``model``.
 
     Args:
-        model: the ``torch.nn.Module`` whose forward calls (hooks) and backward nodes count as its own.
+        model: the ``torch.nn.Module`` whose forward calls (hooks) and backward nodes count as its own, and so do
+            those of a copy made of it for the job (:func:`~overinterp_fast.runtime.model_state.made_from`).
 
     Yields:
         :class:`OpCounts`, filled when the block ends.
@@ -88,6 +91,8 @@ def counting_ops(model: torch.nn.Module):
     counts, depth = OpCounts(), [0]
 
     def enter(module, args):
+        if not model_state.made_from(module, model):
+            return
         depth[0] += 1
         if depth[0] == 1:
             counts.forward_calls += 1
@@ -96,9 +101,13 @@ def counting_ops(model: torch.nn.Module):
                 counts.shapes.add(tuple(args[0].shape))
 
     def leave(module, args, out):
-        depth[0] -= 1
+        if model_state.made_from(module, model):
+            depth[0] -= 1
 
-    handles = [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+    # global hooks: the calls of a copy made of the model for the job (its channels_last copy) are the model's too
+    hooks = torch.nn.modules.module
+    handles = [hooks.register_module_forward_pre_hook(enter), hooks.register_module_forward_hook(leave,
+                                                                                                 always_call=True)]
     try:
         with _Counter(counts, depth):
             yield counts

@@ -50,3 +50,28 @@ def test_no_forward_call():
         pass
     m(torch.randn(1, 4))
     assert ops.forward_calls == 0
+
+
+def test_a_copy_made_for_the_job_counts_as_the_model():
+    """A job that scores its candidates with a channels_last copy of the model: the copy's calls are the model's
+    (the same forward calls and rows as the job on the model as given, and the images' pass once more), and its ops
+    are inside."""
+    import overinterp_fast as of
+    from overinterp_fast.runtime import model_state
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                      nn.Linear(16, 5)).eval()
+    x = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(1))
+    seen = {}
+    for cl in (False, True):
+        with counting_ops(m) as ops:
+            of.fast_sis(m, x, 0.5, engine="torch", batch_size=16, options=of.ExactOptions(channels_last=cl))
+        seen[cl] = ops
+    copy = model_state.state_of(m).get("copy", "channels_last")
+    assert copy is not None and copy is not m  # the second job ran a copy
+    # the same candidates' calls, and the images' own pass once more (f(x) taken again from the copy)
+    assert seen[True].forward_calls == seen[False].forward_calls + 1 > 2
+    assert seen[True].rows == seen[False].rows + x.shape[0]
+    assert seen[True].inside > seen[False].inside  # the copy's own ops counted inside, as the model's are
+    assert not model_state.made_from(nn.Linear(2, 2), m)
