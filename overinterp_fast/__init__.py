@@ -15,9 +15,9 @@ then the public API (this module and :mod:`.attr`), :mod:`.audit`, :mod:`.text` 
 import logging
 
 from . import errors, ops
-from .errors import ConfigMismatch, FolderLocked, MissingDependency, StorageFault
+from .errors import ConfigMismatch, FolderLocked, Interrupted, MissingDependency, StorageFault
 from .ops import ops_info
-from .api import fast_sis, responsibility, sufficient_subset
+from .api import estimate_sis, fast_sis, responsibility, sufficient_subset
 from .attr import (ExactOptions, ExactSIS, GradientOptions, GradientSIS, MinimalPixelSet, MinimalPixelSetOptions,
                    Responsibility, ResponsibilityOptions, SubsetOptions, SufficientSubset)
 from .methods import reference
@@ -29,11 +29,11 @@ from .runtime.onnx import OnnxModel, export_onnx
 from . import text
 from .text import input_reduction
 
-__all__ = ["fast_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel", "export_onnx",
-           "SISResult", "ops", "ops_info", "reference", "text", "input_reduction", "ExactSIS", "GradientSIS",
+__all__ = ["fast_sis", "estimate_sis", "responsibility", "sufficient_subset", "find_sis", "Ensemble", "OnnxModel",
+           "export_onnx", "SISResult", "ops", "ops_info", "reference", "text", "input_reduction", "ExactSIS", "GradientSIS",
            "Responsibility", "MinimalPixelSet", "SufficientSubset", "ExactOptions", "GradientOptions",
            "ResponsibilityOptions", "MinimalPixelSetOptions", "SubsetOptions",
-           "errors", "FolderLocked", "ConfigMismatch", "StorageFault", "MissingDependency"]
+           "errors", "FolderLocked", "ConfigMismatch", "StorageFault", "MissingDependency", "Interrupted"]
 __all__ += ["sis_table", "sis_frame", "save_masks", "load_masks", "plot_sis"]
 __version__ = "0.1.0"
 

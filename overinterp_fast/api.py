@@ -14,6 +14,7 @@ from .methods import choice
 from .methods.responsibility import ResponsibilityMap
 from .methods.results import SISResult
 from .runtime import runinfo
+from .runtime.estimate import Estimate
 from .runtime.inputs import check_feature_map, default_feature_map
 from .runtime.renames import renamed_keywords
 
@@ -114,23 +115,58 @@ def fast_sis(
     The keywords ``mask_value``, ``features`` and ``progress`` (the names before ``baselines``,
     ``feature_mask`` and ``show_progress``) still work, with a FutureWarning.
     """
-    if method != "auto" and method not in METHODS:
-        raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
     with runinfo.collecting():  # the choice of "auto" is part of the run's info
         d = _data(images, target, baselines, feature_mask, show_progress, additional_forward_args)
-        if method == "auto":
-            method = _auto_method(model, d.images, d.features)
-        cls = METHODS[method]
-        if options is not None and not isinstance(options, cls.options_class):
-            raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
-                             f"{type(options).__name__}")
-        name = f'method="{method}"'
-        criterion = getattr(cls.options_class() if options is None else options, "criterion", None)
-        switch = f"options={cls.options_class.__name__}(criterion='threshold')"
-        run = RunOptions(criterion_threshold(threshold, criterion, name, switch), outputs, engine, batch_size,
-                         collection)
-        job = cls.from_options(model, run, options, name=name)
+        job = _method_job(model, d, threshold, method, collection, batch_size, outputs, engine, options)
         return job._results(d)
+
+
+def _method_job(model, d: Data, threshold, method: str, collection: bool, batch_size, outputs: str, engine: str,
+                options):
+    """The method's object that :func:`fast_sis` (and :func:`estimate_sis`) runs on the checked data ``d``:
+    "auto" resolved, ``options`` checked against the method, a threshold given with a top-1 criterion refused."""
+    if method != "auto" and method not in METHODS:
+        raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
+    if method == "auto":
+        method = _auto_method(model, d.images, d.features)
+    cls = METHODS[method]
+    if options is not None and not isinstance(options, cls.options_class):
+        raise ValueError(f"options for method={method!r} must be {cls.options_class.__name__} (or None), got "
+                         f"{type(options).__name__}")
+    name = f'method="{method}"'
+    criterion = getattr(cls.options_class() if options is None else options, "criterion", None)
+    switch = f"options={cls.options_class.__name__}(criterion='threshold')"
+    run = RunOptions(criterion_threshold(threshold, criterion, name, switch), outputs, engine, batch_size, collection)
+    return cls.from_options(model, run, options, name=name)
+
+
+@renamed_keywords(**OLD_NAMES)
+def estimate_sis(
+    model: torch.nn.Module | Callable[[torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    threshold: float | list[float] | torch.Tensor = _R.threshold,
+    *,
+    method: str = "exact",
+    target: int | torch.Tensor | None = None,
+    baselines: float | torch.Tensor | None = None,
+    feature_mask: torch.Tensor | None = None,
+    collection: bool = _R.collection,
+    batch_size: int | None = _R.batch_size,
+    outputs: str = _R.outputs,
+    engine: str = _R.engine,
+    options: ExactOptions | GradientOptions | MinimalPixelSetOptions | None = None,
+) -> "Estimate":
+    """How long :func:`fast_sis` with the same arguments would take, without running it (docs: guides/formats.md,
+    Estimates): an :class:`~overinterp_fast.runtime.estimate.Estimate` (the rows it computes, the seconds on this
+    device, ``.line()``), with the engine, path and batch size chosen as the call would choose them and one call at
+    that batch size timed where nothing was measured, however short the job. The model runs on the images once
+    (their predictions) and on a few timed batches of candidates. ``show_progress`` aside, the arguments are
+    :func:`fast_sis`'s.
+    """
+    with runinfo.collecting():
+        d = _data(images, target, baselines, feature_mask, False)
+        job = _method_job(model, d, threshold, method, collection, batch_size, outputs, engine, options)
+        return job._estimate_only(d)
 
 
 @renamed_keywords(mask_value="baselines", progress="show_progress")

@@ -11,6 +11,7 @@ class                  subclass of  raised when
 ``ConfigMismatch``     ValueError   the audit folder holds an audit with another configuration
 ``StorageFault``       OSError      writing the audit folder failed: disk full, read-only, or folder removed
 ``MissingDependency``  ImportError  an optional dependency is not installed (the extra that installs it named)
+``Interrupted``        KeyboardInt  Ctrl-C or SIGTERM stopped an audit (what it kept, and how to resume, said)
 =====================  ===========  ==========================================================================
 """
 from __future__ import annotations
@@ -68,4 +69,27 @@ class MissingDependency(ImportError):
         self.extra, self.missing = extra, missing
 
 
-__all__ = ["FolderLocked", "ConfigMismatch", "StorageFault", "MissingDependency"]
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM stopped the run (:mod:`overinterp_fast.util.interrupts`). A KeyboardInterrupt,
+    so that code which stops on Ctrl-C stops on it alike, and ``except Exception`` does not swallow it.
+
+    Attributes:
+        signal: "SIGINT" or "SIGTERM". folder: for a stored audit, its folder (else None). kept: for a stored audit,
+            what the folder keeps, in words (else "").
+    """
+
+    def __init__(self, signal: str, folder: str | None = None, kept: str = ""):
+        where = f": {folder} keeps {kept}; the same call resumes it" if folder is not None else ""
+        super().__init__(f"interrupted by {signal}{where}")
+        self.signal, self.folder, self.kept = signal, folder, kept
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status for a process ended by the signal: 128 + its number (130 for SIGINT, 143 for
+        SIGTERM)."""
+        import signal as _signal
+
+        return 128 + int(getattr(_signal, self.signal))
+
+
+__all__ = ["FolderLocked", "ConfigMismatch", "StorageFault", "MissingDependency", "Interrupted"]

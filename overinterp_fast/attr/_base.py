@@ -342,6 +342,19 @@ class SetAttribution(SISAttribution):
         """:meth:`_run`, example by example where needed, with the run's info (:meth:`SISAttribution._each`)."""
         return self._each(d, self._run)
 
+    def _estimate_only(self, d: Data):
+        """The call ``d``'s estimate, without running it (subclasses)."""
+        raise NotImplementedError
+
+    def estimate(self, inputs: torch.Tensor, baselines=None, target=None, feature_mask=None):
+        """How long :meth:`find_sis` on ``inputs`` would take, without running it: the run's own estimate
+        (:class:`~overinterp_fast.runtime.estimate.Estimate`: rows, seconds on this device, its line), with the
+        engine, path and batch size chosen as the call would choose them, and one call at that batch size timed
+        where nothing was measured (also for a short job). The model runs on the inputs once (the predictions) and
+        on a few timed batches. What a stored audit's estimate is made of (:mod:`overinterp_fast.audit.planning`).
+        The arguments are :meth:`find_sis`'s."""
+        return self._estimate_only(self._data(inputs, baselines, target, None, feature_mask, False))
+
     @captum_call()
     def find_sis(self, inputs: torch.Tensor, baselines=None, target=None, additional_forward_args=None,
                  feature_mask=None, *, show_progress: bool = False) -> list[SISResult]:

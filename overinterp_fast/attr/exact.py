@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -11,11 +13,13 @@ from ..methods.choice import has_gradients
 from ..methods.results import RunInfo, SISResult
 from ..runtime import estimate, job
 from ..runtime.calibration import Calibration, candidate_probe, exact_job_time
+from ..runtime.calibration import measure as calibration_measure
 from ..runtime.engines import (Engine, dense_is_short, incremental_calibration, incremental_pays, low_precision_calibration,
                                time_small_job)
 from ..runtime.memory_format import channels_last_copy, choose_channels_last
 from ..runtime.incremental import IncrementalEvaluator
 from ..runtime.incremental import choose as choose_incremental
+from ..runtime.incremental import probe as incremental_probe
 from ..runtime.model import initial_predictions
 from ._base import Data, SetAttribution
 from .options import ExactOptions, RunOptions
@@ -77,6 +81,16 @@ class ExactSIS(SetAttribution):
                              f"got {engine!r}")
 
     def _run(self, d: Data) -> list[SISResult]:
+        call = self._job(d)
+        with torch.inference_mode(), estimate.announced(call.estimate):
+            return call.run()
+
+    def _estimate_only(self, d: Data) -> estimate.Estimate:
+        return self._job(d, measure=True).estimate
+
+    def _job(self, d: Data, measure: bool = False) -> "_Job":
+        """The call ``d`` decided: its estimate, and the run (the initial predictions made, the engine and path
+        chosen). ``measure``: time the candidate calls even where the first pass predicts a short run."""
         run, target, progress = self.run, d.target, d.progress
         s = self._setup(d, "exact")
         score_dtype = resolve_score_dtype(self.options.score_dtype, s.prep.images.dtype)
@@ -88,34 +102,48 @@ class ExactSIS(SetAttribution):
             common = dict(thresholds=s.thresholds, collection=run.collection)
             if score_dtype is not None:  # the torch model, dense; a copy of it in score_dtype scores first
                 low, cal, layout = self._low_precision(s, targets, score_dtype, given)
-                with estimate.announced(self._estimate(s, targets, None, first_pass_s)):  # from the first pass
+                est = self._estimate(s, targets, None, first_pass_s, measure=measure)  # from the first pass
+
+                def low_run() -> list[SISResult]:
                     results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=cal.batch_size,
                                         runner=s.runner, progress=progress, low=low)
-                return with_info(results, "torch", cal, layout, low)
-            incremental, eng, icl, incremental_s = self._incremental(s, targets, first_pass_s)
+                    return with_info(results, "torch", cal, layout, low)
+
+                return _Job(est, low_run)
+            incremental, eng, icl, incremental_s = self._incremental(s, targets, first_pass_s, measure)
             if incremental is not None:
-                with estimate.announced(self._estimate(s, targets, eng, first_pass_s, incremental_s)):
+                est = self._estimate(s, targets, eng, first_pass_s, incremental_s, measure)
+
+                def incremental_run() -> list[SISResult]:
                     results = exact_sis(s.fn, s.prep, targets, scores0, **common, batch_size=s.runner.chunk,
                                         runner=s.runner, progress=progress, engine="torch", evaluator=incremental)
-                return with_info(results, "incremental", icl, layout)
+                    return with_info(results, "incremental", icl, layout)
+
+                return _Job(est, incremental_run)
             if eng is None:
                 eng = self._dense(s, targets)
-            with estimate.announced(self._estimate(s, targets, eng, first_pass_s)):
+            est = self._estimate(s, targets, eng, first_pass_s, measure=measure)
+
+            def dense_run() -> list[SISResult]:
                 results = exact_sis(eng.fn, s.prep, targets, scores0, **common, batch_size=eng.batch_size,
                                     runner=s.runner, progress=progress, verifier=job.verifier(s, eng, targets),
                                     engine=eng.name)
-            return with_info(results, eng.name, eng.calibration or Calibration(eng.batch_size, {}, "user"), layout)
+                return with_info(results, eng.name, eng.calibration or Calibration(eng.batch_size, {}, "user"), layout)
+
+            return _Job(est, dense_run)
 
     def _estimate(self, s: job.Setup, targets: torch.Tensor, eng: Engine | None, first_pass_s: float,
-                  incremental_s: float | None = None) -> estimate.Estimate:
+                  incremental_s: float | None = None, measure: bool = False) -> estimate.Estimate:
         """The run's estimate (:mod:`~overinterp_fast.runtime.estimate`): the incremental path's predicted time
         where it runs (``incremental_s``), else the dense engine's calibrated schedule, else (no calibration) the
-        first pass's time per image, timed once at the batch size where that predicts a long run."""
+        first pass's time per image, timed once at the batch size where that predicts a long run (or with
+        ``measure``)."""
         n, p = s.prep.images.shape[0], s.prep.num_features
         cal = None if eng is None else eng.calibration
         if incremental_s is None and eng is not None:
             probe = candidate_probe(eng.fn.unfixed().score, s.prep, targets)
-            cal = estimate.timed(cal, probe, eng.batch_size, estimate.exact_rows(n, p), first_pass_s, n)
+            cal = estimate.timed(cal, probe, eng.batch_size, estimate.exact_rows(n, p), first_pass_s, n,
+                                 always=measure)
         seconds = (incremental_s if incremental_s is not None
                    else estimate.exact_seconds(cal, first_pass_s, n, p))
         return estimate.exact_estimate(n, p, seconds, s.prep.images.device,
@@ -196,12 +224,12 @@ class ExactSIS(SetAttribution):
         return job.choose_engine(s, engine or self.run.engine, targets, max_rows=n * p,
                                  expected_rows=estimate.exact_rows(n, p), exact_shape=(n, p), rival_s=rival_s)
 
-    def _incremental(self, s: job.Setup, targets: torch.Tensor, first_pass_s: float
+    def _incremental(self, s: job.Setup, targets: torch.Tensor, first_pass_s: float, measure: bool = False
                      ) -> tuple[IncrementalEvaluator | None, Engine | None, Calibration | None, float | None]:
         """(the incremental evaluator where it runs the job, else None; the dense engine where it was chosen while
         timing the incremental path against it, else None; the incremental path's calibration where it was made;
         its predicted seconds where it runs and was timed, else None). The runner takes the incremental batch
-        size."""
+        size. ``measure``: where the path runs untimed, one call at its batch size is timed for the estimate."""
         engine, incremental = self.run.engine, self.options.incremental
         n, p = s.prep.images.shape[0], s.prep.num_features
         if (incremental is None and engine in ("auto", "torch") and s.batch_size is None
@@ -220,13 +248,27 @@ class ExactSIS(SetAttribution):
             icl, eng = time_small_job(pl, s.fn, s.prep, targets, icl, eng, (n, p), first_pass_s)
         if eng is None or incremental_pays(pl, icl, eng, (n, p)):
             s.runner.chunk = icl.batch_size
+            timed = icl
+            if measure and not icl.times:  # the estimate's own timing at the path's batch size: it changes no choice
+                probe = incremental_probe(pl, s.fn, s.prep, targets)
+                rows = estimate.exact_rows(n, p)
+                timed = Calibration(icl.batch_size, calibration_measure(probe, [icl.batch_size], expected_rows=rows),
+                                    "measured")
             seconds = None
-            if icl.times:  # its calls, and its base runs (a dense pass of the images per step)
+            if timed.times:  # its calls, and its base runs (a dense pass of the images per step)
                 dense = None if eng is None else eng.calibration
-                seconds = (estimate.incremental_seconds(icl, dense, n, p) if dense is not None and dense.times
-                           else estimate.exact_seconds(icl, first_pass_s, n, p) + p * first_pass_s)
+                seconds = (estimate.incremental_seconds(timed, dense, n, p) if dense is not None and dense.times
+                           else estimate.exact_seconds(timed, first_pass_s, n, p) + p * first_pass_s)
             return IncrementalEvaluator(pl, s.fn, s.prep, targets, s.runner), None, icl, seconds
         return None, eng, icl, None
+
+
+@dataclass
+class _Job:
+    """An exact SIS call decided: its estimate, and ``run()`` (its results, with their info)."""
+
+    estimate: estimate.Estimate
+    run: Callable[[], list[SISResult]]
 
 
 def with_info(results: list[SISResult], engine: str, cal: Calibration, layout: tuple[bool, dict],

@@ -52,33 +52,44 @@ class GradientSIS(SetAttribution):
                              f"'torch', got {engine!r}")
 
     def _run(self, d: Data) -> list[SISResult]:
-        run, opts, target, progress = self.run, self.options, d.target, d.progress
-        s = self._setup(d, "gradient")
-        n, p = s.prep.images.shape[0], s.prep.num_features
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            targets, scores0 = initial_predictions(s.fn, s.prep.images, target, s.runner)
-            first_pass_s = time.perf_counter() - t0
-            # FindSIS's prefix batches: calibrated like the others (small jobs keep the fallback size)
-            eng = job.choose_engine(s, "torch", targets, max_rows=n * 32,
-                                    expected_rows=n * (estimate.gradient_steps(p, opts.k) + 1),
-                                    measure_fn="score_and_top1")
-            est = self._estimate(s, targets, eng, first_pass_s)
+        run, opts, progress = self.run, self.options, d.progress
+        s, targets, scores0, est = self._prepare(d)
         autocast = check_autocast(opts.autocast, s.prep.images.device, s.prep.images.dtype)
         with estimate.announced(est):
             return gradient_sis(s.fn, s.prep, targets, scores0, thresholds=s.thresholds, collection=run.collection,
                                 k=opts.k, runner=s.runner, autocast=autocast,
                                 progress=progress, channels_last=opts.channels_last)
 
-    def _estimate(self, s: job.Setup, targets: torch.Tensor, eng: Engine, first_pass_s: float) -> estimate.Estimate:
+    def _estimate_only(self, d: Data) -> estimate.Estimate:
+        return self._prepare(d, measure=True)[3]
+
+    def _prepare(self, d: Data, measure: bool = False) -> tuple[job.Setup, torch.Tensor, torch.Tensor,
+                                                                  estimate.Estimate]:
+        """The call's set-up, targets, first scores and estimate (``measure``: timed even when short)."""
+        opts = self.options
+        s = self._setup(d, "gradient")
+        n, p = s.prep.images.shape[0], s.prep.num_features
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            targets, scores0 = initial_predictions(s.fn, s.prep.images, d.target, s.runner)
+            first_pass_s = time.perf_counter() - t0
+            # FindSIS's prefix batches: calibrated like the others (small jobs keep the fallback size)
+            eng = job.choose_engine(s, "torch", targets, max_rows=n * 32,
+                                    expected_rows=n * (estimate.gradient_steps(p, opts.k) + 1),
+                                    measure_fn="score_and_top1")
+            return s, targets, scores0, self._estimate(s, targets, eng, first_pass_s, measure)
+
+    def _estimate(self, s: job.Setup, targets: torch.Tensor, eng: Engine, first_pass_s: float,
+                  measure: bool = False) -> estimate.Estimate:
         """The run's estimate: its gradient steps at about :data:`~overinterp_fast.runtime.estimate.
         GRADIENT_ROW_COST` forward rows each, a forward row's time from the calibration, else from the first pass
-        (timed once at N rows where that predicts a long run); a larger k as the faster option where there are
-        many steps."""
+        (timed once at N rows where that predicts a long run, or with ``measure``); a larger k as the faster option
+        where there are many steps."""
         n, p, k = s.prep.images.shape[0], s.prep.num_features, self.options.k
         rows, _ = estimate.gradient(n, p, k, 0.0)
         probe = candidate_probe(eng.fn.unfixed().score, s.prep, targets)
-        cal = estimate.timed(eng.calibration, probe, n, int(rows * estimate.GRADIENT_ROW_COST), first_pass_s, n)
+        cal = estimate.timed(eng.calibration, probe, n, int(rows * estimate.GRADIENT_ROW_COST), first_pass_s, n,
+                             always=measure)
         row_s = estimate.row_seconds(cal, first_pass_s, n)
         rows, seconds = estimate.gradient(n, p, k, row_s)
         faster = None

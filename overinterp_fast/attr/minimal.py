@@ -75,6 +75,10 @@ class MinimalPixelSet(SetAttribution):
         return DescentPlan(o.iterations, ResponsibilityOptions.depth, ResponsibilityOptions.min_box, o.seed, progress,
                            monotone=monotone, hook=self._hook())
 
+    def _estimate_only(self, d: Data):
+        with torch.inference_mode():
+            return start_maps(self, d, self.options.iterations, self.options.criterion, measure=True).estimate
+
     def _run(self, d: Data) -> list[SISResult]:
         o = self.options
         with torch.inference_mode():

@@ -42,10 +42,11 @@ class MapsJob:
     estimate: estimate.Estimate
 
 
-def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: str) -> MapsJob:
+def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: str,
+               measure: bool = False) -> MapsJob:
     """Set up a responsibility job of ``obj`` (Responsibility or MinimalPixelSet; call it in inference mode) for
     the call ``d``: images [N, C, H, W] with pixel features, the targets, the engine sized for ``iterations``
-    descents."""
+    descents (``measure``: its estimate timed even where the first pass predicts a short run)."""
     run = obj.run
     s = obj._setup(d, "responsibility")
     job.check_pixels(s, obj.name)
@@ -58,8 +59,8 @@ def start_maps(obj: SISAttribution, d: Data, iterations: int | str, criterion: s
     eng = job.choose_engine(s, run.engine, targets, max_rows=max_rows, expected_rows=expected,
                             measure_fn="score_and_top1")
     evaluator, verifier = job.evaluators(s, eng, targets)
-    cal = estimate.timed(eng.calibration, candidate_probe(eng.fn.unfixed().score_and_top1, s.prep, targets), eng.batch_size,
-                         expected, first_pass_s, n)
+    cal = estimate.timed(eng.calibration, candidate_probe(eng.fn.unfixed().score_and_top1, s.prep, targets),
+                         eng.batch_size, expected, first_pass_s, n, always=measure)
     est = estimate.Estimate(f"responsibility maps of {n:,} image{'s' if n > 1 else ''} x {s.prep.num_features:,} "
                             f"pixels, {iterations} iterations", expected, "forward rows",
                             expected * estimate.row_seconds(cal, first_pass_s, n),

@@ -19,6 +19,8 @@ import torch
 
 from ..attr.options import ExactOptions, GradientOptions, MinimalPixelSetOptions
 from ..methods.choice import AUTO_EXACT_FEATURES  # noqa: F401  (method="auto": exact SIS up to this many pixels)
+from ..methods.exact_state import DEFAULT_EVERY_S as CHECKPOINT_EVERY_S  # exact SIS's state at least this often
+from ..methods.exact_state import check_interval
 from ..attr.options import RunOptions as _MethodRun
 from ..runtime.model import OUTPUT_KINDS
 from ..runtime.renames import renamed_attribute, renamed_keywords
@@ -167,6 +169,8 @@ class StoreOptions:
             OUT`` reads them back.
         pixel_subsets: with a backward-selection method (exact, gradient), rank 0 also writes the pixel-subset datasets
             when the audit completes: ``subsets/<model>/<split>.npz`` (:mod:`overinterp_fast.audit.subset_files`).
+        checkpoint_every: exact SIS saves each chunk's state at least this often (seconds), besides as soon as an
+            image finishes (:mod:`overinterp_fast.audit.work`): an interruption loses at most this much work.
     """
 
     chunk_size: int = DEFAULT_CHUNK
@@ -179,6 +183,10 @@ class StoreOptions:
     load: bool = True
     command: dict | None = None
     pixel_subsets: bool = False
+    checkpoint_every: float = CHECKPOINT_EVERY_S
+
+    def __post_init__(self):
+        check_interval(self.checkpoint_every, "checkpoint_every")
 
 
 AuditConfig.__init__ = renamed_keywords(mask_value="baselines")(AuditConfig.__init__)

@@ -89,6 +89,8 @@ class AuditRecord:
             "reference": "labels" | "full-image predictions"}.
         meta: free-form facts (versions, device, date, command line, timings).
         object_masks: bool [H, W] per image, True on the object, where given (None: no masks).
+        partial: for an audit read back before it completed (:mod:`overinterp_fast.audit.partial`), what it covers,
+            e.g. "12 of 60 images"; None for a complete one.
     """
 
     title: str
@@ -100,6 +102,7 @@ class AuditRecord:
     transfer: dict | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     object_masks: list[np.ndarray] | None = None
+    partial: str | None = None
 
     def __post_init__(self):
         n = len(self.image_names)
@@ -120,8 +123,9 @@ class AuditRecord:
         known = sum(lab is not None for lab in self.labels)
         extras = [s for s, on in (("transfer", self.transfer is not None),
                                   ("object masks", self.object_masks is not None)) if on]
+        part = f", partial: {self.partial}" if self.partial else ""
         return (f"AuditRecord({self.title!r}: {len(self.image_names)} images ({known} labelled), "
-                f"models {[m.name for m in self.models]}{''.join(', ' + e for e in extras)})")
+                f"models {[m.name for m in self.models]}{''.join(', ' + e for e in extras)}{part})")
 
     def _repr_html_(self) -> str:
         """Per model, for notebooks: method, images with a SIS, median SIS size, seconds."""

@@ -33,7 +33,6 @@ import torch
 
 from .plotting import PANEL_TITLES, pyplot, show_panel, sis_panels
 from ..methods.results import SISResult, score_text
-from .persist import load_audit
 from .records import AuditRecord, ModelRecord
 from .store import REPORT_FILE
 from .config import GALLERY
@@ -82,6 +81,7 @@ border:1px solid #e3e3e3;border-radius:4px}
 .card .facts{width:330px}.card ul{margin:0;padding-left:1.2em}
 .headline{background:#f7f7fb;border-left:4px solid #6a6ab0;padding:.6em 1em}
 .note{color:#666;font-size:.92em}
+.partial{background:#fff4e5;border-left:4px solid #e08a00;padding:.6em 1em}
 """
 
 # ----------------------------------------------------------------------------------------------
@@ -660,9 +660,13 @@ def render_report(record: AuditRecord, gallery: int = GALLERY, seed: int = 0) ->
                 and (sid != "subsets" or report_subsets.has_subsets(record))
                 and (sid != "object" or record.object_masks is not None)]
     nav = "<nav>" + "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name, _ in sections) + "</nav>"
+    partial = "" if not record.partial else (f'<p class="partial" id="partial"><strong>Partial audit:</strong> '
+                                             f"{_esc(record.partial)}. Every figure and statistic covers these "
+                                             f"images only.</p>\n")
+    title = record.title + (" (partial)" if record.partial else "")
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_esc(record.title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{_esc(record.title)}</h1>\n{nav}\n" + "\n".join(body for _, _, body in sections)
+            f"<title>{_esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            f"<h1>{_esc(title)}</h1>\n{partial}{nav}\n" + "\n".join(body for _, _, body in sections)
             + "\n</body>\n</html>\n")
 
 
@@ -680,5 +684,9 @@ def build_report(record: AuditRecord, path: str, gallery: int = GALLERY, seed: i
 
 
 def rebuild_report(folder: str, path: str | None = None, gallery: int = GALLERY, seed: int = 0) -> str:
-    """Rebuild the report of an audit folder written by :func:`save_audit` (default: ``folder/report.html``)."""
-    return build_report(load_audit(folder), path or os.path.join(folder, REPORT_FILE), gallery, seed)
+    """Rebuild the report of an audit folder written by :func:`save_audit` or a stored audit (default:
+    ``folder/report.html``); of an audit not complete yet, the images it has finished, marked as partial
+    (:func:`~overinterp_fast.audit.partial.load_partial`)."""
+    from .partial import load_partial
+
+    return build_report(load_partial(folder), path or os.path.join(folder, REPORT_FILE), gallery, seed)

@@ -21,7 +21,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -145,7 +145,9 @@ def wants_transfer(transfer: bool, n_models: int, method: str) -> bool:
 
 def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequence[int | None], known: bool,
                 config: AuditConfig, *, engine: str | None, progress: bool | None,
-                object_masks: torch.Tensor | None, indices: Sequence[int] | None = None) -> ChunkResult:
+                object_masks: torch.Tensor | None, indices: Sequence[int] | None = None,
+                keep: Callable[[int, Callable[[], list]], tuple[list, float]] | None = None,
+                models_bar: bool = True) -> ChunkResult:
     """Run every model (the ensemble included, if wanted) on one chunk ``images`` [n, C, H, W].
 
     ``known``: accuracies are measured against the labels (all known) rather than each model's own
@@ -153,16 +155,29 @@ def audit_chunk(models: Mapping[str, object], images: torch.Tensor, labels: Sequ
     chosen by timing). ``object_masks``: bool [n, H, W] or None (no noise sensitivity). ``config`` says
     what each model computes (its ``ensemble`` is the caller's: ``models`` holds the ensemble already).
     ``indices``: the images' positions in the audit (None: 0..n-1), which seed their random pixel subsets.
+    ``keep(m, compute)``: model m's (results, seconds), from ``compute()`` or from what an earlier run kept (a
+    stored audit's :meth:`~overinterp_fast.audit.work.ChunkWork.model`); None: ``compute()``, timed.
+    ``progress`` shows the methods' bars, and with ``models_bar`` one over the models.
     """
     results, seconds, sens, predictions = [], [], [], {}
-    bar = tqdm(models.items(), desc="audit", unit="model", disable=None if progress is None else not progress)
+    bar = tqdm(models.items(), desc="audit", unit="model",
+               disable=(None if progress is None else not progress) if models_bar else True)
     for name, model in bar:
         bar.set_postfix_str(name)
         predictions[name], f0 = predict(model, images, outputs=config.outputs)
         taus = thresholds_for(f0, config.threshold, config.threshold_mode)
         t0 = time.perf_counter()
-        results.append(explain(model, images, taus, config, engine, progress))
-        seconds.append(time.perf_counter() - t0)
+
+        def compute(model=model, taus=taus) -> list:
+            return explain(model, images, taus, config, engine, progress)
+
+        if keep is None:
+            results.append(compute())
+            seconds.append(time.perf_counter() - t0)
+        else:
+            got, spent = keep(len(results), compute)
+            results.append(got)
+            seconds.append(spent)
         if object_masks is None:
             sens.append(None)
             continue
@@ -188,6 +203,21 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
     (``engine`` None: :func:`fixed_engine`). Minimal pixel sets ("responsibility") restore the top-1 class, a
     criterion without a threshold: they run without one, and their results record the audit's tau as every
     method's do."""
+    engine, options, threshold = explain_options(model, images, taus, config, engine)
+    results = fast_sis(model, images, threshold, method=config.method, collection=config.collection,
+                       baselines=config.baselines, batch_size=config.batch_size, outputs=config.outputs,
+                       engine=engine, show_progress=progress, options=options)
+    if threshold is None:
+        for r, tau in zip(results, taus):
+            for c in [r, *(r.collection or [])]:
+                c.threshold = tau
+    return results
+
+
+def explain_options(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
+                    engine: str | None) -> tuple[str, object, list[float] | None]:
+    """(engine, method options, threshold) of :func:`explain` (and of its estimate): ``engine`` None:
+    :func:`fixed_engine`; the threshold ``taus``, or None for minimal pixel sets (their top-1 criterion)."""
     options, threshold = None, taus
     engine = fixed_engine(model) if engine is None else engine
     if config.method == "exact":
@@ -200,14 +230,7 @@ def explain(model, images: torch.Tensor, taus: list[float], config: AuditConfig,
         options = GradientOptions(k=config.k, autocast=config.autocast)
     elif config.method == "responsibility":
         options, threshold = MinimalPixelSetOptions(seed=config.seed), None
-    results = fast_sis(model, images, threshold, method=config.method, collection=config.collection,
-                       baselines=config.baselines, batch_size=config.batch_size, outputs=config.outputs,
-                       engine=engine, show_progress=progress, options=options)
-    if threshold is None:
-        for r, tau in zip(results, taus):
-            for c in [r, *(r.collection or [])]:
-                c.threshold = tau
-    return results
+    return engine, options, threshold
 
 
 def _sensitivity(model, images: torch.Tensor, object_masks: torch.Tensor, truth: torch.Tensor,

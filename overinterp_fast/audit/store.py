@@ -10,6 +10,8 @@ Layout of an audit folder::
     parts/c000012.results.parquet      chunk 12's results: a row per (model, image, SIS round) with the
                                        order, values, blocks and SIS as Arrow int64/float64 lists;
                                        chunk aggregates (seconds, transfer counts) in its key-value metadata
+    parts/c000013.work/                a chunk in progress: its finished images and exact SIS's state
+                                       (:mod:`overinterp_fast.audit.work`), removed by its commit
     sis.parquet                        one row per (model, image), written when the audit completes
     report.html
 

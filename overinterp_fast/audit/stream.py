@@ -12,15 +12,20 @@ What it does (docs: algorithms.md, Durable and sharded audits):
    with the same configuration continues; another configuration is refused (one line naming the
    difference) unless ``restart``. Temporary files of a killed commit are removed. While the audit runs,
    the folder's lock (:mod:`overinterp_fast.audit.lock`) refuses a second audit there.
-3. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
+3. Rank 0 says the estimate of the whole audit left (:mod:`overinterp_fast.audit.planning`: exact SIS times the
+   first chunk's own first seconds, kept as that chunk's work).
+4. Every rank takes its share (round robin) of the chunks not yet committed, streams their images
    through a ``DataLoader`` (worker processes decode, crop and normalize), runs every model on each
    chunk and commits it (:func:`overinterp_fast.audit.store.commit_chunk`). Only the chunks in
-   flight are in memory.
-4. Rank 0 shows one progress bar for all ranks (committed parts counted on the shared folder),
+   flight are in memory. Until its commit, a chunk keeps its finished images as they finish and exact SIS's
+   state every few minutes (:mod:`overinterp_fast.audit.work`); Ctrl-C and SIGTERM save it, mark results.json
+   "interrupted" and raise :class:`~overinterp_fast.errors.Interrupted` saying what is kept.
+5. Rank 0 shows one progress bar for all ranks (committed parts counted on the shared folder),
    waits for every rank (barrier), then aggregates the parts into ``results.json`` (seconds,
    transfer table, noise sensitivity), writes ``sis.parquet`` chunk by chunk, and the report.
 
-Results do not depend on the world size or on resumes: the same chunks give the same batches.
+Results do not depend on the world size or on resumes: the same chunks give the same batches (within a chunk, a
+continued exact SIS state scores the batches the uninterrupted run would).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from ..util.optional import require
 require("audit", "the audit")  # before any of its modules: one line when the extra is missing
 
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -39,9 +45,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import Interrupted
+from ..runtime import estimate as estimates
+from ..util import interrupts
 from ..zoo.preprocessing import Preprocessing
 from .sources import ImageSource, collate
-from . import lock, store
+from . import lock, planning, store, work
 from .checks import CHECK_ROWS, check_source
 from .config import AuditConfig, RunOptions, StoreOptions, check_type
 from .distributed import Ranks, barrier, from_main, setup, teardown
@@ -65,6 +74,8 @@ from .runner import (
     with_ensemble,
 )
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class StoredAudit:
@@ -77,6 +88,7 @@ class StoredAudit:
         commit_seconds: this rank's time writing parts (the cost of durability while computing);
         finalize_seconds: rank 0's merge (results.json aggregates and sis.parquet), 0 on other ranks.
         subsets: the pixel-subset files rank 0 wrote (paths relative to the folder; ``StoreOptions.pixel_subsets``).
+        estimate: the estimate rank 0 said before its first chunk (:mod:`.planning`), None where nothing was left.
     """
 
     folder: str
@@ -88,6 +100,7 @@ class StoredAudit:
     commit_seconds: float = 0.0
     finalize_seconds: float = 0.0
     subsets: list[str] = field(default_factory=list)
+    estimate: str | None = None
 
 
 def source_digest(source: ImageSource) -> str:
@@ -180,13 +193,17 @@ def _committed_images(folder: str, ranges: list[tuple[int, int]]) -> int:
 
 
 class _Progress:
-    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, images per hour since this run
-    started, and the time left at that rate ("-" until a chunk is committed).
+    """Rank 0's bar over all ranks: jobs (model, image) committed to the folder, and those finished in the chunk
+    this rank computes (``in_flight``: a callable counting them, or None), images per hour since this run started,
+    and the time left at that rate; until a job is done, the time left is the audit's estimate (``estimate_s``,
+    seconds from the start of this run, less the time spent), or "-" without one (or once it is spent).
 
     A thread counts the committed parts once a second, so the bar moves with the other ranks too."""
 
-    def __init__(self, folder, ranges, n_models, enabled, every: float = 1.0):
+    def __init__(self, folder, ranges, n_models, enabled, every: float = 1.0, estimate_s: float | None = None):
         self.folder, self.ranges, self.n_models, self.every = folder, ranges, n_models, every
+        self.estimate_s = estimate_s
+        self.in_flight: Callable[[], int] | None = None
         total = ranges[-1][1] if ranges else 0
         self.start_images = _committed_images(folder, ranges)
         self.t0 = time.perf_counter()
@@ -198,11 +215,19 @@ class _Progress:
             self.thread.start()
 
     def update(self) -> None:
-        done = _committed_images(self.folder, self.ranges)
-        rate = (done - self.start_images) / max(1e-9, time.perf_counter() - self.t0)  # images per second
+        count = self.in_flight
+        jobs = _committed_images(self.folder, self.ranges) * self.n_models + (0 if count is None else count())
+        done = jobs / self.n_models  # images
+        elapsed = max(1e-9, time.perf_counter() - self.t0)
+        rate = (done - self.start_images) / elapsed  # images per second
         total = self.ranges[-1][1] if self.ranges else 0
-        left = tqdm.format_interval((total - done) / rate) if rate > 0 else "-"
-        self.bar.n = done * self.n_models
+        if rate > 0:
+            left = tqdm.format_interval((total - done) / rate)
+        elif self.estimate_s is not None and self.estimate_s > elapsed:
+            left = tqdm.format_interval(self.estimate_s - elapsed)
+        else:
+            left = "-"
+        self.bar.n = jobs
         self.bar.set_postfix_str(f"{3600 * rate:,.0f} images/h, {left} left", refresh=False)
         self.bar.refresh()
 
@@ -261,6 +286,47 @@ def run_stored_audit(
     finally:
         if own:
             teardown(ranks)
+
+
+def plan_stored_audit(models: Mapping[str, object], source: ImageSource, out: str, config: AuditConfig | None = None,
+                      storage: StoreOptions | None = None, *, ranks: Ranks | None = None) -> planning.AuditPlan | None:
+    """What :func:`run_stored_audit` with the same arguments would do, and the estimate of the whole audit, without
+    computing or writing anything (``audit --dry-run``): on rank 0 an
+    :class:`~overinterp_fast.audit.planning.AuditPlan` (``.text()``), None on the other ranks. The batch size and
+    format are fixed as the run would fix them, a folder of another configuration is refused as the run refuses
+    it, and its committed chunks are left out of the estimate."""
+    config = check_type(config, AuditConfig, "config")
+    storage = check_type(storage, StoreOptions, "storage")
+    own = ranks is None
+    ranks = setup(storage.device) if own else ranks
+    try:
+        plan = _plan(models, source, out, config, storage, ranks, "")
+        committed: set[int] = set()
+        if not storage.restart:
+            _check_there(out, plan)
+            committed = store.committed_chunks(out)
+        if not ranks.is_main:
+            return None
+        return planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
+                                   ranks.device, ranks.world, storage.report, storage.gallery)
+    finally:
+        if own:
+            teardown(ranks)
+
+
+def interrupted(out: str, ranges: list[tuple[int, int]], n_models: int, ranks: Ranks,
+                exc: KeyboardInterrupt) -> Interrupted:
+    """The audit in ``out`` stopped on ``exc`` (Ctrl-C or SIGTERM): rank 0 marks results.json "interrupted"
+    (where it says "running"), and the exception to raise says what the folder keeps."""
+    sig, kept = getattr(exc, "signal", "SIGINT"), "what it committed"
+    try:
+        kept = work.kept(out, ranges, n_models)
+        doc = store.read_doc(out) if ranks.is_main else None
+        if doc is not None and doc.get("status") == "running":
+            store.write_json(os.path.join(out, store.RESULTS_FILE), dict(doc, status="interrupted"))
+    except (OSError, ValueError) as err:  # a folder that cannot be read or written: the interruption still says so
+        logger.warning("%s: %s", out, err)
+    return Interrupted(sig, out, kept)
 
 
 @dataclass
@@ -329,18 +395,25 @@ def as_stored_there(config: dict, stored: dict | None) -> dict:
     return out
 
 
+def _check_there(out: str, plan: _Plan) -> None:
+    """Refuse a folder that holds an audit of another configuration (ConfigMismatch, one line)."""
+    there = store.read_doc(out)
+    store.check_resumable(out, as_stored_there(plan.stored, None if there is None else there.get("config", {})),
+                          plan.recorded_later)
+
+
 def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
     """Refuse another configuration (every rank alike), then on rank 0: clear on restart, remove a killed
-    commit's temporaries and write the running document when the folder holds no running audit."""
+    commit's temporaries and the work folders of committed chunks, and write the running document when the folder
+    holds no running audit."""
     if not restart:
-        there = store.read_doc(out)
-        store.check_resumable(out, as_stored_there(plan.stored, None if there is None else there.get("config", {})),
-                              plan.recorded_later)
+        _check_there(out, plan)
     if ranks.is_main:
         os.makedirs(out, exist_ok=True)
         if restart:
             store.clear(out)
         store.remove_temporaries(out)
+        work.tidy(out)
         old = store.read_doc(out)
         if old is None or old.get("status") != "running":
             store.write_json(os.path.join(out, store.RESULTS_FILE), plan.doc)
@@ -349,24 +422,62 @@ def _open_folder(out: str, plan: _Plan, restart: bool, ranks: Ranks) -> None:
 
 def _run(models, source: ImageSource, out: str, ranks: Ranks, config: AuditConfig, storage: StoreOptions,
          run: RunOptions) -> StoredAudit:
-    plan = _plan(models, source, out, config, storage, ranks, run.title)
-    with writing(out, len(plan.ranges)):
-        held = _lock(out, ranks)
-    try:
+    with interrupts.caught():  # Ctrl-C and SIGTERM: work kept, status "interrupted", the lock released
+        plan = _plan(models, source, out, config, storage, ranks, run.title)
         with writing(out, len(plan.ranges)):
-            _open_folder(out, plan, storage.restart, ranks)
-        pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
-        mine = store.share(pending, ranks.rank, ranks.world)
-        committing = _compute(out, source, plan, mine, storage.workers, ranks, run.show_progress)
-        done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
-                           commit_seconds=committing)
-        if ranks.is_main:
+            held = _lock(out, ranks)
+        try:
             with writing(out, len(plan.ranges)):
-                _finish(done, source, plan, storage, run)
-        return done
-    finally:
-        if held is not None:
-            lock.release(out, held)
+                _open_folder(out, plan, storage.restart, ranks)
+            pending = [c for c in range(len(plan.ranges)) if c not in store.committed_chunks(out)]
+            mine = store.share(pending, ranks.rank, ranks.world)
+            said = _announce(plan, source, out, pending, ranks, storage, run)
+            committing = _compute(out, source, plan, mine, storage, ranks, run,
+                                  None if said is None else said.seconds)
+            done = StoredAudit(out, len(plan.ranges), len(plan.ranges) - len(pending), len(mine), ranks,
+                               commit_seconds=committing, estimate=None if said is None else said.line())
+            if ranks.is_main:
+                with writing(out, len(plan.ranges)):
+                    _finish(done, source, plan, storage, run)
+            return done
+        except KeyboardInterrupt as exc:
+            raise interrupted(out, plan.ranges, len(plan.models), ranks, exc) from None
+        finally:
+            if held is not None:
+                lock.release(out, held)
+
+
+def _announce(plan: _Plan, source: ImageSource, out: str, pending: list[int], ranks: Ranks,
+              storage: StoreOptions, run: RunOptions) -> planning.AuditPlan | None:
+    """Rank 0, before the first chunk: the plan and estimate of the whole audit left (:mod:`.planning`; its trial of
+    the first chunk is that chunk's own work, kept), said in one line; None on the other ranks and when nothing is
+    left. Above a minute the line is said whatever the log level (logged at INFO by
+    :mod:`overinterp_fast.runtime.estimate`'s logger, which the command line prints), as a long run says its own;
+    below, it is logged at INFO here (``-v``)."""
+    if not ranks.is_main or not pending:
+        return None
+    committed = set(range(len(plan.ranges))) - set(pending)
+    batch = collate([source[i] for i in range(*plan.ranges[pending[0]])])
+    first = _chunk_work(out, pending[0], batch, plan, storage, run)
+    first.start(_images_table(source, batch))
+    audit_plan = planning.plan_audit(plan.models, source, out, plan.config, storage.chunk_size, committed,
+                                     ranks.device, ranks.world, storage.report, storage.gallery, first)
+    # a long audit says it whatever the log level (the command line prints the estimates' logger), as a long run does
+    (estimates.logger if audit_plan.seconds > estimates.LONG_RUN_S else logger).info(audit_plan.line())
+    return audit_plan
+
+
+def _chunk_work(out: str, chunk: int, batch: dict, plan: _Plan, storage: StoreOptions,
+                run: RunOptions) -> work.ChunkWork:
+    return work.ChunkWork(out, chunk, list(batch["index"]), len(plan.ranges), plan.config.method == "exact",
+                          storage.checkpoint_every, run.class_name)
+
+
+def _images_table(source: ImageSource, batch: dict):
+    """A chunk's images part (store.images_table) from its batch (sources.collate)."""
+    objects = batch["objects"]
+    return store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]], batch["labels"],
+                              batch["displays"], None if objects is None else list(objects.cpu().numpy()))
 
 
 def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
@@ -386,34 +497,43 @@ def _lock(out: str, ranks: Ranks) -> lock.Writer | None:
     return held
 
 
-def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], workers: int, ranks: Ranks,
-             progress: bool | None) -> float:
-    """Compute and commit this rank's chunks ``mine``, then wait for every rank; returns the seconds spent
-    committing."""
+def _compute(out: str, source: ImageSource, plan: _Plan, mine: list[int], storage: StoreOptions, ranks: Ranks,
+             run: RunOptions, estimate_s: float | None = None) -> float:
+    """Compute and commit this rank's chunks ``mine`` (each model's finished images kept as they finish, and exact
+    SIS's state every ``storage.checkpoint_every`` seconds: :mod:`overinterp_fast.audit.work`), then wait for every
+    rank; returns the seconds spent committing."""
     known = all(lab is not None for lab in source.image_labels)
-    bar = _Progress(out, plan.ranges, len(plan.models),
-                    enabled=ranks.is_main and (_isatty() if progress is None else progress))
+    shown = ranks.is_main and (_isatty() if run.show_progress is None else bool(run.show_progress))
+    bar = _Progress(out, plan.ranges, len(plan.models), enabled=shown, estimate_s=estimate_s)
     loader = torch.utils.data.DataLoader(source, batch_sampler=[list(range(*plan.ranges[c])) for c in mine],
-                                         num_workers=workers, collate_fn=collate)
+                                         num_workers=storage.workers, collate_fn=collate)
     committing = 0.0
     try:
         for c, batch in zip(mine, loader):
             x = batch["x"].to(ranks.device)
             objects = None if batch["objects"] is None else batch["objects"].to(ranks.device)
-            done = audit_chunk(plan.models, x, batch["labels"], known, plan.config, engine=None, progress=False,
-                               object_masks=objects, indices=batch["index"])
-            images = store.images_table(batch["index"], [source.image_names[i] for i in batch["index"]],
-                                        batch["labels"], batch["displays"],
-                                        None if objects is None else list(objects.cpu().numpy()))
+            images = _images_table(source, batch)
+            kept = _chunk_work(out, c, batch, plan, storage, run)
+            kept.start(images)
+            bar.in_flight = kept.jobs_done
+            # the methods' bars (candidates within the chunk, their rate and time left) under the audit's; their
+            # estimates were said for the whole audit
+            with estimates.said_before(leave=False):
+                done = audit_chunk(plan.models, x, batch["labels"], known, plan.config, engine=None, progress=shown,
+                                   object_masks=objects, indices=batch["index"], keep=kept.model, models_bar=False)
+            names = {str(k): run.class_name(k) for k in sorted({int(r.target) for res in done.results for r in res}
+                                                               | {int(v) for v in batch["labels"] if v is not None})}
             own = done.subsets or [None] * len(done.results)
             columns = [merge_columns(s, o) for s, o in zip(done.sensitivity, own)]
             results = store.results_table(done.results, batch["index"], columns,
                                           meta={"chunk": c, "seconds": done.seconds, "transfer": done.transfer,
                                                 "rank": ranks.rank, "world": ranks.world,
-                                                "threads": torch.get_num_threads()})
+                                                "threads": torch.get_num_threads(), "class_names": names})
+            bar.in_flight = None
             t0 = time.perf_counter()
             with writing(out, len(plan.ranges)):
                 store.commit_chunk(out, c, images, results)
+                kept.remove()
             committing += time.perf_counter() - t0
             del x, objects, done, images, results, batch
         barrier(ranks)
@@ -433,6 +553,8 @@ def _finish(done: StoredAudit, source: ImageSource, plan: _Plan, storage: StoreO
     info = run_info(ranks.device, f"{len(source)} x [{_channels(source)}, {source.size}, {source.size}] float32",
                     run.meta)
     info.update({"chunks": len(plan.ranges), "chunk size": storage.chunk_size, "world size": ranks.world})
+    if done.estimate:
+        info["estimate"] = done.estimate  # this call's, of what it had left
     info.setdefault("preprocessing", source.preprocessing.describe())
     known = all(lab is not None for lab in source.image_labels)
     subsets = None

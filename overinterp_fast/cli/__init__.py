@@ -23,10 +23,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # of the stored ones, those that may take other values on --resume (the stored configuration still checks the
 # device type).
 NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose", "log_level", "given",
-                        "resumed_identity", "threads"})
-FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device", "pixel_subsets"})
+                        "resumed_identity", "threads", "dry_run"})
+FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device", "pixel_subsets", "checkpoint_every"})
 PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
-from ..errors import MissingDependency, StorageFault
+from ..errors import Interrupted, MissingDependency, StorageFault
 
 
 PROG = "overinterp-fast"
@@ -59,6 +59,13 @@ def _nonnegative(text: str) -> int:
     v = int(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    v = float(text)
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
     return v
 
 
@@ -197,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exact or gradient SIS: when the audit completes, also write the pixel-subset datasets, "
                             "OUT/subsets/<model>/<split>.npz: per image its backward-selection order, the last "
                             "--fraction of it and as many random pixels (docs: reproducing.md)")
+    audit.add_argument("--checkpoint-every", type=_seconds, default=_S.checkpoint_every, metavar="SECONDS",
+                       help=f"exact SIS: save each chunk's backward selection at least this often, besides as each "
+                            f"image finishes; an interruption loses at most this much work (default "
+                            f"{_S.checkpoint_every:g})")
+    audit.add_argument("--dry-run", action="store_true",
+                       help="print the plan (images, chunks, method, device, batch size) and the estimate of the "
+                            "whole audit, then stop: nothing is computed or written")
     audit.add_argument("--score-dtype", choices=sorted(SCORE_DTYPES), default=_A.score_dtype,
                        help="exact SIS: score candidates in this dtype first, again in float32 where it cannot "
                             "decide (the results are float32's; part of the configuration)")
@@ -428,10 +442,11 @@ def _resume(args):
 
 
 def _run_audit(args):
-    """The ``audit`` command: streamed into the durable store in --out, resumable, sharded under torchrun."""
+    """The ``audit`` command: streamed into the durable store in --out, resumable, sharded under torchrun; with
+    --dry-run, its plan (:class:`~overinterp_fast.audit.planning.AuditPlan`), nothing computed."""
     from ..audit.config import RunOptions, StoreOptions
     from ..audit.distributed import setup, teardown
-    from ..audit.stream import run_stored_audit
+    from ..audit.stream import plan_stored_audit, run_stored_audit
 
     if getattr(args, "resume", None) is not None:
         args = _resume(args)
@@ -444,12 +459,15 @@ def _run_audit(args):
         identity.update(getattr(args, "resumed_identity", {}))  # the stored names of the files, as first given
         storage = StoreOptions(chunk_size=args.chunk_size, restart=args.restart, workers=args.workers,
                                identity=identity, gallery=args.gallery, command=_stored_command(args),
-                               pixel_subsets=args.pixel_subsets)
+                               pixel_subsets=args.pixel_subsets, checkpoint_every=args.checkpoint_every)
         run = RunOptions(class_name=namer, title=args.title, show_progress=False if args.quiet else None,
                          meta={"models": args.model, "image source": source.description,
                                "preprocessing": source.preprocessing.describe(), "seed": args.seed})
-        return run_stored_audit({m.name: m.model for m in loaded}, source, args.out,
-                                _audit_config(args, k, _noise_units(args, mean, std)), storage, run, ranks=ranks)
+        config = _audit_config(args, k, _noise_units(args, mean, std))
+        models = {m.name: m.model for m in loaded}
+        if getattr(args, "dry_run", False):
+            return plan_stored_audit(models, source, args.out, config, storage, ranks=ranks)
+        return run_stored_audit(models, source, args.out, config, storage, run, ranks=ranks)
     finally:
         teardown(ranks)
 
@@ -545,7 +563,24 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError, FileNotFoundError, FloatingPointError, StorageFault, MissingDependency) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in an audit: one line, what is kept, how to resume
+            if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
+                print(f"{PROG}: {interrupted_line(exc)}", file=sys.stderr)
+            return exc.exit_status if isinstance(exc, Interrupted) else 130
     return 0
+
+
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """What an interrupted command says: the signal, and for an audit what its folder keeps and the command that
+    resumes it."""
+    if not isinstance(exc, Interrupted):
+        return "interrupted"
+    if exc.folder is None:
+        return f"interrupted by {exc.signal}"
+    again = f"{PROG} audit --resume {exc.folder}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        again = f"the same torchrun command (or with {PROG} audit --resume {exc.folder})"
+    return f"interrupted by {exc.signal}: {exc.folder} keeps {exc.kept}; resume with: {again}"
 
 
 def _command(args) -> None:
@@ -570,6 +605,11 @@ def _command(args) -> None:
 
         with torch_threads(args.threads):
             run = _run_audit(args)
+        if getattr(args, "dry_run", False):
+            if run is not None:  # rank 0's plan
+                print(run.text())
+                print("dry run: nothing was computed or written")
+            return
         if run.ranks.is_main:
             _print_table(run.record)
             print(f"{run.chunks} chunks: {run.skipped} already committed, {run.computed} computed by rank 0 "
@@ -578,10 +618,13 @@ def _command(args) -> None:
                 print(f"wrote {os.path.join(args.out, f)}")
     elif args.command == "report":
         from ..audit.faults import writing
+        from ..audit.partial import partial_note
         from ..audit.report import rebuild_report
 
         with writing(os.path.dirname(os.path.abspath(args.out)) if args.out else args.folder):
-            print(f"wrote {rebuild_report(args.folder, args.out, gallery=args.gallery)}")
+            path = rebuild_report(args.folder, args.out, gallery=args.gallery)
+        partial = partial_note(args.folder)
+        print(f"wrote {path}" + (f" ({partial})" if partial else ""))
     elif args.command == "reduce":
         from ..text.job import run_reduce
 

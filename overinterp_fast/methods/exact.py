@@ -24,6 +24,7 @@ ends, and the round is then run again from that step in the full dtype.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,6 +36,7 @@ from ..ops import kernels as _ops
 from ..runtime import graphs
 from ..runtime.batching import CandidateEvaluator, ChunkRunner, bucket_sizes, largest_bucket
 from ..runtime.estimate import progress_bar
+from . import exact_state
 from .findsis import sis_score, sis_starts
 from .low_precision import LowPrecision
 from ..runtime.inputs import Prepared
@@ -43,7 +45,8 @@ from .prefix import verify_prefix_sets
 from .results import RunInfo, SISResult, StepCounts, first_with_collection
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
-from .exact_step import LOW as _LOW, SCORE as _SCORE, STEP as _STEP, DenseStep, StepSchedule, StepTables, Window
+from .exact_step import (LOW as _LOW, SCORE as _SCORE, STEP as _STEP, WINDOW_SLOTS, DenseStep, StepSchedule,
+                         StepTables, Window)
 
 
 @dataclass
@@ -91,6 +94,8 @@ class _ExactRun:
     path: str = "fused"  # what ran the steps (SISResult.step)
     counts: StepCounts = field(default_factory=StepCounts)  # the job's batch shapes, rows and graphs
     shapes: set = field(default_factory=set)  # the batch shapes of the dense steps so far
+    stale: set = field(default_factory=set)  # incremental: images to run again at their next batch (a restore)
+    scored: int = 0  # candidates scored so far (the bar's count, kept when the bar is off too)
 
     @classmethod
     def start(cls, prep: Prepared, targets: torch.Tensor, scores0: torch.Tensor, thresholds: list[float],
@@ -135,6 +140,7 @@ class _ExactRun:
         from here on: None once an out-of-memory error moved the loop to ``evaluator`` (whose runner halves its
         chunks)."""
         k = 0
+        self.scored += int(window.batches[:, 2].sum())
         if dense is not None:
             bar = None if getattr(self.bar, "disable", False) else self.bar
             self.shapes.update(window.batches[:, 1].tolist())
@@ -213,7 +219,12 @@ class _ExactRun:
             if getattr(evaluator, "takes_starts", False):  # incremental: the images whose inputs changed, from here
                 im, sl = (image, slot) if low is None else (image[~is_low], slot[~is_low])
                 begins = (sl == 0) | (sl == p)  # a step's first slot, a round's input
-                kw["starts"] = np.unique(im[begins]).tolist()
+                starts = np.unique(im[begins])
+                if self.stale:  # restored mid-step: the images' inputs run again where they come first
+                    here = self.stale.intersection(np.unique(im).tolist())
+                    self.stale -= here
+                    starts = np.union1d(starts, np.fromiter(here, np.int64, len(here)))
+                kw["starts"] = starts.tolist()
             f = evaluator(self.t.present, img, img, feature, **kw)
             self.t.total += f.sum()  # two ops per call; isfinite(f).all() and &= took three
             if f.shape[0] == n0:
@@ -425,16 +436,27 @@ def _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, ru
                           tables=None if dense is None else dense.t)
     run.path = "fused" if dense else ("low-precision" if low is not None else "incremental")
     n, p = prep.images.shape[0], prep.num_features
+    keep = exact_state.keeper(run, min(batch_size, runner.chunk))  # saved and continued where the caller asks
+    counted = None if keep is None else keep.restore()
+    done, total = counted or (0, n * p * (p + 1) // 2)
     # progress=None: a bar only on a terminal (tqdm's own rule).
-    run.bar = progress_bar(tqdm, total=n * p * (p + 1) // 2, unit="cand", desc="exact SIS",  # time left: estimated
+    run.bar = progress_bar(tqdm, total=total, initial=done, unit="cand", desc="exact SIS",  # time left: estimated
                            disable=None if progress is None else not progress)
     stop = collection or low is not None  # round ends change the schedule: FindSIS (and the check) decide what next
-    while run.schedule:  # a batch is one forward call: at most the runner's chunk (halved after out-of-memory errors)
-        batch = min(batch_size, runner.chunk)
-        if sizes:  # full calls take one of the job's shapes too
-            batch = largest_bucket(batch, sizes[-1])
-        window = run.schedule.window(batch, rescore=run.rescore(), stop_at_round_end=stop)
-        dense = run.run_window(window, dense, evaluator)
+    with exact_state.deferred(keep):  # Ctrl-C or SIGTERM: the state is saved where the window ends, then raised
+        while run.schedule:  # a batch: one forward call, at most the runner's chunk (halved after out-of-memory)
+            batch = min(batch_size, runner.chunk)
+            if sizes:  # full calls take one of the job's shapes too
+                batch = largest_bucket(batch, sizes[-1])
+            most = max(1, WINDOW_SLOTS // batch)
+            t0 = time.perf_counter()
+            window = run.schedule.window(batch, rescore=run.rescore(), stop_at_round_end=stop,
+                                         max_batches=most if keep is None else keep.window_batches(most))
+            dense = run.run_window(window, dense, evaluator)
+            if keep is not None:
+                keep.after(len(window), time.perf_counter() - t0)
+        if keep is not None:
+            keep.done()
     run.bar.close()
     if kept is not None:  # the job's steps: their shapes, rows and graphs (the steps' and the forward passes')
         c = run.counts

@@ -42,6 +42,8 @@ GRADIENT_ROW_COST = 3.0
 BAR_WARMUP_SHARE = 0.1
 BAR_WARMUP_S = 2.0
 _CURRENT: ContextVar["Estimate | None"] = ContextVar("overinterp_fast_estimate", default=None)
+_SAID: ContextVar[bool] = ContextVar("overinterp_fast_estimate_said", default=False)
+_BAR_OPTIONS: ContextVar[dict] = ContextVar("overinterp_fast_bar_options", default={})
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def about(seconds: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Seconds as a person reads them: "0.04 s", "0.4 s", "45 s", "6.1 min", "2.5 h"."""
+    """Seconds as a person reads them: "0.04 s", "0.4 s", "45 s", "6.1 min", "2.5 h", "3.2 d" (from 48 hours)."""
     if seconds < 0.1:
         return f"{seconds:.2g} s"
     if seconds < 10:
@@ -90,7 +92,9 @@ def duration(seconds: float) -> str:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def device_name(device: torch.device) -> str:
@@ -139,11 +143,12 @@ def incremental_seconds(incr: Calibration, dense: Calibration, images: int, feat
 
 
 def timed(cal: Calibration | None, probe: Callable[[int], None], batch_size: int, rows: int,
-          first_pass_s: float, images: int, timer: Callable[[], float] = time.perf_counter) -> Calibration | None:
-    """``cal`` where it measured; else, where the first pass predicts a long run (half of :data:`LONG_RUN_S`),
-    a calibration of one size, ``batch_size``, timed by ``probe`` (one untimed call, then the timed ones, within
-    calibration's budget; ``timer``: seconds, injectable for tests); else ``cal``."""
-    if (cal is not None and cal.times) or rows * first_pass_s / max(1, images) < LONG_RUN_S / 2:
+          first_pass_s: float, images: int, timer: Callable[[], float] = time.perf_counter,
+          always: bool = False) -> Calibration | None:
+    """``cal`` where it measured; else, where the first pass predicts a long run (half of :data:`LONG_RUN_S`) or
+    ``always``, a calibration of one size, ``batch_size``, timed by ``probe`` (one untimed call, then the timed ones,
+    within calibration's budget; ``timer``: seconds, injectable for tests); else ``cal``."""
+    if (cal is not None and cal.times) or (not always and rows * first_pass_s / max(1, images) < LONG_RUN_S / 2):
         return cal
     return Calibration(batch_size, measure(probe, [batch_size], expected_rows=rows, timer=timer), "measured")
 
@@ -174,15 +179,28 @@ def exact_estimate(images: int, features: int, seconds: float, device: torch.dev
 @contextlib.contextmanager
 def announced(est: Estimate) -> Iterator[Estimate]:
     """The run inside the block has the estimate ``est``: noted in its info, said in one line (logged at INFO)
-    when long, and the time left of its progress bar (:func:`progress_bar`)."""
+    when long (unless inside :func:`said_before`), and the time left of its progress bar (:func:`progress_bar`)."""
     runinfo.note("estimate", est.line())
-    if est.long:
+    if est.long and not _SAID.get():
         logger.info(est.line())
     token = _CURRENT.set(est)
     try:
         yield est
     finally:
         _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
+def said_before(**bar_options) -> Iterator[None]:
+    """Runs inside the block do not say their estimates: their caller said one for all of them (a stored audit's,
+    before its first chunk); they still note them, and their bars still take their time left from them. Their
+    bars (:func:`progress_bar`) take ``bar_options`` (tqdm's: e.g. ``leave=False`` under the caller's own bar)."""
+    said, options = _SAID.set(True), _BAR_OPTIONS.set(dict(bar_options))
+    try:
+        yield
+    finally:
+        _SAID.reset(said)
+        _BAR_OPTIONS.reset(options)
 
 
 class EstimatedBar(tqdm):
@@ -196,13 +214,15 @@ class EstimatedBar(tqdm):
         super().__init__(*args, **kwargs)
 
     def time_left(self, n: float, total: float, elapsed: float) -> float:
-        """Seconds left after ``n`` of ``total`` in ``elapsed`` seconds."""
+        """Seconds left after ``n`` of ``total`` in ``elapsed`` seconds (the rate counted from the bar's
+        ``initial``: a run that continues a saved one)."""
         if not total:
             return 0.0
         warm = max(BAR_WARMUP_S, BAR_WARMUP_SHARE * self.estimated_s)
-        if n > 0 and elapsed >= warm:
-            return (total - n) * elapsed / n
-        return max(0.0, self.estimated_s * (total - n) / total)
+        done = n - getattr(self, "initial", 0)  # a disabled bar has none
+        if done > 0 and elapsed >= warm:
+            return (total - n) * elapsed / done
+        return max(0.0, self.estimated_s * (total - n) / total)  # the estimate covers the whole run
 
     @property
     def format_dict(self):
@@ -213,7 +233,8 @@ class EstimatedBar(tqdm):
 
 def progress_bar(bar: Callable[..., tqdm] = tqdm, **kwargs) -> tqdm:
     """``bar(**kwargs)`` (a tqdm class); inside :func:`announced`, an :class:`EstimatedBar` (its time left from the
-    estimate)."""
+    estimate). Inside :func:`said_before`, its bar options apply."""
+    kwargs.update(_BAR_OPTIONS.get())
     est = _CURRENT.get()
     if est is None:
         return bar(**kwargs)
@@ -221,4 +242,4 @@ def progress_bar(bar: Callable[..., tqdm] = tqdm, **kwargs) -> tqdm:
 
 
 __all__ = ["Estimate", "LONG_RUN_S", "announced", "exact_estimate", "exact_rows", "exact_seconds", "gradient",
-           "gradient_steps", "incremental_seconds", "progress_bar", "row_seconds", "timed"]
+           "gradient_steps", "incremental_seconds", "progress_bar", "row_seconds", "said_before", "timed"]

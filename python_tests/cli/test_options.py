@@ -95,7 +95,7 @@ def test_every_cli_default_is_its_options_objects_default():
             ("sis", {"method", "threshold", "threshold_mode", "k", "collection", "seed", "device", "outputs"}),
             ("audit", {"method", "threshold", "threshold_mode", "k", "collection", "seed", "device", "outputs", "ensemble",
                        "fraction", "noise_sigma", "batch_size", "chunk_size", "workers", "restart", "gallery",
-                       "title", "score_dtype", "pixel_subsets", "channels_last"})):
+                       "title", "score_dtype", "pixel_subsets", "channels_last", "checkpoint_every"})):
         defaults, matched = _defaults(parser.commands[command]), set()
         for cls in objects:
             for f in fields(cls):

@@ -356,7 +356,7 @@ def test_collections_of_three_images_by_hand(monkeypatch, batch_size, chunk):
     # then fails); image 2: 1 + 10. It ends at its total, with every candidate counted once.
     assert bar.first_total == 63 and bar.total == 63 + 11 + 1 + 11 and bar.n == bar.total and bar.closed
     assert type(bar.first_total) is int and type(bar.total) is int  # a count of candidates, not 63.0
-    assert bar.kw == {"unit": "cand", "desc": "exact SIS", "disable": None}
+    assert bar.kw == {"unit": "cand", "desc": "exact SIS", "disable": None, "initial": 0}  # a fresh run: from 0
 
 
 @pytest.mark.mutation

@@ -3,6 +3,7 @@ by hand-checked arithmetic (a fake clock), one line logged and printed above a m
 and the progress bar's time left from the same estimate. Tests never assert timings of this machine."""
 import hashlib
 import logging
+import os
 
 import pytest
 import torch
@@ -140,6 +141,20 @@ def test_the_bars_time_left_is_the_estimate_then_the_measured_rate():
     assert bar.time_left(40, 100, 3.0) == pytest.approx(30.0)  # before 10% of 50 s: the estimate, scaled
     assert bar.time_left(40, 100, 8.0) == pytest.approx(12.0)  # then the rate so far: 60 left at 5 per second
     assert bar.time_left(100, 100, 60.0) == 0.0
+
+
+def test_days_from_48_hours():
+    assert [estimate.duration(h * 3600) for h in (47.9, 48, 7966.3)] == ["47.9 h", "2.0 d", "331.9 d"]
+
+
+def test_a_bar_that_continues_a_saved_run_counts_its_rate_from_there():
+    bar = estimate.EstimatedBar(total=100, initial=40, seconds=50.0, file=open(os.devnull, "w"))
+    assert bar.time_left(40, 100, 0.0) == 30.0  # nothing done here: the whole run's estimate, for 60 of 100
+    assert bar.time_left(70, 100, 8.0) == pytest.approx(8.0)  # 30 done in 8 s: 30 left at 3.75 per second
+    bar.close()
+    with estimate.said_before(leave=False):  # a caller's bar options reach the runs' bars
+        inner = estimate.progress_bar(total=3, disable=True)
+    assert inner.leave is False
 
 
 def test_the_exact_bar_shows_the_estimates_time_left(monkeypatch):
