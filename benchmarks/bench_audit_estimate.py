@@ -77,7 +77,7 @@ def main() -> None:
 
         write_cifar(Path(tmp), max(args.images))
         for side in args.side:
-            model = export_tiny_cnn(Path(tmp) / f"net{side}.pt2", side)
+            model = export_tiny_cnn(Path(tmp) / f"net{side}.pt2", side, classes=10)  # CIFAR-10's classes
             for repeat in range(args.repeats):
                 for n in args.images:
                     row = run(tmp, model, side, n, args.threads, os.path.join(tmp, f"audit{side}-{n}"))
