@@ -81,9 +81,20 @@ def load_partial(folder: str) -> AuditRecord:
               for k, m in enumerate(doc["models"])]
     return AuditRecord(title=doc.get("title", ""), image_names=list(names), displays=list(displays),
                        labels=list(labels), class_names=class_names, models=models, transfer=None,
-                       meta={"status": doc.get("status"), "command": doc.get("command")},
+                       meta=_meta(folder, doc),
                        object_masks=list(objects) if has_objects else None,
                        partial=_covered(doc, len(order), len(committed), in_progress))
+
+
+def _meta(folder: str, doc: dict) -> dict:
+    """The report's run table of a partial audit: its status, the command that resumes it (an audit started by the
+    command line, which stores its options), and the options it was started with."""
+    meta = {"status": doc.get("status")}
+    stored = doc.get("command")
+    if stored:
+        meta["resume with"] = f"overinterp-fast audit --resume {folder}"  # the command line's program (cli.PROG)
+        meta["options"] = stored
+    return meta
 
 
 def _covered(doc: dict, shown: int, committed: int, in_progress: int) -> str:

@@ -147,6 +147,7 @@ def test_sigterm_after_the_first_commit_says_one_line_and_the_report_is_partial(
     assert f"of 4 images ({committed} of 4 chunks committed" in said and "the audit is interrupted" in said
     html = open(out / "report.html").read()
     assert '<p class="partial" id="partial"><strong>Partial audit:</strong>' in html and "(partial)</h1>" in html
+    assert f"overinterp-fast audit --resume {out}" in html  # the run table says how to go on
     assert main(cli_args(files, out, 1)) == 0  # the same command resumes
     assert f"4 chunks: {committed} already committed" in capsys.readouterr().out
     assert_same_audit(out, uninterrupted(out, tmp_path))
