@@ -263,3 +263,27 @@ def test_gradient_step_ceiling_times_one_image_as_given_and_the_batch_through_th
     assert c["channels_last_steps"] is True
     assert sorted(set(calls)) == [(1, False), (3, True)] and len(calls) == 2 * 3  # a warm-up and two rounds each
     assert c["ceiling"] == c["transcription_step_s"] / c["batched_step_s_per_image"] > 0
+
+
+def test_shapes_probe_counts_graphs_turned_off_and_frees_the_model():
+    """bench_shapes' probe of two successive jobs: the second adds no step shape and captures nothing, every job
+    is timed, a warning that turns a graph off is counted, and the model is freed once the probe deletes it."""
+    import logging
+
+    import bench_shapes
+
+    row = bench_shapes.exact_pair("linear8-px", 4, 3)
+    first, second = row["jobs"]
+    assert first["captures"] == len(first["step_shapes"]) > 0 and second["captures"] == 0
+    assert second["new_step_shapes"] == 0 and first["seconds"] > 0 and second["seconds"] > 0
+    assert first["graphs_off"] == [] and second["graphs_off"] == []
+    assert row["model_freed"] is True
+    off = bench_shapes._GraphsOff()
+    log = logging.getLogger("overinterp_fast.runtime.graphs")
+    log.addHandler(off)
+    try:
+        log.warning("CUDA graph of this step off (%s); running it eagerly", "a replay differs from the eager step")
+        log.warning("something else")
+    finally:
+        log.removeHandler(off)
+    assert off.lines == ["CUDA graph of this step off (a replay differs from the eager step); running it eagerly"]

@@ -4,7 +4,8 @@
 #
 #   call 1 (about 6-8 minutes):  bash scripts/gpu_check.sh bench
 #       build the extension against the machine's torch; the kernels' self-check and kernels == pure ops
-#       (scripts/ops_report.py); then the CIFAR-10 workload (32 images of 32x32, float32 and bf16, against the
+#       (scripts/ops_report.py); then the captured steps of two successive exact jobs (bench_shapes.py: shapes,
+#       captures, replays, graphs turned off, the model freed); then the CIFAR-10 workload (32 images of 32x32, float32 and bf16, against the
 #       model's bare rate) and the exact, gradient and responsibility benchmarks at small sizes, each under its own
 #       timeout, one JSON each: $OUT/<bench>-cuda.json and benchmarks/results/<bench>-cuda.json (the latter on the
 #       machine's copy of the tree: copy the files from $OUT to keep them).
@@ -24,12 +25,12 @@
 #                       $OUT/gpu_check.tgz when the script ends, also when a timeout stops it
 #   BUDGET              seconds for the whole call (default 470 for bench, 540 for tests): each step's timeout is
 #                       cut to what is left, so the call ends with its logs within BUDGET
-#   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 (400 on cpu) CIFAR_TIMEOUT=130 EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100
+#   BUILD_TIMEOUT=240 OPS_TIMEOUT=90 (400 on cpu) SHAPES_TIMEOUT=90 CIFAR_TIMEOUT=130 EXACT_TIMEOUT=150 GRADIENT_TIMEOUT=100
 #   RESP_TIMEOUT=130
 #   CUDA_TESTS_TIMEOUT=200 TORCH_OPS_TIMEOUT=330      each step's own limit in seconds
 #   BUILD=0|1           force the build off or on (default: on for cuda, off for cpu)
 #   PYTHON              the interpreter (default python3: the machine's, which has torch)
-#   BENCHES             the benchmarks call 1 runs (default "cifar exact gradient responsibility")
+#   BENCHES             the benchmarks call 1 runs (default "shapes cifar exact gradient responsibility")
 #   OVERINTERP_FAST_COMMIT  the commit measured, for the JSONs' "commit" (default: git rev-parse HEAD)
 #
 # What the machine needs: the git working tree, and a python3 with torch, timm, scipy, scikit-learn, scikit-image,
@@ -145,7 +146,7 @@ bench_step() {  # bench_step NAME LIMIT SCRIPT ARGS...: one benchmark, its JSON 
   step "benchmark $name" "$limit" "bench-$name.log" $PY "benchmarks/$script" --device "$DEVICE" "$@" --out "$json" \
     && [ "$DEVICE" = cuda ] && cp "$json" "benchmarks/results/$name-cuda.json"
 }
-BENCHES="${BENCHES:-cifar exact gradient responsibility}"
+BENCHES="${BENCHES:-shapes cifar exact gradient responsibility}"
 has() { $PY -c "import $1" >/dev/null 2>&1; }
 if [ "$MODE" != tests ]; then
   if [ "$DEVICE" = cuda ]; then
@@ -168,6 +169,9 @@ if [ "$MODE" != tests ]; then
   # exit status 1 when a kernel fell back or a result differs
   step "kernels' self-check and kernels == pure ops (ops_report)" "${OPS_TIMEOUT:-$OPS_DEFAULT}" ops_report.log \
     $PY scripts/ops_report.py --device "$DEVICE" --out "$RESULT_DIR/ops_report-$DEVICE.json"
+  # the captured steps first: two successive exact jobs per model (another number of images in the second), their
+  # shapes, captures, replays, graphs turned off, seconds, and the model freed once deleted; gradient captures
+  bench_step shapes "${SHAPES_TIMEOUT:-90}" bench_shapes.py
   bench_step cifar "${CIFAR_TIMEOUT:-130}" bench_cifar.py "${CIFAR[@]}"
   bench_step exact "${EXACT_TIMEOUT:-150}" bench_exact.py "${EXACT[@]}"
   MODELS=(inception_v3)
