@@ -157,7 +157,8 @@ def upload(device: torch.device, *parts) -> tuple[torch.Tensor, ...]:
     the CPU each part is a tensor of its own (a copy: the caller may change its arrays afterwards).
     """
     if device.type == "cpu":  # nothing to transfer: each part becomes a tensor over a copy of its own
-        return tuple(torch.from_numpy(np.array(part, dtype=np.int64).reshape(-1)) for part in parts)
+        return tuple(torch.from_numpy(np.array(part.numpy() if torch.is_tensor(part) else part,
+                                                dtype=np.int64).reshape(-1)) for part in parts)
     arrays = [np.asarray(part, dtype=np.int64).reshape(-1) for part in parts]
     sizes = [a.size for a in arrays]
     if device.type == "cuda":  # written straight into pinned memory (the caching host allocator's)
