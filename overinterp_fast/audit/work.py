@@ -156,7 +156,8 @@ def kept(folder: str, ranges: Sequence[tuple[int, int]], n_models: int) -> str:
         what = f"chunk {c}: {len(w.done())} of {size} images finished"
         shares = [s for s in w.saved if s is not None]
         if shares and len(w.done()) < size:
-            what += f", exact SIS saved at {min(shares):.0%}"
+            share = min(shares)  # one decimal below 10%: a long image's first minutes show
+            what += f", exact SIS saved at {share:.1%}" if share < 0.1 else f", exact SIS saved at {share:.0%}"
         more.append(what)
     return text + (f", and work in progress ({'; '.join(more)})" if more else "")
 

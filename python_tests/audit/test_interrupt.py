@@ -116,7 +116,7 @@ def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_ru
     assert m, last
     assert m.group(1) == "SIGINT" and m.group(2) == str(out) and m.group(4) == str(out)
     assert re.fullmatch(r"0 of 2 chunks committed \(0 of 4 images\), and work in progress \(chunk 0: 0 of 2 images "
-                        r"finished, exact SIS saved at \d+%\)", m.group(3)), m.group(3)
+                        r"finished, exact SIS saved at \d+(\.\d)?%\)", m.group(3)), m.group(3)
     assert status(out) == "interrupted"
     saved = torch.load(work.state_path(str(out), 0, 0), weights_only=True)["bar"]
     assert 0 < saved[0] < saved[1]  # part of the chunk's candidates
@@ -275,3 +275,17 @@ def test_a_partial_audit_reads_the_committed_chunks_and_the_images_finished_sinc
     assert partial_note(out) is None and load_partial(out).partial is None
     for got, want in zip(again.record.models[0].results, complete.models[0].results, strict=True):
         assert torch.equal(got.order, want.order) and torch.equal(got.values, want.values)
+
+
+def test_what_is_kept_shows_a_long_image_s_first_minutes(tmp_path, monkeypatch):
+    """The saved share of a chunk in progress: one decimal below 10% (a 32 x 32 image's first minutes are about
+    1% of it), whole percents above."""
+    import types
+
+    monkeypatch.setattr(work, "chunks_in_progress", lambda folder: [0])
+    for share, said in ((0.012, "saved at 1.2%"), (0.0004, "saved at 0.0%"), (0.41, "saved at 41%")):
+        monkeypatch.setattr(work, "in_progress", lambda folder, c, n, s=share: types.SimpleNamespace(
+            done=lambda: [], saved=[s, 0.9]))
+        text = work.kept(str(tmp_path), [(0, 4)], 2)
+        assert text == f"0 of 1 chunks committed (0 of 4 images), and work in progress (chunk 0: 0 of 4 images " \
+                       f"finished, exact SIS {said})", text
