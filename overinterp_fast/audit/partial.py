@@ -20,6 +20,7 @@ import os
 
 import pyarrow.parquet as pq
 
+from ..util.command import resume_command
 from . import store, work
 from .persist import load_audit
 from .records import AuditRecord, ModelRecord
@@ -92,7 +93,7 @@ def _meta(folder: str, doc: dict) -> dict:
     meta = {"status": doc.get("status")}
     stored = doc.get("command")
     if stored:
-        meta["resume with"] = f"overinterp-fast audit --resume {folder}"  # the command line's program (cli.PROG)
+        meta["resume with"] = resume_command(folder)
         meta["options"] = stored
     return meta
 

@@ -27,9 +27,7 @@ NOT_STORED = frozenset({"command", "out", "resume", "restart", "quiet", "verbose
 FREE_ON_RESUME = frozenset({"workers", "title", "gallery", "device", "pixel_subsets", "checkpoint_every"})
 PATH_OPTIONS = frozenset({"images", "data_dir", "labels", "class_names", "object_masks"})
 from ..errors import Interrupted, MissingDependency, StorageFault
-
-
-PROG = "overinterp-fast"
+from ..util.command import PROG, resume_command
 
 
 class Parser(argparse.ArgumentParser):
@@ -577,9 +575,9 @@ def interrupted_line(exc: KeyboardInterrupt) -> str:
         return "interrupted"
     if exc.folder is None:
         return f"interrupted by {exc.signal}"
-    again = f"{PROG} audit --resume {exc.folder}"
+    again = resume_command(exc.folder)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        again = f"the same torchrun command (or with {PROG} audit --resume {exc.folder})"
+        again = f"the same torchrun command (or with {resume_command(exc.folder)})"
     return f"interrupted by {exc.signal}: {exc.folder} keeps {exc.kept}; resume with: {again}"
 
 
