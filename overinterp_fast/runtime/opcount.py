@@ -88,11 +88,12 @@ def counting_ops(model: torch.nn.Module):
     Yields:
         :class:`OpCounts`, filled when the block ends.
     """
-    counts, depth = OpCounts(), [0]
+    counts, depth, entered = OpCounts(), [0], []  # entered: the calls of the model (or its copies) under way
 
     def enter(module, args):
         if not model_state.made_from(module, model):
             return
+        entered.append(module)
         depth[0] += 1
         if depth[0] == 1:
             counts.forward_calls += 1
@@ -101,7 +102,8 @@ def counting_ops(model: torch.nn.Module):
                 counts.shapes.add(tuple(args[0].shape))
 
     def leave(module, args, out):
-        if model_state.made_from(module, model):
+        if entered and entered[-1] is module:  # the call enter() counted ends (checked once, at its start)
+            entered.pop()
             depth[0] -= 1
 
     # global hooks: the calls of a copy made of the model for the job (its channels_last copy) are the model's too
