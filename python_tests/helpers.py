@@ -73,6 +73,23 @@ def tiny_cnn(seed: int, classes: int = 5) -> nn.Module:
     ).eval()
 
 
+class Calls(nn.Module):
+    """``model`` (in eval mode) that keeps the input of every call it gets."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.inputs = model, []
+        self.eval()
+
+    def forward(self, x):
+        self.inputs.append(x.detach().clone())
+        return self.model(x)
+
+    def saw_only(self, x):
+        """Whether every call's input was made of ``x``'s images alone, unmasked: no candidate was scored."""
+        return all(any(torch.equal(row, img) for img in x) for t in self.inputs for row in t.reshape(-1, *x.shape[1:]))
+
+
 def export_tiny_cnn(path, side: int, seed: int = 3, classes: int = 5) -> str:
     """tiny_cnn(seed, classes) saved with torch.export at ``path`` (a .pt2 file for inputs [B, 3, side, side], B
     dynamic), as the command line loads a model file; returns the path as a string."""

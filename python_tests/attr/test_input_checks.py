@@ -10,7 +10,7 @@ from torch import nn
 import overinterp_fast as of
 from overinterp_fast.attr import ExactSIS, GradientSIS, MinimalPixelSet, Responsibility, SufficientSubset
 from overinterp_fast.runtime.model import check_output_kind, layer_mismatch
-from helpers import assert_sets_sufficient, whole_message
+from helpers import Calls, assert_sets_sufficient, whole_message
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -20,23 +20,6 @@ def net(classes=5, channels=3, seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Conv2d(channels, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
                          nn.Linear(24, classes)).eval()
-
-
-class Calls(nn.Module):
-    """``model`` (in eval mode) that keeps the input of every call it gets."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.inputs = model, []
-        self.eval()
-
-    def forward(self, x):
-        self.inputs.append(x.detach().clone())
-        return self.model(x)
-
-    def saw_only(self, x):
-        """Whether every call's input was made of ``x``'s images alone, unmasked: no candidate was scored."""
-        return all(any(torch.equal(row, img) for img in x) for t in self.inputs for row in t.reshape(-1, *x.shape[1:]))
 
 
 def images(n=2, c=3, side=4, seed=1):

@@ -19,7 +19,7 @@ from overinterp_fast.audit.runner import run_audit
 from overinterp_fast.audit.sources import open_images
 from overinterp_fast.audit.stream import run_stored_audit
 from overinterp_fast.cli import main
-from helpers import run_cli
+from helpers import Calls, run_cli
 
 SIDE = 4  # the 32 x 32 images resized to 4 x 4: 16 pixel features, exact SIS of two images in a moment
 NAMES = [f"c{i}" for i in range(10)]
@@ -245,19 +245,6 @@ def test_outputs_probabilities_audits_the_model_as_it_is_and_a_resume_keeps_it(m
     assert main(["audit", "--resume", str(out), "--quiet"]) == 0
     assert "2 chunks: 1 already committed, 1 computed" in capsys.readouterr().out
     assert [(r.order.tolist(), r.score) for r in load_audit(str(out)).models[0].results] == before
-
-
-class Calls(nn.Module):
-    """``model`` (in eval mode) that keeps the input of every call it gets."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.inputs = model, []
-        self.eval()
-
-    def forward(self, x):
-        self.inputs.append(x.detach().clone())
-        return self.model(x)
 
 
 def test_a_stored_audit_checks_before_it_measures_computes_or_writes(cifar, tmp_path):

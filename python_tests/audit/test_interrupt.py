@@ -101,20 +101,28 @@ LINE = re.compile(r"^overinterp-fast: interrupted by (SIG\w+): (.+) keeps (.+); 
                   r"--resume (.+)$")
 
 
+def interrupted(argv, path, sig, code):
+    """The command ``argv`` in a subprocess, sent ``sig`` once ``path`` exists: it exits with ``code``, without a
+    traceback, on one line that says so (:data:`LINE`'s match)."""
+    p = start(argv)
+    wait_for(path, p)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert "Traceback" not in err and len([ln for ln in err.splitlines() if "interrupted" in ln]) == 1, err
+    m = LINE.match(err.strip().splitlines()[-1])
+    assert m and m.group(1) == sig.name, err
+    return m
+
+
 @pytest.mark.slow  # a subprocess audit, then two in this process
 @pytest.mark.timeout(150)  # measured 52 s wall on 2 shared cores at a load average of about 6.5
 def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_run(files, tmp_path, capsys):
     out = tmp_path / "audit"
-    p = start(cli_args(files, out, 2, "--checkpoint-every", "0"))
-    wait_for(work.state_path(str(out), 0, 0), p)  # exact SIS saved chunk 0's state: mid-chunk
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
-    assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]
-    m = LINE.match(last)
-    assert m, last
-    assert m.group(1) == "SIGINT" and m.group(2) == str(out) and m.group(4) == str(out)
+    # once exact SIS saved chunk 0's state: mid-chunk
+    m = interrupted(cli_args(files, out, 2, "--checkpoint-every", "0"), work.state_path(str(out), 0, 0),
+                    signal.SIGINT, 130)
+    assert m.group(2) == str(out) and m.group(4) == str(out)
     assert re.fullmatch(r"0 of 2 chunks committed \(0 of 4 images\), and work in progress \(chunk 0: 0 of 2 images "
                         r"finished, exact SIS saved at \d+(\.\d)?%\)", m.group(3)), m.group(3)
     assert status(out) == "interrupted"
@@ -129,14 +137,8 @@ def test_ctrl_c_keeps_the_chunk_s_state_and_the_rerun_equals_an_uninterrupted_ru
 @pytest.mark.timeout(150)  # measured 47 s wall on 2 shared cores at a load average of about 6.5
 def test_sigterm_after_the_first_commit_says_one_line_and_the_report_is_partial(files, tmp_path, capsys):
     out = tmp_path / "audit"
-    p = start(cli_args(files, out, 1, "--checkpoint-every", "0"))
-    wait_for(store.part_path(str(out), 0, "results"), p)
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 143, err
-    assert "Traceback" not in err and len([ln for ln in err.splitlines() if "interrupted" in ln]) == 1
-    m = LINE.match(err.strip().splitlines()[-1])
-    assert m and m.group(1) == "SIGTERM", err
+    m = interrupted(cli_args(files, out, 1, "--checkpoint-every", "0"), store.part_path(str(out), 0, "results"),
+                    signal.SIGTERM, 143)
     committed = len(store.committed_chunks(str(out)))
     assert m.group(3).startswith(f"{committed} of 4 chunks committed ({committed} of 4 images)")
     assert status(out) == "interrupted"
