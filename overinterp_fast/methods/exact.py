@@ -45,7 +45,7 @@ from .prefix import verify_prefix_sets
 from .results import RunInfo, SISResult, StepCounts, first_with_collection
 from ..runtime.schedule import upload
 from ..runtime.sync import to_host
-from .exact_step import (LOW as _LOW, SCORE as _SCORE, STEP as _STEP, WINDOW_SLOTS, DenseStep, StepSchedule,
+from .exact_step import (LOW as _LOW, SCORE as _SCORE, STEP as _STEP, DenseStep, StepSchedule, window_batches,
                          StepTables, Window)
 
 
@@ -448,7 +448,7 @@ def _run_loop(fn, prep, targets, scores0, thresholds, collection, batch_size, ru
             batch = min(batch_size, runner.chunk)
             if sizes:  # full calls take one of the job's shapes too
                 batch = largest_bucket(batch, sizes[-1])
-            most = max(1, WINDOW_SLOTS // batch)
+            most = window_batches(batch)
             t0 = time.perf_counter()
             window = run.schedule.window(batch, rescore=run.rescore(), stop_at_round_end=stop,
                                          max_batches=most if keep is None else keep.window_batches(most))

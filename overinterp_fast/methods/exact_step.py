@@ -29,6 +29,11 @@ BLOCK_ROWS = 6  # rows of a batch's schedule block: image, slot, done row, done 
 WINDOW_SLOTS = 1 << 18  # a window's blocks hold at most about this many rows (6 int64 each: 12 MB)
 
 
+def window_batches(batch_size: int) -> int:
+    """Batches of ``batch_size`` rows in a window of about :data:`WINDOW_SLOTS` rows (at least one)."""
+    return max(1, WINDOW_SLOTS // max(1, batch_size))
+
+
 @dataclass
 class Window:
     """The schedule of consecutive batches of the exact SIS step loop (``ops.schedule_window``).
@@ -102,7 +107,7 @@ class StepSchedule:
         """The next batches: until a round's input is scored (or, with ``stop_at_round_end``, a round ends), the
         queue runs dry, or ``max_batches`` (default: about WINDOW_SLOTS rows)."""
         if max_batches is None:
-            max_batches = max(1, WINDOW_SLOTS // max(1, batch_size))
+            max_batches = window_batches(batch_size)
         segs = torch.from_numpy(np.ascontiguousarray(self.queue.segments()))
         records, batches, done, left = _ops.schedule_window(
             segs, *self._tensors, self.sizes, batch_size, self.stride, rescore, stop_at_round_end, max_batches)
